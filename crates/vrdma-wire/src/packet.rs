@@ -1,0 +1,369 @@
+//! A whole RoCE packet as it travels in a UDP datagram: BTH, the extension
+//! headers its opcode requires (IBTA Vol1 §9.2, in that order), the
+//! payload, 0–3 pad bytes (BTH PadCnt) and the 4-byte ICRC.
+//!
+//! The ICRC covers the IP and UDP headers too, so it is computed and
+//! verified one level up, in [`crate::frame`] (or with [`crate::icrc`]
+//! directly when the IP/UDP headers come from a socket).
+
+use crate::{
+    Error, Header, MAX_PAYLOAD, Opcode, Result, aeth, atomic, bth, deth, ieth, immdt,
+    opcode::HeaderSet, reth,
+};
+
+/// Length of the ICRC trailer.
+pub const ICRC_LEN: usize = 4;
+/// The shortest possible RoCE packet: BTH and ICRC.
+pub const MIN_LEN: usize = bth::HEADER_LEN + ICRC_LEN;
+
+/// A checked view over a RoCE packet (the UDP payload).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Packet<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+/// Where the parts of a checked packet lie.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+struct Layout {
+    opcode: Opcode,
+    /// Offset of the payload (end of the extension headers).
+    payload: usize,
+    /// Payload length without pad.
+    payload_len: usize,
+    /// Offset of the ICRC.
+    icrc: usize,
+}
+
+fn layout(d: &[u8]) -> Result<Layout> {
+    crate::need(Header::Bth, bth::HEADER_LEN, d.len())?;
+    let b = bth::Packet::new_unchecked(d);
+    let opcode = Opcode::try_from(b.opcode_raw())?;
+    let headers = opcode.headers();
+    let mut at = bth::HEADER_LEN;
+    for (bit, header, len) in HeaderSet::ORDER {
+        if headers.contains(bit) {
+            crate::need(header, at + len, d.len())?;
+            at += len;
+        }
+    }
+    crate::need(Header::Icrc, at + ICRC_LEN, d.len())?;
+    let icrc = d.len() - ICRC_LEN;
+    let area = icrc - at;
+    let pad = usize::from(b.pad_cnt());
+    let bad_pad = Error::BadPadCnt {
+        opcode,
+        pad_cnt: b.pad_cnt(),
+        area,
+    };
+    if !opcode.has_payload() {
+        if area != 0 {
+            return Err(Error::UnexpectedPayload { opcode, len: area });
+        }
+        if pad != 0 {
+            return Err(bad_pad);
+        }
+    } else {
+        if pad > area {
+            return Err(bad_pad);
+        }
+        if area % 4 != 0 {
+            return Err(Error::UnalignedPayload { len: area });
+        }
+        if area - pad > MAX_PAYLOAD {
+            return Err(Error::PayloadTooLong {
+                len: area - pad,
+                max: MAX_PAYLOAD,
+            });
+        }
+    }
+    Ok(Layout {
+        opcode,
+        payload: at,
+        payload_len: area - pad,
+        icrc,
+    })
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// Wraps `buffer` without checks; accessors return empty values for
+    /// parts they cannot find until [`Self::check_len`] succeeds.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+
+    /// Wraps `buffer` after [`Self::check_len`].
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let p = Self::new_unchecked(buffer);
+        p.check_len()?;
+        Ok(p)
+    }
+
+    /// Checks that the opcode is known, that every header it requires and
+    /// the ICRC are present, and that PadCnt and the payload length are
+    /// consistent with the opcode.
+    pub fn check_len(&self) -> Result<()> {
+        layout(self.buffer.as_ref()).map(|_| ())
+    }
+
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// The BTH (a view of the first 12 bytes).
+    pub fn bth(&self) -> bth::Packet<&[u8]> {
+        bth::Packet::new_unchecked(self.buffer.as_ref())
+    }
+
+    /// Bytes of the extension header `which`, if the opcode carries it.
+    fn ext(&self, which: HeaderSet) -> Option<&[u8]> {
+        let d = self.buffer.as_ref();
+        let headers = Opcode::try_from(*d.first()?).ok()?.headers();
+        if !headers.contains(which) {
+            return None;
+        }
+        let mut at = bth::HEADER_LEN;
+        for (bit, _, len) in HeaderSet::ORDER {
+            if bit == which {
+                return d.get(at..at + len);
+            }
+            if headers.contains(bit) {
+                at += len;
+            }
+        }
+        None
+    }
+
+    pub fn deth(&self) -> Option<deth::Packet<&[u8]>> {
+        self.ext(HeaderSet::DETH).map(deth::Packet::new_unchecked)
+    }
+    pub fn reth(&self) -> Option<reth::Packet<&[u8]>> {
+        self.ext(HeaderSet::RETH).map(reth::Packet::new_unchecked)
+    }
+    pub fn atomic_eth(&self) -> Option<atomic::eth::Packet<&[u8]>> {
+        self.ext(HeaderSet::ATOMIC_ETH)
+            .map(atomic::eth::Packet::new_unchecked)
+    }
+    pub fn aeth(&self) -> Option<aeth::Packet<&[u8]>> {
+        self.ext(HeaderSet::AETH).map(aeth::Packet::new_unchecked)
+    }
+    pub fn atomic_ack_eth(&self) -> Option<atomic::ack::Packet<&[u8]>> {
+        self.ext(HeaderSet::ATOMIC_ACK_ETH)
+            .map(atomic::ack::Packet::new_unchecked)
+    }
+    pub fn immdt(&self) -> Option<immdt::Packet<&[u8]>> {
+        self.ext(HeaderSet::IMMDT).map(immdt::Packet::new_unchecked)
+    }
+    pub fn ieth(&self) -> Option<ieth::Packet<&[u8]>> {
+        self.ext(HeaderSet::IETH).map(ieth::Packet::new_unchecked)
+    }
+
+    /// The payload without pad (empty if the packet does not check).
+    pub fn payload(&self) -> &[u8] {
+        let d = self.buffer.as_ref();
+        match layout(d) {
+            Ok(l) => &d[l.payload..l.payload + l.payload_len],
+            Err(_) => &[],
+        }
+    }
+
+    /// The ICRC as stored (the last four bytes, least significant first), or
+    /// `None` for a buffer too short to hold one.
+    pub fn icrc(&self) -> Option<u32> {
+        let d = self.buffer.as_ref();
+        let at = d.len().checked_sub(ICRC_LEN)?;
+        let mut b = [0; ICRC_LEN];
+        b.copy_from_slice(&d[at..]);
+        Some(u32::from_le_bytes(b))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Stores the ICRC in the last four bytes (least significant first).
+    /// Does nothing to a buffer too short to hold one.
+    pub fn set_icrc(&mut self, icrc: u32) {
+        let d = self.buffer.as_mut();
+        if let Some(at) = d.len().checked_sub(ICRC_LEN) {
+            d[at..].copy_from_slice(&icrc.to_le_bytes());
+        }
+    }
+}
+
+/// The extension headers of a packet; which are present is fixed by the
+/// opcode.
+#[derive(Clone, Copy, Debug, Default, Eq, Hash, PartialEq)]
+pub struct ExtHeaders {
+    pub deth: Option<deth::Repr>,
+    pub reth: Option<reth::Repr>,
+    pub atomic_eth: Option<atomic::eth::Repr>,
+    pub aeth: Option<aeth::Repr>,
+    pub atomic_ack_eth: Option<atomic::ack::Repr>,
+    pub immdt: Option<immdt::Repr>,
+    pub ieth: Option<ieth::Repr>,
+}
+
+impl ExtHeaders {
+    /// Which headers are present.
+    pub fn set(&self) -> HeaderSet {
+        let mut s = HeaderSet::NONE;
+        let flags = [
+            (self.deth.is_some(), HeaderSet::DETH),
+            (self.reth.is_some(), HeaderSet::RETH),
+            (self.atomic_eth.is_some(), HeaderSet::ATOMIC_ETH),
+            (self.aeth.is_some(), HeaderSet::AETH),
+            (self.atomic_ack_eth.is_some(), HeaderSet::ATOMIC_ACK_ETH),
+            (self.immdt.is_some(), HeaderSet::IMMDT),
+            (self.ieth.is_some(), HeaderSet::IETH),
+        ];
+        for (present, bit) in flags {
+            if present {
+                s = s.with(bit);
+            }
+        }
+        s
+    }
+}
+
+/// The meaning of a RoCE packet.
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub struct Repr<'a> {
+    /// The BTH. On emit, `pad_cnt` is recomputed from the payload length.
+    pub bth: bth::Repr,
+    pub ext: ExtHeaders,
+    /// The payload, without pad.
+    pub payload: &'a [u8],
+}
+
+impl<'a> Repr<'a> {
+    /// Parses a packet: layout checks, then every header. The ICRC is not
+    /// verified here (it needs the IP and UDP headers).
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&'a T>) -> Result<Self> {
+        let d: &'a [u8] = p.buffer.as_ref();
+        let l = layout(d)?;
+        let bth = bth::Repr::parse(&bth::Packet::new_unchecked(d))?;
+        let view = Packet::new_unchecked(d);
+        let ext = ExtHeaders {
+            deth: view.deth().map(|h| deth::Repr::parse(&h)).transpose()?,
+            reth: view.reth().map(|h| reth::Repr::parse(&h)).transpose()?,
+            atomic_eth: view
+                .atomic_eth()
+                .map(|h| atomic::eth::Repr::parse(&h))
+                .transpose()?,
+            aeth: view.aeth().map(|h| aeth::Repr::parse(&h)).transpose()?,
+            atomic_ack_eth: view
+                .atomic_ack_eth()
+                .map(|h| atomic::ack::Repr::parse(&h))
+                .transpose()?,
+            immdt: view.immdt().map(|h| immdt::Repr::parse(&h)).transpose()?,
+            ieth: view.ieth().map(|h| ieth::Repr::parse(&h)).transpose()?,
+        };
+        Ok(Self {
+            bth,
+            ext,
+            payload: &d[l.payload..l.payload + l.payload_len],
+        })
+    }
+
+    /// Pad bytes needed after the payload.
+    pub const fn pad_len(&self) -> usize {
+        (4 - self.payload.len() % 4) % 4
+    }
+
+    /// Length of the packet from BTH through ICRC.
+    pub const fn buffer_len(&self) -> usize {
+        bth::HEADER_LEN
+            + self.bth.opcode.headers().len()
+            + self.payload.len()
+            + self.pad_len()
+            + ICRC_LEN
+    }
+
+    /// Checks that the headers match the opcode and the payload is allowed.
+    pub fn validate(&self) -> Result<()> {
+        let opcode = self.bth.opcode;
+        let want = opcode.headers();
+        let have = self.ext.set();
+        for (bit, header, _) in HeaderSet::ORDER {
+            if bit == HeaderSet::CNP_RESERVED {
+                continue;
+            }
+            if want.contains(bit) != have.contains(bit) {
+                return Err(Error::HeaderMismatch {
+                    opcode,
+                    header,
+                    present: have.contains(bit),
+                });
+            }
+        }
+        if !opcode.has_payload() && !self.payload.is_empty() {
+            return Err(Error::UnexpectedPayload {
+                opcode,
+                len: self.payload.len(),
+            });
+        }
+        if self.payload.len() > MAX_PAYLOAD {
+            return Err(Error::PayloadTooLong {
+                len: self.payload.len(),
+                max: MAX_PAYLOAD,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes the packet into a buffer of exactly [`Self::buffer_len`]
+    /// bytes. Pad bytes are zero; the ICRC field is zeroed for the caller to
+    /// fill in ([`crate::frame`] does).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) -> Result<()> {
+        self.validate()?;
+        let len = self.buffer_len();
+        let d = p.buffer.as_mut();
+        if d.len() != len {
+            return Err(Error::BadLength {
+                header: Header::Bth,
+                stated: len,
+                available: d.len(),
+            });
+        }
+        let pad = self.pad_len();
+        let bth = bth::Repr {
+            // pad_len() < 4 by construction.
+            pad_cnt: pad as u8,
+            ..self.bth
+        };
+        bth.emit(&mut bth::Packet::new_unchecked(&mut d[..bth::HEADER_LEN]))?;
+        let mut at = bth::HEADER_LEN;
+        for (bit, _, hlen) in HeaderSet::ORDER {
+            if !self.bth.opcode.headers().contains(bit) {
+                continue;
+            }
+            let h = &mut d[at..at + hlen];
+            // `validate` checked that each header the opcode needs is present.
+            let e = &self.ext;
+            match bit {
+                HeaderSet::DETH => e.deth.map(|r| r.emit(&mut deth::Packet::new_unchecked(h))),
+                HeaderSet::RETH => e.reth.map(|r| r.emit(&mut reth::Packet::new_unchecked(h))),
+                HeaderSet::ATOMIC_ETH => e
+                    .atomic_eth
+                    .map(|r| r.emit(&mut atomic::eth::Packet::new_unchecked(h))),
+                HeaderSet::AETH => e.aeth.map(|r| r.emit(&mut aeth::Packet::new_unchecked(h))),
+                HeaderSet::ATOMIC_ACK_ETH => e
+                    .atomic_ack_eth
+                    .map(|r| r.emit(&mut atomic::ack::Packet::new_unchecked(h))),
+                HeaderSet::IMMDT => e
+                    .immdt
+                    .map(|r| r.emit(&mut immdt::Packet::new_unchecked(h))),
+                HeaderSet::IETH => e.ieth.map(|r| r.emit(&mut ieth::Packet::new_unchecked(h))),
+                // The CNP's reserved bytes.
+                _ => {
+                    h.fill(0);
+                    None
+                }
+            }
+            .transpose()?;
+            at += hlen;
+        }
+        d[at..at + self.payload.len()].copy_from_slice(self.payload);
+        at += self.payload.len();
+        d[at..].fill(0);
+        Ok(())
+    }
+}

@@ -1,0 +1,209 @@
+//! UDP header (RFC 768) carrying RoCEv2 to port 4791.
+//!
+//! RoCEv2 senders may leave the checksum zero (Linux rxe does, over IPv4 and
+//! IPv6); the ICRC protects the packet. A non-zero checksum must verify.
+
+use core::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::{Error, Header, ROCEV2_UDP_PORT, Result, be, ipv4::checksum};
+
+/// Length of the UDP header.
+pub const HEADER_LEN: usize = 8;
+
+mod field {
+    pub const SRC_PORT: usize = 0;
+    pub const DST_PORT: usize = 2;
+    pub const LENGTH: usize = 4;
+    pub const CHECKSUM: usize = 6;
+}
+
+crate::fixed_view!(
+    "A view over a UDP datagram (header and what follows).",
+    Header::Udp,
+    HEADER_LEN
+);
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    pub fn src_port(&self) -> u16 {
+        be::u16(self.buffer.as_ref(), field::SRC_PORT)
+    }
+    pub fn dst_port(&self) -> u16 {
+        be::u16(self.buffer.as_ref(), field::DST_PORT)
+    }
+    pub fn length(&self) -> u16 {
+        be::u16(self.buffer.as_ref(), field::LENGTH)
+    }
+    pub fn checksum(&self) -> u16 {
+        be::u16(self.buffer.as_ref(), field::CHECKSUM)
+    }
+    /// The 8-byte header.
+    pub fn header(&self) -> &[u8] {
+        let d = self.buffer.as_ref();
+        d.get(..HEADER_LEN).unwrap_or(d)
+    }
+    /// The bytes after the header.
+    pub fn payload(&self) -> &[u8] {
+        self.buffer.as_ref().get(HEADER_LEN..).unwrap_or(&[])
+    }
+}
+
+/// The IP addresses of the pseudo-header the UDP checksum covers.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum PseudoHeader {
+    V4 { src: Ipv4Addr, dst: Ipv4Addr },
+    V6 { src: Ipv6Addr, dst: Ipv6Addr },
+}
+
+/// UDP checksum of `datagram` (its checksum field counted as zero); a
+/// computed zero is sent as 0xffff (RFC 768).
+pub fn compute_checksum(ph: PseudoHeader, datagram: &[u8]) -> u16 {
+    let len = u32::try_from(datagram.len()).unwrap_or(u32::MAX);
+    let (head, tail) = datagram.split_at(datagram.len().min(field::CHECKSUM));
+    let tail = tail.get(2..).unwrap_or(&[]);
+    let c = match ph {
+        PseudoHeader::V4 { src, dst } => {
+            let mut p = [0u8; 12];
+            p[..4].copy_from_slice(&src.octets());
+            p[4..8].copy_from_slice(&dst.octets());
+            p[9] = crate::ipv4::PROTO_UDP;
+            // UDP length is 16 bits over IPv4.
+            p[10..].copy_from_slice(&(len as u16).to_be_bytes());
+            checksum(&[&p, head, &[0, 0], tail])
+        }
+        PseudoHeader::V6 { src, dst } => {
+            let mut p = [0u8; 40];
+            p[..16].copy_from_slice(&src.octets());
+            p[16..32].copy_from_slice(&dst.octets());
+            p[32..36].copy_from_slice(&len.to_be_bytes());
+            p[39] = crate::ipv4::PROTO_UDP;
+            checksum(&[&p, head, &[0, 0], tail])
+        }
+    };
+    if c == 0 { 0xffff } else { c }
+}
+
+/// The meaning of a UDP header carrying RoCEv2.
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub struct Repr {
+    /// Source port: per QP for entropy (rxe: 0xC000 + a hash of the QPN).
+    pub src_port: u16,
+    pub dst_port: u16,
+    /// Whether the checksum is computed (true) or left zero (false).
+    pub checksum: bool,
+}
+
+impl Repr {
+    /// Parses a datagram that fills `p` exactly: the length field must match
+    /// (the IP layer has already cut the buffer to its own length), the
+    /// destination port must be 4791, a non-zero checksum must verify
+    /// against `ph` (always accepted under `cfg(fuzzing)`).
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>, ph: PseudoHeader) -> Result<Self> {
+        p.check_len()?;
+        let available = p.buffer.as_ref().len();
+        if usize::from(p.length()) != available {
+            return Err(Error::BadLength {
+                header: Header::Udp,
+                stated: usize::from(p.length()),
+                available,
+            });
+        }
+        if p.dst_port() != ROCEV2_UDP_PORT {
+            return Err(Error::NotRoce(p.dst_port()));
+        }
+        let found = p.checksum();
+        if found != 0 {
+            let computed = compute_checksum(ph, p.buffer.as_ref());
+            if computed != found && !cfg!(fuzzing) {
+                return Err(Error::BadUdpChecksum { found, computed });
+            }
+        }
+        Ok(Self {
+            src_port: p.src_port(),
+            dst_port: p.dst_port(),
+            checksum: found != 0,
+        })
+    }
+
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the header into the front of `datagram`, whose payload must
+    /// already be in place when `checksum` is set.
+    pub fn emit(&self, datagram: &mut [u8], ph: PseudoHeader) -> Result<()> {
+        crate::need(Header::Udp, HEADER_LEN, datagram.len())?;
+        let len = u16::try_from(datagram.len()).map_err(|_| Error::OutOfRange {
+            what: "a UDP length",
+            value: datagram.len() as u64,
+        })?;
+        be::set_u16(datagram, field::SRC_PORT, self.src_port);
+        be::set_u16(datagram, field::DST_PORT, self.dst_port);
+        be::set_u16(datagram, field::LENGTH, len);
+        be::set_u16(datagram, field::CHECKSUM, 0);
+        if self.checksum {
+            let c = compute_checksum(ph, datagram);
+            be::set_u16(datagram, field::CHECKSUM, c);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PH: PseudoHeader = PseudoHeader::V4 {
+        src: Ipv4Addr::new(10, 0, 0, 1),
+        dst: Ipv4Addr::new(10, 0, 0, 2),
+    };
+
+    #[test]
+    fn checksum_round_trip_v4_and_v6() {
+        let v6 = PseudoHeader::V6 {
+            src: Ipv6Addr::LOCALHOST,
+            dst: "fe80::2".parse().unwrap(),
+        };
+        for ph in [PH, v6] {
+            let mut d = [0u8; 13];
+            d[8..].copy_from_slice(b"hello");
+            let r = Repr {
+                src_port: 49152,
+                dst_port: ROCEV2_UDP_PORT,
+                checksum: true,
+            };
+            r.emit(&mut d, ph).unwrap();
+            assert_ne!(u16::from_be_bytes([d[6], d[7]]), 0);
+            assert_eq!(Repr::parse(&Packet::new_unchecked(&d[..]), ph), Ok(r));
+            d[12] ^= 0x40;
+            assert!(matches!(
+                Repr::parse(&Packet::new_unchecked(&d[..]), ph),
+                Err(Error::BadUdpChecksum { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn zero_checksum_is_accepted() {
+        let d = [0xc0, 0x21, 0x12, 0xb7, 0, 8, 0, 0];
+        let r = Repr::parse(&Packet::new_unchecked(&d[..]), PH).unwrap();
+        assert_eq!((r.src_port, r.checksum), (49185, false));
+    }
+
+    #[test]
+    fn wrong_port_and_length() {
+        let d = [0xc0, 0x21, 0x00, 0x35, 0, 8, 0, 0];
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&d[..]), PH),
+            Err(Error::NotRoce(53))
+        );
+        let d = [0xc0, 0x21, 0x12, 0xb7, 0, 9, 0, 0];
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&d[..]), PH),
+            Err(Error::BadLength {
+                header: Header::Udp,
+                stated: 9,
+                available: 8
+            })
+        );
+    }
+}
