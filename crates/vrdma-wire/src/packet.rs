@@ -367,3 +367,283 @@ impl<'a> Repr<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{PKey, Psn, Qpn, Rkey, aeth::Syndrome};
+
+    fn bth(opcode: Opcode) -> bth::Repr {
+        bth::Repr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_cnt: 0,
+            pkey: PKey::DEFAULT,
+            fecn: false,
+            becn: false,
+            dest_qp: Qpn::from_masked(0x11),
+            ack_req: true,
+            psn: Psn::from_masked(100),
+        }
+    }
+
+    fn emit(r: &Repr<'_>) -> Vec<u8> {
+        let mut v = vec![0xee; r.buffer_len()];
+        r.emit(&mut Packet::new_unchecked(&mut v[..])).unwrap();
+        v
+    }
+
+    fn send_only(payload: &[u8]) -> Vec<u8> {
+        emit(&Repr {
+            bth: bth(Opcode::RcSendOnly),
+            ext: ExtHeaders::default(),
+            payload,
+        })
+    }
+
+    fn ack() -> Vec<u8> {
+        emit(&Repr {
+            bth: bth(Opcode::RcAcknowledge),
+            ext: ExtHeaders {
+                aeth: Some(aeth::Repr {
+                    syndrome: Syndrome::Ack(aeth::CreditCode::INVALID),
+                    msn: crate::Msn::from_masked(1),
+                }),
+                ..ExtHeaders::default()
+            },
+            payload: &[],
+        })
+    }
+
+    #[test]
+    fn pad_is_computed_and_zero() {
+        let v = send_only(b"hello");
+        assert_eq!(v.len(), 12 + 5 + 3 + 4);
+        assert_eq!(v[1] >> 4 & 3, 3, "PadCnt");
+        assert_eq!(&v[17..20], &[0, 0, 0]);
+        let p = Packet::new_checked(&v[..]).unwrap();
+        assert_eq!(p.payload(), b"hello");
+        let r = Repr::parse(&p).unwrap();
+        assert_eq!((r.payload, r.bth.pad_cnt), (&b"hello"[..], 3));
+    }
+
+    #[test]
+    fn zero_length_send() {
+        let v = send_only(&[]);
+        assert_eq!(v.len(), MIN_LEN);
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&v[..])).unwrap().payload,
+            b""
+        );
+    }
+
+    #[test]
+    fn truncated_bth() {
+        let v = send_only(b"abcd");
+        assert_eq!(
+            Packet::new_checked(&v[..11]),
+            Err(Error::Truncated {
+                header: Header::Bth,
+                needed: 12,
+                available: 11
+            })
+        );
+    }
+
+    #[test]
+    fn truncated_extension_header() {
+        let v = ack();
+        assert_eq!(
+            Packet::new_checked(&v[..14]),
+            Err(Error::Truncated {
+                header: Header::Aeth,
+                needed: 16,
+                available: 14
+            })
+        );
+    }
+
+    #[test]
+    fn truncated_icrc() {
+        let v = ack();
+        assert_eq!(
+            Packet::new_checked(&v[..18]),
+            Err(Error::Truncated {
+                header: Header::Icrc,
+                needed: 20,
+                available: 18
+            })
+        );
+    }
+
+    #[test]
+    fn over_long_ack_carries_unexpected_payload() {
+        let mut v = ack();
+        v.extend_from_slice(&[0; 4]);
+        assert_eq!(
+            Packet::new_checked(&v[..]),
+            Err(Error::UnexpectedPayload {
+                opcode: Opcode::RcAcknowledge,
+                len: 4
+            })
+        );
+    }
+
+    #[test]
+    fn over_long_payload_beyond_the_largest_mtu() {
+        let big = vec![7; MAX_PAYLOAD + 4];
+        let mut v = send_only(&big[..MAX_PAYLOAD]);
+        assert!(Packet::new_checked(&v[..]).is_ok());
+        v.splice(12..12, [0; 4]);
+        assert_eq!(
+            Packet::new_checked(&v[..]),
+            Err(Error::PayloadTooLong {
+                len: MAX_PAYLOAD + 4,
+                max: MAX_PAYLOAD
+            })
+        );
+        let r = Repr {
+            bth: bth(Opcode::RcSendOnly),
+            ext: ExtHeaders::default(),
+            payload: &big,
+        };
+        assert_eq!(
+            r.validate(),
+            Err(Error::PayloadTooLong {
+                len: MAX_PAYLOAD + 4,
+                max: MAX_PAYLOAD
+            })
+        );
+    }
+
+    #[test]
+    fn wrong_tver() {
+        let mut v = send_only(b"abcd");
+        v[1] |= 0x02;
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&v[..])),
+            Err(Error::BadTver(2))
+        );
+    }
+
+    #[test]
+    fn pad_count_larger_than_the_payload() {
+        let mut v = send_only(&[]);
+        v[1] |= 0x30;
+        assert_eq!(
+            Packet::new_checked(&v[..]),
+            Err(Error::BadPadCnt {
+                opcode: Opcode::RcSendOnly,
+                pad_cnt: 3,
+                area: 0
+            })
+        );
+    }
+
+    #[test]
+    fn pad_count_on_an_opcode_without_payload() {
+        let mut v = ack();
+        v[1] |= 0x10;
+        assert_eq!(
+            Packet::new_checked(&v[..]),
+            Err(Error::BadPadCnt {
+                opcode: Opcode::RcAcknowledge,
+                pad_cnt: 1,
+                area: 0
+            })
+        );
+    }
+
+    #[test]
+    fn payload_not_padded_to_four_bytes() {
+        let mut v = send_only(b"abcd");
+        v.insert(12, 0);
+        assert_eq!(
+            Packet::new_checked(&v[..]),
+            Err(Error::UnalignedPayload { len: 5 })
+        );
+    }
+
+    #[test]
+    fn unknown_opcode() {
+        let mut v = send_only(b"abcd");
+        v[0] = 0x40; // RD SEND_FIRST
+        assert_eq!(Packet::new_checked(&v[..]), Err(Error::UnknownOpcode(0x40)));
+        assert_eq!(Packet::new_unchecked(&v[..]).payload(), b"");
+    }
+
+    #[test]
+    fn emit_rejects_headers_that_do_not_match_the_opcode() {
+        let missing = Repr {
+            bth: bth(Opcode::RcWriteOnly),
+            ext: ExtHeaders::default(),
+            payload: b"x",
+        };
+        assert_eq!(
+            missing.validate(),
+            Err(Error::HeaderMismatch {
+                opcode: Opcode::RcWriteOnly,
+                header: Header::Reth,
+                present: false
+            })
+        );
+        let extra = Repr {
+            bth: bth(Opcode::RcSendOnly),
+            ext: ExtHeaders {
+                ieth: Some(ieth::Repr { rkey: Rkey(1) }),
+                ..ExtHeaders::default()
+            },
+            payload: b"x",
+        };
+        assert_eq!(
+            extra.validate(),
+            Err(Error::HeaderMismatch {
+                opcode: Opcode::RcSendOnly,
+                header: Header::Ieth,
+                present: true
+            })
+        );
+        let mut buf = vec![0; extra.buffer_len()];
+        assert!(
+            extra
+                .emit(&mut Packet::new_unchecked(&mut buf[..]))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn emit_rejects_a_wrongly_sized_buffer() {
+        let r = Repr {
+            bth: bth(Opcode::RcSendOnly),
+            ext: ExtHeaders::default(),
+            payload: b"abcd",
+        };
+        let mut buf = vec![0; r.buffer_len() - 1];
+        assert_eq!(
+            r.emit(&mut Packet::new_unchecked(&mut buf[..])),
+            Err(Error::BadLength {
+                header: Header::Bth,
+                stated: 20,
+                available: 19
+            })
+        );
+    }
+
+    #[test]
+    fn cnp_has_sixteen_reserved_bytes_and_no_payload() {
+        let r = Repr {
+            bth: bth::Repr {
+                becn: true,
+                ack_req: false,
+                ..bth(Opcode::Cnp)
+            },
+            ext: ExtHeaders::default(),
+            payload: &[],
+        };
+        let v = emit(&r);
+        assert_eq!(v.len(), 12 + 16 + 4);
+        assert!(v[12..32].iter().all(|&b| b == 0));
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&v[..])), Ok(r));
+    }
+}
