@@ -66,7 +66,7 @@ fn layout(d: &[u8]) -> Result<Layout> {
         if pad > area {
             return Err(bad_pad);
         }
-        if area % 4 != 0 {
+        if !area.is_multiple_of(4) {
             return Err(Error::UnalignedPayload { len: area });
         }
         if area - pad > MAX_PAYLOAD {

@@ -110,10 +110,10 @@ impl Psn {
             None
         } else if d < Self::HALF {
             // d < 2^23 fits an i32.
-            Some(d as i32)
+            Some(d.cast_signed())
         } else {
             // d in (2^23, 2^24): the negative distance 2^24 - d fits an i32.
-            Some(-((MASK_24 + 1 - d) as i32))
+            Some(-(MASK_24 + 1 - d).cast_signed())
         }
     }
 }
@@ -324,7 +324,7 @@ mod tests {
         let k = Rkey::new(0x12_3456, 0x78);
         assert_eq!(k.0, 0x1234_5678);
         assert_eq!((k.index(), k.key()), (0x12_3456, 0x78));
-        assert_eq!(Lkey::new(0xff_ffff_ff, 1).index(), 0xff_ffff);
+        assert_eq!(Lkey::new(0xffff_ffff, 1).index(), 0xff_ffff);
     }
 
     #[test]

@@ -1,0 +1,128 @@
+//! `vrdma decode` end to end: the binary on real captures, on a corrupted
+//! one and on files that are not captures.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use serde_json::Value;
+
+fn testdata() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/rxe")
+}
+
+fn vrdma(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vrdma"))
+        .args(args)
+        .output()
+        .expect("run vrdma")
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn every_rxe_capture_decodes_with_good_icrcs_and_named_opcodes() {
+    let mut files: Vec<_> = fs::read_dir(testdata())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 14);
+    for f in files {
+        let out = vrdma(&["decode", "--json", f.to_str().unwrap()]);
+        assert!(out.status.success(), "{}: {:?}", f.display(), out.status);
+        let v = json(&out);
+        let s = &v["summary"];
+        assert_eq!(s["icrc_bad"], 0, "{}", f.display());
+        assert_eq!(s["malformed"], 0, "{}", f.display());
+        assert_eq!(s["not_roce"], 0, "{}", f.display());
+        let packets = v["packets"].as_array().unwrap();
+        assert_eq!(Some(packets.len() as u64), s["frames"].as_u64());
+        for p in packets {
+            assert_eq!(p["status"], "ok");
+            let op = p["opcode"].as_str().unwrap();
+            assert!(
+                op.starts_with("RC ") || op.starts_with("UC ") || op.starts_with("UD "),
+                "{op}"
+            );
+            assert_eq!(p["icrc"]["good"], true);
+        }
+        // The text form says the same in its summary.
+        let text = String::from_utf8(vrdma(&["decode", f.to_str().unwrap()]).stdout).unwrap();
+        assert!(
+            text.contains(&format!(
+                "ICRC: {} good, 0 bad; malformed: 0",
+                packets.len()
+            )),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn without_a_file_the_built_in_capture_is_decoded() {
+    let out = vrdma(&["decode"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("RC SEND_ONLY_WITH_IMMEDIATE"));
+    assert!(text.contains("AETH RNR-NAK timer=25 (61440 us)"));
+    assert!(text.contains("ImmDt 0x44332211"));
+    assert!(text.contains("28 frames: 28 RoCEv2 packets"));
+}
+
+#[test]
+fn a_corrupted_packet_is_reported_and_fails_the_run() {
+    let mut bytes = fs::read(testdata().join("write_bw_64.pcap")).unwrap();
+    // The last byte of the file is the last byte of the last packet's ICRC.
+    *bytes.last_mut().unwrap() ^= 0x01;
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("corrupt-icrc.pcap");
+    fs::write(&path, &bytes).unwrap();
+    let out = vrdma(&["decode", "--json", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let v = json(&out);
+    assert_eq!(v["summary"]["icrc_bad"], 1);
+    let last = v["packets"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["icrc"]["good"], false);
+    assert_ne!(last["icrc"]["found"], last["icrc"]["computed"]);
+    let text = String::from_utf8(vrdma(&["decode", path.to_str().unwrap()]).stdout).unwrap();
+    assert!(text.contains("icrc=BAD"), "{text}");
+}
+
+#[test]
+fn a_malformed_packet_is_shown_with_its_error() {
+    let mut bytes = fs::read(testdata().join("write_bw_64.pcap")).unwrap();
+    // First record: 24-byte file header, 16-byte record header, then the
+    // frame; the BTH starts after 14 + 20 + 8 bytes. Set TVer to 1.
+    let bth = 24 + 16 + 14 + 20 + 8;
+    bytes[bth + 1] |= 0x01;
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bad-tver.pcap");
+    fs::write(&path, &bytes).unwrap();
+    let out = vrdma(&["decode", "--json", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let v = json(&out);
+    assert_eq!(v["summary"]["malformed"], 1);
+    assert_eq!(v["packets"][0]["status"], "malformed");
+    assert!(
+        v["packets"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("transport version 1")
+    );
+}
+
+#[test]
+fn files_that_are_not_captures_fail_with_status_2() {
+    let out = vrdma(&["decode", "/nonexistent/capture.pcap"]);
+    assert_eq!(out.status.code(), Some(2));
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("not-a-capture.pcap");
+    fs::write(&path, b"hello, this is not a pcap").unwrap();
+    let out = vrdma(&["decode", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a pcap or pcapng file"));
+}
