@@ -243,3 +243,130 @@ impl<'a> Repr<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Msn, Opcode, aeth};
+
+    // Frame 2 of rc_pingpong_64.pcap: Linux rxe's RC ACKNOWLEDGE,
+    // 10.47.91.11 → 10.47.91.12, QP 0x11, PSN 0x2bfb3c, MSN 1.
+    static RXE_ACK: [u8; 62] = [
+        0x52, 0x54, 0x00, 0x47, 0x91, 0x02, 0x52, 0x54, 0x00, 0x47, 0x91, 0x01, 0x08, 0x00, 0x45,
+        0x00, 0x00, 0x30, 0xf9, 0x0e, 0x40, 0x00, 0x40, 0x11, 0x77, 0x39, 0x0a, 0x2f, 0x5b, 0x0b,
+        0x0a, 0x2f, 0x5b, 0x0c, 0xc1, 0x43, 0x12, 0xb7, 0x00, 0x1c, 0x00, 0x00, 0x11, 0x00, 0xff,
+        0xff, 0x00, 0x00, 0x00, 0x11, 0x00, 0x2b, 0xfb, 0x3c, 0x1f, 0x00, 0x00, 0x01, 0x01, 0x67,
+        0xae, 0xcb,
+    ];
+    const RXE_ACK_ICRC: u32 = 0xcbae_6701;
+
+    #[test]
+    fn deconstruct_a_real_ack() {
+        let r = Repr::parse_ethernet(&RXE_ACK).unwrap();
+        assert_eq!(r.ip.src().to_string(), "10.47.91.11");
+        assert_eq!(r.udp.src_port, 0xc143);
+        assert!(!r.udp.checksum);
+        assert_eq!(r.roce.bth.opcode, Opcode::RcAcknowledge);
+        assert_eq!(r.roce.bth.psn.value(), 0x2b_fb3c);
+        assert_eq!(
+            r.roce.ext.aeth,
+            Some(aeth::Repr {
+                syndrome: aeth::Syndrome::Ack(aeth::CreditCode::INVALID),
+                msn: Msn::from_masked(1),
+            })
+        );
+        let d = decode_ethernet(&RXE_ACK).unwrap();
+        assert_eq!(
+            d.icrc,
+            IcrcCheck {
+                found: RXE_ACK_ICRC,
+                computed: RXE_ACK_ICRC
+            }
+        );
+    }
+
+    #[test]
+    fn bad_icrc() {
+        let mut f = RXE_ACK;
+        f[57] ^= 0x02; // MSN 1 → 3
+        let computed = decode_ethernet(&f).unwrap().icrc.computed;
+        assert_ne!(computed, RXE_ACK_ICRC);
+        assert_eq!(
+            Repr::parse_ethernet(&f),
+            Err(Error::BadIcrc {
+                found: RXE_ACK_ICRC,
+                computed
+            })
+        );
+        // The ICRC itself damaged.
+        let mut f = RXE_ACK;
+        f[61] ^= 0x80;
+        assert_eq!(
+            Repr::parse_ethernet(&f),
+            Err(Error::BadIcrc {
+                found: RXE_ACK_ICRC ^ 0x8000_0000,
+                computed: RXE_ACK_ICRC
+            })
+        );
+    }
+
+    #[test]
+    fn masked_fields_do_not_change_the_icrc() {
+        // TTL and TOS (with the IPv4 checksum fixed up) and BTH byte 4
+        // (FECN) are outside the ICRC.
+        let mut f = RXE_ACK;
+        f[22] = 3; // TTL
+        f[15] = 0x02; // ECN
+        let c = crate::ipv4::Packet::new_unchecked(&f[14..34]).compute_checksum();
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f[46] |= 0x80; // FECN
+        let d = decode_ethernet(&f).unwrap();
+        assert!(d.icrc.is_good());
+        assert!(d.repr.roce.bth.fecn);
+    }
+
+    #[test]
+    fn truncated_frame() {
+        assert_eq!(
+            decode_ethernet(&RXE_ACK[..13]),
+            Err(Error::Truncated {
+                header: Header::Ethernet,
+                needed: 14,
+                available: 13
+            })
+        );
+        // Cut inside the ICRC: the IPv4 total length no longer fits.
+        assert_eq!(
+            decode_ethernet(&RXE_ACK[..60]),
+            Err(Error::BadLength {
+                header: Header::Ipv4,
+                stated: 48,
+                available: 46
+            })
+        );
+    }
+
+    #[test]
+    fn ethernet_padding_is_ignored() {
+        let mut f = RXE_ACK.to_vec();
+        f.extend_from_slice(&[0; 6]);
+        assert_eq!(
+            Repr::parse_ethernet(&f).unwrap(),
+            Repr::parse_ethernet(&RXE_ACK).unwrap()
+        );
+    }
+
+    #[test]
+    fn wrong_buffer_size_on_emit() {
+        let r = Repr::parse_ethernet(&RXE_ACK).unwrap();
+        let mut short = [0u8; 61];
+        assert_eq!(
+            r.emit(&mut short),
+            Err(Error::BadLength {
+                header: Header::Ethernet,
+                stated: 62,
+                available: 61
+            })
+        );
+    }
+}

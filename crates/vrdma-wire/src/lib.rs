@@ -94,7 +94,7 @@ pub(crate) mod be {
     }
 }
 
-/// Checks that `len` bytes are available for `header`.
+/// Checks that `needed` bytes are available for `header`.
 pub(crate) fn need(header: Header, needed: usize, available: usize) -> Result<()> {
     if available < needed {
         Err(Error::Truncated {
