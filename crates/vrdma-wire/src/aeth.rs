@@ -129,6 +129,12 @@ impl NakCode {
     }
 }
 
+impl fmt::Display for NakCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What an AETH says.
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub enum Syndrome {
@@ -163,6 +169,21 @@ impl Syndrome {
             Syndrome::Ack(c) => c.0,
             Syndrome::RnrNak(t) => 0x20 | t.0,
             Syndrome::Nak(n) => 0x60 | n as u8,
+        }
+    }
+}
+
+impl fmt::Display for Syndrome {
+    /// `ACK credits=4`, `ACK credits=invalid`, `RNR-NAK timer=25 (61440 us)`,
+    /// `NAK remote access error`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Syndrome::Ack(c) => match c.credits() {
+                Some(n) => write!(f, "ACK credits={n}"),
+                None => f.write_str("ACK credits=invalid"),
+            },
+            Syndrome::RnrNak(t) => write!(f, "RNR-NAK timer={} ({} us)", t.code(), t.micros()),
+            Syndrome::Nak(n) => write!(f, "NAK {n}"),
         }
     }
 }
@@ -280,6 +301,38 @@ mod tests {
                 needed: 4,
                 available: 3
             })
+        );
+    }
+
+    #[test]
+    fn rnr_timer_is_ten_microseconds_times_the_credit_series() {
+        // Tables 45 and 46 share one series (1, 2, 3, 4, 6, 8, 12, …): the
+        // RNR delay of code c ≥ 1 is 10 µs times credit code c, and code 31
+        // continues the series to 49152.
+        for c in 1..31u8 {
+            let credits = CreditCode::from_masked(c).credits().unwrap();
+            assert_eq!(RnrTimer::from_masked(c).micros(), 10 * credits, "code {c}");
+        }
+        assert_eq!(RnrTimer::from_masked(31).micros(), 10 * 49_152);
+    }
+
+    #[test]
+    fn display() {
+        assert_eq!(
+            Syndrome::Ack(CreditCode::from_masked(5)).to_string(),
+            "ACK credits=6"
+        );
+        assert_eq!(
+            Syndrome::Ack(CreditCode::INVALID).to_string(),
+            "ACK credits=invalid"
+        );
+        assert_eq!(
+            Syndrome::RnrNak(RnrTimer::from_masked(25)).to_string(),
+            "RNR-NAK timer=25 (61440 us)"
+        );
+        assert_eq!(
+            Syndrome::Nak(NakCode::RemoteAccessError).to_string(),
+            "NAK remote access error"
         );
     }
 }

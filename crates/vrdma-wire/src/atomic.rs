@@ -165,6 +165,13 @@ mod tests {
         let mut b = [0xff; 8];
         r.emit(&mut ack::Packet::new_unchecked(&mut b[..])).unwrap();
         assert_eq!(b, bytes);
-        assert!(ack::Packet::new_checked(&bytes[..7]).is_err());
+        assert_eq!(
+            ack::Packet::new_checked(&bytes[..7]),
+            Err(Error::Truncated {
+                header: Header::AtomicAckEth,
+                needed: 8,
+                available: 7
+            })
+        );
     }
 }

@@ -275,4 +275,20 @@ mod tests {
         r.emit(&mut Packet::new_unchecked(&mut out[..])).unwrap();
         assert_eq!(out, RXE_CMP_SWAP);
     }
+
+    #[test]
+    fn pad_count_above_three_is_refused_on_emit() {
+        let r = Repr {
+            pad_cnt: 4,
+            ..repr()
+        };
+        let mut b = [0; 12];
+        assert_eq!(
+            r.emit(&mut Packet::new_unchecked(&mut b[..])),
+            Err(Error::OutOfRange {
+                what: "PadCnt",
+                value: 4
+            })
+        );
+    }
 }

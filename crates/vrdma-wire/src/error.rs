@@ -65,6 +65,9 @@ pub enum Error {
         needed: usize,
         available: usize,
     },
+    /// An emit buffer whose size is not the representation's `buffer_len`.
+    #[error("buffer of {available} bytes for a {needed}-byte emission")]
+    BufferSize { needed: usize, available: usize },
     /// An opcode that is reserved, or belongs to a transport vrdma does not
     /// speak (RD, XRC, the IBTA 1.5 memory-placement extensions).
     #[error("unknown or unsupported opcode {0:#04x}")]

@@ -35,6 +35,22 @@ impl IpRepr {
         }
     }
 
+    /// The source GID (IPv4-mapped for IPv4).
+    pub fn sgid(&self) -> crate::Gid {
+        match self {
+            IpRepr::V4(r) => r.src.into(),
+            IpRepr::V6(r) => r.src.into(),
+        }
+    }
+
+    /// The destination GID (IPv4-mapped for IPv4).
+    pub fn dgid(&self) -> crate::Gid {
+        match self {
+            IpRepr::V4(r) => r.dst.into(),
+            IpRepr::V6(r) => r.dst.into(),
+        }
+    }
+
     /// The pseudo-header for the UDP checksum.
     pub fn pseudo_header(&self) -> PseudoHeader {
         match self {
@@ -69,7 +85,8 @@ impl IpRepr {
         }
     }
 
-    fn emit(&self, d: &mut [u8]) -> Result<()> {
+    /// Writes the header into the front of `d`.
+    pub fn emit(&self, d: &mut [u8]) -> Result<()> {
         match self {
             IpRepr::V4(r) => r.emit(d),
             IpRepr::V6(r) => r.emit(d),
@@ -108,6 +125,51 @@ pub struct Decoded<'a> {
     pub icrc: IcrcCheck,
 }
 
+/// The UDP destination port of a frame, read without validating anything
+/// else: `Some` when the frame is (or claims to be) IPv4/IPv6 carrying the
+/// first fragment of a UDP datagram whose header's port field is present.
+/// Tools use it to tell RoCEv2 that is malformed from traffic that is not
+/// RoCEv2 at all. `ethernet` says whether `data` starts with an Ethernet
+/// header (else with the IP header).
+pub fn peek_udp_dst_port(data: &[u8], ethernet: bool) -> Option<u16> {
+    let ip = if ethernet {
+        let f = ethernet::Frame::new_checked(data).ok()?;
+        let ip = data.get(f.header_len()..)?;
+        let version = match f.ethertype() {
+            0x0800 => 4,
+            0x86dd => 6,
+            _ => return None,
+        };
+        if ip.first()? >> 4 != version {
+            return None;
+        }
+        ip
+    } else {
+        data
+    };
+    let udp_at = match ip.first()? >> 4 {
+        4 => {
+            let p = ipv4::Packet::new_unchecked(ip);
+            let ihl = usize::from(ip.first()? & 0x0f) * 4;
+            ip.get(..ipv4::HEADER_LEN)?;
+            if p.protocol() != ipv4::PROTO_UDP || p.frag_offset() != 0 {
+                return None;
+            }
+            ihl
+        }
+        6 => {
+            ip.get(..ipv6::HEADER_LEN)?;
+            if ipv6::Packet::new_unchecked(ip).next_header() != ipv4::PROTO_UDP {
+                return None;
+            }
+            ipv6::HEADER_LEN
+        }
+        _ => return None,
+    };
+    let port = ip.get(udp_at + 2..udp_at + 4)?;
+    Some(u16::from_be_bytes([port[0], port[1]]))
+}
+
 /// Parses an Ethernet frame carrying RoCEv2; the ICRC is reported, not
 /// enforced. Bytes after the IP packet (Ethernet padding) are ignored.
 pub fn decode_ethernet(frame: &[u8]) -> Result<Decoded<'_>> {
@@ -118,19 +180,21 @@ pub fn decode_ethernet(frame: &[u8]) -> Result<Decoded<'_>> {
         ethernet::EtherType::Ipv4 => 4,
         ethernet::EtherType::Ipv6 => 6,
     };
-    let mut d = decode_ip_version(payload, version)?;
-    d.repr.ethernet = Some(eth);
-    Ok(d)
+    decode_ip_version(Some(eth), payload, version)
 }
 
 /// Parses a bare IPv4 or IPv6 packet carrying RoCEv2 (told apart by the
 /// version nibble); the ICRC is reported, not enforced.
 pub fn decode_ip(packet: &[u8]) -> Result<Decoded<'_>> {
     crate::need(Header::Ipv4, 1, packet.len())?;
-    decode_ip_version(packet, packet[0] >> 4)
+    decode_ip_version(None, packet, packet[0] >> 4)
 }
 
-fn decode_ip_version(data: &[u8], version: u8) -> Result<Decoded<'_>> {
+fn decode_ip_version(
+    ethernet: Option<ethernet::Repr>,
+    data: &[u8],
+    version: u8,
+) -> Result<Decoded<'_>> {
     let (ip, ip_header, datagram) = match version {
         4 => {
             let p = ipv4::Packet::new_checked(data)?;
@@ -158,7 +222,7 @@ fn decode_ip_version(data: &[u8], version: u8) -> Result<Decoded<'_>> {
     let computed = icrc::compute(ip_header, &datagram[..udp::HEADER_LEN], roce_bytes)?;
     Ok(Decoded {
         repr: Repr {
-            ethernet: None,
+            ethernet,
             ip,
             udp,
             roce,
@@ -208,9 +272,8 @@ impl<'a> Repr<'a> {
     pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
         let len = self.buffer_len();
         if buf.len() != len {
-            return Err(Error::BadLength {
-                header: Header::Ethernet,
-                stated: len,
+            return Err(Error::BufferSize {
+                needed: len,
                 available: buf.len(),
             });
         }
@@ -362,11 +425,62 @@ mod tests {
         let mut short = [0u8; 61];
         assert_eq!(
             r.emit(&mut short),
-            Err(Error::BadLength {
-                header: Header::Ethernet,
-                stated: 62,
+            Err(Error::BufferSize {
+                needed: 62,
                 available: 61
             })
         );
+    }
+
+    #[test]
+    fn ipv4_options_are_accepted_and_covered_by_the_icrc() {
+        // Insert four NOP options into the rxe ACK, fix IHL, total length
+        // and header checksum, and recompute the ICRC (it covers options).
+        let mut f = RXE_ACK[..34].to_vec();
+        f.extend_from_slice(&[1, 1, 1, 1]);
+        f.extend_from_slice(&RXE_ACK[34..]);
+        f[14] = 0x46;
+        f[16..18].copy_from_slice(&52u16.to_be_bytes());
+        let fix_checksum = |f: &mut Vec<u8>| {
+            f[24..26].fill(0);
+            let c = crate::ipv4::checksum(&[&f[14..38]]);
+            f[24..26].copy_from_slice(&c.to_be_bytes());
+        };
+        fix_checksum(&mut f);
+        let crc = icrc::compute(&f[14..38], &f[38..46], &f[46..]).unwrap();
+        let n = f.len();
+        f[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        let with = Repr::parse_ethernet(&f).unwrap();
+        assert_eq!(with, Repr::parse_ethernet(&RXE_ACK).unwrap());
+        // The options are covered: changing one breaks the ICRC.
+        f[34] = 0;
+        fix_checksum(&mut f);
+        let computed = icrc::compute(&f[14..38], &f[38..46], &f[46..]).unwrap();
+        assert_eq!(
+            Repr::parse_ethernet(&f),
+            Err(Error::BadIcrc {
+                found: crc,
+                computed
+            })
+        );
+        assert_ne!(crc, computed);
+    }
+
+    #[test]
+    fn peeking_the_udp_port() {
+        assert_eq!(peek_udp_dst_port(&RXE_ACK, true), Some(4791));
+        assert_eq!(peek_udp_dst_port(&RXE_ACK[14..], false), Some(4791));
+        // Cut right after the port: still seen; before it: not.
+        assert_eq!(peek_udp_dst_port(&RXE_ACK[..38], true), Some(4791));
+        assert_eq!(peek_udp_dst_port(&RXE_ACK[..37], true), None);
+        let mut tcp = RXE_ACK;
+        tcp[23] = 6;
+        assert_eq!(peek_udp_dst_port(&tcp, true), None);
+        let mut arp = RXE_ACK;
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(peek_udp_dst_port(&arp, true), None);
+        let mut later_fragment = RXE_ACK;
+        later_fragment[21] = 1;
+        assert_eq!(peek_udp_dst_port(&later_fragment, true), None);
     }
 }

@@ -49,6 +49,13 @@ mod tests {
         let mut b = [0; 4];
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
         assert_eq!(b, bytes);
-        assert!(Packet::new_checked(&bytes[..2]).is_err());
+        assert_eq!(
+            Packet::new_checked(&bytes[..2]),
+            Err(crate::Error::Truncated {
+                header: Header::Ieth,
+                needed: 4,
+                available: 2
+            })
+        );
     }
 }

@@ -51,6 +51,13 @@ mod tests {
         let mut b = [0; 4];
         r.emit(&mut Packet::new_unchecked(&mut b[..])).unwrap();
         assert_eq!(b, [0x44, 0x33, 0x22, 0x11]);
-        assert!(Packet::new_checked(&b[..3]).is_err());
+        assert_eq!(
+            Packet::new_checked(&b[..3]),
+            Err(crate::Error::Truncated {
+                header: Header::ImmDt,
+                needed: 4,
+                available: 3
+            })
+        );
     }
 }

@@ -186,6 +186,16 @@ impl Repr {
     /// are skipped and not kept: emitting gives a 20-byte header.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Self> {
         p.check_len()?;
+        Self::parse_header(p, p.payload().len())
+    }
+
+    /// The checks and fields of [`Self::parse`] for a header whose payload
+    /// is not in the buffer (a GRH area); the caller has checked that the
+    /// whole header is.
+    pub(crate) fn parse_header<T: AsRef<[u8]> + ?Sized>(
+        p: &Packet<&T>,
+        payload_len: usize,
+    ) -> Result<Self> {
         let computed = p.compute_checksum();
         if computed != p.checksum() && !cfg!(fuzzing) {
             return Err(Error::BadIpv4Checksum {
@@ -209,7 +219,7 @@ impl Repr {
             ident: p.ident(),
             dont_frag: p.dont_frag(),
             ttl: p.ttl(),
-            payload_len: p.payload().len(),
+            payload_len,
         })
     }
 
@@ -220,10 +230,12 @@ impl Repr {
     /// Writes a 20-byte header with its checksum into the front of `d`.
     pub fn emit(&self, d: &mut [u8]) -> Result<()> {
         crate::need(Header::Ipv4, HEADER_LEN, d.len())?;
-        let total =
-            u16::try_from(HEADER_LEN + self.payload_len).map_err(|_| Error::OutOfRange {
-                what: "an IPv4 total length",
-                value: (HEADER_LEN + self.payload_len) as u64,
+        let total = HEADER_LEN
+            .checked_add(self.payload_len)
+            .and_then(|n| u16::try_from(n).ok())
+            .ok_or(Error::OutOfRange {
+                what: "an IPv4 payload length",
+                value: self.payload_len as u64,
             })?;
         let h = &mut d[..HEADER_LEN];
         h[field::VER_IHL] = 0x45;
@@ -281,10 +293,13 @@ mod tests {
         let mut v = packet();
         v[11] ^= 1;
         let p = Packet::new_checked(&v[..]).unwrap();
-        assert!(matches!(
+        assert_eq!(
             Repr::parse(&p),
-            Err(Error::BadIpv4Checksum { .. })
-        ));
+            Err(Error::BadIpv4Checksum {
+                found: 0x7738,
+                computed: 0x7739
+            })
+        );
     }
 
     #[test]
@@ -323,5 +338,54 @@ mod tests {
         let mut v = packet();
         v[0] = 0x44;
         assert_eq!(Packet::new_checked(&v[..]), Err(Error::BadIpv4HeaderLen(4)));
+    }
+
+    fn with_flags(flags_frag: u16) -> Vec<u8> {
+        let mut v = packet();
+        v[6..8].copy_from_slice(&flags_frag.to_be_bytes());
+        v[10..12].fill(0);
+        let c = checksum(&[&v[..20]]);
+        v[10..12].copy_from_slice(&c.to_be_bytes());
+        v
+    }
+
+    #[test]
+    fn a_later_fragment_is_rejected() {
+        let v = with_flags(0x0003); // offset 3 (24 bytes), no MF, no DF
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&v[..])),
+            Err(Error::Fragmented {
+                offset: 3,
+                more: false
+            })
+        );
+    }
+
+    #[test]
+    fn not_udp() {
+        let mut v = with_flags(0x4000);
+        v[9] = 6;
+        v[10..12].fill(0);
+        let c = checksum(&[&v[..20]]);
+        v[10..12].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&v[..])),
+            Err(Error::NotUdp(6))
+        );
+    }
+
+    #[test]
+    fn emit_refuses_a_payload_too_long_for_the_length_field() {
+        let r = Repr {
+            payload_len: usize::MAX,
+            ..Repr::parse(&Packet::new_unchecked(&packet()[..])).unwrap()
+        };
+        assert_eq!(
+            r.emit(&mut [0; 20]),
+            Err(Error::OutOfRange {
+                what: "an IPv4 payload length",
+                value: u64::MAX
+            })
+        );
     }
 }

@@ -84,18 +84,24 @@ pub struct Repr {
 
 impl Repr {
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Self> {
+        let r = Self::parse_header(p)?;
+        let available = p.buffer.as_ref().len() - HEADER_LEN;
+        if r.payload_len > available {
+            return Err(Error::BadLength {
+                header: Header::Ipv6,
+                stated: r.payload_len,
+                available,
+            });
+        }
+        Ok(r)
+    }
+
+    /// The checks and fields of [`Self::parse`] without requiring the
+    /// payload to be in the buffer (a GRH area).
+    pub(crate) fn parse_header<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Self> {
         p.check_len()?;
         if p.version() != 6 {
             return Err(Error::BadIpVersion(p.version(), 6));
-        }
-        let len = usize::from(p.payload_len());
-        let available = p.buffer.as_ref().len() - HEADER_LEN;
-        if len > available {
-            return Err(Error::BadLength {
-                header: Header::Ipv6,
-                stated: len,
-                available,
-            });
         }
         if p.next_header() != PROTO_UDP {
             return Err(Error::NotUdp(p.next_header()));
@@ -106,7 +112,7 @@ impl Repr {
             traffic_class: p.traffic_class(),
             flow_label: p.flow_label(),
             hop_limit: p.hop_limit(),
-            payload_len: len,
+            payload_len: usize::from(p.payload_len()),
         })
     }
 

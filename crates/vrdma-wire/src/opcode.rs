@@ -185,8 +185,8 @@ macro_rules! opcodes {
             /// Every opcode, in numeric order.
             pub const ALL: &'static [Opcode] = &[$(Opcode::$variant,)*];
 
-            /// The table row for this opcode.
-            pub const fn info(self) -> OpcodeInfo {
+            /// Builds the table row (used once, to fill [`INFO`]).
+            const fn build_info(self) -> OpcodeInfo {
                 match self {
                     $( Opcode::$variant => {
                         let headers: HeaderSet = $hdrs;
@@ -274,7 +274,26 @@ opcodes! {
     Cnp = 0x81, Cnp, Cnp, N, HeaderSet::CNP_RESERVED, false, "CNP";
 }
 
+/// The table, indexed by opcode byte, so that per-packet lookups are one
+/// load. Bytes that are not opcodes hold a row nobody can reach (an
+/// `Opcode` is always a valid byte).
+const INFO: &[OpcodeInfo; 256] = &{
+    let mut t = [Opcode::RcSendFirst.build_info(); 256];
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let op = Opcode::ALL[i];
+        t[op as usize] = op.build_info();
+        i += 1;
+    }
+    t
+};
+
 impl Opcode {
+    /// The table row for this opcode.
+    pub const fn info(self) -> &'static OpcodeInfo {
+        &INFO[self as usize]
+    }
+
     /// The opcode byte.
     pub const fn code(self) -> u8 {
         self as u8

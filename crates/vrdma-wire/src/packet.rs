@@ -85,8 +85,10 @@ fn layout(d: &[u8]) -> Result<Layout> {
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps `buffer` without checks; accessors return empty values for
-    /// parts they cannot find until [`Self::check_len`] succeeds.
+    /// Wraps `buffer` without checks. Until [`Self::check_len`] succeeds the
+    /// BTH view's accessors may panic on a short buffer (as every view's
+    /// do); the extension-header, payload and ICRC accessors never panic and
+    /// return `None` or empty for parts they cannot find.
     pub const fn new_unchecked(buffer: T) -> Self {
         Self { buffer }
     }
@@ -234,28 +236,61 @@ pub struct Repr<'a> {
 }
 
 impl<'a> Repr<'a> {
+    /// A packet with `bth.pad_cnt` set to what `payload` needs (so that it
+    /// compares equal to the packet parsed back).
+    pub fn new(bth: bth::Repr, ext: ExtHeaders, payload: &'a [u8]) -> Self {
+        let mut r = Self { bth, ext, payload };
+        // pad_len() < 4.
+        r.bth.pad_cnt = r.pad_len() as u8;
+        r
+    }
+
     /// Parses a packet: layout checks, then every header. The ICRC is not
     /// verified here (it needs the IP and UDP headers).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&'a T>) -> Result<Self> {
         let d: &'a [u8] = p.buffer.as_ref();
         let l = layout(d)?;
         let bth = bth::Repr::parse(&bth::Packet::new_unchecked(d))?;
-        let view = Packet::new_unchecked(d);
-        let ext = ExtHeaders {
-            deth: view.deth().map(|h| deth::Repr::parse(&h)).transpose()?,
-            reth: view.reth().map(|h| reth::Repr::parse(&h)).transpose()?,
-            atomic_eth: view
-                .atomic_eth()
-                .map(|h| atomic::eth::Repr::parse(&h))
-                .transpose()?,
-            aeth: view.aeth().map(|h| aeth::Repr::parse(&h)).transpose()?,
-            atomic_ack_eth: view
-                .atomic_ack_eth()
-                .map(|h| atomic::ack::Repr::parse(&h))
-                .transpose()?,
-            immdt: view.immdt().map(|h| immdt::Repr::parse(&h)).transpose()?,
-            ieth: view.ieth().map(|h| ieth::Repr::parse(&h)).transpose()?,
-        };
+        let mut ext = ExtHeaders::default();
+        let headers = l.opcode.headers();
+        let mut at = bth::HEADER_LEN;
+        // One walk over the headers; `layout` checked they are all present.
+        for (bit, _, len) in HeaderSet::ORDER {
+            if !headers.contains(bit) {
+                continue;
+            }
+            let h = &d[at..at + len];
+            match bit {
+                HeaderSet::DETH => {
+                    ext.deth = Some(deth::Repr::parse(&deth::Packet::new_unchecked(h))?)
+                }
+                HeaderSet::RETH => {
+                    ext.reth = Some(reth::Repr::parse(&reth::Packet::new_unchecked(h))?)
+                }
+                HeaderSet::ATOMIC_ETH => {
+                    ext.atomic_eth = Some(atomic::eth::Repr::parse(
+                        &atomic::eth::Packet::new_unchecked(h),
+                    )?)
+                }
+                HeaderSet::AETH => {
+                    ext.aeth = Some(aeth::Repr::parse(&aeth::Packet::new_unchecked(h))?)
+                }
+                HeaderSet::ATOMIC_ACK_ETH => {
+                    ext.atomic_ack_eth = Some(atomic::ack::Repr::parse(
+                        &atomic::ack::Packet::new_unchecked(h),
+                    )?)
+                }
+                HeaderSet::IMMDT => {
+                    ext.immdt = Some(immdt::Repr::parse(&immdt::Packet::new_unchecked(h))?)
+                }
+                HeaderSet::IETH => {
+                    ext.ieth = Some(ieth::Repr::parse(&ieth::Packet::new_unchecked(h))?)
+                }
+                // The CNP's reserved bytes carry nothing.
+                _ => {}
+            }
+            at += len;
+        }
         Ok(Self {
             bth,
             ext,
@@ -317,9 +352,8 @@ impl<'a> Repr<'a> {
         let len = self.buffer_len();
         let d = p.buffer.as_mut();
         if d.len() != len {
-            return Err(Error::BadLength {
-                header: Header::Bth,
-                stated: len,
+            return Err(Error::BufferSize {
+                needed: len,
                 available: d.len(),
             });
         }
@@ -605,10 +639,13 @@ mod tests {
             })
         );
         let mut buf = vec![0; extra.buffer_len()];
-        assert!(
-            extra
-                .emit(&mut Packet::new_unchecked(&mut buf[..]))
-                .is_err()
+        assert_eq!(
+            extra.emit(&mut Packet::new_unchecked(&mut buf[..])),
+            Err(Error::HeaderMismatch {
+                opcode: Opcode::RcSendOnly,
+                header: Header::Ieth,
+                present: true
+            })
         );
     }
 
@@ -622,9 +659,8 @@ mod tests {
         let mut buf = vec![0; r.buffer_len() - 1];
         assert_eq!(
             r.emit(&mut Packet::new_unchecked(&mut buf[..])),
-            Err(Error::BadLength {
-                header: Header::Bth,
-                stated: 20,
+            Err(Error::BufferSize {
+                needed: 20,
                 available: 19
             })
         );
@@ -644,6 +680,32 @@ mod tests {
         let v = emit(&r);
         assert_eq!(v.len(), 12 + 16 + 4);
         assert!(v[12..32].iter().all(|&b| b == 0));
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&v[..])), Ok(r));
+    }
+
+    #[test]
+    fn a_reserved_aeth_syndrome_in_a_packet() {
+        let mut v = ack();
+        v[12] = 0x40; // kind 10: reserved
+        assert_eq!(
+            Repr::parse(&Packet::new_unchecked(&v[..])),
+            Err(Error::BadAethSyndrome(0x40))
+        );
+    }
+
+    #[test]
+    fn non_zero_pad_bytes_are_accepted() {
+        let mut v = send_only(b"hello");
+        v[17..20].copy_from_slice(&[1, 2, 3]);
+        let r = Repr::parse(&Packet::new_unchecked(&v[..])).unwrap();
+        assert_eq!(r.payload, b"hello");
+    }
+
+    #[test]
+    fn new_sets_the_pad_count() {
+        let r = Repr::new(bth(Opcode::RcSendOnly), ExtHeaders::default(), b"abcde");
+        assert_eq!(r.bth.pad_cnt, 3);
+        let v = emit(&r);
         assert_eq!(Repr::parse(&Packet::new_unchecked(&v[..])), Ok(r));
     }
 }

@@ -95,9 +95,13 @@ mod tests {
             })
         );
         let mut short = [0; 4];
-        assert!(
-            REPR.emit(&mut Packet::new_unchecked(&mut short[..]))
-                .is_err()
+        assert_eq!(
+            REPR.emit(&mut Packet::new_unchecked(&mut short[..])),
+            Err(Error::Truncated {
+                header: Header::Reth,
+                needed: 16,
+                available: 4
+            })
         );
     }
 }

@@ -61,9 +61,12 @@ macro_rules! u24_newtype {
 u24_newtype!(
     /// Packet sequence number: 24 bits, compared and advanced modulo 2^24.
     ///
-    /// Ordering is serial-number arithmetic (IBTA Vol1 §9.7.1): `a < b` when
-    /// `b` is less than 2^23 steps ahead of `a`. It is a partial order: two
-    /// PSNs exactly 2^23 apart are incomparable, which keeps `<` antisymmetric.
+    /// Order is serial-number arithmetic (IBTA Vol1 §9.7.1): `a` precedes
+    /// `b` when `b` is less than 2^23 steps ahead of `a`. That relation is
+    /// not transitive around the whole circle, so `Psn` deliberately does
+    /// not implement `PartialOrd`/`Ord` (sorting or a `BTreeMap` would
+    /// misbehave): compare with [`Psn::precedes`], [`Psn::compare`] or
+    /// [`Psn::distance`], which are meaningful within a window of 2^23.
     Psn,
     "a 24-bit PSN"
 );
@@ -118,9 +121,21 @@ impl Psn {
     }
 }
 
-impl PartialOrd for Psn {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        self.distance(*other).map(|d| 0.cmp(&d))
+impl Psn {
+    /// Serial-number comparison: `Less` when `self` precedes `other`,
+    /// `Greater` when it follows, `None` when they are exactly 2^23 apart.
+    pub const fn compare(self, other: Self) -> Option<Ordering> {
+        match self.distance(other) {
+            None => None,
+            Some(0) => Some(Ordering::Equal),
+            Some(d) if d > 0 => Some(Ordering::Less),
+            Some(_) => Some(Ordering::Greater),
+        }
+    }
+
+    /// True when `other` is 1..2^23 steps ahead of `self`.
+    pub const fn precedes(self, other: Self) -> bool {
+        matches!(self.compare(other), Some(Ordering::Less))
     }
 }
 
@@ -302,8 +317,8 @@ mod tests {
     #[test]
     fn psn_wraps_at_2_24() {
         assert_eq!(Psn::MAX.next(), Psn::from_masked(0));
-        assert!(Psn::MAX < Psn::from_masked(0));
-        assert!(Psn::from_masked(0) > Psn::MAX);
+        assert!(Psn::MAX.precedes(Psn::from_masked(0)));
+        assert!(!Psn::from_masked(0).precedes(Psn::MAX));
         assert_eq!(Psn::MAX.distance(Psn::from_masked(5)), Some(6));
         assert_eq!(Psn::from_masked(5).distance(Psn::MAX), Some(-6));
         assert_eq!(Psn::from_masked(3).wrapping_sub(4), Psn::MAX);
@@ -313,10 +328,11 @@ mod tests {
     fn psn_half_apart_is_incomparable() {
         let a = Psn::from_masked(10);
         let b = a.wrapping_add(Psn::HALF);
-        assert_eq!(a.partial_cmp(&b), None);
-        assert_eq!(b.partial_cmp(&a), None);
-        assert!(a.wrapping_add(Psn::HALF - 1) > a);
-        assert!(a.wrapping_add(Psn::HALF + 1) < a);
+        assert_eq!(a.compare(b), None);
+        assert_eq!(b.compare(a), None);
+        assert!(!a.precedes(b) && !b.precedes(a));
+        assert!(a.precedes(a.wrapping_add(Psn::HALF - 1)));
+        assert!(a.wrapping_add(Psn::HALF + 1).precedes(a));
     }
 
     #[test]
@@ -347,25 +363,26 @@ mod tests {
         #[test]
         fn psn_successor_is_greater(a in psn(), k in 1..Psn::HALF) {
             let b = a.wrapping_add(k);
-            prop_assert!(a < b);
-            prop_assert!(b > a);
+            prop_assert!(a.precedes(b));
+            prop_assert!(!b.precedes(a));
+            prop_assert_eq!(b.compare(a), Some(Ordering::Greater));
             prop_assert_eq!(a.distance(b), Some(i32::try_from(k).unwrap()));
         }
 
         #[test]
         fn psn_order_is_antisymmetric_and_total_off_the_half(a in psn(), b in psn()) {
             let d = a.forward_distance(b);
-            match (a.partial_cmp(&b), b.partial_cmp(&a)) {
+            match (a.compare(b), b.compare(a)) {
                 (Some(x), Some(y)) => prop_assert_eq!(x, y.reverse()),
                 (None, None) => prop_assert_eq!(d, Psn::HALF),
                 other => prop_assert!(false, "asymmetric comparability {other:?}"),
             }
-            prop_assert_eq!(a == b, a.partial_cmp(&b) == Some(Ordering::Equal));
+            prop_assert_eq!(a == b, a.compare(b) == Some(Ordering::Equal));
         }
 
         #[test]
         fn psn_order_is_translation_invariant(a in psn(), b in psn(), k in 0..=MASK_24) {
-            prop_assert_eq!(a.partial_cmp(&b), a.wrapping_add(k).partial_cmp(&b.wrapping_add(k)));
+            prop_assert_eq!(a.compare(b), a.wrapping_add(k).compare(b.wrapping_add(k)));
         }
 
         #[test]
@@ -375,7 +392,8 @@ mod tests {
             // Within a window narrower than 2^23 the order is a total order.
             let b = a.wrapping_add(x);
             let c = b.wrapping_add(y);
-            prop_assert!(a <= b && b <= c && a <= c);
+            let le = |p: Psn, q: Psn| p == q || p.precedes(q);
+            prop_assert!(le(a, b) && le(b, c) && le(a, c));
         }
 
         #[test]

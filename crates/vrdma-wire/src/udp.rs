@@ -82,12 +82,12 @@ pub fn compute_checksum(ph: PseudoHeader, datagram: &[u8]) -> u16 {
     if c == 0 { 0xffff } else { c }
 }
 
-/// The meaning of a UDP header carrying RoCEv2.
+/// The meaning of a UDP header carrying RoCEv2. The destination port is
+/// always 4791, so it is not a field.
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub struct Repr {
     /// Source port: per QP for entropy (rxe: 0xC000 + a hash of the QPN).
     pub src_port: u16,
-    pub dst_port: u16,
     /// Whether the checksum is computed (true) or left zero (false).
     pub checksum: bool,
 }
@@ -119,7 +119,6 @@ impl Repr {
         }
         Ok(Self {
             src_port: p.src_port(),
-            dst_port: p.dst_port(),
             checksum: found != 0,
         })
     }
@@ -137,7 +136,7 @@ impl Repr {
             value: datagram.len() as u64,
         })?;
         be::set_u16(datagram, field::SRC_PORT, self.src_port);
-        be::set_u16(datagram, field::DST_PORT, self.dst_port);
+        be::set_u16(datagram, field::DST_PORT, ROCEV2_UDP_PORT);
         be::set_u16(datagram, field::LENGTH, len);
         be::set_u16(datagram, field::CHECKSUM, 0);
         if self.checksum {
@@ -168,17 +167,20 @@ mod tests {
             d[8..].copy_from_slice(b"hello");
             let r = Repr {
                 src_port: 49152,
-                dst_port: ROCEV2_UDP_PORT,
                 checksum: true,
             };
             r.emit(&mut d, ph).unwrap();
             assert_ne!(u16::from_be_bytes([d[6], d[7]]), 0);
             assert_eq!(Repr::parse(&Packet::new_unchecked(&d[..]), ph), Ok(r));
+            let good = u16::from_be_bytes([d[6], d[7]]);
             d[12] ^= 0x40;
-            assert!(matches!(
+            assert_eq!(
                 Repr::parse(&Packet::new_unchecked(&d[..]), ph),
-                Err(Error::BadUdpChecksum { .. })
-            ));
+                Err(Error::BadUdpChecksum {
+                    found: good,
+                    computed: compute_checksum(ph, &d)
+                })
+            );
         }
     }
 
@@ -205,5 +207,24 @@ mod tests {
                 available: 8
             })
         );
+    }
+
+    #[test]
+    fn a_computed_zero_is_sent_as_all_ones() {
+        // Choose the last payload word so that the one's complement sum is
+        // 0xffff: the checksum computes to 0, which RFC 768 sends as 0xffff
+        // (0 would mean "no checksum").
+        let mut d = [0u8; 12];
+        let r = Repr {
+            src_port: 0x1234,
+            checksum: true,
+        };
+        r.emit(&mut d, PH).unwrap();
+        let sum = !u16::from_be_bytes([d[6], d[7]]);
+        d[10..12].copy_from_slice(&(0xffff - sum).to_be_bytes());
+        assert_eq!(compute_checksum(PH, &d), 0xffff);
+        r.emit(&mut d, PH).unwrap();
+        assert_eq!(&d[6..8], &[0xff, 0xff]);
+        assert_eq!(Repr::parse(&Packet::new_unchecked(&d[..]), PH), Ok(r));
     }
 }

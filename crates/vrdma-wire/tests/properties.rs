@@ -239,12 +239,12 @@ proptest! {
     #[test]
     fn grh_round_trips(ip in ip(), len in 0usize..4200) {
         let g = match ip {
-            IpRepr::V4(r) => grh::Repr::V4(ipv4::Repr { payload_len: len, ..r }),
-            IpRepr::V6(r) => grh::Repr::V6(ipv6::Repr { payload_len: len, ..r }),
+            IpRepr::V4(r) => IpRepr::V4(ipv4::Repr { payload_len: len, ..r }),
+            IpRepr::V6(r) => IpRepr::V6(ipv6::Repr { payload_len: len, ..r }),
         };
         let mut b = [0u8; grh::HEADER_LEN];
-        g.emit(&mut grh::Packet::new_unchecked(&mut b[..])).unwrap();
-        prop_assert_eq!(grh::Repr::parse(&grh::Packet::new_unchecked(&b[..])), Ok(g));
+        grh::emit(&g, &mut grh::Packet::new_unchecked(&mut b[..])).unwrap();
+        prop_assert_eq!(grh::parse(&grh::Packet::new_unchecked(&b[..])), Ok(g));
     }
 
     #[test]
@@ -269,7 +269,7 @@ proptest! {
         let repr = frame::Repr {
             ethernet: eth,
             ip,
-            udp: udp::Repr { src_port, dst_port: vrdma_wire::ROCEV2_UDP_PORT, checksum },
+            udp: udp::Repr { src_port, checksum },
             roce: packet::Repr { bth: b, ext: e, payload: &p },
         };
         let f = Frame { bytes: { let mut v = vec![0; repr.buffer_len()]; repr.emit(&mut v).unwrap(); v }, ethernet: eth.is_some() };
@@ -297,7 +297,7 @@ proptest! {
         let repr = frame::Repr {
             ethernet: None,
             ip,
-            udp: udp::Repr { src_port: 0xc000, dst_port: vrdma_wire::ROCEV2_UDP_PORT, checksum },
+            udp: udp::Repr { src_port: 0xc000, checksum },
             roce: packet::Repr { bth: b, ext: e, payload: &p },
         };
         let mut f = Frame { bytes: vec![0; repr.buffer_len()], ethernet: false };
@@ -308,13 +308,23 @@ proptest! {
         let bth_fb = ip_len + udp::HEADER_LEN + 4;
         // Fields the ICRC deliberately leaves out and nothing else covers:
         // the IPv6 traffic class, flow label and hop limit, and BTH byte 4
-        // (FECN, BECN, reserved). Every other flip must be rejected.
+        // (FECN, BECN, reserved) unless a UDP checksum covers it. Every
+        // other flip must be rejected.
         let variant = match repr.ip {
             IpRepr::V6(_) => (at < 4 && !(at == 0 && bit >= 4)) || at == 7,
             IpRepr::V4(_) => false,
         };
-        if variant || at == bth_fb {
-            if let Ok(r) = parse(&f) { prop_assert_eq!(r.roce.payload, &p[..]) }
+        if at == bth_fb && checksum {
+            // Outside the ICRC, but inside the UDP checksum.
+            prop_assert!(
+                matches!(parse(&f), Err(Error::BadUdpChecksum { .. })),
+                "flip of bit {} in BTH byte 4 with a UDP checksum", bit
+            );
+        } else if variant || at == bth_fb {
+            // Still a valid packet, with the same payload.
+            let r = parse(&f);
+            prop_assert!(r.is_ok(), "flip of masked bit {} in byte {}: {:?}", bit, at, r);
+            prop_assert_eq!(r.unwrap().roce.payload, &p[..]);
         } else {
             prop_assert!(parse(&f).is_err(), "flip of bit {} in byte {} accepted", bit, at);
         }
@@ -325,6 +335,6 @@ proptest! {
         let _ = frame::decode_ethernet(&bytes);
         let _ = frame::decode_ip(&bytes);
         let _ = packet::Packet::new_checked(&bytes[..]).and_then(|p| packet::Repr::parse(&p));
-        let _ = grh::Packet::new_checked(&bytes[..]).and_then(|p| grh::Repr::parse(&p));
+        let _ = grh::Packet::new_checked(&bytes[..]).and_then(|p| grh::parse(&p));
     }
 }

@@ -238,7 +238,6 @@ fn build(n: usize, op: Opcode, v6: bool, syndrome: Syndrome) -> frame::Repr<'sta
         ip,
         udp: udp::Repr {
             src_port: 0xc000 | (low16(mix(n, 19)) & 0x3fff),
-            dst_port: ROCEV2_UDP_PORT,
             checksum: n % 3 != 1,
         },
         roce: packet::Repr { bth, ext, payload },
@@ -628,7 +627,7 @@ fn expectations(case: &Case) -> Expectations {
     }
 
     e.num("udp", "udp.srcport", r.udp.src_port);
-    e.num("udp", "udp.dstport", r.udp.dst_port);
+    e.num("udp", "udp.dstport", ROCEV2_UDP_PORT);
     e.num("udp", "udp.length", as_u64(udp_len));
     let status = if r.udp.checksum {
         CHECKSUM_GOOD
