@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use pcap_file::{
-    DataLink,
+    DataLink, TsResolution,
     pcap::PcapParser,
     pcapng::{
         Block, PcapNgParser,
@@ -49,7 +49,18 @@ pub struct Frame<'a> {
     /// Time since the Unix epoch.
     pub time: Duration,
     pub link: Link,
+    /// The bytes captured: fewer than `orig_len` when the capture's
+    /// snapshot length cut the frame.
     pub data: &'a [u8],
+    /// The frame's length on the wire.
+    pub orig_len: u32,
+}
+
+impl Frame<'_> {
+    /// True when the capture kept only part of the frame.
+    pub fn cut_by_snaplen(&self) -> bool {
+        (self.data.len() as u64) < u64::from(self.orig_len)
+    }
 }
 
 const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
@@ -65,17 +76,26 @@ pub fn for_each_frame(bytes: &[u8], mut f: impl FnMut(Frame<'_>)) -> Result<()> 
 
 fn read_pcap(bytes: &[u8], f: &mut impl FnMut(Frame<'_>)) -> Result<()> {
     let (mut rest, parser) = PcapParser::new(bytes).context("not a pcap or pcapng file")?;
-    let link = Link::from(parser.header().datalink);
+    let header = parser.header();
+    let link = Link::from(header.datalink);
     let mut n = 0u64;
     while !rest.is_empty() {
         n += 1;
+        // Raw records: pcap-file's checked records refuse any frame longer
+        // than the snapshot length, which is every cut frame of a
+        // `tcpdump -s N` capture; the cut is reported per frame instead.
         let (r, pkt) = parser
-            .next_packet(rest)
+            .next_raw_packet(rest)
             .with_context(|| format!("pcap record {n}"))?;
+        let frac = match header.ts_resolution {
+            TsResolution::MicroSecond => u64::from(pkt.ts_frac).saturating_mul(1000),
+            TsResolution::NanoSecond => u64::from(pkt.ts_frac),
+        };
         f(Frame {
-            time: pkt.timestamp,
+            time: Duration::from_secs(u64::from(pkt.ts_sec)) + Duration::from_nanos(frac),
             link,
             data: &pkt.data,
+            orig_len: pkt.orig_len,
         });
         rest = r;
     }
@@ -102,6 +122,7 @@ fn read_pcapng(bytes: &[u8], f: &mut impl FnMut(Frame<'_>)) -> Result<()> {
                     time: scale_timestamp(epb.timestamp, idb),
                     link: Link::from(idb.linktype),
                     data: &epb.data,
+                    orig_len: epb.original_len,
                 });
             }
             Block::SimplePacket(spb) => {
@@ -112,6 +133,7 @@ fn read_pcapng(bytes: &[u8], f: &mut impl FnMut(Frame<'_>)) -> Result<()> {
                     time: Duration::ZERO,
                     link: Link::from(idb.linktype),
                     data: &spb.data,
+                    orig_len: spb.original_len,
                 });
             }
             _ => {}

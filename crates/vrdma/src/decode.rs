@@ -1,12 +1,19 @@
 //! `vrdma decode`: RoCEv2 packets of a capture, one line (or one JSON
 //! object) each, then a summary.
 
-use std::{collections::BTreeMap, fmt::Write as _, fs, process::ExitCode, time::Duration};
+use std::{
+    borrow::Cow,
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs,
+    io::{self, Write},
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 use vrdma_wire::{
-    Error as WireError,
     aeth::Syndrome,
     frame::{self, Decoded},
 };
@@ -22,20 +29,31 @@ const DEFAULT_CAPTURE: &[u8] = include_bytes!("../../../testdata/rxe/rc_imm_and_
 const DEFAULT_NAME: &str = "built-in capture rc_imm_and_rnr_nak.pcap (Linux rxe)";
 
 pub fn run(a: &DecodeArgs) -> Result<ExitCode> {
-    let (name, bytes) = match &a.file {
+    let (name, bytes): (String, Cow<'static, [u8]>) = match &a.file {
         Some(p) => (
             p.display().to_string(),
-            fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+            Cow::Owned(fs::read(p).with_context(|| format!("reading {}", p.display()))?),
         ),
-        None => (DEFAULT_NAME.to_owned(), DEFAULT_CAPTURE.to_vec()),
+        None => (DEFAULT_NAME.to_owned(), Cow::Borrowed(DEFAULT_CAPTURE)),
     };
-    let mut report = Report::default();
-    let read = capture::for_each_frame(&bytes, |f| report.add(&f));
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report.json(&name))?);
-    } else {
-        print!("{}", report.text(&name));
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let mut report = Report::new(a.json);
+    // Packets are printed as they are decoded; a write error (say, a closed
+    // pipe) stops the run.
+    let mut write_err = None;
+    let read = capture::for_each_frame(&bytes, |f| {
+        if write_err.is_none()
+            && let Err(e) = report.add(&f, &mut out)
+        {
+            write_err = Some(e);
+        }
+    });
+    if let Some(e) = write_err {
+        return Err(e).context("writing the decode");
     }
+    report.finish(&name, &mut out)?;
+    out.flush()?;
     read.with_context(|| format!("{name}: capture ends badly after {} frames", report.frames))?;
     Ok(if report.bad() == 0 {
         ExitCode::SUCCESS
@@ -60,7 +78,14 @@ struct Packet {
 #[serde(tag = "status", rename_all = "snake_case")]
 enum Body {
     Ok(Box<Roce>),
-    Malformed { error: String },
+    Malformed {
+        error: String,
+    },
+    /// The capture's snapshot length cut the frame before its end.
+    Cut {
+        captured: usize,
+        length: u32,
+    },
 }
 
 #[derive(Debug, Serialize)]
@@ -111,6 +136,9 @@ struct Aeth {
     /// NAK: what went wrong.
     nak: Option<&'static str>,
     msn: u32,
+    /// The syndrome in words, for the text form.
+    #[serde(skip)]
+    text: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -176,6 +204,7 @@ impl Roce {
                     rnr_delay_us,
                     nak,
                     msn: h.msn.value(),
+                    text: h.syndrome.to_string(),
                 }
             }),
             deth: e.deth.map(|h| Deth {
@@ -244,17 +273,7 @@ impl Roce {
             );
         }
         if let Some(h) = &self.aeth {
-            let what = match (h.kind, h.credits, h.rnr_timer, h.nak) {
-                ("ack", Some(c), _, _) => format!("ACK credits={c}"),
-                ("ack", None, _, _) => "ACK credits=invalid".to_owned(),
-                ("rnr_nak", _, Some(t), _) => format!(
-                    "RNR-NAK timer={t} ({} us)",
-                    h.rnr_delay_us.unwrap_or_default()
-                ),
-                (_, _, _, Some(n)) => format!("NAK {n}"),
-                _ => format!("syndrome={:#04x}", h.syndrome),
-            };
-            let _ = write!(s, "  AETH {what} msn={}", h.msn);
+            let _ = write!(s, "  AETH {} msn={}", h.text, h.msn);
         }
         if let Some(o) = self.atomic_ack_eth {
             let _ = write!(s, "  AtomicAckETH orig={o:#x}");
@@ -279,52 +298,79 @@ impl Roce {
     }
 }
 
-/// Everything seen in a capture.
-#[derive(Debug, Default)]
+/// Counts over a capture, and the output format.
+#[derive(Debug)]
 struct Report {
+    json: bool,
     frames: u64,
     first: Option<Duration>,
-    packets: Vec<Packet>,
+    /// RoCEv2 packets printed so far (ok, malformed or cut).
+    printed: u64,
     /// Frames that are not RoCEv2 at all, by reason.
     other: BTreeMap<String, u64>,
     by_opcode: BTreeMap<(u8, String), u64>,
     icrc_good: u64,
     icrc_bad: u64,
     malformed: u64,
+    cut: u64,
 }
 
 #[derive(Serialize)]
 struct Summary<'a> {
     capture: &'a str,
     frames: u64,
-    roce_packets: usize,
+    roce_packets: u64,
     icrc_good: u64,
     icrc_bad: u64,
     malformed: u64,
+    /// RoCEv2 frames the capture's snapshot length cut short (not decoded,
+    /// not counted as bad).
+    cut_by_capture: u64,
     not_roce: u64,
     not_roce_reasons: &'a BTreeMap<String, u64>,
     opcodes: BTreeMap<String, u64>,
 }
 
-#[derive(Serialize)]
-struct Json<'a> {
-    packets: &'a [Packet],
-    summary: Summary<'a>,
-}
-
 impl Report {
-    fn add(&mut self, f: &Frame<'_>) {
+    fn new(json: bool) -> Self {
+        Report {
+            json,
+            frames: 0,
+            first: None,
+            printed: 0,
+            other: BTreeMap::new(),
+            by_opcode: BTreeMap::new(),
+            icrc_good: 0,
+            icrc_bad: 0,
+            malformed: 0,
+            cut: 0,
+        }
+    }
+
+    fn add(&mut self, f: &Frame<'_>, out: &mut impl Write) -> Result<()> {
         self.frames += 1;
         let first = *self.first.get_or_insert(f.time);
-        let decoded = match f.link {
-            Link::Ethernet => frame::decode_ethernet(f.data),
-            Link::Ip => frame::decode_ip(f.data),
-            Link::LinuxSll => cooked(f.data, 16, 14),
-            Link::LinuxSll2 => cooked(f.data, 20, 0),
+        let (data, ethernet) = match f.link {
+            Link::Ethernet => (f.data, true),
+            Link::Ip => (f.data, false),
+            Link::LinuxSll => (cooked(f.data, 16, 14), false),
+            Link::LinuxSll2 => (cooked(f.data, 20, 0), false),
             Link::Other(t) => {
                 *self.other.entry(format!("link type {t}")).or_default() += 1;
-                return;
+                return Ok(());
             }
+        };
+        if frame::peek_udp_dst_port(data, ethernet) != Some(vrdma_wire::ROCEV2_UDP_PORT) {
+            *self
+                .other
+                .entry("not UDP to port 4791".to_owned())
+                .or_default() += 1;
+            return Ok(());
+        }
+        let decoded = if ethernet {
+            frame::decode_ethernet(data)
+        } else {
+            frame::decode_ip(data)
         };
         let body = match decoded {
             Ok(d) => {
@@ -340,9 +386,12 @@ impl Report {
                     .or_default() += 1;
                 Body::Ok(Box::new(Roce::new(&d)))
             }
-            Err(e) if !is_roce(&e) => {
-                *self.other.entry(e.to_string()).or_default() += 1;
-                return;
+            Err(_) if f.cut_by_snaplen() => {
+                self.cut += 1;
+                Body::Cut {
+                    captured: f.data.len(),
+                    length: f.orig_len,
+                }
             }
             Err(e) => {
                 self.malformed += 1;
@@ -351,26 +400,46 @@ impl Report {
                 }
             }
         };
-        self.packets.push(Packet {
+        let p = Packet {
             index: self.frames,
             time: f.time.as_secs_f64(),
             rel_time: f.time.saturating_sub(first).as_secs_f64(),
             body,
-        });
+        };
+        if self.json {
+            let sep = if self.printed == 0 {
+                "{\"packets\":[\n"
+            } else {
+                ",\n"
+            };
+            write!(out, "{sep}{}", serde_json::to_string(&p)?)?;
+        } else {
+            let body = match &p.body {
+                Body::Ok(r) => r.line(),
+                Body::Malformed { error } => format!("malformed RoCEv2 packet: {error}"),
+                Body::Cut { captured, length } => {
+                    format!("cut by the capture ({captured} of {length} bytes)")
+                }
+            };
+            writeln!(out, "{:>6} {:>12.6}  {body}", p.index, p.rel_time)?;
+        }
+        self.printed += 1;
+        Ok(())
     }
 
     fn bad(&self) -> u64 {
         self.icrc_bad + self.malformed
     }
 
-    fn summary<'a>(&'a self, name: &'a str) -> Summary<'a> {
-        Summary {
+    fn finish(&self, name: &str, out: &mut impl Write) -> Result<()> {
+        let sm = Summary {
             capture: name,
             frames: self.frames,
-            roce_packets: self.packets.len(),
+            roce_packets: self.printed,
             icrc_good: self.icrc_good,
             icrc_bad: self.icrc_bad,
             malformed: self.malformed,
+            cut_by_capture: self.cut,
             not_roce: self.other.values().sum(),
             not_roce_reasons: &self.other,
             opcodes: self
@@ -378,72 +447,46 @@ impl Report {
                 .iter()
                 .map(|((_, n), c)| (n.clone(), *c))
                 .collect(),
-        }
-    }
-
-    fn json<'a>(&'a self, name: &'a str) -> Json<'a> {
-        Json {
-            packets: &self.packets,
-            summary: self.summary(name),
-        }
-    }
-
-    fn text(&self, name: &str) -> String {
-        let mut s = String::new();
-        for p in &self.packets {
-            let body = match &p.body {
-                Body::Ok(r) => r.line(),
-                Body::Malformed { error } => format!("malformed RoCEv2 packet: {error}"),
+        };
+        if self.json {
+            let open = if self.printed == 0 {
+                "{\"packets\":["
+            } else {
+                ""
             };
-            let _ = writeln!(s, "{:>6} {:>12.6}  {body}", p.index, p.rel_time);
+            writeln!(
+                out,
+                "{open}\n],\"summary\":{}}}",
+                serde_json::to_string(&sm)?
+            )?;
+            return Ok(());
         }
-        let sm = self.summary(name);
-        let _ = writeln!(s, "\n{name}");
-        let _ = writeln!(
-            s,
+        writeln!(out, "\n{name}")?;
+        writeln!(
+            out,
             "  {} frames: {} RoCEv2 packets, {} not RoCEv2",
             sm.frames, sm.roce_packets, sm.not_roce
-        );
-        let _ = writeln!(
-            s,
-            "  ICRC: {} good, {} bad; malformed: {}",
-            sm.icrc_good, sm.icrc_bad, sm.malformed
-        );
+        )?;
+        writeln!(
+            out,
+            "  ICRC: {} good, {} bad; malformed: {}; cut by the capture: {}",
+            sm.icrc_good, sm.icrc_bad, sm.malformed, sm.cut_by_capture
+        )?;
         for ((code, op), n) in &self.by_opcode {
-            let _ = writeln!(s, "  {code:#04x} {op:<40} {n:>6}");
+            writeln!(out, "  {code:#04x} {op:<40} {n:>6}")?;
         }
         for (why, n) in &self.other {
-            let _ = writeln!(s, "  not RoCEv2: {why}: {n}");
+            writeln!(out, "  not RoCEv2: {why}: {n}")?;
         }
-        s
+        Ok(())
     }
 }
 
-/// Decodes a Linux cooked capture: a `hdr`-byte header with the EtherType
-/// at `proto_at`.
-fn cooked(data: &[u8], hdr: usize, proto_at: usize) -> Result<Decoded<'_>, WireError> {
-    let (Some(p), Some(rest)) = (data.get(proto_at..proto_at + 2), data.get(hdr..)) else {
-        return Err(WireError::Truncated {
-            header: vrdma_wire::Header::Ethernet,
-            needed: hdr,
-            available: data.len(),
-        });
-    };
-    match u16::from_be_bytes([p[0], p[1]]) {
-        0x0800 | 0x86dd => frame::decode_ip(rest),
-        other => Err(WireError::UnsupportedEtherType(other)),
+/// The IP packet inside a Linux cooked frame (a `hdr`-byte header with the
+/// EtherType at `proto_at`), or nothing if it does not carry IP.
+fn cooked(data: &[u8], hdr: usize, proto_at: usize) -> &[u8] {
+    match (data.get(proto_at..proto_at + 2), data.get(hdr..)) {
+        (Some([0x08, 0x00] | [0x86, 0xdd]), Some(ip)) => ip,
+        _ => &[],
     }
-}
-
-/// True for errors of packets that were addressed to RoCEv2 (UDP port
-/// 4791) and so count as malformed; false for traffic that is simply
-/// something else.
-fn is_roce(e: &WireError) -> bool {
-    !matches!(
-        e,
-        WireError::UnsupportedEtherType(_)
-            | WireError::NotUdp(_)
-            | WireError::NotRoce(_)
-            | WireError::Fragmented { .. }
-    )
 }

@@ -126,3 +126,74 @@ fn files_that_are_not_captures_fail_with_status_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a pcap or pcapng file"));
 }
+
+/// Rewrites a classic little-endian pcap with snapshot length `snap`,
+/// cutting each frame to at most `snap` bytes (as `tcpdump -s` does), and
+/// applies `edit` to each frame's bytes.
+fn rewrite_pcap(src: &[u8], snap: u32, mut edit: impl FnMut(usize, &mut Vec<u8>)) -> Vec<u8> {
+    let mut out = src[..24].to_vec();
+    out[16..20].copy_from_slice(&snap.to_le_bytes());
+    let mut at = 24;
+    let mut i = 0;
+    while at < src.len() {
+        let word = |o: usize| u32::from_le_bytes(src[at + o..at + o + 4].try_into().unwrap());
+        let incl = word(8) as usize;
+        let mut data = src[at + 16..at + 16 + incl].to_vec();
+        edit(i, &mut data);
+        let orig = data.len() as u32;
+        data.truncate(snap as usize);
+        out.extend_from_slice(&src[at..at + 8]);
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out.extend_from_slice(&orig.to_le_bytes());
+        out.extend_from_slice(&data);
+        at += 16 + incl;
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn frames_cut_by_a_small_snaplen_are_reported_not_failed() {
+    let src = fs::read(testdata().join("write_bw_4096.pcap")).unwrap();
+    let cut = rewrite_pcap(&src, 96, |_, _| {});
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("snaplen-96.pcap");
+    fs::write(&path, &cut).unwrap();
+    let out = vrdma(&["decode", "--json", path.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    let s = &v["summary"];
+    // 20 data packets longer than 96 bytes are cut; the 5 ACKs (62 bytes)
+    // fit and decode.
+    assert_eq!(s["cut_by_capture"], 20);
+    assert_eq!(s["icrc_good"], 5);
+    assert_eq!(s["malformed"], 0);
+    let first = &v["packets"][0];
+    assert_eq!(first["status"], "cut");
+    assert_eq!(first["captured"], 96);
+}
+
+#[test]
+fn traffic_that_is_not_roce_is_counted_not_failed() {
+    let src = fs::read(testdata().join("rc_pingpong_64.pcap")).unwrap();
+    // Make the even frames TCP (IP protocol 6); the checksum no longer
+    // matters, nothing looks further than the protocol.
+    let mixed = rewrite_pcap(&src, 65535, |i, d| {
+        if i % 2 == 0 {
+            d[23] = 6;
+        }
+    });
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mixed.pcap");
+    fs::write(&path, &mixed).unwrap();
+    let out = vrdma(&["decode", "--json", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = json(&out);
+    assert_eq!(v["summary"]["not_roce"], 6);
+    assert_eq!(v["summary"]["not_roce_reasons"]["not UDP to port 4791"], 6);
+    assert_eq!(v["summary"]["icrc_good"], 6);
+    assert_eq!(v["packets"][0]["index"], 2);
+}
