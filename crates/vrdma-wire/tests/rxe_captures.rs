@@ -10,10 +10,13 @@ use std::{
 use pcap_file::pcap::PcapReader;
 use vrdma_wire::{Opcode, frame};
 
-/// The captures committed with the project (copies of the interop
-/// harness's `pcaps/`, see testdata/rxe/README.md).
-fn committed() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/rxe")
+/// The captures committed with the project: IPv4 copies of the interop
+/// harness's `pcaps/` (testdata/rxe/README.md) and IPv6 captures made with
+/// the same harness (testdata/rxe-ipv6/README.md).
+fn committed(dir: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata")
+        .join(dir)
 }
 
 /// The harness's own directory, when `../shared` sits beside the checkout
@@ -33,8 +36,8 @@ fn pcaps(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Decodes every frame of `path`, asserting ICRC and re-emission; returns
-/// the opcodes seen.
-fn check_capture(path: &Path) -> Vec<Opcode> {
+/// the opcodes seen and the IP versions they travelled over.
+fn check_capture(path: &Path) -> Vec<(Opcode, u8)> {
     let mut reader = PcapReader::new(fs::File::open(path).unwrap()).unwrap();
     let mut seen = Vec::new();
     let mut n = 0;
@@ -56,7 +59,11 @@ fn check_capture(path: &Path) -> Vec<Opcode> {
         let mut out = vec![0; r.buffer_len()];
         r.emit(&mut out).unwrap();
         assert_eq!(out, bytes, "{} #{n}: re-emission differs", path.display());
-        seen.push(r.roce.bth.opcode);
+        let version = match r.ip {
+            frame::IpRepr::V4(_) => 4,
+            frame::IpRepr::V6(_) => 6,
+        };
+        seen.push((r.roce.bth.opcode, version));
     }
     assert!(n > 0, "{}: empty capture", path.display());
     seen
@@ -64,12 +71,14 @@ fn check_capture(path: &Path) -> Vec<Opcode> {
 
 #[test]
 fn every_rxe_packet_verifies_and_re_emits_identically() {
-    let files = pcaps(&committed());
+    let files = pcaps(&committed("rxe"));
     assert!(files.len() >= 14, "expected the 14 reference captures");
     let mut all = Vec::new();
     for f in &files {
         all.extend(check_capture(f));
     }
+    assert!(all.iter().all(|&(_, v)| v == 4));
+    let all: Vec<Opcode> = all.into_iter().map(|(op, _)| op).collect();
     // The captures cover every operation rxe performed in the harness.
     for op in [
         Opcode::RcSendFirst,
@@ -96,6 +105,37 @@ fn every_rxe_packet_verifies_and_re_emits_identically() {
         Opcode::UdSendOnly,
     ] {
         assert!(all.contains(&op), "no {op} in the captures");
+    }
+}
+
+#[test]
+fn every_rxe_ipv6_packet_verifies_and_re_emits_identically() {
+    // The ICRC over IPv6 masks traffic class, flow label and hop limit:
+    // real kernel packets are the known answers.
+    let files = pcaps(&committed("rxe-ipv6"));
+    assert!(files.len() >= 6, "expected the 6 IPv6 captures");
+    let mut all = Vec::new();
+    for f in &files {
+        all.extend(check_capture(f));
+    }
+    assert!(
+        all.iter().all(|&(_, v)| v == 6),
+        "an IPv4 packet in rxe-ipv6"
+    );
+    for op in [
+        Opcode::RcSendFirst,
+        Opcode::RcSendMiddle,
+        Opcode::RcSendLast,
+        Opcode::RcSendOnly,
+        Opcode::RcWriteOnly,
+        Opcode::RcReadRequest,
+        Opcode::RcReadResponseOnly,
+        Opcode::RcAcknowledge,
+        Opcode::RcAtomicAcknowledge,
+        Opcode::RcFetchAdd,
+        Opcode::UdSendOnly,
+    ] {
+        assert!(all.iter().any(|&(o, _)| o == op), "no {op} over IPv6");
     }
 }
 

@@ -13,6 +13,20 @@ fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/rxe")
 }
 
+fn all_captures() -> Vec<PathBuf> {
+    let mut files: Vec<_> = ["rxe", "rxe-ipv6"]
+        .iter()
+        .flat_map(|d| {
+            fs::read_dir(testdata().join("..").join(d))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+        })
+        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
+        .collect();
+    files.sort();
+    files
+}
+
 fn vrdma(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_vrdma"))
         .args(args)
@@ -27,13 +41,8 @@ fn json(out: &Output) -> Value {
 
 #[test]
 fn every_rxe_capture_decodes_with_good_icrcs_and_named_opcodes() {
-    let mut files: Vec<_> = fs::read_dir(testdata())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
-        .collect();
-    files.sort();
-    assert!(files.len() >= 14);
+    let files = all_captures();
+    assert!(files.len() >= 20);
     for f in files {
         let out = vrdma(&["decode", "--json", f.to_str().unwrap()]);
         assert!(out.status.success(), "{}: {:?}", f.display(), out.status);
