@@ -5,22 +5,33 @@
 #   scripts/fuzz.sh          # 10 minutes per target
 #   scripts/fuzz.sh 30       # a smoke run (what the test script does)
 #
-# cargo fuzz needs nightly-only compiler flags; RUSTC_BOOTSTRAP lets the
-# pinned stable toolchain accept them, so no second toolchain is needed.
+# Builds are optimised with debug assertions and overflow checks on (cargo
+# fuzz's default; -O would turn them off). cargo fuzz needs nightly-only
+# compiler flags; RUSTC_BOOTSTRAP lets the pinned stable toolchain accept
+# them, so no second toolchain is needed.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 secs=${1:-600}
 export RUSTC_BOOTSTRAP=1
-for target in $(cargo fuzz list); do
+
+targets=$(cargo fuzz list)
+if [ -z "$targets" ]; then
+    echo "fuzz: no targets found" >&2
+    exit 1
+fi
+for target in $targets; do
     mkdir -p "corpus/$target"
     echo "fuzz: $target for ${secs}s"
-    cargo fuzz run -O "$target" "corpus/$target" "seeds/$target" -- \
-        -max_total_time="$secs" -max_len=4200 -print_final_stats=1 2>&1 |
-        grep -E '^(stat::number_of_executed_units|stat::new_units_added|Done|==|SUMMARY|INFO: Seed)' || true
-    # cargo fuzz exits non-zero on a crash; pipefail does not see it through
-    # grep, so check for artifacts instead.
-    if compgen -G "artifacts/$target/*" >/dev/null; then
-        echo "fuzz: $target found a crash:" artifacts/"$target"/*
+    log=$(mktemp)
+    status=0
+    cargo fuzz run "$target" "corpus/$target" "seeds/$target" -- \
+        -max_total_time="$secs" -max_len=4200 -print_final_stats=1 >"$log" 2>&1 || status=$?
+    grep -E '^(stat::number_of_executed_units|stat::average_exec_per_sec|stat::new_units_added|Done )' "$log" || true
+    if [ "$status" -ne 0 ]; then
+        echo "fuzz: $target failed (exit $status); the end of its log:" >&2
+        tail -n 40 "$log" >&2
+        rm -f "$log"
         exit 1
     fi
+    rm -f "$log"
 done

@@ -8,8 +8,10 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 echo "== cargo fmt --check"
 cargo fmt --all --check
+cargo fmt --manifest-path fuzz/Cargo.toml --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+RUSTC_BOOTSTRAP=1 cargo clippy --manifest-path fuzz/Cargo.toml --locked -- -D warnings
 echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked --quiet
 echo "== fuzz smoke (30 s per target)"
