@@ -5,7 +5,7 @@
 //! GRH is the IP header of the received packet: an IPv6 header fills all 40
 //! bytes; an IPv4 header occupies the last 20 and the first 20 are zero
 //! (what Linux rxe writes and what `ibv_init_ah_from_wc` looks for). Its
-//! meaning is therefore a [`frame::IpRepr`], read by [`parse`] and written
+//! meaning is therefore an [`IpRepr`], read by [`parse`] and written
 //! by [`emit`].
 
 use crate::{Error, Header, Result, frame::IpRepr, ipv4, ipv6};
