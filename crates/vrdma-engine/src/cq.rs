@@ -1,0 +1,192 @@
+//! Completion queues: a bounded ring of [`Wc`]s, arming for one
+//! notification, overflow.
+
+use std::collections::VecDeque;
+
+use crate::wc::{Wc, WcStatus};
+
+/// What a CQ was armed for (`ibv_req_notify_cq`'s `solicited_only`).
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub enum Arm {
+    /// The next completion of any kind.
+    Next,
+    /// The next solicited receive completion, or any completion in error
+    /// (IBTA Vol1 §11.4.2.2, C11-?: unsuccessful completions notify too).
+    Solicited,
+}
+
+/// What happened when a completion was added.
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub enum Pushed {
+    /// Stored; no notification due.
+    Stored,
+    /// Stored, and the CQ was armed for it: one notification is due and
+    /// the CQ is disarmed.
+    Notify,
+    /// The ring was full: the completion is lost and the CQ is in error
+    /// (the caller raises the CQ error event and moves its QPs to error).
+    Overflow,
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct Cq {
+    /// Capacity the consumer asked for (`cqe`); the ring holds exactly
+    /// this many.
+    capacity: u32,
+    ring: VecDeque<Wc>,
+    armed: Option<Arm>,
+    overflowed: bool,
+    /// Completion vector the consumer chose (which notification queue).
+    pub comp_vector: u32,
+}
+
+impl Cq {
+    pub fn new(capacity: u32, comp_vector: u32) -> Self {
+        Cq {
+            capacity,
+            ring: VecDeque::with_capacity(capacity as usize),
+            armed: None,
+            overflowed: false,
+            comp_vector,
+        }
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> u32 {
+        self.ring.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// True once a completion was lost to a full ring.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// Adds a completion; `solicited` says the sender set SE (receive
+    /// completions only).
+    pub fn push(&mut self, wc: Wc, solicited: bool) -> Pushed {
+        if self.overflowed || self.ring.len() >= self.capacity as usize {
+            self.overflowed = true;
+            return Pushed::Overflow;
+        }
+        self.ring.push_back(wc);
+        let due = match self.armed {
+            Some(Arm::Next) => true,
+            Some(Arm::Solicited) => solicited || wc.status != WcStatus::Success,
+            None => false,
+        };
+        if due {
+            self.armed = None;
+            Pushed::Notify
+        } else {
+            Pushed::Stored
+        }
+    }
+
+    /// Takes up to `max` completions, oldest first.
+    pub fn poll(&mut self, max: usize) -> impl Iterator<Item = Wc> + '_ {
+        let n = max.min(self.ring.len());
+        self.ring.drain(..n)
+    }
+
+    /// Arms the CQ for one notification. Arming again before it fires
+    /// keeps the wider request (Next wins over Solicited).
+    pub fn arm(&mut self, how: Arm) {
+        self.armed = match (self.armed, how) {
+            (Some(Arm::Next), _) | (_, Arm::Next) => Some(Arm::Next),
+            _ => Some(Arm::Solicited),
+        };
+    }
+
+    pub fn armed(&self) -> Option<Arm> {
+        self.armed
+    }
+
+    /// Changes the capacity; fails (keeping the CQ as it is) when more
+    /// completions are waiting than the new size holds.
+    pub fn resize(&mut self, capacity: u32) -> Result<(), u32> {
+        if (self.ring.len() as u64) > u64::from(capacity) {
+            return Err(self.ring.len() as u32);
+        }
+        self.capacity = capacity;
+        let extra = (capacity as usize).saturating_sub(self.ring.capacity());
+        self.ring.reserve(extra);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wc::WcOpcode;
+
+    fn wc(id: u64) -> Wc {
+        Wc::new(id, WcStatus::Success, WcOpcode::Send, 17)
+    }
+
+    #[test]
+    fn order_is_kept_and_polling_is_bounded() {
+        let mut cq = Cq::new(4, 0);
+        for i in 0..3 {
+            assert_eq!(cq.push(wc(i), false), Pushed::Stored);
+        }
+        let got: Vec<u64> = cq.poll(2).map(|w| w.wr_id).collect();
+        assert_eq!(got, [0, 1]);
+        let got: Vec<u64> = cq.poll(10).map(|w| w.wr_id).collect();
+        assert_eq!(got, [2]);
+        assert!(cq.is_empty());
+    }
+
+    #[test]
+    fn arming_yields_exactly_one_notification() {
+        let mut cq = Cq::new(8, 0);
+        cq.arm(Arm::Next);
+        assert_eq!(cq.push(wc(1), false), Pushed::Notify);
+        assert_eq!(cq.push(wc(2), false), Pushed::Stored, "disarmed after one");
+        cq.arm(Arm::Solicited);
+        assert_eq!(cq.push(wc(3), false), Pushed::Stored);
+        assert_eq!(cq.push(wc(4), true), Pushed::Notify);
+        cq.arm(Arm::Solicited);
+        let mut bad = wc(5);
+        bad.status = WcStatus::RemAccessErr;
+        assert_eq!(cq.push(bad, false), Pushed::Notify, "errors notify");
+        cq.arm(Arm::Solicited);
+        cq.arm(Arm::Next);
+        assert_eq!(cq.armed(), Some(Arm::Next));
+    }
+
+    #[test]
+    fn overflow_is_sticky_and_loses_nothing_already_stored() {
+        let mut cq = Cq::new(2, 0);
+        cq.push(wc(1), false);
+        cq.push(wc(2), false);
+        assert_eq!(cq.push(wc(3), false), Pushed::Overflow);
+        assert!(cq.overflowed());
+        let got: Vec<u64> = cq.poll(8).map(|w| w.wr_id).collect();
+        assert_eq!(got, [1, 2]);
+        assert_eq!(cq.push(wc(4), false), Pushed::Overflow, "stays in error");
+    }
+
+    #[test]
+    fn resize_refuses_to_drop_completions() {
+        let mut cq = Cq::new(4, 0);
+        for i in 0..3 {
+            cq.push(wc(i), false);
+        }
+        assert_eq!(cq.resize(2), Err(3));
+        assert_eq!(cq.capacity(), 4);
+        assert_eq!(cq.resize(16), Ok(()));
+        for i in 3..16 {
+            assert_eq!(cq.push(wc(i), false), Pushed::Stored);
+        }
+        assert_eq!(cq.push(wc(99), false), Pushed::Overflow);
+    }
+}

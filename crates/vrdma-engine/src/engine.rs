@@ -1,0 +1,680 @@
+//! The engine: one per device, driven by one thread, no locks inside.
+//! This file holds the control path (the verbs that create, modify, query
+//! and destroy objects); every call validates its input and fails with the
+//! error rdma-core would return.
+
+use std::collections::VecDeque;
+
+use vrdma_wire::{Lkey, Qpn};
+
+use crate::{
+    attr::{DeviceAttr, PortAttr},
+    cq::{Arm, Cq},
+    error::{Kind, Result, VerbsError, within},
+    event::AsyncEvent,
+    mr::{Access, AccessError, Keys, Mr, MrRequest, Translation},
+    objects::{Ah, Pd, Srq, SrqAttr},
+    qp::{AhAttr, AttrMask, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
+    table::Table,
+};
+
+/// The first QPN handed out: 0 and 1 are the special QPs, and rxe starts
+/// its numbers at 17 too.
+const FIRST_QPN: u32 = 17;
+/// The only port.
+const PORT: u8 = 1;
+/// Page sizes a registration may use: 4 KiB to 1 GiB.
+const PAGE_SHIFTS: core::ops::RangeInclusive<u8> = 12..=30;
+
+/// The RDMA device model.
+#[derive(Debug)]
+pub struct Engine {
+    attr: DeviceAttr,
+    port: PortAttr,
+    pds: Table<Pd>,
+    keys: Keys,
+    cqs: Table<Cq>,
+    qps: Table<Qp>,
+    srqs: Table<Srq>,
+    ahs: Table<Ah>,
+    events: VecDeque<AsyncEvent>,
+}
+
+impl Engine {
+    /// A device with these limits and this port. Raises the port-active
+    /// event when the port starts active.
+    pub fn new(attr: DeviceAttr, port: PortAttr) -> Self {
+        let mut events = VecDeque::new();
+        if port.state == crate::attr::PortState::Active {
+            events.push_back(AsyncEvent::PortActive { port: PORT });
+        }
+        Engine {
+            pds: Table::new(1, attr.max_pd),
+            keys: Keys::new(attr.max_mr),
+            cqs: Table::new(1, attr.max_cq),
+            qps: Table::new(FIRST_QPN, attr.max_qp),
+            srqs: Table::new(1, attr.max_srq),
+            ahs: Table::new(1, attr.max_ah),
+            events,
+            attr,
+            port,
+        }
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> &DeviceAttr {
+        &self.attr
+    }
+
+    /// `ibv_query_port`, with the GID and P_Key tables.
+    pub fn query_port(&self, port: u8) -> Result<&PortAttr> {
+        check_port(port)?;
+        Ok(&self.port)
+    }
+
+    /// The next asynchronous event, if any.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
+    // ---- protection domains -------------------------------------------
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&mut self) -> Result<u32> {
+        let max = self.pds.max();
+        self.pds
+            .insert(Pd)
+            .map(|(h, _)| h)
+            .ok_or(VerbsError::Exhausted {
+                kind: Kind::Pd,
+                max,
+            })
+    }
+
+    /// `ibv_dealloc_pd`: EBUSY while MRs, QPs, SRQs or AHs use it.
+    pub fn dealloc_pd(&mut self, pd: u32) -> Result<()> {
+        self.pd(pd)?;
+        let users = self.keys.count_in_pd(pd)
+            + count(&self.qps, |q| q.init.pd == pd)
+            + count(&self.srqs, |s| s.pd == pd)
+            + count(&self.ahs, |a| a.pd == pd);
+        if users > 0 {
+            return Err(VerbsError::Busy {
+                kind: Kind::Pd,
+                handle: pd,
+                users,
+            });
+        }
+        self.pds.remove(pd);
+        Ok(())
+    }
+
+    fn pd(&self, pd: u32) -> Result<&Pd> {
+        self.pds.get(pd).ok_or(VerbsError::NotFound {
+            kind: Kind::Pd,
+            handle: pd,
+        })
+    }
+
+    // ---- memory regions -----------------------------------------------
+
+    /// `ibv_reg_mr` (and a guest's REG_USER_MR with its page list).
+    pub fn reg_mr(&mut self, req: MrRequest) -> Result<(Lkey, vrdma_wire::Rkey)> {
+        self.pd(req.pd)?;
+        req.access.validate_for_mr()?;
+        if req.length == 0 {
+            return Err(VerbsError::Invalid {
+                what: "MR length 0",
+            });
+        }
+        within("MR size", req.length, self.attr.max_mr_size)?;
+        if req.iova.checked_add(req.length - 1).is_none() {
+            return Err(VerbsError::Invalid {
+                what: "MR range (wraps the address space)",
+            });
+        }
+        if req.access.contains(Access::ZERO_BASED) && req.iova != 0 {
+            return Err(VerbsError::Invalid {
+                what: "zero-based MR with a non-zero start",
+            });
+        }
+        match &req.translation {
+            Translation::Identity => {}
+            Translation::Pages {
+                page_shift,
+                offset,
+                pages,
+            } => {
+                if !PAGE_SHIFTS.contains(page_shift) {
+                    return Err(VerbsError::Invalid { what: "page size" });
+                }
+                let page = 1u64 << page_shift;
+                if *offset >= page {
+                    return Err(VerbsError::Invalid {
+                        what: "offset into the first page",
+                    });
+                }
+                if pages.iter().any(|p| p & (page - 1) != 0) {
+                    return Err(VerbsError::Invalid {
+                        what: "page address (not page-aligned)",
+                    });
+                }
+                let needed = (offset + req.length).div_ceil(page);
+                if (pages.len() as u64) < needed {
+                    return Err(VerbsError::Invalid {
+                        what: "page list (shorter than the MR)",
+                    });
+                }
+            }
+        }
+        self.keys.register(req)
+    }
+
+    /// `ibv_dereg_mr`.
+    pub fn dereg_mr(&mut self, lkey: Lkey) -> Result<()> {
+        self.keys.deregister(lkey).map(|_| ())
+    }
+
+    /// The MR an lkey names (for inspection and tests).
+    pub fn mr(&self, lkey: Lkey) -> Option<&Mr> {
+        self.keys.by_lkey(lkey)
+    }
+
+    /// The protection check of a local access (an SGE): the lkey names a
+    /// live MR of `pd` that covers `va..va + len` and grants `needed`
+    /// (LOCAL_WRITE wherever the device writes). IBTA Vol1 §10.6.3.3.
+    pub fn check_local(
+        &self,
+        lkey: Lkey,
+        pd: u32,
+        va: u64,
+        len: u64,
+        needed: Access,
+    ) -> core::result::Result<&Mr, AccessError> {
+        self.keys.check_local(lkey, pd, va, len, needed)
+    }
+
+    /// The protection check of a remote access (RETH or AtomicETH): the
+    /// rkey names a live MR of the QP's `pd` that covers the range and
+    /// grants the remote right `needed`. IBTA Vol1 §9.7.4.1.2 (C9-89).
+    pub fn check_remote(
+        &self,
+        rkey: vrdma_wire::Rkey,
+        pd: u32,
+        va: u64,
+        len: u64,
+        needed: Access,
+    ) -> core::result::Result<&Mr, AccessError> {
+        self.keys.check_remote(rkey, pd, va, len, needed)
+    }
+
+    // ---- completion queues --------------------------------------------
+
+    /// `ibv_create_cq`: returns the handle and the capacity granted.
+    pub fn create_cq(&mut self, cqe: u32, comp_vector: u32) -> Result<(u32, u32)> {
+        if cqe == 0 {
+            return Err(VerbsError::Invalid { what: "CQ size 0" });
+        }
+        within("CQ size", u64::from(cqe), u64::from(self.attr.max_cqe))?;
+        let max = self.cqs.max();
+        let (h, _) = self
+            .cqs
+            .insert(Cq::new(cqe, comp_vector))
+            .ok_or(VerbsError::Exhausted {
+                kind: Kind::Cq,
+                max,
+            })?;
+        Ok((h, cqe))
+    }
+
+    /// `ibv_resize_cq`: EINVAL when more completions wait than fit.
+    pub fn resize_cq(&mut self, cq: u32, cqe: u32) -> Result<u32> {
+        if cqe == 0 {
+            return Err(VerbsError::Invalid { what: "CQ size 0" });
+        }
+        within("CQ size", u64::from(cqe), u64::from(self.attr.max_cqe))?;
+        let c = self.cq_mut(cq)?;
+        c.resize(cqe).map_err(|_| VerbsError::Invalid {
+            what: "CQ size (below the completions waiting)",
+        })?;
+        Ok(cqe)
+    }
+
+    /// `ibv_destroy_cq`: EBUSY while a QP uses it.
+    pub fn destroy_cq(&mut self, cq: u32) -> Result<()> {
+        self.cq(cq)?;
+        let users = count(&self.qps, |q| q.init.send_cq == cq || q.init.recv_cq == cq);
+        if users > 0 {
+            return Err(VerbsError::Busy {
+                kind: Kind::Cq,
+                handle: cq,
+                users,
+            });
+        }
+        self.cqs.remove(cq);
+        Ok(())
+    }
+
+    /// `ibv_req_notify_cq`.
+    pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) -> Result<()> {
+        let arm = if solicited_only {
+            Arm::Solicited
+        } else {
+            Arm::Next
+        };
+        self.cq_mut(cq)?.arm(arm);
+        Ok(())
+    }
+
+    /// `ibv_poll_cq`: up to `max` completions into `out`; returns how many.
+    pub fn poll_cq(&mut self, cq: u32, max: usize, out: &mut Vec<crate::wc::Wc>) -> Result<usize> {
+        let before = out.len();
+        out.extend(self.cq_mut(cq)?.poll(max));
+        Ok(out.len() - before)
+    }
+
+    fn cq(&self, cq: u32) -> Result<&Cq> {
+        self.cqs.get(cq).ok_or(VerbsError::NotFound {
+            kind: Kind::Cq,
+            handle: cq,
+        })
+    }
+
+    fn cq_mut(&mut self, cq: u32) -> Result<&mut Cq> {
+        self.cqs.get_mut(cq).ok_or(VerbsError::NotFound {
+            kind: Kind::Cq,
+            handle: cq,
+        })
+    }
+
+    // ---- shared receive queues ----------------------------------------
+
+    /// `ibv_create_srq`: returns the handle and the attributes granted.
+    pub fn create_srq(&mut self, pd: u32, attr: SrqAttr) -> Result<(u32, SrqAttr)> {
+        self.pd(pd)?;
+        if attr.max_wr == 0 {
+            return Err(VerbsError::Invalid {
+                what: "SRQ max_wr 0",
+            });
+        }
+        within(
+            "SRQ max_wr",
+            attr.max_wr.into(),
+            self.attr.max_srq_wr.into(),
+        )?;
+        within(
+            "SRQ max_sge",
+            attr.max_sge.into(),
+            self.attr.max_srq_sge.into(),
+        )?;
+        // IBTA: the limit is armed later, with modify_srq.
+        let granted = SrqAttr {
+            srq_limit: 0,
+            max_sge: attr.max_sge.max(1),
+            ..attr
+        };
+        let max = self.srqs.max();
+        let (h, _) = self
+            .srqs
+            .insert(Srq { pd, attr: granted })
+            .ok_or(VerbsError::Exhausted {
+                kind: Kind::Srq,
+                max,
+            })?;
+        Ok((h, granted))
+    }
+
+    /// `ibv_destroy_srq`: EBUSY while a QP uses it.
+    pub fn destroy_srq(&mut self, srq: u32) -> Result<()> {
+        self.srqs.get(srq).ok_or(VerbsError::NotFound {
+            kind: Kind::Srq,
+            handle: srq,
+        })?;
+        let users = count(&self.qps, |q| q.init.srq == Some(srq));
+        if users > 0 {
+            return Err(VerbsError::Busy {
+                kind: Kind::Srq,
+                handle: srq,
+                users,
+            });
+        }
+        self.srqs.remove(srq);
+        Ok(())
+    }
+
+    // ---- address handles ----------------------------------------------
+
+    /// `ibv_create_ah`.
+    pub fn create_ah(&mut self, pd: u32, attr: AhAttr) -> Result<u32> {
+        self.pd(pd)?;
+        self.check_av(&attr)?;
+        let max = self.ahs.max();
+        self.ahs
+            .insert(Ah { pd, attr })
+            .map(|(h, _)| h)
+            .ok_or(VerbsError::Exhausted {
+                kind: Kind::Ah,
+                max,
+            })
+    }
+
+    /// `ibv_destroy_ah`.
+    pub fn destroy_ah(&mut self, ah: u32) -> Result<()> {
+        self.ahs.remove(ah).map(|_| ()).ok_or(VerbsError::NotFound {
+            kind: Kind::Ah,
+            handle: ah,
+        })
+    }
+
+    /// An address vector must name this port and a filled GID slot, and a
+    /// destination GID (RoCE routes by GID).
+    fn check_av(&self, av: &AhAttr) -> Result<()> {
+        check_port(av.port_num)?;
+        if self.port.gid(av.sgid_index).is_none() {
+            return Err(VerbsError::Invalid {
+                what: "source GID index",
+            });
+        }
+        if av.dgid.0 == [0; 16] {
+            return Err(VerbsError::Invalid {
+                what: "destination GID (zero)",
+            });
+        }
+        if av.flow_label > 0xf_ffff {
+            return Err(VerbsError::Invalid { what: "flow label" });
+        }
+        Ok(())
+    }
+
+    // ---- queue pairs --------------------------------------------------
+
+    /// `ibv_create_qp`: returns the QPN and the capabilities granted.
+    pub fn create_qp(&mut self, init: QpInitAttr) -> Result<(Qpn, QpCap)> {
+        self.pd(init.pd)?;
+        self.cq(init.send_cq)?;
+        self.cq(init.recv_cq)?;
+        if let Some(srq) = init.srq {
+            self.srqs.get(srq).ok_or(VerbsError::NotFound {
+                kind: Kind::Srq,
+                handle: srq,
+            })?;
+        }
+        let a = &self.attr;
+        let c = init.cap;
+        within("max_send_wr", c.max_send_wr.into(), a.max_qp_wr.into())?;
+        within("max_send_sge", c.max_send_sge.into(), a.max_sge.into())?;
+        within(
+            "max_inline_data",
+            c.max_inline_data.into(),
+            a.max_inline_data.into(),
+        )?;
+        let cap = if init.srq.is_some() {
+            // Receives come from the SRQ; the QP has no receive queue.
+            QpCap {
+                max_recv_wr: 0,
+                max_recv_sge: 0,
+                ..c
+            }
+        } else {
+            within("max_recv_wr", c.max_recv_wr.into(), a.max_qp_wr.into())?;
+            within("max_recv_sge", c.max_recv_sge.into(), a.max_sge.into())?;
+            c
+        };
+        let max = self.qps.max();
+        let qp = Qp {
+            qpn: Qpn::default(),
+            init: QpInitAttr { cap, ..init },
+            attr: QpAttr {
+                cap,
+                ..QpAttr::default()
+            },
+        };
+        let (h, _) = self.qps.insert(qp).ok_or(VerbsError::Exhausted {
+            kind: Kind::Qp,
+            max,
+        })?;
+        let qpn = Qpn::try_from(h).map_err(|_| VerbsError::Exhausted {
+            kind: Kind::Qp,
+            max,
+        })?;
+        if let Some(q) = self.qps.get_mut(h) {
+            q.qpn = qpn;
+        }
+        Ok((qpn, cap))
+    }
+
+    /// `ibv_query_qp`: the attributes and the creation parameters.
+    pub fn query_qp(&self, qpn: Qpn) -> Result<(&QpAttr, &QpInitAttr)> {
+        let q = self.qp(qpn)?;
+        Ok((&q.attr, &q.init))
+    }
+
+    /// `ibv_modify_qp`: the transition must be allowed with exactly the
+    /// attributes `mask` names (IBTA Vol1 §10.3; the kernel's
+    /// `ib_modify_qp_is_ok`), and every attribute must be in range.
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        let q = self.qp(qpn)?;
+        let cur = q.attr.qp_state;
+        let ty = q.init.qp_type;
+        if mask.contains(AttrMask::CUR_STATE) && attr.cur_qp_state != cur {
+            return Err(VerbsError::Invalid {
+                what: "cur_qp_state (not the QP's state)",
+            });
+        }
+        let next = if mask.contains(AttrMask::STATE) {
+            attr.qp_state
+        } else {
+            cur
+        };
+        state::check_transition(cur, next, ty, mask)?;
+        self.check_qp_attr(ty, attr, mask)?;
+
+        let q = self.qp_mut(qpn)?;
+        let a = &mut q.attr;
+        let m = |bit| mask.contains(bit);
+        if m(AttrMask::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if m(AttrMask::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if m(AttrMask::PORT) {
+            a.port_num = attr.port_num;
+        }
+        if m(AttrMask::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        if m(AttrMask::AV) {
+            a.ah_attr = attr.ah_attr;
+        }
+        if m(AttrMask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if m(AttrMask::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if m(AttrMask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+        }
+        if m(AttrMask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+        }
+        if m(AttrMask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn;
+        }
+        if m(AttrMask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn;
+        }
+        if m(AttrMask::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if m(AttrMask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if m(AttrMask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if m(AttrMask::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        if m(AttrMask::EN_SQD_ASYNC_NOTIFY) {
+            a.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+        a.qp_state = next;
+        a.cur_qp_state = next;
+        if next == QpState::Reset {
+            // Back to RESET the QP forgets its connection (IBTA Vol1
+            // §10.3.1: attributes return to their initial values).
+            *a = QpAttr {
+                cap: a.cap,
+                ..QpAttr::default()
+            };
+        }
+        Ok(())
+    }
+
+    /// Range checks of each attribute a modify names.
+    fn check_qp_attr(&self, ty: QpType, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        let m = |bit| mask.contains(bit);
+        if m(AttrMask::PORT) {
+            check_port(attr.port_num)?;
+        }
+        if m(AttrMask::PKEY_INDEX) && self.port.pkey(attr.pkey_index).is_none() {
+            return Err(VerbsError::Invalid {
+                what: "P_Key index",
+            });
+        }
+        if m(AttrMask::ACCESS_FLAGS) {
+            let allowed = Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC;
+            if attr.qp_access_flags.0 & !allowed.0 != 0 {
+                return Err(VerbsError::Invalid {
+                    what: "QP access flags",
+                });
+            }
+        }
+        if m(AttrMask::AV) {
+            self.check_av(&attr.ah_attr)?;
+        }
+        if m(AttrMask::PATH_MTU) && attr.path_mtu > self.port.max_mtu {
+            return Err(VerbsError::Invalid {
+                what: "path MTU (above the port's)",
+            });
+        }
+        if m(AttrMask::TIMEOUT) && attr.timeout > 31 {
+            return Err(VerbsError::Invalid { what: "timeout" });
+        }
+        if m(AttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
+            return Err(VerbsError::Invalid { what: "retry_cnt" });
+        }
+        if m(AttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
+            return Err(VerbsError::Invalid { what: "rnr_retry" });
+        }
+        if m(AttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+            return Err(VerbsError::Invalid {
+                what: "min_rnr_timer",
+            });
+        }
+        if m(AttrMask::MAX_QP_RD_ATOMIC) {
+            within(
+                "max_rd_atomic",
+                attr.max_rd_atomic.into(),
+                self.attr.max_qp_init_rd_atom.into(),
+            )?;
+        }
+        if m(AttrMask::MAX_DEST_RD_ATOMIC) {
+            within(
+                "max_dest_rd_atomic",
+                attr.max_dest_rd_atomic.into(),
+                self.attr.max_qp_rd_atom.into(),
+            )?;
+        }
+        if m(AttrMask::QKEY) && ty == QpType::Ud && attr.qkey.is_controlled() {
+            // IBTA Vol1 §10.2.5 (C10-15): consumers may not set a
+            // controlled Q_Key; only privileged ones (not supported here).
+            return Err(VerbsError::Invalid {
+                what: "Q_Key (controlled: high bit set)",
+            });
+        }
+        if m(AttrMask::CAP) {
+            return Err(VerbsError::NotSupported {
+                what: "resizing a QP's queues",
+            });
+        }
+        if m(AttrMask::ALT_PATH) || m(AttrMask::PATH_MIG_STATE) {
+            return Err(VerbsError::NotSupported {
+                what: "automatic path migration",
+            });
+        }
+        if m(AttrMask::RATE_LIMIT) {
+            return Err(VerbsError::NotSupported {
+                what: "rate limiting",
+            });
+        }
+        Ok(())
+    }
+
+    /// `ibv_destroy_qp`.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<()> {
+        self.qps
+            .remove(qpn.value())
+            .map(|_| ())
+            .ok_or(VerbsError::NotFound {
+                kind: Kind::Qp,
+                handle: qpn.value(),
+            })
+    }
+
+    fn qp(&self, qpn: Qpn) -> Result<&Qp> {
+        self.qps.get(qpn.value()).ok_or(VerbsError::NotFound {
+            kind: Kind::Qp,
+            handle: qpn.value(),
+        })
+    }
+
+    fn qp_mut(&mut self, qpn: Qpn) -> Result<&mut Qp> {
+        self.qps.get_mut(qpn.value()).ok_or(VerbsError::NotFound {
+            kind: Kind::Qp,
+            handle: qpn.value(),
+        })
+    }
+
+    /// Live objects per kind, for `vrdma stat` and tests.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            pds: self.pds.len(),
+            mrs: self.keys.len(),
+            cqs: self.cqs.len(),
+            qps: self.qps.len(),
+            srqs: self.srqs.len(),
+            ahs: self.ahs.len(),
+        }
+    }
+}
+
+/// Live objects per kind.
+#[derive(Clone, Copy, Debug, Default, Eq, Hash, PartialEq)]
+pub struct Counts {
+    pub pds: u32,
+    pub mrs: u32,
+    pub cqs: u32,
+    pub qps: u32,
+    pub srqs: u32,
+    pub ahs: u32,
+}
+
+fn check_port(port: u8) -> Result<()> {
+    if port == PORT {
+        Ok(())
+    } else {
+        Err(VerbsError::Invalid {
+            what: "port number",
+        })
+    }
+}
+
+fn count<T>(t: &Table<T>, f: impl Fn(&T) -> bool) -> u32 {
+    t.iter().filter(|(_, v)| f(v)).count() as u32
+}

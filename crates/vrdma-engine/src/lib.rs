@@ -1,0 +1,34 @@
+//! vrdma's RDMA engine: the device model, sans-IO.
+//!
+//! Inputs are verbs calls (and, with the data path, received packets and
+//! `now`); outputs are results, completions and asynchronous events. No
+//! sockets, threads or clocks; memory only through the [`Memory`] trait.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`engine`] | [`Engine`]: the control-path verbs |
+//! | [`attr`] | device and port attributes, GID and P_Key tables |
+//! | [`mr`] | memory regions, address translation, protection checks |
+//! | [`memory`] | the [`Memory`] trait and [`VecMemory`] |
+//! | [`cq`], [`wc`] | completion queues and work completions |
+//! | [`qp`] | QP types, attributes, the state machine ([`qp::state`]) |
+//! | [`objects`] | PDs, SRQs, AHs |
+//! | [`event`] | asynchronous events |
+//! | [`error`] | [`VerbsError`] and its errno |
+#![forbid(unsafe_code)]
+
+pub mod attr;
+pub mod cq;
+pub mod engine;
+pub mod error;
+pub mod event;
+pub mod memory;
+pub mod mr;
+pub mod objects;
+pub mod qp;
+mod table;
+pub mod wc;
+
+pub use engine::{Counts, Engine};
+pub use error::{Kind, VerbsError};
+pub use memory::{Memory, VecMemory};

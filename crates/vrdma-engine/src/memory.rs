@@ -1,0 +1,138 @@
+//! How the engine reaches memory: a small trait over device (bus)
+//! addresses. The virtio daemon implements it over the VMM's guest memory
+//! map; tests over a `Vec<u8>`. Bounds, keys, PDs and access rights are the
+//! MR layer's job (`mr.rs`); an implementation only says whether an
+//! address range exists.
+
+/// An address range the memory does not hold.
+#[derive(Clone, Copy, Debug, Eq, PartialEq, thiserror::Error)]
+#[error("no memory at {addr:#x}+{len}")]
+pub struct MemoryError {
+    pub addr: u64,
+    pub len: u64,
+}
+
+/// Byte-addressed memory the device may touch.
+pub trait Memory {
+    /// Copies `buf.len()` bytes at `addr` into `buf`.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError>;
+
+    /// Copies `data` to `addr`.
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
+
+    /// Atomically replaces the little-endian u64 at `addr` with `swap` if it
+    /// equals `compare`; returns the value found.
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError>;
+
+    /// Atomically adds `add` (wrapping) to the little-endian u64 at `addr`;
+    /// returns the value found.
+    fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryError>;
+}
+
+/// Memory backed by a vector, mapped at `base`: for tests and tools.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub struct VecMemory {
+    base: u64,
+    bytes: Vec<u8>,
+}
+
+impl VecMemory {
+    /// `len` zero bytes at addresses `base..base + len`.
+    pub fn new(base: u64, len: usize) -> Self {
+        VecMemory {
+            base,
+            bytes: vec![0; len],
+        }
+    }
+
+    /// The bytes, from `base` on.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The bytes, mutably.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+
+    fn range(&self, addr: u64, len: usize) -> Result<core::ops::Range<usize>, MemoryError> {
+        let err = MemoryError {
+            addr,
+            len: len as u64,
+        };
+        let start = addr.checked_sub(self.base).ok_or(err)?;
+        let start = usize::try_from(start).map_err(|_| err)?;
+        let end = start.checked_add(len).ok_or(err)?;
+        if end > self.bytes.len() {
+            return Err(err);
+        }
+        Ok(start..end)
+    }
+
+    fn word(&mut self, addr: u64) -> Result<&mut [u8], MemoryError> {
+        let r = self.range(addr, 8)?;
+        Ok(&mut self.bytes[r])
+    }
+}
+
+impl Memory for VecMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        let r = self.range(addr, buf.len())?;
+        buf.copy_from_slice(&self.bytes[r]);
+        Ok(())
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let r = self.range(addr, data.len())?;
+        self.bytes[r].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        let w = self.word(addr)?;
+        let old = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        if old == compare {
+            w.copy_from_slice(&swap.to_le_bytes());
+        }
+        Ok(old)
+    }
+
+    fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        let w = self.word(addr)?;
+        let old = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        w.copy_from_slice(&old.wrapping_add(add).to_le_bytes());
+        Ok(old)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_enforced_without_overflow() {
+        let mut m = VecMemory::new(0x1000, 16);
+        assert!(m.write(0x1000, &[1; 16]).is_ok());
+        assert_eq!(
+            m.write(0x1008, &[1; 9]),
+            Err(MemoryError {
+                addr: 0x1008,
+                len: 9
+            })
+        );
+        assert!(m.read(0xfff, &mut [0; 1]).is_err());
+        assert!(m.read(u64::MAX, &mut [0; 2]).is_err());
+        assert!(m.fetch_add(0x100c, 1).is_err());
+    }
+
+    #[test]
+    fn atomics_are_little_endian() {
+        let mut m = VecMemory::new(0, 16);
+        assert_eq!(m.fetch_add(8, 5), Ok(0));
+        assert_eq!(m.bytes()[8], 5);
+        assert_eq!(m.compare_swap(8, 4, 9), Ok(5), "no swap on mismatch");
+        assert_eq!(m.compare_swap(8, 5, 9), Ok(5));
+        assert_eq!(m.fetch_add(8, u64::MAX), Ok(9), "wraps");
+        assert_eq!(m.bytes()[8], 8);
+    }
+}

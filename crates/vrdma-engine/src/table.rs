@@ -1,0 +1,163 @@
+//! Object tables: the numbers a guest uses to name PDs, CQs, QPs, SRQs,
+//! AHs, and the 24-bit indexes inside memory keys.
+//!
+//! A slot freed is reused before the table grows, so handles stay small.
+//! Each slot keeps an 8-bit generation that changes every time the slot is
+//! filled: memory keys carry it as their key byte, so a stale key never
+//! names the object that replaced its MR (IBTA Vol1 §10.6.3.1).
+
+/// A table of at most `max` objects, numbered from `base`.
+#[derive(Debug)]
+pub(crate) struct Table<T> {
+    slots: Vec<Slot<T>>,
+    /// Indexes of empty slots, lowest last (so `pop` reuses the lowest).
+    free: Vec<u32>,
+    base: u32,
+    max: u32,
+    len: u32,
+}
+
+#[derive(Debug)]
+struct Slot<T> {
+    value: Option<T>,
+    generation: u8,
+}
+
+impl<T> Table<T> {
+    /// A table whose handles run from `base` to `base + max - 1`.
+    pub(crate) fn new(base: u32, max: u32) -> Self {
+        Table {
+            slots: Vec::new(),
+            free: Vec::new(),
+            base,
+            max,
+            len: 0,
+        }
+    }
+
+    /// Stores `value`, returning its handle and the slot's new generation,
+    /// or `None` when the table is full.
+    pub(crate) fn insert(&mut self, value: T) -> Option<(u32, u8)> {
+        if self.len >= self.max {
+            return None;
+        }
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = u32::try_from(self.slots.len()).ok()?;
+                self.slots.push(Slot {
+                    value: None,
+                    generation: 0,
+                });
+                i
+            }
+        };
+        let slot = self.slots.get_mut(index as usize)?;
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.value = Some(value);
+        self.len += 1;
+        Some((self.base + index, slot.generation))
+    }
+
+    fn index(&self, handle: u32) -> Option<usize> {
+        handle.checked_sub(self.base).map(|i| i as usize)
+    }
+
+    pub(crate) fn get(&self, handle: u32) -> Option<&T> {
+        self.slots.get(self.index(handle)?)?.value.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, handle: u32) -> Option<&mut T> {
+        let i = self.index(handle)?;
+        self.slots.get_mut(i)?.value.as_mut()
+    }
+
+    /// The object at `handle` if its slot's generation is `generation`.
+    pub(crate) fn get_keyed(&self, handle: u32, generation: u8) -> Option<&T> {
+        let slot = self.slots.get(self.index(handle)?)?;
+        if slot.generation == generation {
+            slot.value.as_ref()
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn remove(&mut self, handle: u32) -> Option<T> {
+        let i = self.index(handle)?;
+        let v = self.slots.get_mut(i)?.value.take()?;
+        self.len -= 1;
+        // Keep `free` sorted high-to-low so the lowest index is reused first.
+        let i = i as u32;
+        let at = self.free.partition_point(|&f| f > i);
+        self.free.insert(at, i);
+        Some(v)
+    }
+
+    pub(crate) fn len(&self) -> u32 {
+        self.len
+    }
+
+    pub(crate) fn max(&self) -> u32 {
+        self.max
+    }
+
+    /// Live objects with their handles.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.value.as_ref().map(|v| (self.base + i as u32, v)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_start_at_base_and_reuse_the_lowest_free_slot() {
+        let mut t = Table::new(17, 4);
+        let a = t.insert('a').unwrap();
+        let b = t.insert('b').unwrap();
+        let c = t.insert('c').unwrap();
+        assert_eq!((a.0, b.0, c.0), (17, 18, 19));
+        assert_eq!(t.remove(18), Some('b'));
+        assert_eq!(t.remove(17), Some('a'));
+        assert_eq!(t.insert('d').unwrap().0, 17);
+        assert_eq!(t.insert('e').unwrap().0, 18);
+        assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn the_limit_is_enforced() {
+        let mut t = Table::new(1, 2);
+        assert!(t.insert(1).is_some());
+        assert!(t.insert(2).is_some());
+        assert_eq!(t.insert(3), None);
+        t.remove(1);
+        assert!(t.insert(3).is_some());
+    }
+
+    #[test]
+    fn generations_change_on_reuse() {
+        let mut t = Table::new(1, 8);
+        let (h, g1) = t.insert("first").unwrap();
+        assert_eq!(t.get_keyed(h, g1), Some(&"first"));
+        t.remove(h);
+        let (h2, g2) = t.insert("second").unwrap();
+        assert_eq!(h2, h);
+        assert_ne!(g1, g2);
+        assert_eq!(t.get_keyed(h, g1), None, "a stale key must not resolve");
+        assert_eq!(t.get_keyed(h, g2), Some(&"second"));
+    }
+
+    #[test]
+    fn handles_below_base_or_unknown_are_none() {
+        let mut t = Table::new(10, 8);
+        t.insert(()).unwrap();
+        assert!(t.get(9).is_none());
+        assert!(t.get(11).is_none());
+        assert!(t.get(u32::MAX).is_none());
+        assert!(t.remove(0).is_none());
+    }
+}

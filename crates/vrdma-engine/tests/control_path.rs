@@ -1,0 +1,633 @@
+//! The control path as rdma-core users meet it: create, modify, query and
+//! destroy, with the errno each failure must carry.
+
+use std::net::Ipv4Addr;
+
+use vrdma_engine::{
+    Engine, Kind, VerbsError,
+    attr::{DeviceAttr, Mtu, PortAttr},
+    error::errno::{EBUSY, EINVAL, ENOMEM, EOPNOTSUPP},
+    event::AsyncEvent,
+    mr::{Access, AccessError, MrRequest, Translation},
+    objects::SrqAttr,
+    qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType},
+};
+use vrdma_wire::{Gid, Psn, QKey, Qpn};
+
+fn gid(last: u8) -> Gid {
+    Gid::from(Ipv4Addr::new(127, 0, 0, last))
+}
+
+fn engine() -> Engine {
+    Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid(1)]))
+}
+
+fn small() -> Engine {
+    Engine::new(
+        DeviceAttr {
+            max_qp: 2,
+            max_pd: 2,
+            max_cq: 2,
+            max_mr: 2,
+            ..DeviceAttr::default()
+        },
+        PortAttr::with_gids(&[gid(1)]),
+    )
+}
+
+fn mr_req(pd: u32) -> MrRequest {
+    MrRequest {
+        pd,
+        iova: 0x1000,
+        length: 4096,
+        access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        translation: Translation::Identity,
+    }
+}
+
+fn cap() -> QpCap {
+    QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    }
+}
+
+fn init(pd: u32, cq: u32, qp_type: QpType) -> QpInitAttr {
+    QpInitAttr {
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        cap: cap(),
+        qp_type,
+        sq_sig_all: false,
+    }
+}
+
+fn av() -> AhAttr {
+    AhAttr {
+        dgid: gid(2),
+        sgid_index: 0,
+        hop_limit: 64,
+        port_num: 1,
+        ..AhAttr::default()
+    }
+}
+
+/// Brings an RC QP to RTS the way ibv_rc_pingpong does.
+fn to_rts(e: &mut Engine, qpn: Qpn) {
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        qpn,
+        &a,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    let a = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: Mtu::Mtu1024,
+        dest_qp_num: Qpn::from_masked(0x42),
+        rq_psn: Psn::from_masked(0x1234),
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ah_attr: av(),
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        qpn,
+        &a,
+        AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    let a = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        sq_psn: Psn::from_masked(0x9999),
+        max_rd_atomic: 1,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        qpn,
+        &a,
+        AttrMask::STATE
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::SQ_PSN
+            | AttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_port_announces_itself() {
+    let mut e = engine();
+    assert_eq!(e.poll_event(), Some(AsyncEvent::PortActive { port: 1 }));
+    assert_eq!(e.poll_event(), None);
+    assert_eq!(e.query_port(1).unwrap().gid(0).unwrap().gid, gid(1));
+    assert_eq!(e.query_port(2).unwrap_err().errno(), EINVAL);
+}
+
+#[test]
+fn a_pd_in_use_cannot_be_deallocated() {
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(16, 0).unwrap();
+    let (lkey, _) = e.reg_mr(mr_req(pd)).unwrap();
+    let (qpn, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    let (srq, _) = e
+        .create_srq(
+            pd,
+            SrqAttr {
+                max_wr: 8,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    let ah = e.create_ah(pd, av()).unwrap();
+    let err = e.dealloc_pd(pd).unwrap_err();
+    assert_eq!(
+        err,
+        VerbsError::Busy {
+            kind: Kind::Pd,
+            handle: pd,
+            users: 4
+        }
+    );
+    assert_eq!(err.errno(), EBUSY);
+    e.dereg_mr(lkey).unwrap();
+    e.destroy_qp(qpn).unwrap();
+    e.destroy_srq(srq).unwrap();
+    assert_eq!(e.dealloc_pd(pd).unwrap_err().errno(), EBUSY, "the AH");
+    e.destroy_ah(ah).unwrap();
+    e.dealloc_pd(pd).unwrap();
+    assert_eq!(
+        e.dealloc_pd(pd),
+        Err(VerbsError::NotFound {
+            kind: Kind::Pd,
+            handle: pd
+        })
+    );
+}
+
+#[test]
+fn a_cq_or_srq_with_qps_cannot_be_destroyed() {
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(16, 0).unwrap();
+    let (cq2, _) = e.create_cq(16, 0).unwrap();
+    let (srq, _) = e
+        .create_srq(
+            pd,
+            SrqAttr {
+                max_wr: 8,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    let (qpn, granted) = e
+        .create_qp(QpInitAttr {
+            recv_cq: cq2,
+            srq: Some(srq),
+            ..init(pd, cq, QpType::Ud)
+        })
+        .unwrap();
+    assert_eq!((granted.max_recv_wr, granted.max_recv_sge), (0, 0));
+    assert_eq!(e.destroy_cq(cq).unwrap_err().errno(), EBUSY);
+    assert_eq!(e.destroy_cq(cq2).unwrap_err().errno(), EBUSY);
+    assert_eq!(e.destroy_srq(srq).unwrap_err().errno(), EBUSY);
+    e.destroy_qp(qpn).unwrap();
+    e.destroy_cq(cq).unwrap();
+    e.destroy_cq(cq2).unwrap();
+    e.destroy_srq(srq).unwrap();
+    assert_eq!(
+        e.counts(),
+        vrdma_engine::Counts {
+            pds: 1,
+            ..Default::default()
+        }
+    );
+}
+
+#[test]
+fn limits_are_einval_and_exhaustion_is_enomem() {
+    let mut e = small();
+    let pd = e.alloc_pd().unwrap();
+    e.alloc_pd().unwrap();
+    assert_eq!(e.alloc_pd().unwrap_err().errno(), ENOMEM);
+    assert_eq!(e.create_cq(0, 0).unwrap_err().errno(), EINVAL);
+    let max_cqe = e.query_device().max_cqe;
+    assert_eq!(e.create_cq(max_cqe + 1, 0).unwrap_err().errno(), EINVAL);
+    let (cq, _) = e.create_cq(max_cqe, 0).unwrap();
+    let too_deep = QpInitAttr {
+        cap: QpCap {
+            max_send_wr: e.query_device().max_qp_wr + 1,
+            ..cap()
+        },
+        ..init(pd, cq, QpType::Rc)
+    };
+    assert_eq!(
+        e.create_qp(too_deep).unwrap_err(),
+        VerbsError::ExceedsLimit {
+            what: "max_send_wr",
+            requested: 0x4001,
+            max: 0x4000
+        }
+    );
+    let unknown_cq = init(pd, 99, QpType::Rc);
+    assert_eq!(e.create_qp(unknown_cq).unwrap_err().errno(), EINVAL);
+    e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    e.create_qp(init(pd, cq, QpType::Uc)).unwrap();
+    assert_eq!(
+        e.create_qp(init(pd, cq, QpType::Ud)).unwrap_err(),
+        VerbsError::Exhausted {
+            kind: Kind::Qp,
+            max: 2
+        }
+    );
+}
+
+#[test]
+fn mr_registration_is_validated() {
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let bad = |e: &mut Engine, req: MrRequest| e.reg_mr(req).unwrap_err().errno();
+    assert_eq!(
+        bad(
+            &mut e,
+            MrRequest {
+                length: 0,
+                ..mr_req(pd)
+            }
+        ),
+        EINVAL
+    );
+    assert_eq!(
+        bad(
+            &mut e,
+            MrRequest {
+                access: Access::REMOTE_WRITE,
+                ..mr_req(pd)
+            }
+        ),
+        EINVAL
+    );
+    assert_eq!(
+        bad(
+            &mut e,
+            MrRequest {
+                pd: 77,
+                ..mr_req(pd)
+            }
+        ),
+        EINVAL
+    );
+    assert_eq!(
+        bad(
+            &mut e,
+            MrRequest {
+                iova: u64::MAX - 10,
+                ..mr_req(pd)
+            }
+        ),
+        EINVAL
+    );
+    let paged = |pages: Vec<u64>, offset: u64| MrRequest {
+        length: 8192,
+        translation: Translation::Pages {
+            page_shift: 12,
+            offset,
+            pages,
+        },
+        ..mr_req(pd)
+    };
+    assert_eq!(bad(&mut e, paged(vec![0x1000], 0)), EINVAL, "too few pages");
+    assert_eq!(
+        bad(&mut e, paged(vec![0x1000, 0x2000], 8)),
+        EINVAL,
+        "offset needs a third page"
+    );
+    assert_eq!(
+        bad(&mut e, paged(vec![0x1000, 0x2001], 0)),
+        EINVAL,
+        "unaligned page"
+    );
+    assert_eq!(
+        bad(&mut e, paged(vec![0x1000, 0x2000], 4096)),
+        EINVAL,
+        "offset of a page"
+    );
+    let (lkey, rkey) = e.reg_mr(paged(vec![0x1000, 0x2000, 0x3000], 8)).unwrap();
+    assert_eq!(lkey.0, rkey.0);
+    // Re-registration in the same slot gets a new key byte.
+    e.dereg_mr(lkey).unwrap();
+    let (lkey2, _) = e.reg_mr(mr_req(pd)).unwrap();
+    assert_eq!(lkey2.index(), lkey.index());
+    assert_ne!(lkey2, lkey);
+    assert_eq!(
+        e.check_local(lkey, pd, 0x1000, 1, Access::NONE)
+            .unwrap_err(),
+        AccessError::InvalidKey(lkey.0)
+    );
+    assert!(
+        e.check_local(lkey2, pd, 0x1000, 4096, Access::LOCAL_WRITE)
+            .is_ok()
+    );
+    assert!(
+        e.check_remote(
+            vrdma_wire::Rkey(lkey2.0),
+            pd,
+            0x1000,
+            8,
+            Access::REMOTE_WRITE
+        )
+        .is_ok()
+    );
+    assert_eq!(
+        e.check_remote(
+            vrdma_wire::Rkey(lkey2.0),
+            pd,
+            0x1000,
+            8,
+            Access::REMOTE_READ
+        )
+        .unwrap_err(),
+        AccessError::Denied {
+            key: lkey2.0,
+            needed: Access::REMOTE_READ
+        }
+    );
+}
+
+#[test]
+fn an_rc_qp_reaches_rts_and_query_returns_what_was_set() {
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(16, 0).unwrap();
+    let (qpn, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    assert_eq!(qpn.value(), 17);
+    to_rts(&mut e, qpn);
+    let (a, i) = e.query_qp(qpn).unwrap();
+    assert_eq!(a.qp_state, QpState::Rts);
+    assert_eq!(a.dest_qp_num, Qpn::from_masked(0x42));
+    assert_eq!(a.rq_psn, Psn::from_masked(0x1234));
+    assert_eq!(a.sq_psn, Psn::from_masked(0x9999));
+    assert_eq!((a.timeout, a.retry_cnt, a.rnr_retry), (14, 7, 7));
+    assert_eq!(a.min_rnr_timer, 12);
+    assert_eq!(a.ah_attr, av());
+    assert_eq!(
+        a.qp_access_flags,
+        Access::REMOTE_WRITE | Access::REMOTE_READ
+    );
+    assert_eq!(i.cap, cap());
+    // Back to RESET forgets the connection.
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..QpAttr::default()
+    };
+    e.modify_qp(qpn, &reset, AttrMask::STATE).unwrap();
+    let (a, _) = e.query_qp(qpn).unwrap();
+    assert_eq!(a.qp_state, QpState::Reset);
+    assert_eq!(a.dest_qp_num, Qpn::default());
+    assert_eq!(a.cap, cap());
+}
+
+#[test]
+fn modify_qp_rejects_what_the_state_machine_forbids() {
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(16, 0).unwrap();
+    let (qpn, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    // RESET → RTR is not a transition.
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..QpAttr::default()
+    };
+    assert_eq!(
+        e.modify_qp(qpn, &rtr, AttrMask::STATE).unwrap_err().errno(),
+        EINVAL
+    );
+    // RESET → INIT without the access flags RC requires.
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        ..QpAttr::default()
+    };
+    assert!(matches!(
+        e.modify_qp(
+            qpn,
+            &a,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT
+        ),
+        Err(VerbsError::Transition(_))
+    ));
+    // Out-of-range values with an allowed mask.
+    let full = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+    let bad_port = QpAttr { port_num: 2, ..a };
+    assert_eq!(
+        e.modify_qp(qpn, &bad_port, full).unwrap_err(),
+        VerbsError::Invalid {
+            what: "port number"
+        }
+    );
+    let bad_pkey = QpAttr {
+        pkey_index: 1,
+        port_num: 1,
+        ..a
+    };
+    assert_eq!(
+        e.modify_qp(qpn, &bad_pkey, full).unwrap_err(),
+        VerbsError::Invalid {
+            what: "P_Key index"
+        }
+    );
+    let bad_access = QpAttr {
+        qp_access_flags: Access::MW_BIND,
+        port_num: 1,
+        ..a
+    };
+    assert_eq!(
+        e.modify_qp(qpn, &bad_access, full).unwrap_err().errno(),
+        EINVAL
+    );
+    assert_eq!(
+        e.query_qp(qpn).unwrap().0.qp_state,
+        QpState::Reset,
+        "nothing applied"
+    );
+    // RESET → ERR is not a transition (the kernel's table has none); from
+    // INIT on, any state may go to ERR.
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    assert_eq!(
+        e.modify_qp(qpn, &err, AttrMask::STATE).unwrap_err().errno(),
+        EINVAL
+    );
+    let good = QpAttr {
+        port_num: 1,
+        qp_access_flags: Access::REMOTE_READ,
+        ..a
+    };
+    e.modify_qp(qpn, &good, full).unwrap();
+    e.modify_qp(qpn, &err, AttrMask::STATE).unwrap();
+    assert_eq!(e.query_qp(qpn).unwrap().0.qp_state, QpState::Err);
+    // CUR_STATE must name the QP's real state.
+    let lie = QpAttr {
+        qp_state: QpState::Reset,
+        cur_qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    assert_eq!(
+        e.modify_qp(qpn, &lie, AttrMask::STATE | AttrMask::CUR_STATE)
+            .unwrap_err(),
+        VerbsError::Invalid {
+            what: "cur_qp_state (not the QP's state)"
+        }
+    );
+}
+
+#[test]
+fn rtr_attributes_are_range_checked() {
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(16, 0).unwrap();
+    let (qpn, _) = e.create_qp(init(pd, cq, QpType::Uc)).unwrap();
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        qpn,
+        &a,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    let mask =
+        AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: av(),
+        path_mtu: Mtu::Mtu4096,
+        ..QpAttr::default()
+    };
+    let no_sgid = QpAttr {
+        ah_attr: AhAttr {
+            sgid_index: 3,
+            ..av()
+        },
+        ..rtr
+    };
+    assert_eq!(
+        e.modify_qp(qpn, &no_sgid, mask).unwrap_err(),
+        VerbsError::Invalid {
+            what: "source GID index"
+        }
+    );
+    let zero_dgid = QpAttr {
+        ah_attr: AhAttr {
+            dgid: Gid::default(),
+            ..av()
+        },
+        ..rtr
+    };
+    assert_eq!(
+        e.modify_qp(qpn, &zero_dgid, mask).unwrap_err().errno(),
+        EINVAL
+    );
+    e.modify_qp(qpn, &rtr, mask).unwrap();
+    assert_eq!(e.query_qp(qpn).unwrap().0.path_mtu, Mtu::Mtu4096);
+}
+
+#[test]
+fn ud_qkeys_and_unsupported_attributes() {
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(16, 0).unwrap();
+    let (qpn, _) = e.create_qp(init(pd, cq, QpType::Ud)).unwrap();
+    let mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY;
+    let controlled = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qkey: QKey(0x8000_0001),
+        ..QpAttr::default()
+    };
+    assert_eq!(
+        e.modify_qp(qpn, &controlled, mask).unwrap_err().errno(),
+        EINVAL
+    );
+    let ok = QpAttr {
+        qkey: QKey(0x1111_1111),
+        ..controlled
+    };
+    e.modify_qp(qpn, &ok, mask).unwrap();
+    assert_eq!(e.query_qp(qpn).unwrap().0.qkey, QKey(0x1111_1111));
+    // INIT → INIT with QKEY is allowed for UD and changes it.
+    let again = QpAttr {
+        qkey: QKey(0x2222),
+        ..ok
+    };
+    e.modify_qp(qpn, &again, AttrMask::QKEY).unwrap();
+    assert_eq!(e.query_qp(qpn).unwrap().0.qkey, QKey(0x2222));
+    let (rc, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        rc,
+        &a,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    // Resizing queues through modify is refused as unsupported, not ignored.
+    let err = e
+        .modify_qp(
+            rc,
+            &QpAttr {
+                qp_state: QpState::Init,
+                ..a
+            },
+            AttrMask::CAP,
+        )
+        .unwrap_err();
+    assert!(
+        err.errno() == EOPNOTSUPP || err.errno() == EINVAL,
+        "{err:?}"
+    );
+}
+
+#[test]
+fn cq_arming_resize_and_polling_through_the_engine() {
+    let mut e = engine();
+    let (cq, granted) = e.create_cq(4, 0).unwrap();
+    assert_eq!(granted, 4);
+    e.req_notify_cq(cq, false).unwrap();
+    assert_eq!(e.resize_cq(cq, 8), Ok(8));
+    assert_eq!(e.resize_cq(cq, 0).unwrap_err().errno(), EINVAL);
+    let mut out = Vec::new();
+    assert_eq!(e.poll_cq(cq, 16, &mut out), Ok(0));
+    assert_eq!(e.poll_cq(99, 16, &mut out).unwrap_err().errno(), EINVAL);
+    assert_eq!(e.req_notify_cq(99, true).unwrap_err().errno(), EINVAL);
+}
