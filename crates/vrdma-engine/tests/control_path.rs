@@ -77,6 +77,31 @@ fn av() -> AhAttr {
     }
 }
 
+/// The RESET→INIT mask of a connected QP.
+const CONNECTED_INIT: AttrMask = AttrMask(
+    AttrMask::STATE.0 | AttrMask::PKEY_INDEX.0 | AttrMask::PORT.0 | AttrMask::ACCESS_FLAGS.0,
+);
+
+/// An engine with a PD, a 16-entry CQ and one QP of type `ty`.
+fn with_qp(ty: QpType) -> (Engine, u32, u32, Qpn) {
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(16, 0).unwrap();
+    let (qpn, _) = e.create_qp(init(pd, cq, ty)).unwrap();
+    (e, pd, cq, qpn)
+}
+
+/// RESET→INIT for a connected QP, port 1, P_Key index 0.
+fn connected_init(e: &mut Engine, qpn: Qpn) -> QpAttr {
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    e.modify_qp(qpn, &a, CONNECTED_INIT).unwrap();
+    a
+}
+
 /// Brings an RC QP to RTS the way ibv_rc_pingpong does.
 fn to_rts(e: &mut Engine, qpn: Qpn) {
     let a = QpAttr {
@@ -86,12 +111,7 @@ fn to_rts(e: &mut Engine, qpn: Qpn) {
         qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ,
         ..QpAttr::default()
     };
-    e.modify_qp(
-        qpn,
-        &a,
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
+    e.modify_qp(qpn, &a, CONNECTED_INIT).unwrap();
     let a = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: Mtu::Mtu1024,
@@ -380,10 +400,7 @@ fn mr_registration_is_validated() {
 
 #[test]
 fn an_rc_qp_reaches_rts_and_query_returns_what_was_set() {
-    let mut e = engine();
-    let pd = e.alloc_pd().unwrap();
-    let (cq, _) = e.create_cq(16, 0).unwrap();
-    let (qpn, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    let (mut e, _, _, qpn) = with_qp(QpType::Rc);
     assert_eq!(qpn.value(), 17);
     to_rts(&mut e, qpn);
     let (a, i) = e.query_qp(qpn).unwrap();
@@ -413,10 +430,7 @@ fn an_rc_qp_reaches_rts_and_query_returns_what_was_set() {
 
 #[test]
 fn modify_qp_rejects_what_the_state_machine_forbids() {
-    let mut e = engine();
-    let pd = e.alloc_pd().unwrap();
-    let (cq, _) = e.create_cq(16, 0).unwrap();
-    let (qpn, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    let (mut e, _, _, qpn) = with_qp(QpType::Rc);
     // RESET → RTR is not a transition.
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
@@ -440,7 +454,7 @@ fn modify_qp_rejects_what_the_state_machine_forbids() {
         Err(VerbsError::Transition(_))
     ));
     // Out-of-range values with an allowed mask.
-    let full = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+    let full = CONNECTED_INIT;
     let bad_port = QpAttr { port_num: 2, ..a };
     assert_eq!(
         e.modify_qp(qpn, &bad_port, full).unwrap_err(),
@@ -508,21 +522,8 @@ fn modify_qp_rejects_what_the_state_machine_forbids() {
 
 #[test]
 fn rtr_attributes_are_range_checked() {
-    let mut e = engine();
-    let pd = e.alloc_pd().unwrap();
-    let (cq, _) = e.create_cq(16, 0).unwrap();
-    let (qpn, _) = e.create_qp(init(pd, cq, QpType::Uc)).unwrap();
-    let a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        ..QpAttr::default()
-    };
-    e.modify_qp(
-        qpn,
-        &a,
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
+    let (mut e, _, _, qpn) = with_qp(QpType::Uc);
+    connected_init(&mut e, qpn);
     let mask =
         AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
     let rtr = QpAttr {
@@ -590,17 +591,7 @@ fn ud_qkeys_and_unsupported_attributes() {
     e.modify_qp(qpn, &again, AttrMask::QKEY).unwrap();
     assert_eq!(e.query_qp(qpn).unwrap().0.qkey, QKey(0x2222));
     let (rc, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
-    let a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        ..QpAttr::default()
-    };
-    e.modify_qp(
-        rc,
-        &a,
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
+    let a = connected_init(&mut e, rc);
     // Resizing queues through modify is refused as unsupported, not ignored.
     let err = e
         .modify_qp(
