@@ -433,10 +433,14 @@ impl Engine {
             kind: Kind::Qp,
             max,
         })?;
-        let qpn = Qpn::try_from(h).map_err(|_| VerbsError::Exhausted {
-            kind: Kind::Qp,
-            max,
-        })?;
+        let Ok(qpn) = Qpn::try_from(h) else {
+            // A configured max_qp beyond the 24-bit QPN space.
+            self.qps.remove(h);
+            return Err(VerbsError::Exhausted {
+                kind: Kind::Qp,
+                max,
+            });
+        };
         if let Some(q) = self.qps.get_mut(h) {
             q.qpn = qpn;
         }
