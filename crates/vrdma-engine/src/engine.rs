@@ -38,6 +38,8 @@ pub struct Engine {
     srqs: Table<Srq>,
     ahs: Table<Ah>,
     events: VecDeque<AsyncEvent>,
+    /// CQs with a notification due (armed CQs that got a completion).
+    notifications: VecDeque<u32>,
 }
 
 impl Engine {
@@ -56,6 +58,7 @@ impl Engine {
             srqs: Table::new(1, attr.max_srq),
             ahs: Table::new(1, attr.max_ah),
             events,
+            notifications: VecDeque::new(),
             attr,
             port,
         }
@@ -75,6 +78,11 @@ impl Engine {
     /// The next asynchronous event, if any.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.events.pop_front()
+    }
+
+    /// The next CQ whose armed notification fired (one per arming).
+    pub fn poll_notification(&mut self) -> Option<u32> {
+        self.notifications.pop_front()
     }
 
     // ---- protection domains -------------------------------------------
@@ -316,7 +324,7 @@ impl Engine {
         let max = self.srqs.max();
         let (h, _) = self
             .srqs
-            .insert(Srq { pd, attr: granted })
+            .insert(Srq::new(pd, granted))
             .ok_or(VerbsError::Exhausted {
                 kind: Kind::Srq,
                 max,
@@ -421,14 +429,7 @@ impl Engine {
             c
         };
         let max = self.qps.max();
-        let qp = Qp {
-            qpn: Qpn::default(),
-            init: QpInitAttr { cap, ..init },
-            attr: QpAttr {
-                cap,
-                ..QpAttr::default()
-            },
-        };
+        let qp = Qp::new(QpInitAttr { cap, ..init });
         let (h, _) = self.qps.insert(qp).ok_or(VerbsError::Exhausted {
             kind: Kind::Qp,
             max,
@@ -528,11 +529,17 @@ impl Engine {
         a.cur_qp_state = next;
         if next == QpState::Reset {
             // Back to RESET the QP forgets its connection (IBTA Vol1
-            // §10.3.1: attributes return to their initial values).
+            // §10.3.1: attributes return to their initial values) and its
+            // work queues, without completions.
             *a = QpAttr {
                 cap: a.cap,
                 ..QpAttr::default()
             };
+            q.sq.clear();
+            q.rq.clear();
+        }
+        if next == QpState::Err && cur != QpState::Err {
+            self.flush_errored(qpn, true);
         }
         Ok(())
     }
@@ -620,6 +627,248 @@ impl Engine {
         Ok(())
     }
 
+    // ---- work requests ------------------------------------------------
+
+    /// `ibv_post_send`: validates the WR and queues it. The QP must be in
+    /// RTS or SQD (or ERR, where the WR completes at once with
+    /// WR_FLUSH_ERR); a full send queue is ENOMEM, anything malformed
+    /// EINVAL, as rxe's post_send returns.
+    pub fn post_send(&mut self, qpn: Qpn, wr: &crate::wr::SendWr<'_>) -> Result<()> {
+        use crate::wr::{Payload, SendFlags, SendOp};
+
+        let q = self.qp(qpn)?;
+        let state = q.attr.qp_state;
+        if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(VerbsError::Invalid {
+                what: "QP state for posting sends (not RTS, SQD or ERR)",
+            });
+        }
+        if !wr.flags.known() {
+            return Err(VerbsError::Invalid { what: "send flags" });
+        }
+        let ty = q.init.qp_type;
+        let allowed = match (ty, wr.op) {
+            (QpType::Ud, SendOp::Send | SendOp::SendWithImm { .. }) => true,
+            (QpType::Ud, _) => false,
+            (
+                QpType::Uc,
+                SendOp::Send
+                | SendOp::SendWithImm { .. }
+                | SendOp::RdmaWrite { .. }
+                | SendOp::RdmaWriteWithImm { .. }
+                | SendOp::LocalInv { .. },
+            ) => true,
+            (QpType::Uc, _) => false,
+            (QpType::Rc, _) => true,
+        };
+        if !allowed {
+            return Err(VerbsError::Invalid {
+                what: "operation for this QP type",
+            });
+        }
+        let cap = q.attr.cap;
+        let length: u64 = match wr.payload {
+            Payload::Sges(sges) => {
+                within("SGE count", sges.len() as u64, cap.max_send_sge.into())?;
+                sges.iter().map(|s| u64::from(s.length)).sum()
+            }
+            Payload::Inline(data) => {
+                if !wr.flags.contains(SendFlags::INLINE) {
+                    return Err(VerbsError::Invalid {
+                        what: "inline data without the INLINE flag",
+                    });
+                }
+                if matches!(wr.op, SendOp::RdmaRead { .. }) || wr.op.is_atomic() {
+                    return Err(VerbsError::Invalid {
+                        what: "inline data for a READ or atomic",
+                    });
+                }
+                within("inline data", data.len() as u64, cap.max_inline_data.into())?;
+                data.len() as u64
+            }
+        };
+        if wr.op.is_atomic() {
+            // IBTA Vol1 §9.4.5: an atomic targets one naturally aligned
+            // 8-byte word and returns it into an 8-byte local buffer.
+            if length != 8 {
+                return Err(VerbsError::Invalid {
+                    what: "atomic local length (not 8 bytes)",
+                });
+            }
+            if wr.op.remote_addr().is_some_and(|a| a % 8 != 0) {
+                return Err(VerbsError::Invalid {
+                    what: "atomic remote address (not 8-byte aligned)",
+                });
+            }
+        }
+        match ty {
+            QpType::Ud => {
+                let Some(ud) = wr.ud else {
+                    return Err(VerbsError::Invalid {
+                        what: "UD send without a destination",
+                    });
+                };
+                let ah = self.ahs.get(ud.ah).ok_or(VerbsError::NotFound {
+                    kind: Kind::Ah,
+                    handle: ud.ah,
+                })?;
+                if ah.pd != q.init.pd {
+                    return Err(VerbsError::Invalid {
+                        what: "address handle of another PD",
+                    });
+                }
+                // A UD message is one packet.
+                within("UD message", length, q.attr.path_mtu.bytes().into())?;
+            }
+            QpType::Rc | QpType::Uc => {
+                // IBTA Vol1 §9.7.5: messages up to 2^31 bytes.
+                within("message length", length, 1 << 31)?;
+            }
+        }
+        let signaled = q.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+
+        let q = self.qp_mut(qpn)?;
+        let Some(slot) = q.sq.next_free() else {
+            return Err(VerbsError::QueueFull {
+                what: "send queue",
+                depth: cap.max_send_wr,
+            });
+        };
+        slot.wr_id = wr.wr_id;
+        slot.op = Some(wr.op);
+        slot.flags = wr.flags;
+        slot.ud = wr.ud;
+        slot.length = length;
+        slot.signaled = signaled;
+        slot.sges.clear();
+        slot.inline.clear();
+        match wr.payload {
+            Payload::Sges(sges) => {
+                slot.sges.extend_from_slice(sges);
+                slot.is_inline = false;
+            }
+            Payload::Inline(data) => {
+                slot.inline.extend_from_slice(data);
+                slot.is_inline = true;
+            }
+        }
+        q.sq.commit();
+        if state == QpState::Err {
+            self.flush_errored(qpn, false);
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`: the QP must be past RESET and have its own receive
+    /// queue (EINVAL with an SRQ); in ERR the WR is flushed at once.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: &crate::wr::RecvWr<'_>) -> Result<()> {
+        let q = self.qp(qpn)?;
+        let state = q.attr.qp_state;
+        if state == QpState::Reset {
+            return Err(VerbsError::Invalid {
+                what: "QP state for posting receives (RESET)",
+            });
+        }
+        if q.init.srq.is_some() {
+            return Err(VerbsError::Invalid {
+                what: "receive on a QP that uses an SRQ",
+            });
+        }
+        let cap = q.attr.cap;
+        within(
+            "SGE count",
+            wr.sg_list.len() as u64,
+            cap.max_recv_sge.into(),
+        )?;
+        let q = self.qp_mut(qpn)?;
+        fill_recv(q.rq.next_free(), wr, cap.max_recv_wr)?;
+        q.rq.commit();
+        if state == QpState::Err {
+            self.flush_errored(qpn, false);
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&mut self, srq: u32, wr: &crate::wr::RecvWr<'_>) -> Result<()> {
+        let s = self.srqs.get_mut(srq).ok_or(VerbsError::NotFound {
+            kind: Kind::Srq,
+            handle: srq,
+        })?;
+        within("SGE count", wr.sg_list.len() as u64, s.attr.max_sge.into())?;
+        fill_recv(s.rq.next_free(), wr, s.attr.max_wr)?;
+        s.rq.commit();
+        Ok(())
+    }
+
+    /// Completes every WR of a QP in ERR with WR_FLUSH_ERR, in order (IBTA
+    /// Vol1 §10.3.1 / C10-26: errors always complete, signaled or not);
+    /// a QP on an SRQ gets the last-WQE-reached event instead of having the
+    /// shared queue flushed. CQs that overflow take their other QPs to ERR
+    /// too, and so on until nothing changes.
+    ///
+    /// `entering` says whether `first` has just entered ERR (rather than
+    /// being in ERR already, when a WR is posted to it).
+    fn flush_errored(&mut self, first: Qpn, entering: bool) {
+        let mut work = VecDeque::from([first]);
+        while let Some(qpn) = work.pop_front() {
+            let Some(q) = self.qps.get_mut(qpn.value()) else {
+                continue;
+            };
+            let entering_now = if qpn == first {
+                entering
+            } else {
+                q.attr.qp_state != QpState::Err
+            };
+            q.attr.qp_state = QpState::Err;
+            q.attr.cur_qp_state = QpState::Err;
+            let (send_cq, recv_cq) = (q.init.send_cq, q.init.recv_cq);
+            let mut overflowed = Vec::new();
+            while let Some(w) = q.sq.front() {
+                let wc = crate::wc::Wc::new(
+                    w.wr_id,
+                    crate::wc::WcStatus::WrFlushErr,
+                    w.op.map_or(crate::wc::WcOpcode::Send, |o| o.wc_opcode()),
+                    qpn.value(),
+                );
+                q.sq.pop_front();
+                if complete(&mut self.cqs, &mut self.notifications, send_cq, wc, false) {
+                    overflowed.push(send_cq);
+                }
+            }
+            while let Some(w) = q.rq.front() {
+                let wc = crate::wc::Wc::new(
+                    w.wr_id,
+                    crate::wc::WcStatus::WrFlushErr,
+                    crate::wc::WcOpcode::Recv,
+                    qpn.value(),
+                );
+                q.rq.pop_front();
+                if complete(&mut self.cqs, &mut self.notifications, recv_cq, wc, false) {
+                    overflowed.push(recv_cq);
+                }
+            }
+            if q.init.srq.is_some() && entering_now {
+                // IBTA Vol1 §11.6.3: a QP on an SRQ that enters ERR will
+                // consume no more of the SRQ's WQEs; raised once.
+                self.events
+                    .push_back(AsyncEvent::QpLastWqeReached { qp: qpn });
+            }
+            for cq in overflowed {
+                self.events.push_back(AsyncEvent::CqErr { cq });
+                for (h, other) in self.qps.iter() {
+                    let uses = other.init.send_cq == cq || other.init.recv_cq == cq;
+                    if uses
+                        && other.attr.qp_state != QpState::Err
+                        && let Ok(n) = Qpn::try_from(h)
+                    {
+                        work.push_back(n);
+                    }
+                }
+            }
+        }
+    }
+
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<()> {
         self.qps
@@ -681,4 +930,48 @@ fn check_port(port: u8) -> Result<()> {
 
 fn count<T>(t: &Table<T>, f: impl Fn(&T) -> bool) -> u32 {
     t.iter().filter(|(_, v)| f(v)).count() as u32
+}
+
+/// Copies a receive WR into a free slot (`None`: the queue is full).
+fn fill_recv(
+    slot: Option<&mut crate::wr::RecvWqe>,
+    wr: &crate::wr::RecvWr<'_>,
+    depth: u32,
+) -> Result<()> {
+    let Some(slot) = slot else {
+        return Err(VerbsError::QueueFull {
+            what: "receive queue",
+            depth,
+        });
+    };
+    slot.wr_id = wr.wr_id;
+    slot.sges.clear();
+    slot.sges.extend_from_slice(wr.sg_list);
+    slot.length = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    Ok(())
+}
+
+/// Adds a completion to `cq`, queuing its notification if one is due.
+/// Returns true when this completion is the one that overflowed the CQ
+/// (the caller raises the CQ error and moves the CQ's QPs to ERR).
+fn complete(
+    cqs: &mut Table<Cq>,
+    notifications: &mut VecDeque<u32>,
+    cq: u32,
+    wc: crate::wc::Wc,
+    solicited: bool,
+) -> bool {
+    let Some(c) = cqs.get_mut(cq) else {
+        // A QP holds its CQs alive (destroy_cq refuses while in use).
+        return false;
+    };
+    let was_overflowed = c.overflowed();
+    match c.push(wc, solicited) {
+        crate::cq::Pushed::Stored => false,
+        crate::cq::Pushed::Notify => {
+            notifications.push_back(cq);
+            false
+        }
+        crate::cq::Pushed::Overflow => !was_overflowed,
+    }
 }

@@ -50,6 +50,9 @@ pub enum VerbsError {
     /// Every object of this kind the device allows is in use.
     #[error("all {max} {kind}s are in use")]
     Exhausted { kind: Kind, max: u32 },
+    /// A work queue with no free slot.
+    #[error("{what} is full ({depth} entries)")]
+    QueueFull { what: &'static str, depth: u32 },
     /// The object is still used by others (a PD with MRs, a CQ with QPs…).
     #[error("{kind} {handle:#x} is still used by {users} object(s)")]
     Busy { kind: Kind, handle: u32, users: u32 },
@@ -79,7 +82,7 @@ impl VerbsError {
             | VerbsError::Invalid { .. }
             | VerbsError::ExceedsLimit { .. }
             | VerbsError::Transition(_) => errno::EINVAL,
-            VerbsError::Exhausted { .. } => errno::ENOMEM,
+            VerbsError::Exhausted { .. } | VerbsError::QueueFull { .. } => errno::ENOMEM,
             VerbsError::Busy { .. } => errno::EBUSY,
             VerbsError::NotSupported { .. } => errno::EOPNOTSUPP,
         }

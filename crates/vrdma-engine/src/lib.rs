@@ -13,6 +13,7 @@
 //! | [`cq`], [`wc`] | completion queues and work completions |
 //! | [`qp`] | QP types, attributes, the state machine ([`qp::state`]) |
 //! | [`objects`] | PDs, SRQs, AHs |
+//! | [`wr`] | work requests and the work queues that hold them |
 //! | [`event`] | asynchronous events |
 //! | [`error`] | [`VerbsError`] and its errno |
 #![forbid(unsafe_code)]
@@ -28,6 +29,7 @@ pub mod objects;
 pub mod qp;
 mod table;
 pub mod wc;
+pub mod wr;
 
 pub use engine::{Counts, Engine};
 pub use error::{Kind, VerbsError};

@@ -1,7 +1,10 @@
 //! The small objects: protection domains, shared receive queues, address
 //! handles.
 
-use crate::qp::AhAttr;
+use crate::{
+    qp::AhAttr,
+    wr::{RecvWqe, WorkQueue},
+};
 
 /// A protection domain. Its users are counted by the engine's tables.
 #[derive(Clone, Copy, Debug, Default, Eq, Hash, PartialEq)]
@@ -17,11 +20,34 @@ pub struct SrqAttr {
     pub srq_limit: u32,
 }
 
-/// A shared receive queue's control state.
-#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+/// A shared receive queue.
+#[derive(Clone, Debug)]
 pub struct Srq {
     pub pd: u32,
     pub attr: SrqAttr,
+    pub(crate) rq: WorkQueue<RecvWqe>,
+}
+
+impl Srq {
+    pub(crate) fn new(pd: u32, attr: SrqAttr) -> Self {
+        Srq {
+            pd,
+            attr,
+            rq: WorkQueue::new(attr.max_wr, || RecvWqe {
+                sges: Vec::with_capacity(attr.max_sge as usize),
+                ..RecvWqe::default()
+            }),
+        }
+    }
+
+    /// Receive WRs waiting.
+    pub fn len(&self) -> usize {
+        self.rq.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rq.len() == 0
+    }
 }
 
 /// An address handle: where UD sends go.

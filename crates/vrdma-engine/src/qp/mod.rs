@@ -93,7 +93,11 @@ impl core::fmt::Debug for AttrMask {
 
 use vrdma_wire::{Gid, Psn, QKey, Qpn};
 
-use crate::{attr::Mtu, mr::Access};
+use crate::{
+    attr::Mtu,
+    mr::Access,
+    wr::{RecvWqe, SendWqe, WorkQueue},
+};
 
 /// Sizes of a QP's queues (`struct ibv_qp_cap`).
 #[derive(Clone, Copy, Debug, Default, Eq, Hash, PartialEq)]
@@ -192,10 +196,47 @@ impl Default for QpAttr {
     }
 }
 
-/// A queue pair's control state (its queues arrive with the data path).
-#[derive(Clone, Debug, Eq, PartialEq)]
+/// A queue pair: its attributes and its work queues.
+#[derive(Clone, Debug)]
 pub struct Qp {
     pub qpn: Qpn,
     pub init: QpInitAttr,
     pub attr: QpAttr,
+    pub(crate) sq: WorkQueue<SendWqe>,
+    /// Empty (depth 0) when the QP receives from an SRQ.
+    pub(crate) rq: WorkQueue<RecvWqe>,
+}
+
+impl Qp {
+    /// A QP in RESET with queues sized by `init.cap`.
+    pub(crate) fn new(init: QpInitAttr) -> Self {
+        let c = init.cap;
+        Qp {
+            qpn: Qpn::default(),
+            init,
+            attr: QpAttr {
+                cap: c,
+                ..QpAttr::default()
+            },
+            sq: WorkQueue::new(c.max_send_wr, || SendWqe {
+                sges: Vec::with_capacity(c.max_send_sge as usize),
+                inline: Vec::with_capacity(c.max_inline_data as usize),
+                ..SendWqe::default()
+            }),
+            rq: WorkQueue::new(c.max_recv_wr, || RecvWqe {
+                sges: Vec::with_capacity(c.max_recv_sge as usize),
+                ..RecvWqe::default()
+            }),
+        }
+    }
+
+    /// Send WRs waiting (posted, not yet completed).
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Receive WRs waiting on the QP's own receive queue.
+    pub fn recv_queue_len(&self) -> usize {
+        self.rq.len()
+    }
 }
