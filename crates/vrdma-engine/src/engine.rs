@@ -16,6 +16,8 @@ use crate::{
     objects::{Ah, Pd, Srq, SrqAttr},
     qp::{AhAttr, AttrMask, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
     table::Table,
+    wc::{Wc, WcOpcode, WcStatus},
+    wr::SendOp,
 };
 
 /// The first QPN handed out: 0 and 1 are the special QPs, and rxe starts
@@ -29,17 +31,24 @@ const PAGE_SHIFTS: core::ops::RangeInclusive<u8> = 12..=30;
 /// The RDMA device model.
 #[derive(Debug)]
 pub struct Engine {
-    attr: DeviceAttr,
-    port: PortAttr,
-    pds: Table<Pd>,
-    keys: Keys,
-    cqs: Table<Cq>,
-    qps: Table<Qp>,
-    srqs: Table<Srq>,
-    ahs: Table<Ah>,
-    events: VecDeque<AsyncEvent>,
+    pub(crate) attr: DeviceAttr,
+    pub(crate) port: PortAttr,
+    pub(crate) pds: Table<Pd>,
+    pub(crate) keys: Keys,
+    pub(crate) cqs: Table<Cq>,
+    pub(crate) qps: Table<Qp>,
+    pub(crate) srqs: Table<Srq>,
+    pub(crate) ahs: Table<Ah>,
+    pub(crate) events: VecDeque<AsyncEvent>,
     /// CQs with a notification due (armed CQs that got a completion).
-    notifications: VecDeque<u32>,
+    pub(crate) notifications: VecDeque<u32>,
+    /// QPs with a packet to send (requester work or a pending ACK).
+    pub(crate) tx_ready: VecDeque<Qpn>,
+    /// Gather buffer for one packet's payload.
+    pub(crate) scratch: Vec<u8>,
+    pub(crate) stats: crate::datapath::Stats,
+    /// The latest time the caller gave, in nanoseconds.
+    pub(crate) now: u64,
 }
 
 impl Engine {
@@ -59,6 +68,10 @@ impl Engine {
             ahs: Table::new(1, attr.max_ah),
             events,
             notifications: VecDeque::new(),
+            tx_ready: VecDeque::new(),
+            scratch: Vec::with_capacity(vrdma_wire::MAX_PAYLOAD),
+            stats: crate::datapath::Stats::default(),
+            now: 0,
             attr,
             port,
         }
@@ -475,8 +488,8 @@ impl Engine {
         self.check_qp_attr(ty, attr, mask)?;
 
         let q = self.qp_mut(qpn)?;
-        let a = &mut q.attr;
         let m = |bit| mask.contains(bit);
+        let a = &mut q.attr;
         if m(AttrMask::ACCESS_FLAGS) {
             a.qp_access_flags = attr.qp_access_flags;
         }
@@ -506,9 +519,11 @@ impl Engine {
         }
         if m(AttrMask::RQ_PSN) {
             a.rq_psn = attr.rq_psn;
+            q.resp.epsn = attr.rq_psn;
         }
         if m(AttrMask::SQ_PSN) {
             a.sq_psn = attr.sq_psn;
+            q.req.psn = attr.sq_psn;
         }
         if m(AttrMask::MAX_QP_RD_ATOMIC) {
             a.max_rd_atomic = attr.max_rd_atomic;
@@ -537,6 +552,15 @@ impl Engine {
             };
             q.sq.clear();
             q.rq.clear();
+            q.req = Default::default();
+            q.resp.reset();
+        }
+        if next == QpState::Rts {
+            q.req.retry_left = q.attr.retry_cnt;
+            q.req.rnr_left = q.attr.rnr_retry;
+            if q.sq.len() > q.req.cursor {
+                self.schedule(qpn);
+            }
         }
         if next == QpState::Err && cur != QpState::Err {
             self.flush_errored(qpn, true);
@@ -753,8 +777,11 @@ impl Engine {
             }
         }
         q.sq.commit();
-        if state == QpState::Err {
-            self.flush_errored(qpn, false);
+        match state {
+            QpState::Err => self.flush_errored(qpn, false),
+            QpState::Rts => self.schedule(qpn),
+            // SQD: queued until the QP is back in RTS.
+            _ => {}
         }
         Ok(())
     }
@@ -804,68 +831,57 @@ impl Engine {
     /// Completes every WR of a QP in ERR with WR_FLUSH_ERR, in order (IBTA
     /// Vol1 §10.3.1 / C10-26: errors always complete, signaled or not);
     /// a QP on an SRQ gets the last-WQE-reached event instead of having the
-    /// shared queue flushed. CQs that overflow take their other QPs to ERR
-    /// too, and so on until nothing changes.
+    /// shared queue flushed. A CQ that overflows on the way takes its other
+    /// QPs to ERR in turn ([`Engine::post_cqe`]); each QP enters ERR once,
+    /// so this ends.
     ///
-    /// `entering` says whether `first` has just entered ERR (rather than
+    /// `entering` says whether `qpn` has just entered ERR (rather than
     /// being in ERR already, when a WR is posted to it).
-    fn flush_errored(&mut self, first: Qpn, entering: bool) {
-        let mut work = VecDeque::from([first]);
-        while let Some(qpn) = work.pop_front() {
+    pub(crate) fn flush_errored(&mut self, qpn: Qpn, entering: bool) {
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
+            return;
+        };
+        q.attr.qp_state = QpState::Err;
+        q.attr.cur_qp_state = QpState::Err;
+        // Nothing is retried in ERR.
+        q.req.timer = None;
+        q.req.rnr_until = None;
+        q.req.cursor = 0;
+        q.req.offset = 0;
+        if q.init.srq.is_some() && entering {
+            // IBTA Vol1 §11.6.3: a QP on an SRQ that enters ERR will
+            // consume no more of the SRQ's WQEs; raised once.
+            self.events
+                .push_back(AsyncEvent::QpLastWqeReached { qp: qpn });
+        }
+        loop {
             let Some(q) = self.qps.get_mut(qpn.value()) else {
-                continue;
+                return;
             };
-            let entering_now = if qpn == first {
-                entering
-            } else {
-                q.attr.qp_state != QpState::Err
-            };
-            q.attr.qp_state = QpState::Err;
-            q.attr.cur_qp_state = QpState::Err;
-            let (send_cq, recv_cq) = (q.init.send_cq, q.init.recv_cq);
-            let mut overflowed = Vec::new();
-            while let Some(w) = q.sq.front() {
-                let wc = crate::wc::Wc::new(
-                    w.wr_id,
-                    crate::wc::WcStatus::WrFlushErr,
-                    w.op.map_or(crate::wc::WcOpcode::Send, |o| o.wc_opcode()),
+            let (cq, wc) = if q.resp.has_recv {
+                // The receive WQE the responder was filling (taken from the
+                // RQ or the SRQ) was posted and never completed.
+                q.resp.has_recv = false;
+                let wc = Wc::new(
+                    q.resp.recv.wr_id,
+                    WcStatus::WrFlushErr,
+                    WcOpcode::Recv,
                     qpn.value(),
                 );
+                (q.init.recv_cq, wc)
+            } else if let Some(w) = q.sq.front() {
+                let op = w.op.map_or(WcOpcode::Send, SendOp::wc_opcode);
+                let wc = Wc::new(w.wr_id, WcStatus::WrFlushErr, op, qpn.value());
                 q.sq.pop_front();
-                if complete(&mut self.cqs, &mut self.notifications, send_cq, wc, false) {
-                    overflowed.push(send_cq);
-                }
-            }
-            while let Some(w) = q.rq.front() {
-                let wc = crate::wc::Wc::new(
-                    w.wr_id,
-                    crate::wc::WcStatus::WrFlushErr,
-                    crate::wc::WcOpcode::Recv,
-                    qpn.value(),
-                );
+                (q.init.send_cq, wc)
+            } else if let Some(w) = q.rq.front() {
+                let wc = Wc::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn.value());
                 q.rq.pop_front();
-                if complete(&mut self.cqs, &mut self.notifications, recv_cq, wc, false) {
-                    overflowed.push(recv_cq);
-                }
-            }
-            if q.init.srq.is_some() && entering_now {
-                // IBTA Vol1 §11.6.3: a QP on an SRQ that enters ERR will
-                // consume no more of the SRQ's WQEs; raised once.
-                self.events
-                    .push_back(AsyncEvent::QpLastWqeReached { qp: qpn });
-            }
-            for cq in overflowed {
-                self.events.push_back(AsyncEvent::CqErr { cq });
-                for (h, other) in self.qps.iter() {
-                    let uses = other.init.send_cq == cq || other.init.recv_cq == cq;
-                    if uses
-                        && other.attr.qp_state != QpState::Err
-                        && let Ok(n) = Qpn::try_from(h)
-                    {
-                        work.push_back(n);
-                    }
-                }
-            }
+                (q.init.recv_cq, wc)
+            } else {
+                return;
+            };
+            self.post_cqe(cq, wc, false);
         }
     }
 
@@ -949,29 +965,4 @@ fn fill_recv(
     slot.sges.extend_from_slice(wr.sg_list);
     slot.length = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
     Ok(())
-}
-
-/// Adds a completion to `cq`, queuing its notification if one is due.
-/// Returns true when this completion is the one that overflowed the CQ
-/// (the caller raises the CQ error and moves the CQ's QPs to ERR).
-fn complete(
-    cqs: &mut Table<Cq>,
-    notifications: &mut VecDeque<u32>,
-    cq: u32,
-    wc: crate::wc::Wc,
-    solicited: bool,
-) -> bool {
-    let Some(c) = cqs.get_mut(cq) else {
-        // A QP holds its CQs alive (destroy_cq refuses while in use).
-        return false;
-    };
-    let was_overflowed = c.overflowed();
-    match c.push(wc, solicited) {
-        crate::cq::Pushed::Stored => false,
-        crate::cq::Pushed::Notify => {
-            notifications.push_back(cq);
-            false
-        }
-        crate::cq::Pushed::Overflow => !was_overflowed,
-    }
 }

@@ -7,6 +7,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`engine`] | [`Engine`]: the control-path verbs |
+//! | [`datapath`] | requester, responder and completer: packets in and out |
 //! | [`attr`] | device and port attributes, GID and P_Key tables |
 //! | [`mr`] | memory regions, address translation, protection checks |
 //! | [`memory`] | the [`Memory`] trait and [`VecMemory`] |
@@ -16,10 +17,12 @@
 //! | [`wr`] | work requests and the work queues that hold them |
 //! | [`event`] | asynchronous events |
 //! | [`error`] | [`VerbsError`] and its errno |
+//! | [`testnet`] | a deterministic in-memory network of engines, for tests |
 #![forbid(unsafe_code)]
 
 pub mod attr;
 pub mod cq;
+pub mod datapath;
 pub mod engine;
 pub mod error;
 pub mod event;
@@ -28,6 +31,7 @@ pub mod mr;
 pub mod objects;
 pub mod qp;
 mod table;
+pub mod testnet;
 pub mod wc;
 pub mod wr;
 

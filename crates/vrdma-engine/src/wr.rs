@@ -177,6 +177,9 @@ pub(crate) struct SendWqe {
     pub length: u64,
     /// Completes with a CQE when successful (signaled or `sq_sig_all`).
     pub signaled: bool,
+    /// PSNs of the first and last packets, once sent (RC and UC).
+    pub first_psn: vrdma_wire::Psn,
+    pub last_psn: vrdma_wire::Psn,
 }
 
 /// A receive WQE as the device holds it.
@@ -246,6 +249,23 @@ impl<T> WorkQueue<T> {
             self.head = (self.head + 1) % self.slots.len();
             self.len -= 1;
         }
+    }
+
+    /// The `i`-th entry from the oldest.
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        if i >= self.len {
+            return None;
+        }
+        self.slots.get((self.head + i) % self.slots.len())
+    }
+
+    /// The `i`-th entry from the oldest, mutably.
+    pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        if i >= self.len {
+            return None;
+        }
+        let n = self.slots.len();
+        self.slots.get_mut((self.head + i) % n)
     }
 
     /// Drops every entry.

@@ -196,6 +196,10 @@ impl Default for QpAttr {
     }
 }
 
+/// Room for the SGEs of one receive WQE held by the responder (the largest
+/// SGE count a QP or SRQ may have).
+pub(crate) const MAX_RECV_SGE: usize = 32;
+
 /// A queue pair: its attributes and its work queues.
 #[derive(Clone, Debug)]
 pub struct Qp {
@@ -205,6 +209,85 @@ pub struct Qp {
     pub(crate) sq: WorkQueue<SendWqe>,
     /// Empty (depth 0) when the QP receives from an SRQ.
     pub(crate) rq: WorkQueue<RecvWqe>,
+    pub(crate) req: Requester,
+    pub(crate) resp: Responder,
+    /// In the engine's transmit queue.
+    pub(crate) scheduled: bool,
+}
+
+impl Responder {
+    /// Back to the state of a new QP, keeping the preallocated buffers.
+    pub(crate) fn reset(&mut self) {
+        self.epsn = Psn::default();
+        self.msn = vrdma_wire::Msn::default();
+        self.msg = InMsg::Idle;
+        self.has_recv = false;
+        self.ack = None;
+        self.nak_sent = false;
+        self.error_after_ack = false;
+    }
+}
+
+/// Requester progress through the send queue.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Requester {
+    /// Index (from the oldest queued WQE) of the WQE being sent; WQEs
+    /// before it are sent and, on RC, wait for their ACK.
+    pub cursor: usize,
+    /// Bytes of that WQE already sent.
+    pub offset: u64,
+    /// PSN of the next packet.
+    pub psn: Psn,
+    /// RC: retries left after a timeout or sequence error (from retry_cnt).
+    pub retry_left: u8,
+    /// RC: retries left after an RNR NAK (from rnr_retry; 7 = infinite).
+    pub rnr_left: u8,
+    /// RC: send nothing before this time (an RNR NAK's delay), ns.
+    pub rnr_until: Option<u64>,
+    /// RC: when the oldest unacknowledged request times out, ns.
+    pub timer: Option<u64>,
+}
+
+/// What the responder is in the middle of.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub(crate) enum InMsg {
+    /// Between messages.
+    #[default]
+    Idle,
+    /// A SEND, `offset` bytes into the receive WQE held in `Responder::recv`.
+    Send { offset: u64 },
+    /// An RDMA WRITE to `va` (next byte) with `left` bytes to come; `total`
+    /// is the RETH DMA length; `recv` says a receive WQE is held (WRITE
+    /// with immediate consumes one at its end).
+    Write {
+        rkey: vrdma_wire::Rkey,
+        va: u64,
+        left: u64,
+        total: u64,
+    },
+    /// UC: the rest of a message that cannot be delivered is dropped.
+    Dropping,
+}
+
+/// Responder state.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Responder {
+    /// Expected PSN of the next new packet.
+    pub epsn: Psn,
+    /// Messages completed (sent back in every AETH).
+    pub msn: vrdma_wire::Msn,
+    pub msg: InMsg,
+    /// The receive WQE the current message fills, taken from the RQ or SRQ
+    /// at the message's first packet (buffers preallocated).
+    pub recv: RecvWqe,
+    pub has_recv: bool,
+    /// RC: the acknowledgement to send next (PSN, syndrome).
+    pub ack: Option<(Psn, vrdma_wire::aeth::Syndrome)>,
+    /// RC: a sequence-error NAK went out; no other until back in order
+    /// (IBTA Vol1 §9.7.5.2.2: one NAK per sequence error).
+    pub nak_sent: bool,
+    /// Enter ERR once the pending NAK is sent.
+    pub error_after_ack: bool,
 }
 
 impl Qp {
@@ -227,6 +310,15 @@ impl Qp {
                 sges: Vec::with_capacity(c.max_recv_sge as usize),
                 ..RecvWqe::default()
             }),
+            req: Requester::default(),
+            resp: Responder {
+                recv: RecvWqe {
+                    sges: Vec::with_capacity(MAX_RECV_SGE),
+                    ..RecvWqe::default()
+                },
+                ..Responder::default()
+            },
+            scheduled: false,
         }
     }
 

@@ -1,0 +1,1135 @@
+//! The data path: the requester turns send WQEs into packets, the
+//! responder executes incoming packets against receive WQEs and memory,
+//! and the completer retires RC WQEs as ACKs arrive.
+//!
+//! Sans-IO: [`Engine::poll_transmit`] writes the next RoCE packet (BTH
+//! through a zeroed ICRC, which the fabric fills in because it covers the
+//! IP and UDP headers) into a caller's buffer; [`Engine::handle_packet`]
+//! takes a packet whose ICRC the fabric has verified. Memory is reached
+//! only through the [`Memory`] trait, after the MR checks.
+//!
+//! What works today: UD SEND (with immediate), UC and RC SEND and RDMA
+//! WRITE (with immediate) of any length, segmented to the path MTU; RC ACKs
+//! (coalesced, one per message or AckReq), in-order completion on ACK,
+//! duplicate detection with re-ACK, one PSN-sequence NAK per gap with
+//! go-back-N resend, RNR NAK when no receive is posted, and the remote
+//! access / invalid request NAKs that move both sides to ERR; the local ACK
+//! timeout (retry_cnt) and the RNR delay (rnr_retry, 7 = forever) as
+//! deadlines the caller drives with [`Engine::poll_timeout`] and
+//! [`Engine::handle_timeout`]. Not yet: RDMA READ, atomics, SEND with
+//! invalidate, memory windows.
+
+use vrdma_wire::{
+    Gid, Opcode, PKey, Psn, Qpn, ServiceType,
+    aeth::{self, NakCode, RnrTimer, Syndrome},
+    bth,
+    frame::IpRepr,
+    grh, immdt,
+    opcode::{Operation, Position},
+    packet, reth,
+};
+
+use crate::{
+    engine::Engine,
+    memory::Memory,
+    mr::{Access, AccessError, Keys},
+    qp::{InMsg, QpState, QpType},
+    wc::{Wc, WcFlags, WcOpcode, WcStatus},
+    wr::{SendOp, Sge},
+};
+
+/// The largest RoCE packet the engine emits: BTH, the largest extension
+/// headers (RETH + ImmDt, or AtomicETH), 4096 bytes of payload, pad, ICRC.
+pub const MAX_PACKET: usize = 12 + 28 + vrdma_wire::MAX_PAYLOAD + 4;
+
+/// Where a packet from [`Engine::poll_transmit`] goes.
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub struct Transmit {
+    /// Bytes written to the buffer (BTH through ICRC).
+    pub len: usize,
+    pub sgid: Gid,
+    pub dgid: Gid,
+    /// UDP source port: per QP, for ECMP entropy (0xC000 and up, as rxe).
+    pub udp_src_port: u16,
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+    pub flow_label: u32,
+}
+
+/// Counters of what the data path dropped, by reason.
+#[derive(Clone, Copy, Debug, Default, Eq, Hash, PartialEq)]
+pub struct Stats {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    /// Malformed after the ICRC (bad opcode sequence, bad lengths…).
+    pub rx_malformed: u64,
+    /// For a QPN that does not exist, or a QP of another type.
+    pub rx_no_qp: u64,
+    /// The QP's state does not accept packets.
+    pub rx_bad_state: u64,
+    /// P_Key or Q_Key mismatch.
+    pub rx_bad_key: u64,
+    /// UD or UC message with no receive WQE posted.
+    pub rx_no_recv: u64,
+    /// Duplicates (RC: answered again; UC: dropped).
+    pub rx_duplicate: u64,
+    /// Out of sequence (RC: NAKed; UC: dropped).
+    pub rx_out_of_sequence: u64,
+}
+
+impl Engine {
+    /// Data-path counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    pub(crate) fn schedule(&mut self, qpn: Qpn) {
+        if let Some(q) = self.qps.get_mut(qpn.value())
+            && !q.scheduled
+        {
+            q.scheduled = true;
+            self.tx_ready.push_back(qpn);
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (at least [`MAX_PACKET`]
+    /// bytes) and says where it goes; `None` when nothing is waiting.
+    /// `now` is the caller's clock in nanoseconds (never going back).
+    pub fn poll_transmit(
+        &mut self,
+        now: u64,
+        mem: &impl Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        self.now = self.now.max(now);
+        while let Some(qpn) = self.tx_ready.pop_front() {
+            if let Some(q) = self.qps.get_mut(qpn.value()) {
+                q.scheduled = false;
+            }
+            let t = self.next_packet(qpn, mem, buf);
+            if self.has_tx_work(qpn) {
+                self.schedule(qpn);
+            }
+            if let Some(t) = t {
+                self.stats.tx_packets += 1;
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    fn has_tx_work(&self, qpn: Qpn) -> bool {
+        let Some(q) = self.qps.get(qpn.value()) else {
+            return false;
+        };
+        let waiting = q.req.rnr_until.is_some_and(|t| t > self.now);
+        q.resp.ack.is_some()
+            || (q.attr.qp_state == QpState::Rts && q.sq.len() > q.req.cursor && !waiting)
+    }
+
+    /// The earliest time [`Engine::handle_timeout`] has work: a retransmit
+    /// timeout or the end of an RNR delay.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.qps
+            .iter()
+            .flat_map(|(_, q)| [q.req.timer, q.req.rnr_until])
+            .flatten()
+            .min()
+    }
+
+    /// Runs the timers due at `now`: RNR delays end (the request is sent
+    /// again); an unacknowledged request times out (IBTA Vol1 §9.7.6.1:
+    /// resend from the oldest unacknowledged packet, up to retry_cnt
+    /// times, then RETRY_EXC_ERR).
+    pub fn handle_timeout(&mut self, now: u64) {
+        self.now = self.now.max(now);
+        let now = self.now;
+        let due: Vec<(Qpn, bool, bool)> = self
+            .qps
+            .iter()
+            .filter_map(|(h, q)| {
+                let rnr = q.req.rnr_until.is_some_and(|t| t <= now);
+                let rto = q.req.timer.is_some_and(|t| t <= now);
+                (rnr || rto).then(|| Qpn::try_from(h).ok().map(|n| (n, rnr, rto)))?
+            })
+            .collect();
+        for (qpn, rnr, rto) in due {
+            if rnr {
+                if let Some(q) = self.qps.get_mut(qpn.value()) {
+                    q.req.rnr_until = None;
+                }
+                self.schedule(qpn);
+            }
+            if rto {
+                self.retransmit_timeout(qpn);
+            }
+        }
+    }
+
+    fn retransmit_timeout(&mut self, qpn: Qpn) {
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
+            return;
+        };
+        q.req.timer = None;
+        if q.req.cursor == 0 || q.attr.qp_state != QpState::Rts {
+            return;
+        }
+        if q.req.retry_left == 0 {
+            self.complete_front_with_error(qpn, WcStatus::RetryExcErr);
+            return;
+        }
+        q.req.retry_left -= 1;
+        let Some(first) = q.sq.front().map(|w| w.first_psn) else {
+            return;
+        };
+        self.rewind(qpn, first);
+    }
+
+    /// The local ACK timeout of a QP: 4.096 µs × 2^timeout, or none for 0.
+    fn ack_timeout(&self, qpn: Qpn) -> Option<u64> {
+        let t = self.qps.get(qpn.value())?.attr.timeout;
+        (t != 0).then(|| 4096u64 << t.min(31))
+    }
+
+    /// One packet from `qpn`: a pending ACK first, then requester data.
+    fn next_packet(&mut self, qpn: Qpn, mem: &impl Memory, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(t) = self.emit_ack(qpn, buf) {
+            return Some(t);
+        }
+        self.emit_request(qpn, mem, buf)
+    }
+
+    fn path(&self, qpn: Qpn, ah: Option<u32>) -> Option<Transmit> {
+        let q = self.qps.get(qpn.value())?;
+        let av = match ah {
+            Some(h) => self.ahs.get(h)?.attr,
+            None => q.attr.ah_attr,
+        };
+        Some(Transmit {
+            len: 0,
+            sgid: self.port.gid(av.sgid_index)?.gid,
+            dgid: av.dgid,
+            udp_src_port: 0xc000 | (qpn.value() & 0x3fff) as u16,
+            traffic_class: av.traffic_class,
+            hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+            flow_label: av.flow_label,
+        })
+    }
+
+    fn pkey_of(&self, index: u16) -> PKey {
+        self.port.pkey(index).unwrap_or(PKey::DEFAULT)
+    }
+
+    fn emit_ack(&mut self, qpn: Qpn, buf: &mut [u8]) -> Option<Transmit> {
+        let q = self.qps.get_mut(qpn.value())?;
+        let (psn, syndrome) = q.resp.ack.take()?;
+        let msn = q.resp.msn;
+        let dest = q.attr.dest_qp_num;
+        let pkey_index = q.attr.pkey_index;
+        let error_after = std::mem::take(&mut q.resp.error_after_ack);
+        let bth = bth::Repr {
+            opcode: Opcode::RcAcknowledge,
+            solicited: false,
+            mig_req: false,
+            pad_cnt: 0,
+            pkey: self.pkey_of(pkey_index),
+            fecn: false,
+            becn: false,
+            dest_qp: dest,
+            ack_req: false,
+            psn,
+        };
+        let ext = packet::ExtHeaders {
+            aeth: Some(aeth::Repr { syndrome, msn }),
+            ..Default::default()
+        };
+        let len = emit(buf, bth, ext, &[])?;
+        let t = self.path(qpn, None).map(|t| Transmit { len, ..t });
+        if error_after {
+            self.flush_errored(qpn, true);
+        }
+        t
+    }
+
+    /// The next request packet of the WQE at the requester's cursor.
+    fn emit_request(&mut self, qpn: Qpn, mem: &impl Memory, buf: &mut [u8]) -> Option<Transmit> {
+        let q = self.qps.get(qpn.value())?;
+        if q.attr.qp_state != QpState::Rts || q.req.rnr_until.is_some_and(|t| t > self.now) {
+            return None;
+        }
+        let cursor = q.req.cursor;
+        let w = q.sq.get(cursor)?;
+        let op = w.op?;
+        let ty = q.init.qp_type;
+        let pd = q.init.pd;
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        let offset = q.req.offset;
+        let n = (w.length - offset).min(mtu);
+        let first = offset == 0;
+        let last = offset + n >= w.length;
+        let position = match (first, last) {
+            (true, true) => Position::Only,
+            (true, false) => Position::First,
+            (false, true) => Position::Last,
+            (false, false) => Position::Middle,
+        };
+        // Gather this packet's payload.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        // n <= mtu <= 4096.
+        scratch.resize(n as usize, 0);
+        let gathered = if w.is_inline {
+            let start = offset as usize;
+            scratch.copy_from_slice(&w.inline[start..start + n as usize]);
+            Ok(())
+        } else {
+            gather(&self.keys, mem, pd, &w.sges, offset, &mut scratch)
+        };
+        if gathered.is_err() {
+            // IBTA Vol1 §10.7.2.3: a bad local SGE completes the WQE with a
+            // local protection error and the QP enters ERR.
+            self.scratch = scratch;
+            self.complete_front_with_error(qpn, WcStatus::LocProtErr);
+            return None;
+        }
+        let w = q.sq.get(cursor)?;
+        let qkey_of_qp = q.attr.qkey;
+        let (opcode, ext, dest_qp, ah) = match (ty, op) {
+            (QpType::Ud, SendOp::Send | SendOp::SendWithImm { .. }) => {
+                let ud = w.ud?;
+                // IBTA Vol1 §10.2.5: a WR Q_Key with the high bit set means
+                // "use the QP's own Q_Key".
+                let qkey = if ud.remote_qkey.is_controlled() {
+                    qkey_of_qp
+                } else {
+                    ud.remote_qkey
+                };
+                let (opcode, imm) = match op {
+                    SendOp::SendWithImm { imm } => (Opcode::UdSendOnlyImm, Some(imm)),
+                    _ => (Opcode::UdSendOnly, None),
+                };
+                let ext = packet::ExtHeaders {
+                    deth: Some(vrdma_wire::deth::Repr { qkey, src_qp: qpn }),
+                    immdt: imm.map(|imm| immdt::Repr { imm }),
+                    ..Default::default()
+                };
+                (opcode, ext, ud.remote_qpn, Some(ud.ah))
+            }
+            (_, op) => {
+                let (opcode, ext) = connected_request(ty, op, position, w.length)?;
+                (opcode, ext, q.attr.dest_qp_num, None)
+            }
+        };
+        let psn = q.req.psn;
+        let bth = bth::Repr {
+            opcode,
+            solicited: last && w.flags.contains(crate::wr::SendFlags::SOLICITED),
+            mig_req: false,
+            pad_cnt: 0,
+            pkey: self.pkey_of(q.attr.pkey_index),
+            fecn: false,
+            becn: false,
+            dest_qp,
+            // rxe asks for an ACK at the end of each message.
+            ack_req: ty == QpType::Rc && last,
+            psn,
+        };
+        let len = emit(buf, bth, ext, &scratch);
+        self.scratch = scratch;
+        let len = len?;
+        let t = self.path(qpn, ah).map(|t| Transmit { len, ..t })?;
+
+        // Advance.
+        let q = self.qps.get_mut(qpn.value())?;
+        if let Some(w) = q.sq.get_mut(cursor) {
+            if first {
+                w.first_psn = psn;
+            }
+            if last {
+                w.last_psn = psn;
+            }
+        }
+        q.req.psn = psn.next();
+        if last {
+            q.req.cursor += 1;
+            q.req.offset = 0;
+        } else {
+            q.req.offset = offset + n;
+        }
+        if ty == QpType::Rc && q.req.timer.is_none() {
+            let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
+            if let Some(q) = self.qps.get_mut(qpn.value()) {
+                q.req.timer = due;
+            }
+        }
+        if last && ty != QpType::Rc {
+            // UC and UD complete when the last packet leaves.
+            self.retire_front(qpn, WcStatus::Success);
+        }
+        Some(t)
+    }
+
+    /// Completes the oldest send WQE (signaled, or any error) and removes
+    /// it.
+    fn retire_front(&mut self, qpn: Qpn, status: WcStatus) {
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
+            return;
+        };
+        let Some(w) = q.sq.front() else {
+            return;
+        };
+        let post = w.signaled || status != WcStatus::Success;
+        let mut wc = Wc::new(
+            w.wr_id,
+            status,
+            w.op.map_or(WcOpcode::Send, SendOp::wc_opcode),
+            qpn.value(),
+        );
+        if status == WcStatus::Success {
+            // ibv_wc byte_len of a send completion: the message length.
+            wc.byte_len = u32::try_from(w.length).unwrap_or(u32::MAX);
+        }
+        let cq = q.init.send_cq;
+        q.sq.pop_front();
+        q.req.cursor = q.req.cursor.saturating_sub(1);
+        if post {
+            self.post_cqe(cq, wc, false);
+        }
+    }
+
+    /// A requester-side error: the oldest WQE completes with `status` and
+    /// the QP enters ERR (flushing the rest).
+    fn complete_front_with_error(&mut self, qpn: Qpn, status: WcStatus) {
+        self.retire_front(qpn, status);
+        self.flush_errored(qpn, true);
+    }
+
+    /// Adds a completion; an overflow raises the CQ error and takes the
+    /// CQ's QPs to ERR.
+    pub(crate) fn post_cqe(&mut self, cq: u32, wc: Wc, solicited: bool) {
+        let Some(c) = self.cqs.get_mut(cq) else {
+            return;
+        };
+        let was = c.overflowed();
+        match c.push(wc, solicited) {
+            crate::cq::Pushed::Stored => {}
+            crate::cq::Pushed::Notify => self.notifications.push_back(cq),
+            crate::cq::Pushed::Overflow => {
+                if !was {
+                    self.cq_overflowed(cq);
+                }
+            }
+        }
+    }
+
+    /// Handles one received RoCE packet (BTH through ICRC, ICRC already
+    /// verified by the fabric); `ip` is the IP header it arrived with.
+    pub fn handle_packet(&mut self, now: u64, ip: &IpRepr, roce: &[u8], mem: &mut impl Memory) {
+        self.now = self.now.max(now);
+        self.stats.rx_packets += 1;
+        let Ok(p) = packet::Packet::new_checked(roce) else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        let Ok(r) = packet::Repr::parse(&p) else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        let qpn = r.bth.dest_qp;
+        let Some(q) = self.qps.get(qpn.value()) else {
+            self.stats.rx_no_qp += 1;
+            return;
+        };
+        let service = r.bth.opcode.service();
+        let matches = matches!(
+            (q.init.qp_type, service),
+            (QpType::Rc, ServiceType::Rc)
+                | (QpType::Uc, ServiceType::Uc)
+                | (QpType::Ud, ServiceType::Ud)
+        );
+        if !matches {
+            self.stats.rx_no_qp += 1;
+            return;
+        }
+        // IBTA Vol1 §9.6.1.1: packets are accepted in RTR, RTS and SQD.
+        if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            self.stats.rx_bad_state += 1;
+            return;
+        }
+        if !r.bth.pkey.matches(self.pkey_of(q.attr.pkey_index)) {
+            self.stats.rx_bad_key += 1;
+            return;
+        }
+        let op = r.bth.opcode.info().operation;
+        match (q.init.qp_type, op) {
+            (QpType::Ud, _) => self.recv_ud(qpn, ip, &r, mem),
+            (QpType::Rc, Operation::Acknowledge) => self.recv_ack(qpn, &r),
+            (QpType::Rc | QpType::Uc, Operation::Send | Operation::RdmaWrite) => {
+                self.recv_request(qpn, &r, mem)
+            }
+            (QpType::Rc, _) => {
+                // READ, atomics and their responses arrive with the next
+                // part of the data path; a request we cannot serve is an
+                // invalid request (IBTA Vol1 §9.7.5.2.5).
+                if r.bth.opcode.info().position.is_some() && !is_response(op) {
+                    self.nak(qpn, r.bth.psn, NakCode::InvalidRequest);
+                } else {
+                    self.stats.rx_malformed += 1;
+                }
+            }
+            _ => self.stats.rx_malformed += 1,
+        }
+    }
+
+    fn recv_ud(&mut self, qpn: Qpn, ip: &IpRepr, r: &packet::Repr<'_>, mem: &mut impl Memory) {
+        let Some(q) = self.qps.get(qpn.value()) else {
+            return;
+        };
+        let Some(deth) = r.ext.deth else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        // IBTA Vol1 §10.2.5 (C10-16): the Q_Key must match.
+        if deth.qkey != q.attr.qkey {
+            self.stats.rx_bad_key += 1;
+            return;
+        }
+        if !self.take_recv(qpn) {
+            self.stats.rx_no_recv += 1;
+            return;
+        }
+        let Some(q) = self.qps.get(qpn.value()) else {
+            return;
+        };
+        let pd = q.init.pd;
+        let cq = q.init.recv_cq;
+        let wqe = &q.resp.recv;
+        let mut g = [0u8; grh::HEADER_LEN];
+        let grh_ok = grh::emit(ip, &mut grh::Packet::new_unchecked(&mut g[..])).is_ok();
+        let total = (grh::HEADER_LEN + r.payload.len()) as u64;
+        let mut wc = Wc::new(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, qpn.value());
+        let status = if total > wqe.length {
+            WcStatus::LocLenErr
+        } else if !grh_ok {
+            WcStatus::GeneralErr
+        } else {
+            let a = scatter(&self.keys, mem, pd, &wqe.sges, 0, &g)
+                .and_then(|()| scatter(&self.keys, mem, pd, &wqe.sges, 40, r.payload));
+            match a {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::LocProtErr,
+            }
+        };
+        wc.status = status;
+        if status == WcStatus::Success {
+            wc.byte_len = total as u32;
+            wc.src_qp = deth.src_qp.value();
+            wc.wc_flags = WcFlags::GRH;
+            if let Some(i) = r.ext.immdt {
+                wc.imm_data = i.imm;
+                wc.wc_flags = wc.wc_flags.with(WcFlags::WITH_IMM);
+            }
+            wc.pkey_index = q.attr.pkey_index;
+        }
+        if let Some(q) = self.qps.get_mut(qpn.value()) {
+            q.resp.has_recv = false;
+        }
+        self.post_cqe(cq, wc, r.bth.solicited);
+        if status != WcStatus::Success {
+            self.flush_errored(qpn, true);
+        }
+    }
+
+    /// Takes the next receive WQE (RQ or SRQ) into the responder.
+    fn take_recv(&mut self, qpn: Qpn) -> bool {
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
+            return false;
+        };
+        let src = match q.init.srq {
+            Some(s) => match self.srqs.get_mut(s) {
+                Some(srq) => &mut srq.rq,
+                None => return false,
+            },
+            None => &mut q.rq,
+        };
+        let Some(w) = src.front() else {
+            return false;
+        };
+        q.resp.recv.wr_id = w.wr_id;
+        q.resp.recv.length = w.length;
+        q.resp.recv.sges.clear();
+        q.resp.recv.sges.extend_from_slice(&w.sges);
+        src.pop_front();
+        q.resp.has_recv = true;
+        true
+    }
+
+    fn nak(&mut self, qpn: Qpn, psn: Psn, code: NakCode) {
+        if let Some(q) = self.qps.get_mut(qpn.value()) {
+            q.resp.ack = Some((psn, Syndrome::Nak(code)));
+            if code != NakCode::PsnSequenceError {
+                // Class B–D errors (IBTA Vol1 §9.9.3): the responder QP
+                // enters ERR once the NAK is out.
+                q.resp.error_after_ack = true;
+            }
+        }
+        self.schedule(qpn);
+    }
+
+    fn ack(&mut self, qpn: Qpn, psn: Psn) {
+        if let Some(q) = self.qps.get_mut(qpn.value()) {
+            q.resp.ack = Some((psn, Syndrome::Ack(aeth::CreditCode::INVALID)));
+        }
+        self.schedule(qpn);
+    }
+
+    /// UC and RC SEND and RDMA WRITE packets.
+    fn recv_request(&mut self, qpn: Qpn, r: &packet::Repr<'_>, mem: &mut impl Memory) {
+        let Some(q) = self.qps.get(qpn.value()) else {
+            return;
+        };
+        let rc = q.init.qp_type == QpType::Rc;
+        let psn = r.bth.psn;
+        let epsn = q.resp.epsn;
+        let info = r.bth.opcode.info();
+        let Some(position) = info.position else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        if psn != epsn {
+            if rc {
+                if psn.precedes(epsn) {
+                    // A duplicate: the ACK may have been lost; acknowledge
+                    // again with the current MSN (IBTA Vol1 §9.7.5.1.2).
+                    self.stats.rx_duplicate += 1;
+                    self.ack(qpn, epsn.wrapping_sub(1));
+                } else {
+                    self.stats.rx_out_of_sequence += 1;
+                    let sent = self.qps.get(qpn.value()).is_some_and(|q| q.resp.nak_sent);
+                    if !sent {
+                        if let Some(q) = self.qps.get_mut(qpn.value()) {
+                            q.resp.nak_sent = true;
+                        }
+                        self.nak(qpn, epsn, NakCode::PsnSequenceError);
+                    }
+                }
+                return;
+            }
+            // UC: a gap loses the message in progress; resynchronise on the
+            // first packet of the next one (IBTA Vol1 §9.7.5.1.3).
+            self.stats.rx_out_of_sequence += 1;
+            let Some(q) = self.qps.get_mut(qpn.value()) else {
+                return;
+            };
+            // A receive WQE the lost message had started to fill stays
+            // held (has_recv) and is reused, from its start, by the next
+            // SEND: the lost message never completes, the buffer does.
+            if !position.starts() {
+                q.resp.msg = InMsg::Dropping;
+                q.resp.epsn = psn.next();
+                return;
+            }
+            q.resp.msg = InMsg::Idle;
+            q.resp.epsn = psn;
+        }
+        if let Some(q) = self.qps.get_mut(qpn.value()) {
+            q.resp.nak_sent = false;
+        }
+        match self.execute(qpn, r, position, mem) {
+            Ok(()) => {}
+            Err(Failure::Nak(code)) if rc => self.nak(qpn, psn, code),
+            Err(Failure::Rnr) if rc => {
+                let timer = self
+                    .qps
+                    .get(qpn.value())
+                    .map_or(0, |q| q.attr.min_rnr_timer);
+                if let Some(q) = self.qps.get_mut(qpn.value()) {
+                    q.resp.ack = Some((psn, Syndrome::RnrNak(RnrTimer::from_masked(timer))));
+                }
+                self.schedule(qpn);
+            }
+            Err(Failure::Nak(_) | Failure::Rnr) => {
+                // UC: drop the rest of the message.
+                self.stats.rx_no_recv += 1;
+                if let Some(q) = self.qps.get_mut(qpn.value()) {
+                    q.resp.msg = if position.ends() {
+                        InMsg::Idle
+                    } else {
+                        InMsg::Dropping
+                    };
+                    q.resp.epsn = psn.next();
+                }
+            }
+            Err(Failure::Local(status)) => {
+                // The receive WQE completes in error and the QP enters ERR
+                // (with a NAK first on RC).
+                if let Some(q) = self.qps.get_mut(qpn.value()) {
+                    let cq = q.init.recv_cq;
+                    let wc = Wc::new(q.resp.recv.wr_id, status, WcOpcode::Recv, qpn.value());
+                    q.resp.has_recv = false;
+                    self.post_cqe(cq, wc, false);
+                }
+                if rc {
+                    self.nak(qpn, psn, NakCode::RemoteOperationalError);
+                } else {
+                    self.flush_errored(qpn, true);
+                }
+            }
+        }
+    }
+
+    /// Runs one in-sequence SEND or WRITE packet.
+    fn execute(
+        &mut self,
+        qpn: Qpn,
+        r: &packet::Repr<'_>,
+        position: Position,
+        mem: &mut impl Memory,
+    ) -> Result<(), Failure> {
+        let q = self
+            .qps
+            .get(qpn.value())
+            .ok_or(Failure::Nak(NakCode::InvalidRequest))?;
+        let mtu = q.attr.path_mtu.bytes() as usize;
+        let len = r.payload.len();
+        // IBTA Vol1 §9.7.5.2.5 / C9-?: First and Middle carry exactly one
+        // MTU, Last 1..=MTU, Only 0..=MTU.
+        let len_ok = match position {
+            Position::First | Position::Middle => len == mtu,
+            Position::Last => (1..=mtu).contains(&len),
+            Position::Only => len <= mtu,
+        };
+        let op = r.bth.opcode.info().operation;
+        let in_msg = q.resp.msg;
+        // Opcode sequence (IBTA Vol1 §9.7.5.2.3).
+        let seq_ok = matches!(
+            (in_msg, op, position.starts()),
+            (InMsg::Idle | InMsg::Dropping, _, true)
+                | (InMsg::Send { .. }, Operation::Send, false)
+                | (InMsg::Write { .. }, Operation::RdmaWrite, false)
+        );
+        if in_msg == InMsg::Dropping && !position.starts() {
+            // UC, still dropping a lost message.
+            if let Some(q) = self.qps.get_mut(qpn.value()) {
+                q.resp.epsn = r.bth.psn.next();
+                if position.ends() {
+                    q.resp.msg = InMsg::Idle;
+                }
+            }
+            return Ok(());
+        }
+        if !len_ok || !seq_ok {
+            self.stats.rx_malformed += 1;
+            return Err(Failure::Nak(NakCode::InvalidRequest));
+        }
+        if r.ext.ieth.is_some() {
+            // SEND with invalidate needs memory windows / fast-registered
+            // MRs to invalidate; until they exist it is refused.
+            return Err(Failure::Nak(NakCode::InvalidRequest));
+        }
+        let pd = q.init.pd;
+        let qp_access = q.attr.qp_access_flags;
+        let recv_cq = q.init.recv_cq;
+        let rc = q.init.qp_type == QpType::Rc;
+
+        match op {
+            Operation::Send => {
+                let offset = match in_msg {
+                    InMsg::Send { offset } => offset,
+                    _ => {
+                        let held = self.qps.get(qpn.value()).is_some_and(|q| q.resp.has_recv);
+                        if !held && !self.take_recv(qpn) {
+                            return Err(Failure::Rnr);
+                        }
+                        0
+                    }
+                };
+                let q = self.qps.get(qpn.value()).ok_or(Failure::Rnr)?;
+                let wqe = &q.resp.recv;
+                if offset + len as u64 > wqe.length {
+                    return Err(Failure::Local(WcStatus::LocLenErr));
+                }
+                scatter(&self.keys, mem, pd, &wqe.sges, offset, r.payload)
+                    .map_err(|_| Failure::Local(WcStatus::LocProtErr))?;
+                let end = offset + len as u64;
+                let q = self.qps.get_mut(qpn.value()).ok_or(Failure::Rnr)?;
+                q.resp.msg = InMsg::Send { offset: end };
+                if position.ends() {
+                    let mut wc = Wc::new(
+                        q.resp.recv.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        qpn.value(),
+                    );
+                    wc.byte_len = end as u32;
+                    if let Some(i) = r.ext.immdt {
+                        wc.imm_data = i.imm;
+                        wc.wc_flags = WcFlags::WITH_IMM;
+                    }
+                    q.resp.has_recv = false;
+                    q.resp.msg = InMsg::Idle;
+                    q.resp.msn = q.resp.msn.wrapping_add(1);
+                    self.post_cqe(recv_cq, wc, r.bth.solicited);
+                }
+            }
+            Operation::RdmaWrite => {
+                let (rkey, va, left, total) = match (in_msg, r.ext.reth) {
+                    (
+                        InMsg::Write {
+                            rkey,
+                            va,
+                            left,
+                            total,
+                        },
+                        None,
+                    ) => (rkey, va, left, total),
+                    (_, Some(reth)) => {
+                        // IBTA Vol1 §9.7.4.1.2: the QP must allow remote
+                        // writes and the rkey must grant them over the
+                        // whole DMA length, in this QP's PD.
+                        let total = u64::from(reth.dma_len);
+                        if !qp_access.contains(Access::REMOTE_WRITE) {
+                            return Err(Failure::Nak(NakCode::RemoteAccessError));
+                        }
+                        if total > 0 {
+                            self.keys
+                                .check_remote(reth.rkey, pd, reth.va, total, Access::REMOTE_WRITE)
+                                .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
+                        }
+                        (reth.rkey, reth.va, total, total)
+                    }
+                    _ => return Err(Failure::Nak(NakCode::InvalidRequest)),
+                };
+                if len as u64 > left || (position.ends() && len as u64 != left) {
+                    // More (or less) data than the RETH announced.
+                    return Err(Failure::Nak(NakCode::InvalidRequest));
+                }
+                if len > 0 {
+                    let mr = self
+                        .keys
+                        .check_remote(rkey, pd, va, len as u64, Access::REMOTE_WRITE)
+                        .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
+                    mr.write(mem, va, r.payload)
+                        .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
+                }
+                let q = self.qps.get_mut(qpn.value()).ok_or(Failure::Rnr)?;
+                q.resp.msg = InMsg::Write {
+                    rkey,
+                    va: va + len as u64,
+                    left: left - len as u64,
+                    total,
+                };
+                if position.ends() {
+                    q.resp.msg = InMsg::Idle;
+                    q.resp.msn = q.resp.msn.wrapping_add(1);
+                    if let Some(i) = r.ext.immdt {
+                        // WRITE with immediate consumes a receive WQE.
+                        if !self.take_recv(qpn) {
+                            // Undo: the message is not done without one.
+                            if let Some(q) = self.qps.get_mut(qpn.value()) {
+                                q.resp.msn = q.resp.msn.wrapping_add(0xff_ffff);
+                            }
+                            return Err(Failure::Rnr);
+                        }
+                        let q = self.qps.get_mut(qpn.value()).ok_or(Failure::Rnr)?;
+                        let mut wc = Wc::new(
+                            q.resp.recv.wr_id,
+                            WcStatus::Success,
+                            WcOpcode::RecvRdmaWithImm,
+                            qpn.value(),
+                        );
+                        wc.byte_len = total as u32;
+                        wc.imm_data = i.imm;
+                        wc.wc_flags = WcFlags::WITH_IMM;
+                        q.resp.has_recv = false;
+                        self.post_cqe(recv_cq, wc, r.bth.solicited);
+                    }
+                }
+            }
+            _ => return Err(Failure::Nak(NakCode::InvalidRequest)),
+        }
+        if let Some(q) = self.qps.get_mut(qpn.value()) {
+            q.resp.epsn = r.bth.psn.next();
+        }
+        if rc && (r.bth.ack_req || position.ends()) {
+            self.ack(qpn, r.bth.psn);
+        }
+        Ok(())
+    }
+
+    /// The completer: an ACK or NAK for this QP's requests.
+    fn recv_ack(&mut self, qpn: Qpn, r: &packet::Repr<'_>) {
+        let Some(a) = r.ext.aeth else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        let psn = r.bth.psn;
+        match a.syndrome {
+            Syndrome::Ack(_) => self.acked_through(qpn, psn),
+            Syndrome::Nak(NakCode::PsnSequenceError) => {
+                // Everything before `psn` arrived; resend from `psn`
+                // (go-back-N, IBTA Vol1 §9.7.5.1.3), counted against
+                // retry_cnt like a timeout.
+                self.acked_through(qpn, psn.wrapping_sub(1));
+                let Some(q) = self.qps.get_mut(qpn.value()) else {
+                    return;
+                };
+                if q.req.retry_left == 0 {
+                    self.complete_front_with_error(qpn, WcStatus::RetryExcErr);
+                    return;
+                }
+                q.req.retry_left -= 1;
+                self.rewind(qpn, psn);
+            }
+            Syndrome::RnrNak(timer) => {
+                // IBTA Vol1 §9.7.5.2.8: wait the advertised time, then
+                // resend; rnr_retry 7 retries forever (never a busy spin:
+                // the wait is at least 10 µs).
+                self.acked_through(qpn, psn.wrapping_sub(1));
+                let Some(q) = self.qps.get_mut(qpn.value()) else {
+                    return;
+                };
+                if q.attr.rnr_retry != 7 {
+                    if q.req.rnr_left == 0 {
+                        self.complete_front_with_error(qpn, WcStatus::RnrRetryExcErr);
+                        return;
+                    }
+                    q.req.rnr_left -= 1;
+                }
+                q.req.timer = None;
+                q.req.rnr_until = Some(self.now.saturating_add(u64::from(timer.micros()) * 1000));
+                self.rewind(qpn, psn);
+            }
+            Syndrome::Nak(code) => {
+                self.acked_through(qpn, psn.wrapping_sub(1));
+                let status = match code {
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                    NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
+                    _ => WcStatus::RemInvReqErr,
+                };
+                self.complete_front_with_error(qpn, status);
+            }
+        }
+    }
+
+    /// Completes, in order, every sent WQE whose last packet is at or
+    /// before `psn`.
+    fn acked_through(&mut self, qpn: Qpn, psn: Psn) {
+        loop {
+            let Some(q) = self.qps.get(qpn.value()) else {
+                return;
+            };
+            if q.req.cursor == 0 {
+                return;
+            }
+            let Some(w) = q.sq.front() else {
+                return;
+            };
+            if !(w.last_psn == psn || w.last_psn.precedes(psn)) {
+                return;
+            }
+            self.retire_front(qpn, WcStatus::Success);
+            // Progress: the retry budgets start over and the timer restarts
+            // for what is still outstanding.
+            let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
+            if let Some(q) = self.qps.get_mut(qpn.value()) {
+                q.req.retry_left = q.attr.retry_cnt;
+                q.req.rnr_left = q.attr.rnr_retry;
+                q.req.timer = if q.req.cursor > 0 { due } else { None };
+            }
+        }
+    }
+
+    /// Go back to the packet with `psn` (a WQE already sent but not yet
+    /// acknowledged) and send from there again.
+    fn rewind(&mut self, qpn: Qpn, psn: Psn) {
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
+            return;
+        };
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        for i in 0..q.req.cursor.min(q.sq.len()) {
+            let Some(w) = q.sq.get(i) else {
+                break;
+            };
+            let d = w.first_psn.forward_distance(psn);
+            let packets = w.first_psn.forward_distance(w.last_psn);
+            if d <= packets {
+                q.req.cursor = i;
+                q.req.offset = u64::from(d) * mtu;
+                q.req.psn = psn;
+                self.schedule(qpn);
+                return;
+            }
+        }
+    }
+
+    fn cq_overflowed(&mut self, cq: u32) {
+        self.events
+            .push_back(crate::event::AsyncEvent::CqErr { cq });
+        let users: Vec<Qpn> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| {
+                (q.init.send_cq == cq || q.init.recv_cq == cq) && q.attr.qp_state != QpState::Err
+            })
+            .filter_map(|(h, _)| Qpn::try_from(h).ok())
+            .collect();
+        for qpn in users {
+            self.flush_errored(qpn, true);
+        }
+    }
+}
+
+/// Why an incoming request could not be executed.
+enum Failure {
+    /// Answer with this NAK (RC) or drop the message (UC).
+    Nak(NakCode),
+    /// No receive WQE: RNR NAK (RC) or drop (UC).
+    Rnr,
+    /// A local error on the receive WQE: complete it in error.
+    Local(WcStatus),
+}
+
+fn is_response(op: Operation) -> bool {
+    matches!(
+        op,
+        Operation::RdmaReadResponse | Operation::AtomicAcknowledge | Operation::Acknowledge
+    )
+}
+
+/// The opcode and headers of a UC/RC request packet.
+fn connected_request(
+    ty: QpType,
+    op: SendOp,
+    position: Position,
+    length: u64,
+) -> Option<(Opcode, packet::ExtHeaders)> {
+    use Opcode as O;
+    use Position as P;
+    let rc = ty == QpType::Rc;
+    let pick = |rc_op: Opcode, uc_op: Opcode| if rc { rc_op } else { uc_op };
+    let mut ext = packet::ExtHeaders::default();
+    let imm = match op {
+        SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } => Some(imm),
+        _ => None,
+    };
+    let opcode = match (op, position) {
+        (SendOp::Send | SendOp::SendWithImm { .. }, P::First) => {
+            pick(O::RcSendFirst, O::UcSendFirst)
+        }
+        (SendOp::Send | SendOp::SendWithImm { .. }, P::Middle) => {
+            pick(O::RcSendMiddle, O::UcSendMiddle)
+        }
+        (SendOp::Send, P::Last) => pick(O::RcSendLast, O::UcSendLast),
+        (SendOp::Send, P::Only) => pick(O::RcSendOnly, O::UcSendOnly),
+        (SendOp::SendWithImm { .. }, P::Last) => pick(O::RcSendLastImm, O::UcSendLastImm),
+        (SendOp::SendWithImm { .. }, P::Only) => pick(O::RcSendOnlyImm, O::UcSendOnlyImm),
+        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, P::First) => {
+            pick(O::RcWriteFirst, O::UcWriteFirst)
+        }
+        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, P::Middle) => {
+            pick(O::RcWriteMiddle, O::UcWriteMiddle)
+        }
+        (SendOp::RdmaWrite { .. }, P::Last) => pick(O::RcWriteLast, O::UcWriteLast),
+        (SendOp::RdmaWrite { .. }, P::Only) => pick(O::RcWriteOnly, O::UcWriteOnly),
+        (SendOp::RdmaWriteWithImm { .. }, P::Last) => pick(O::RcWriteLastImm, O::UcWriteLastImm),
+        (SendOp::RdmaWriteWithImm { .. }, P::Only) => pick(O::RcWriteOnlyImm, O::UcWriteOnlyImm),
+        // READ, atomics, SEND with invalidate and LOCAL_INV are not sent
+        // by this part of the data path yet.
+        _ => return None,
+    };
+    if let SendOp::RdmaWrite { remote_addr, rkey }
+    | SendOp::RdmaWriteWithImm {
+        remote_addr, rkey, ..
+    } = op
+        && position.starts()
+    {
+        ext.reth = Some(reth::Repr {
+            va: remote_addr,
+            rkey,
+            // Messages are at most 2^31 bytes (checked at post).
+            dma_len: length as u32,
+        });
+    }
+    if position.ends() {
+        ext.immdt = imm.map(|imm| immdt::Repr { imm });
+    }
+    Some((opcode, ext))
+}
+
+/// Emits a packet; `None` if `buf` is too small.
+fn emit(buf: &mut [u8], bth: bth::Repr, ext: packet::ExtHeaders, payload: &[u8]) -> Option<usize> {
+    let r = packet::Repr::new(bth, ext, payload);
+    let n = r.buffer_len();
+    let out = buf.get_mut(..n)?;
+    r.emit(&mut packet::Packet::new_unchecked(out)).ok()?;
+    Some(n)
+}
+
+/// Reads `out.len()` bytes starting `offset` bytes into the SGE list, each
+/// SGE checked against its lkey and `pd`.
+fn gather(
+    keys: &Keys,
+    mem: &impl Memory,
+    pd: u32,
+    sges: &[Sge],
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), AccessError> {
+    walk(sges, offset, out.len(), |sge, at, done, n| {
+        let mr = keys.check_local(sge.lkey, pd, sge.addr + at, n as u64, Access::NONE)?;
+        mr.read(mem, sge.addr + at, &mut out[done..done + n])
+    })
+}
+
+/// Writes `data` starting `offset` bytes into the SGE list (LOCAL_WRITE
+/// needed on every MR).
+fn scatter(
+    keys: &Keys,
+    mem: &mut impl Memory,
+    pd: u32,
+    sges: &[Sge],
+    offset: u64,
+    data: &[u8],
+) -> Result<(), AccessError> {
+    walk(sges, offset, data.len(), |sge, at, done, n| {
+        let mr = keys.check_local(sge.lkey, pd, sge.addr + at, n as u64, Access::LOCAL_WRITE)?;
+        mr.write(mem, sge.addr + at, &data[done..done + n])
+    })
+}
+
+/// Calls `f(sge, offset_in_sge, bytes_done, n)` for each piece of
+/// `len` bytes starting `offset` bytes into the SGE list.
+fn walk(
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), AccessError>,
+) -> Result<(), AccessError> {
+    let mut skip = offset;
+    let mut done = 0usize;
+    for sge in sges {
+        if done == len {
+            break;
+        }
+        let sl = u64::from(sge.length);
+        if skip >= sl {
+            skip -= sl;
+            continue;
+        }
+        let n = ((sl - skip) as usize).min(len - done);
+        f(sge, skip, done, n)?;
+        done += n;
+        skip = 0;
+    }
+    if done < len {
+        return Err(AccessError::OutOfBounds {
+            va: offset,
+            len: len as u64,
+            start: 0,
+            length: sges.iter().map(|s| u64::from(s.length)).sum(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,699 @@
+//! Two engines on the deterministic test network: UD, UC and RC sends and
+//! writes end to end, with completions, protection errors, RNR and timeouts.
+
+use std::net::Ipv4Addr;
+
+use vrdma_engine::{
+    Engine,
+    attr::{DeviceAttr, Mtu, PortAttr},
+    memory::{Memory, VecMemory},
+    mr::{Access, MrRequest, Translation},
+    qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType},
+    testnet::{Net, Quiet},
+    wc::{Wc, WcFlags, WcOpcode, WcStatus},
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
+};
+use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey, grh};
+
+const BASE: u64 = 0x10_0000;
+const MEM: usize = 64 * 1024;
+
+fn gid(n: u8) -> Gid {
+    Gid::from(Ipv4Addr::new(127, 0, 0, n))
+}
+
+/// One side: its node index, PD, CQ, QP and the MR over all its memory.
+#[derive(Clone, Copy, Debug)]
+struct Side {
+    node: usize,
+    pd: u32,
+    cq: u32,
+    qpn: Qpn,
+    lkey: Lkey,
+    rkey: Rkey,
+}
+
+fn side(net: &mut Net, n: u8, ty: QpType, sig_all: bool) -> Side {
+    let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid(n)]));
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(64, 0).unwrap();
+    let (lkey, rkey) = e
+        .reg_mr(MrRequest {
+            pd,
+            iova: BASE,
+            length: MEM as u64,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    let (qpn, _) = e
+        .create_qp(QpInitAttr {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            qp_type: ty,
+            sq_sig_all: sig_all,
+        })
+        .unwrap();
+    let node = net.add(e, VecMemory::new(BASE, MEM), gid(n));
+    Side {
+        node,
+        pd,
+        cq,
+        qpn,
+        lkey,
+        rkey,
+    }
+}
+
+fn e(net: &mut Net, s: Side) -> &mut Engine {
+    &mut net.nodes[s.node].engine
+}
+
+/// Brings `s` to RTS, connected to `peer` (UD: QKey 0x11111111).
+fn connect(net: &mut Net, s: Side, peer: Side, ty: QpType, rnr_retry: u8) {
+    let dgid = net.nodes[peer.node].gid;
+    connect_to(net, s, dgid, peer.qpn, ty, rnr_retry);
+}
+
+/// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`.
+fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, ty: QpType, rnr_retry: u8) {
+    let a = QpAttr {
+        port_num: 1,
+        qkey: QKey(0x1111_1111),
+        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ah_attr: AhAttr {
+            dgid,
+            port_num: 1,
+            hop_limit: 64,
+            ..AhAttr::default()
+        },
+        path_mtu: Mtu::Mtu1024,
+        dest_qp_num: dest_qpn,
+        rq_psn: Psn::from_masked(0x00ff_fffe),
+        sq_psn: Psn::from_masked(0x00ff_fffe),
+        timeout: 10,
+        retry_cnt: 2,
+        rnr_retry,
+        min_rnr_timer: 1,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        ..QpAttr::default()
+    };
+    let (init, rtr, rts) = match ty {
+        QpType::Ud => (
+            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
+            AttrMask::NONE,
+            AttrMask::SQ_PSN,
+        ),
+        QpType::Uc => (
+            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+            AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
+            AttrMask::SQ_PSN,
+        ),
+        QpType::Rc => (
+            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+            AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN
+                | AttrMask::MAX_DEST_RD_ATOMIC
+                | AttrMask::MIN_RNR_TIMER,
+            AttrMask::SQ_PSN
+                | AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC,
+        ),
+    };
+    for (state, mask) in [
+        (QpState::Init, init),
+        (QpState::Rtr, rtr),
+        (QpState::Rts, rts),
+    ] {
+        e(net, s)
+            .modify_qp(
+                s.qpn,
+                &QpAttr {
+                    qp_state: state,
+                    ..a
+                },
+                AttrMask::STATE | mask,
+            )
+            .unwrap();
+    }
+}
+
+fn pair(ty: QpType, rnr_retry: u8) -> (Net, Side, Side) {
+    let mut net = Net::default();
+    let a = side(&mut net, 1, ty, false);
+    let b = side(&mut net, 2, ty, false);
+    connect(&mut net, a, b, ty, rnr_retry);
+    connect(&mut net, b, a, ty, rnr_retry);
+    (net, a, b)
+}
+
+fn fill(net: &mut Net, s: Side, at: u64, data: &[u8]) {
+    net.nodes[s.node].mem.write(BASE + at, data).unwrap();
+}
+
+fn read(net: &Net, s: Side, at: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    net.nodes[s.node].mem.read(BASE + at, &mut v).unwrap();
+    v
+}
+
+fn sge(s: Side, at: u64, len: u32) -> Sge {
+    Sge {
+        addr: BASE + at,
+        length: len,
+        lkey: s.lkey,
+    }
+}
+
+fn poll(net: &mut Net, s: Side) -> Vec<Wc> {
+    let mut v = Vec::new();
+    e(net, s).poll_cq(s.cq, 64, &mut v).unwrap();
+    v
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn qp_state(net: &mut Net, s: Side) -> QpState {
+    e(net, s).query_qp(s.qpn).unwrap().0.qp_state
+}
+
+#[test]
+fn ud_send_with_immediate_delivers_grh_source_qp_and_data() {
+    let (mut net, a, b) = pair(QpType::Ud, 7);
+    let data = pattern(100, 1);
+    fill(&mut net, a, 0, &data);
+    let rsge = [sge(b, 0x100, 140)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let ah = e(&mut net, a)
+        .create_ah(
+            a.pd,
+            AhAttr {
+                dgid: gid(2),
+                port_num: 1,
+                hop_limit: 64,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    let ssge = [sge(a, 0, 100)];
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::SendWithImm { imm: 0x1122_3344 },
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
+        ud: Some(UdDest {
+            ah,
+            remote_qpn: b.qpn,
+            remote_qkey: QKey(0x1111_1111),
+        }),
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    assert_eq!(net.run(100), Quiet::Idle);
+    let wc = poll(&mut net, b);
+    assert_eq!(wc.len(), 1);
+    let w = wc[0];
+    assert_eq!(
+        (w.wr_id, w.status, w.opcode),
+        (9, WcStatus::Success, WcOpcode::Recv)
+    );
+    assert_eq!(w.byte_len, 140, "GRH + payload");
+    assert_eq!(w.src_qp, a.qpn.value());
+    assert_eq!(w.imm_data, 0x1122_3344);
+    assert!(w.wc_flags.contains(WcFlags::GRH.with(WcFlags::WITH_IMM)));
+    assert_eq!(read(&net, b, 0x100 + 40, 100), data);
+    let g = read(&net, b, 0x100, 40);
+    let ip = grh::parse(&grh::Packet::new_unchecked(&g[..])).unwrap();
+    assert_eq!(ip.sgid(), gid(1));
+    assert_eq!(ip.dgid(), gid(2));
+    let sent = poll(&mut net, a);
+    assert_eq!(sent.len(), 1);
+    assert_eq!((sent[0].wr_id, sent[0].status), (1, WcStatus::Success));
+}
+
+#[test]
+fn ud_with_a_wrong_qkey_is_dropped_and_counted() {
+    let (mut net, a, b) = pair(QpType::Ud, 7);
+    let rsge = [sge(b, 0, 200)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let ah = e(&mut net, a)
+        .create_ah(
+            a.pd,
+            AhAttr {
+                dgid: gid(2),
+                port_num: 1,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    let ssge = [sge(a, 0, 8)];
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::default(),
+        ud: Some(UdDest {
+            ah,
+            remote_qpn: b.qpn,
+            remote_qkey: QKey(0x2222),
+        }),
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    net.run(100);
+    assert!(poll(&mut net, b).is_empty());
+    assert_eq!(e(&mut net, b).stats().rx_bad_key, 1);
+    assert!(
+        poll(&mut net, a).is_empty(),
+        "unsignaled and successful: no CQE"
+    );
+}
+
+#[test]
+fn rc_send_across_packets_and_sges_arrives_whole_and_completes_on_ack() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let data = pattern(3000, 7);
+    fill(&mut net, a, 0, &data);
+    // Gather from two SGEs, scatter into three.
+    let ssge = [sge(a, 0, 1000), sge(a, 1000, 2000)];
+    let rsge = [
+        sge(b, 0x4000, 10),
+        sge(b, 0x5000, 1990),
+        sge(b, 0x6000, 1000),
+    ];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 20,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let wr = SendWr {
+        wr_id: 10,
+        op: SendOp::Send,
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    assert_eq!(net.run(100), Quiet::Idle);
+    let got = [
+        read(&net, b, 0x4000, 10),
+        read(&net, b, 0x5000, 1990),
+        read(&net, b, 0x6000, 1000),
+    ]
+    .concat();
+    assert_eq!(got, data);
+    let rw = poll(&mut net, b);
+    assert_eq!(rw.len(), 1);
+    assert_eq!(
+        (rw[0].wr_id, rw[0].status, rw[0].byte_len),
+        (20, WcStatus::Success, 3000)
+    );
+    let sw = poll(&mut net, a);
+    assert_eq!(sw.len(), 1);
+    assert_eq!(
+        (sw[0].wr_id, sw[0].status, sw[0].opcode),
+        (10, WcStatus::Success, WcOpcode::Send)
+    );
+    // 3 data packets (PSNs wrap from 0xfffffe) and one coalesced ACK.
+    assert_eq!(net.delivered, 4);
+    assert_eq!(e(&mut net, a).poll_timeout(), None, "nothing outstanding");
+}
+
+#[test]
+fn rc_write_with_immediate_lands_and_consumes_one_receive() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let data = pattern(5000, 3);
+    fill(&mut net, a, 0, &data);
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 30,
+                sg_list: &[],
+            },
+        )
+        .unwrap();
+    let ssge = [sge(a, 0, 5000)];
+    let wr = SendWr {
+        wr_id: 11,
+        op: SendOp::RdmaWriteWithImm {
+            remote_addr: BASE + 0x8000,
+            rkey: b.rkey,
+            imm: 0xdead_beef,
+        },
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    net.run(100);
+    assert_eq!(read(&net, b, 0x8000, 5000), data);
+    let rw = poll(&mut net, b);
+    assert_eq!(rw.len(), 1);
+    assert_eq!(rw[0].opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!((rw[0].byte_len, rw[0].imm_data), (5000, 0xdead_beef));
+    let sw = poll(&mut net, a);
+    assert_eq!(
+        (sw[0].wr_id, sw[0].status, sw[0].opcode),
+        (11, WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+}
+
+#[test]
+fn rc_write_outside_the_remote_mr_is_a_remote_access_error_on_both_sides() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let ssge = [sge(a, 0, 64)];
+    let wr = SendWr {
+        wr_id: 12,
+        op: SendOp::RdmaWrite {
+            remote_addr: BASE + MEM as u64 - 32,
+            rkey: b.rkey,
+        },
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::default(),
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    net.run(100);
+    let sw = poll(&mut net, a);
+    assert_eq!(sw.len(), 1, "errors complete even unsignaled");
+    assert_eq!((sw[0].wr_id, sw[0].status), (12, WcStatus::RemAccessErr));
+    assert_eq!(qp_state(&mut net, a), QpState::Err);
+    assert_eq!(qp_state(&mut net, b), QpState::Err);
+    assert_eq!(
+        read(&net, b, MEM as u64 - 32, 32),
+        vec![0; 32],
+        "nothing written"
+    );
+}
+
+#[test]
+fn rc_write_with_a_wrong_key_byte_is_refused() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let ssge = [sge(a, 0, 8)];
+    let stale = Rkey(b.rkey.0 ^ 0x01);
+    let wr = SendWr {
+        wr_id: 13,
+        op: SendOp::RdmaWrite {
+            remote_addr: BASE,
+            rkey: stale,
+        },
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn rnr_waits_for_the_timer_then_succeeds_once_a_receive_is_posted() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    fill(&mut net, a, 0, b"hello, rnr");
+    let ssge = [sge(a, 0, 10)];
+    let wr = SendWr {
+        wr_id: 14,
+        op: SendOp::Send,
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    // SEND, RNR NAK; then the requester waits (min_rnr_timer 1 = 10 µs).
+    let Quiet::Timer(t) = net.run(100) else {
+        panic!("expected an RNR wait")
+    };
+    assert_eq!(net.delivered, 2);
+    assert!(poll(&mut net, a).is_empty());
+    let rsge = [sge(b, 0x200, 64)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 40,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    net.advance_to(t);
+    assert_eq!(net.run(100), Quiet::Idle);
+    assert_eq!(read(&net, b, 0x200, 10), b"hello, rnr");
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+    assert_eq!(poll(&mut net, b)[0].wr_id, 40);
+}
+
+#[test]
+fn rnr_retries_run_out() {
+    let (mut net, a, _b) = pair(QpType::Rc, 2);
+    let ssge = [sge(a, 0, 4)];
+    let wr = SendWr {
+        wr_id: 15,
+        op: SendOp::Send,
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::default(),
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    let mut rounds = 0;
+    while let Quiet::Timer(t) = net.run(100) {
+        net.advance_to(t);
+        rounds += 1;
+        assert!(rounds < 10, "no end to the retries");
+    }
+    let sw = poll(&mut net, a);
+    assert_eq!((sw[0].wr_id, sw[0].status), (15, WcStatus::RnrRetryExcErr));
+    assert_eq!(
+        rounds, 2,
+        "rnr_retry = 2: two delayed resends, then the error"
+    );
+    assert_eq!(qp_state(&mut net, a), QpState::Err);
+}
+
+#[test]
+fn an_unanswered_request_times_out_after_retry_cnt_resends() {
+    let mut net = Net::default();
+    let a = side(&mut net, 1, QpType::Rc, false);
+    // The peer's GID belongs to nobody: every packet is lost.
+    connect_to(&mut net, a, gid(9), Qpn::from_masked(99), QpType::Rc, 7);
+    let ssge = [sge(a, 0, 4)];
+    let wr = SendWr {
+        wr_id: 16,
+        op: SendOp::Send,
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    let mut timeouts = 0;
+    while let Quiet::Timer(t) = net.run(100) {
+        // 4.096 µs × 2^10 per attempt.
+        assert_eq!(t - net.now, 4096 << 10);
+        net.advance_to(t);
+        timeouts += 1;
+        assert!(timeouts < 10);
+    }
+    assert_eq!(
+        timeouts, 3,
+        "retry_cnt = 2: the first send and two resends time out"
+    );
+    let sw = poll(&mut net, a);
+    assert_eq!((sw[0].wr_id, sw[0].status), (16, WcStatus::RetryExcErr));
+    assert_eq!((net.undeliverable, net.delivered), (3, 0));
+}
+
+#[test]
+fn uc_send_and_write_without_acks() {
+    let (mut net, a, b) = pair(QpType::Uc, 7);
+    let data = pattern(2500, 9);
+    fill(&mut net, a, 0, &data);
+    let rsge = [sge(b, 0, 4096)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 50,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let ssge = [sge(a, 0, 2500)];
+    for (id, op) in [
+        (1, SendOp::Send),
+        (
+            2,
+            SendOp::RdmaWrite {
+                remote_addr: BASE + 0x9000,
+                rkey: b.rkey,
+            },
+        ),
+    ] {
+        let wr = SendWr {
+            wr_id: id,
+            op,
+            payload: Payload::Sges(&ssge),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        };
+        e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    }
+    net.run(100);
+    assert_eq!(read(&net, b, 0, 2500), data);
+    assert_eq!(read(&net, b, 0x9000, 2500), data);
+    assert_eq!(net.delivered, 6, "3 + 3 packets, no ACKs on UC");
+    let ids: Vec<u64> = poll(&mut net, a).iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1, 2]);
+    assert_eq!(poll(&mut net, b)[0].byte_len, 2500);
+}
+
+#[test]
+fn zero_length_send_and_inline_data() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let rsge = [sge(b, 0, 16)];
+    for id in [60, 61] {
+        e(&mut net, b)
+            .post_recv(
+                b.qpn,
+                &RecvWr {
+                    wr_id: id,
+                    sg_list: &rsge,
+                },
+            )
+            .unwrap();
+    }
+    let zero = SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    let inline = SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"inline!"),
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &zero).unwrap();
+    e(&mut net, a).post_send(a.qpn, &inline).unwrap();
+    net.run(100);
+    let rw = poll(&mut net, b);
+    assert_eq!(
+        rw.iter().map(|w| (w.wr_id, w.byte_len)).collect::<Vec<_>>(),
+        [(60, 0), (61, 7)]
+    );
+    assert_eq!(read(&net, b, 0, 7), b"inline!");
+    assert_eq!(poll(&mut net, a).len(), 2);
+}
+
+#[test]
+fn a_bad_local_sge_is_a_local_protection_error() {
+    let (mut net, a, _b) = pair(QpType::Rc, 7);
+    let bad = [Sge {
+        addr: BASE,
+        length: 8,
+        lkey: Lkey(a.lkey.0 ^ 0x10),
+    }];
+    let wr = SendWr {
+        wr_id: 70,
+        op: SendOp::Send,
+        payload: Payload::Sges(&bad),
+        flags: SendFlags::default(),
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    net.run(100);
+    let sw = poll(&mut net, a);
+    assert_eq!((sw[0].wr_id, sw[0].status), (70, WcStatus::LocProtErr));
+    assert_eq!(qp_state(&mut net, a), QpState::Err);
+    assert_eq!(net.delivered, 0, "nothing left the QP");
+}
+
+#[test]
+fn a_receive_half_filled_when_the_qp_fails_is_flushed_not_lost() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let rsge = [sge(b, 0, 4096)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 80,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 81,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let ssge = [sge(a, 0, 3000)];
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::default(),
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    assert_eq!(net.step(), 1, "the first of three packets");
+    e(&mut net, b)
+        .modify_qp(
+            b.qpn,
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            },
+            AttrMask::STATE,
+        )
+        .unwrap();
+    let got: Vec<(u64, WcStatus)> = poll(&mut net, b)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(
+        got,
+        [(80, WcStatus::WrFlushErr), (81, WcStatus::WrFlushErr)]
+    );
+}
