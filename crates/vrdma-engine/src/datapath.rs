@@ -8,7 +8,7 @@
 //! takes a packet whose ICRC the fabric has verified. Memory is reached
 //! only through the [`Memory`] trait, after the MR checks.
 //!
-//! What works today: UD SEND (with immediate), UC and RC SEND and RDMA
+//! What works: UD SEND (with immediate), UC and RC SEND and RDMA
 //! WRITE (with immediate) of any length, segmented to the path MTU; RC ACKs
 //! (coalesced, one per message or AckReq), in-order completion on ACK,
 //! duplicate detection with re-ACK, one PSN-sequence NAK per gap with
@@ -16,8 +16,9 @@
 //! access / invalid request NAKs that move both sides to ERR; the local ACK
 //! timeout (retry_cnt) and the RNR delay (rnr_retry, 7 = forever) as
 //! deadlines the caller drives with [`Engine::poll_timeout`] and
-//! [`Engine::handle_timeout`]. Not yet: RDMA READ, atomics, SEND with
-//! invalidate, memory windows.
+//! [`Engine::handle_timeout`]; RC RDMA READ and atomics with responder
+//! resources, replay of duplicate atomics, max_rd_atomic and FENCE. Not
+//! yet: SEND with invalidate, LOCAL_INV, memory windows.
 
 use vrdma_wire::{
     Gid, Opcode, PKey, Psn, Qpn, ServiceType,
@@ -33,7 +34,7 @@ use crate::{
     engine::Engine,
     memory::Memory,
     mr::{Access, AccessError, Keys},
-    qp::{InMsg, QpState, QpType},
+    qp::{InMsg, QpState, QpType, RespOut},
     wc::{Wc, WcFlags, WcOpcode, WcStatus},
     wr::{SendOp, Sge},
 };
@@ -83,6 +84,13 @@ impl Engine {
         self.stats
     }
 
+    /// A QP's sequence state, for diagnostics: the PSN its requester sends
+    /// next and the PSN its responder expects.
+    pub fn qp_psns(&self, qpn: Qpn) -> Option<(Psn, Psn)> {
+        let q = self.qps.get(qpn.value())?;
+        Some((q.req.psn, q.resp.epsn))
+    }
+
     pub(crate) fn schedule(&mut self, qpn: Qpn) {
         if let Some(q) = self.qps.get_mut(qpn.value())
             && !q.scheduled
@@ -106,11 +114,13 @@ impl Engine {
             if let Some(q) = self.qps.get_mut(qpn.value()) {
                 q.scheduled = false;
             }
-            let t = self.next_packet(qpn, mem, buf);
-            if self.has_tx_work(qpn) {
-                self.schedule(qpn);
-            }
-            if let Some(t) = t {
+            // A QP that produced nothing is not put back: what unblocks it
+            // (an ACK, a post, a timer) schedules it again. So this loop
+            // ends.
+            if let Some(t) = self.next_packet(qpn, mem, buf) {
+                if self.has_tx_work(qpn) {
+                    self.schedule(qpn);
+                }
                 self.stats.tx_packets += 1;
                 return Some(t);
             }
@@ -122,9 +132,31 @@ impl Engine {
         let Some(q) = self.qps.get(qpn.value()) else {
             return false;
         };
-        let waiting = q.req.rnr_until.is_some_and(|t| t > self.now);
-        q.resp.ack.is_some()
-            || (q.attr.qp_state == QpState::Rts && q.sq.len() > q.req.cursor && !waiting)
+        !q.resp.out.is_empty() || self.can_send_request(q)
+    }
+
+    /// The requester may send its next WQE: RTS, not waiting out an RNR
+    /// delay, and neither max_rd_atomic nor a fence holds it back (IBTA
+    /// Vol1 §10.8.3.3: a fenced WR waits for earlier READs and atomics).
+    fn can_send_request(&self, q: &crate::qp::Qp) -> bool {
+        if q.attr.qp_state != QpState::Rts || q.req.rnr_until.is_some_and(|t| t > self.now) {
+            return false;
+        }
+        let Some(next) = q.sq.get(q.req.cursor) else {
+            return false;
+        };
+        if q.req.offset > 0 {
+            return true;
+        }
+        let reads = (0..q.req.cursor)
+            .filter_map(|i| q.sq.get(i))
+            .filter(|w| w.op.is_some_and(is_read_or_atomic))
+            .count();
+        let op = next.op;
+        if op.is_some_and(is_read_or_atomic) && reads >= usize::from(q.attr.max_rd_atomic.max(1)) {
+            return false;
+        }
+        !(next.flags.contains(crate::wr::SendFlags::FENCE) && reads > 0)
     }
 
     /// The earliest time [`Engine::handle_timeout`] has work: a retransmit
@@ -193,7 +225,7 @@ impl Engine {
 
     /// One packet from `qpn`: a pending ACK first, then requester data.
     fn next_packet(&mut self, qpn: Qpn, mem: &impl Memory, buf: &mut [u8]) -> Option<Transmit> {
-        if let Some(t) = self.emit_ack(qpn, buf) {
+        if let Some(t) = self.emit_response(qpn, mem, buf) {
             return Some(t);
         }
         self.emit_request(qpn, mem, buf)
@@ -220,41 +252,116 @@ impl Engine {
         self.port.pkey(index).unwrap_or(PKey::DEFAULT)
     }
 
-    fn emit_ack(&mut self, qpn: Qpn, buf: &mut [u8]) -> Option<Transmit> {
+    /// The responder's next packet: an ACK/NAK, a READ response or an
+    /// atomic acknowledgement, in the order the requests came.
+    fn emit_response(&mut self, qpn: Qpn, mem: &impl Memory, buf: &mut [u8]) -> Option<Transmit> {
         let q = self.qps.get_mut(qpn.value())?;
-        let (psn, syndrome) = q.resp.ack.take()?;
+        let item = q.resp.out.pop_front()?;
         let msn = q.resp.msn;
         let dest = q.attr.dest_qp_num;
-        let pkey_index = q.attr.pkey_index;
-        let error_after = std::mem::take(&mut q.resp.error_after_ack);
-        let bth = bth::Repr {
-            opcode: Opcode::RcAcknowledge,
+        let pkey = self.port.pkey(q.attr.pkey_index).unwrap_or(PKey::DEFAULT);
+        let pd = q.init.pd;
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        let bth = |opcode, psn| bth::Repr {
+            opcode,
             solicited: false,
             mig_req: false,
             pad_cnt: 0,
-            pkey: self.pkey_of(pkey_index),
+            pkey,
             fecn: false,
             becn: false,
             dest_qp: dest,
             ack_req: false,
             psn,
         };
-        let ext = packet::ExtHeaders {
-            aeth: Some(aeth::Repr { syndrome, msn }),
-            ..Default::default()
+        let ack = |syndrome| aeth::Repr { syndrome, msn };
+        let ok = Syndrome::Ack(aeth::CreditCode::INVALID);
+        let len = match item {
+            RespOut::Ack { psn, syndrome } => {
+                let ext = packet::ExtHeaders {
+                    aeth: Some(ack(syndrome)),
+                    ..Default::default()
+                };
+                let n = emit(buf, bth(Opcode::RcAcknowledge, psn), ext, &[]);
+                if matches!(syndrome, Syndrome::Nak(c) if c != NakCode::PsnSequenceError) {
+                    // Class B–D errors (IBTA Vol1 §9.9.3): the responder
+                    // enters ERR once its NAK is out.
+                    let len = n?;
+                    let t = self.path(qpn, None).map(|t| Transmit { len, ..t });
+                    self.flush_errored(qpn, true);
+                    return t;
+                }
+                n?
+            }
+            RespOut::Atomic { psn, orig } => {
+                let ext = packet::ExtHeaders {
+                    aeth: Some(ack(ok)),
+                    atomic_ack_eth: Some(vrdma_wire::atomic::ack::Repr { orig }),
+                    ..Default::default()
+                };
+                emit(buf, bth(Opcode::RcAtomicAcknowledge, psn), ext, &[])?
+            }
+            RespOut::Read {
+                rkey,
+                va,
+                len,
+                psn,
+                sent,
+            } => {
+                let n = (len - sent).min(mtu);
+                let first = sent == 0;
+                let last = sent + n >= len;
+                let (opcode, with_aeth) = match (first, last) {
+                    (true, true) => (Opcode::RcReadResponseOnly, true),
+                    (true, false) => (Opcode::RcReadResponseFirst, true),
+                    (false, true) => (Opcode::RcReadResponseLast, true),
+                    (false, false) => (Opcode::RcReadResponseMiddle, false),
+                };
+                let mut scratch = std::mem::take(&mut self.scratch);
+                scratch.clear();
+                scratch.resize(n as usize, 0);
+                // The MR is checked again: it may have been deregistered
+                // since the request was accepted.
+                let read = self
+                    .keys
+                    .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ)
+                    .and_then(|mr| mr.read(mem, va + sent, &mut scratch));
+                let ppsn = psn.wrapping_add((sent / mtu.max(1)) as u32);
+                if read.is_err() {
+                    self.scratch = scratch;
+                    if let Some(q) = self.qps.get_mut(qpn.value()) {
+                        q.resp.out.push_front(RespOut::Ack {
+                            psn: ppsn,
+                            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
+                        });
+                    }
+                    return self.emit_response(qpn, mem, buf);
+                }
+                let ext = packet::ExtHeaders {
+                    aeth: with_aeth.then(|| ack(ok)),
+                    ..Default::default()
+                };
+                let out = emit(buf, bth(opcode, ppsn), ext, &scratch);
+                self.scratch = scratch;
+                if !last && let Some(q) = self.qps.get_mut(qpn.value()) {
+                    q.resp.out.push_front(RespOut::Read {
+                        rkey,
+                        va,
+                        len,
+                        psn,
+                        sent: sent + n,
+                    });
+                }
+                out?
+            }
         };
-        let len = emit(buf, bth, ext, &[])?;
-        let t = self.path(qpn, None).map(|t| Transmit { len, ..t });
-        if error_after {
-            self.flush_errored(qpn, true);
-        }
-        t
+        self.path(qpn, None).map(|t| Transmit { len, ..t })
     }
 
     /// The next request packet of the WQE at the requester's cursor.
     fn emit_request(&mut self, qpn: Qpn, mem: &impl Memory, buf: &mut [u8]) -> Option<Transmit> {
         let q = self.qps.get(qpn.value())?;
-        if q.attr.qp_state != QpState::Rts || q.req.rnr_until.is_some_and(|t| t > self.now) {
+        if !self.can_send_request(q) {
             return None;
         }
         let cursor = q.req.cursor;
@@ -264,6 +371,9 @@ impl Engine {
         let pd = q.init.pd;
         let mtu = u64::from(q.attr.path_mtu.bytes());
         let offset = q.req.offset;
+        if ty == QpType::Rc && is_read_or_atomic(op) {
+            return self.emit_read_or_atomic(qpn, cursor, op, offset, buf);
+        }
         let n = (w.length - offset).min(mtu);
         let first = offset == 0;
         let last = offset + n >= w.length;
@@ -369,6 +479,102 @@ impl Engine {
         Some(t)
     }
 
+    /// An RDMA READ request (for what is still missing of the READ) or an
+    /// atomic request. A READ takes one PSN per response packet.
+    fn emit_read_or_atomic(
+        &mut self,
+        qpn: Qpn,
+        cursor: usize,
+        op: SendOp,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let q = self.qps.get(qpn.value())?;
+        let w = q.sq.get(cursor)?;
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        let psn = q.req.psn;
+        let (opcode, ext, span) = match op {
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                let left = w.length - offset;
+                let ext = packet::ExtHeaders {
+                    reth: Some(reth::Repr {
+                        va: remote_addr.wrapping_add(offset),
+                        rkey,
+                        // At most 2^31 (checked at post).
+                        dma_len: left as u32,
+                    }),
+                    ..Default::default()
+                };
+                // ceil(left / mtu), at least 1, fits a PSN step.
+                let span = left.div_ceil(mtu).max(1) as u32;
+                (Opcode::RcReadRequest, ext, span)
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                let ext = packet::ExtHeaders {
+                    atomic_eth: Some(vrdma_wire::atomic::eth::Repr {
+                        va: remote_addr,
+                        rkey,
+                        swap_add: swap,
+                        compare,
+                    }),
+                    ..Default::default()
+                };
+                (Opcode::RcCompareSwap, ext, 1)
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                let ext = packet::ExtHeaders {
+                    atomic_eth: Some(vrdma_wire::atomic::eth::Repr {
+                        va: remote_addr,
+                        rkey,
+                        swap_add: add,
+                        compare: 0,
+                    }),
+                    ..Default::default()
+                };
+                (Opcode::RcFetchAdd, ext, 1)
+            }
+            _ => return None,
+        };
+        let bth = bth::Repr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_cnt: 0,
+            pkey: self.pkey_of(q.attr.pkey_index),
+            fecn: false,
+            becn: false,
+            dest_qp: q.attr.dest_qp_num,
+            ack_req: true,
+            psn,
+        };
+        let len = emit(buf, bth, ext, &[])?;
+        let t = self.path(qpn, None).map(|t| Transmit { len, ..t })?;
+        let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
+        let q = self.qps.get_mut(qpn.value())?;
+        if let Some(w) = q.sq.get_mut(cursor)
+            && offset == 0
+        {
+            w.first_psn = psn;
+            w.last_psn = psn.wrapping_add(span - 1);
+        }
+        q.req.psn = psn.wrapping_add(span);
+        q.req.cursor += 1;
+        q.req.offset = 0;
+        if q.req.timer.is_none() {
+            q.req.timer = due;
+        }
+        Some(t)
+    }
+
     /// Completes the oldest send WQE (signaled, or any error) and removes
     /// it.
     fn retire_front(&mut self, qpn: Qpn, status: WcStatus) {
@@ -467,16 +673,12 @@ impl Engine {
             (QpType::Rc | QpType::Uc, Operation::Send | Operation::RdmaWrite) => {
                 self.recv_request(qpn, &r, mem)
             }
-            (QpType::Rc, _) => {
-                // READ, atomics and their responses arrive with the next
-                // part of the data path; a request we cannot serve is an
-                // invalid request (IBTA Vol1 §9.7.5.2.5).
-                if r.bth.opcode.info().position.is_some() && !is_response(op) {
-                    self.nak(qpn, r.bth.psn, NakCode::InvalidRequest);
-                } else {
-                    self.stats.rx_malformed += 1;
-                }
-            }
+            (
+                QpType::Rc,
+                Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd,
+            ) => self.recv_read_or_atomic(qpn, &r, mem),
+            (QpType::Rc, Operation::RdmaReadResponse) => self.recv_read_response(qpn, &r, mem),
+            (QpType::Rc, Operation::AtomicAcknowledge) => self.recv_atomic_ack(qpn, &r, mem),
             _ => self.stats.rx_malformed += 1,
         }
     }
@@ -566,19 +768,15 @@ impl Engine {
 
     fn nak(&mut self, qpn: Qpn, psn: Psn, code: NakCode) {
         if let Some(q) = self.qps.get_mut(qpn.value()) {
-            q.resp.ack = Some((psn, Syndrome::Nak(code)));
-            if code != NakCode::PsnSequenceError {
-                // Class B–D errors (IBTA Vol1 §9.9.3): the responder QP
-                // enters ERR once the NAK is out.
-                q.resp.error_after_ack = true;
-            }
+            q.resp.push_ack(psn, Syndrome::Nak(code));
         }
         self.schedule(qpn);
     }
 
     fn ack(&mut self, qpn: Qpn, psn: Psn) {
         if let Some(q) = self.qps.get_mut(qpn.value()) {
-            q.resp.ack = Some((psn, Syndrome::Ack(aeth::CreditCode::INVALID)));
+            q.resp
+                .push_ack(psn, Syndrome::Ack(aeth::CreditCode::INVALID));
         }
         self.schedule(qpn);
     }
@@ -644,7 +842,8 @@ impl Engine {
                     .get(qpn.value())
                     .map_or(0, |q| q.attr.min_rnr_timer);
                 if let Some(q) = self.qps.get_mut(qpn.value()) {
-                    q.resp.ack = Some((psn, Syndrome::RnrNak(RnrTimer::from_masked(timer))));
+                    q.resp
+                        .push_ack(psn, Syndrome::RnrNak(RnrTimer::from_masked(timer)));
                 }
                 self.schedule(qpn);
             }
@@ -857,6 +1056,252 @@ impl Engine {
         Ok(())
     }
 
+    /// RC responder: an RDMA READ request or an atomic.
+    fn recv_read_or_atomic(&mut self, qpn: Qpn, r: &packet::Repr<'_>, mem: &mut impl Memory) {
+        let Some(q) = self.qps.get(qpn.value()) else {
+            return;
+        };
+        let psn = r.bth.psn;
+        let epsn = q.resp.epsn;
+        let pd = q.init.pd;
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        let access = q.attr.qp_access_flags;
+        let depth = usize::from(q.attr.max_dest_rd_atomic);
+        let duplicate = psn.precedes(epsn);
+        if psn != epsn && !duplicate {
+            self.stats.rx_out_of_sequence += 1;
+            if !q.resp.nak_sent {
+                if let Some(q) = self.qps.get_mut(qpn.value()) {
+                    q.resp.nak_sent = true;
+                }
+                self.nak(qpn, epsn, NakCode::PsnSequenceError);
+            }
+            return;
+        }
+        if q.resp.msg != InMsg::Idle && !duplicate {
+            // A new request in the middle of a SEND or WRITE.
+            self.nak(qpn, psn, NakCode::InvalidRequest);
+            return;
+        }
+        // Responder resources (IBTA Vol1 §9.7.5.2.6): more outstanding
+        // READs/atomics than max_dest_rd_atomic is an invalid request.
+        let outstanding = q
+            .resp
+            .out
+            .iter()
+            .filter(|o| !matches!(o, RespOut::Ack { .. }))
+            .count();
+        if !duplicate && outstanding >= depth.max(1) {
+            self.nak(qpn, psn, NakCode::InvalidRequest);
+            return;
+        }
+        if duplicate {
+            self.stats.rx_duplicate += 1;
+        }
+        if let Some(reth) = r.ext.reth {
+            // IBTA Vol1 §9.7.4.1.2: REMOTE_READ on the QP and the MR.
+            let len = u64::from(reth.dma_len);
+            let allowed = access.contains(Access::REMOTE_READ)
+                && (len == 0
+                    || self
+                        .keys
+                        .check_remote(reth.rkey, pd, reth.va, len, Access::REMOTE_READ)
+                        .is_ok());
+            if !allowed {
+                self.nak(qpn, psn, NakCode::RemoteAccessError);
+                return;
+            }
+            let span = len.div_ceil(mtu).max(1) as u32;
+            let Some(q) = self.qps.get_mut(qpn.value()) else {
+                return;
+            };
+            q.resp.out.push_back(RespOut::Read {
+                rkey: reth.rkey,
+                va: reth.va,
+                len,
+                psn,
+                sent: 0,
+            });
+            if !duplicate {
+                q.resp.epsn = psn.wrapping_add(span);
+                q.resp.msn = q.resp.msn.wrapping_add(1);
+                q.resp.nak_sent = false;
+            }
+            self.schedule(qpn);
+            return;
+        }
+        let Some(at) = r.ext.atomic_eth else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        if duplicate {
+            // Answer again with the value found the first time; never run
+            // an atomic twice.
+            let cached = q
+                .resp
+                .atomics
+                .iter()
+                .find(|(p, _)| *p == psn)
+                .map(|&(_, v)| v);
+            if let Some(orig) = cached
+                && let Some(q) = self.qps.get_mut(qpn.value())
+            {
+                q.resp.out.push_back(RespOut::Atomic { psn, orig });
+                self.schedule(qpn);
+            }
+            return;
+        }
+        // IBTA Vol1 §9.4.5: an aligned 8-byte target, REMOTE_ATOMIC on the
+        // QP and the MR.
+        if at.va % 8 != 0 {
+            self.nak(qpn, psn, NakCode::InvalidRequest);
+            return;
+        }
+        let result = if access.contains(Access::REMOTE_ATOMIC) {
+            self.keys
+                .check_remote(at.rkey, pd, at.va, 8, Access::REMOTE_ATOMIC)
+                .and_then(|mr| mr.atomic_addr(at.va))
+                .ok()
+                .and_then(|addr| match r.bth.opcode {
+                    Opcode::RcCompareSwap => mem.compare_swap(addr, at.compare, at.swap_add).ok(),
+                    _ => mem.fetch_add(addr, at.swap_add).ok(),
+                })
+        } else {
+            None
+        };
+        let Some(orig) = result else {
+            self.nak(qpn, psn, NakCode::RemoteAccessError);
+            return;
+        };
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
+            return;
+        };
+        if q.resp.atomics.len() >= depth.max(1) {
+            q.resp.atomics.pop_front();
+        }
+        q.resp.atomics.push_back((psn, orig));
+        q.resp.out.push_back(RespOut::Atomic { psn, orig });
+        q.resp.epsn = psn.next();
+        q.resp.msn = q.resp.msn.wrapping_add(1);
+        q.resp.nak_sent = false;
+        self.schedule(qpn);
+    }
+
+    /// Requester: RDMA READ response data for the oldest WQE.
+    fn recv_read_response(&mut self, qpn: Qpn, r: &packet::Repr<'_>, mem: &mut impl Memory) {
+        let psn = r.bth.psn;
+        // A response acknowledges every earlier request.
+        self.implicit_ack(qpn, psn);
+        let Some(q) = self.qps.get(qpn.value()) else {
+            return;
+        };
+        let Some(w) = q.sq.front() else {
+            self.stats.rx_duplicate += 1;
+            return;
+        };
+        if q.req.cursor == 0 || !matches!(w.op, Some(SendOp::RdmaRead { .. })) {
+            self.stats.rx_duplicate += 1;
+            return;
+        }
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        let expected = w.first_psn.wrapping_add((w.read_done / mtu) as u32);
+        if psn != expected {
+            if expected.precedes(psn) {
+                // A response was lost: ask for the rest again.
+                self.stats.rx_out_of_sequence += 1;
+                self.rewind(qpn, expected);
+            } else {
+                self.stats.rx_duplicate += 1;
+            }
+            return;
+        }
+        let Some(position) = r.bth.opcode.info().position else {
+            return;
+        };
+        let len = r.payload.len() as u64;
+        let left = w.length - w.read_done;
+        let len_ok = match position {
+            Position::First | Position::Middle => len == mtu && left > mtu,
+            Position::Last => len == left && len > 0,
+            Position::Only => len == left,
+        };
+        let pd = q.init.pd;
+        if !len_ok {
+            self.complete_front_with_error(qpn, WcStatus::BadRespErr);
+            return;
+        }
+        let written = scatter(&self.keys, mem, pd, &w.sges, w.read_done, r.payload);
+        if written.is_err() {
+            self.complete_front_with_error(qpn, WcStatus::LocProtErr);
+            return;
+        }
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
+            return;
+        };
+        if let Some(w) = q.sq.get_mut(0) {
+            w.read_done += len;
+        }
+        if position.ends() {
+            self.progress(qpn);
+        }
+    }
+
+    /// Requester: the acknowledgement of the oldest WQE, an atomic.
+    fn recv_atomic_ack(&mut self, qpn: Qpn, r: &packet::Repr<'_>, mem: &mut impl Memory) {
+        let psn = r.bth.psn;
+        self.implicit_ack(qpn, psn);
+        let Some(q) = self.qps.get(qpn.value()) else {
+            return;
+        };
+        let (Some(w), Some(ack)) = (q.sq.front(), r.ext.atomic_ack_eth) else {
+            self.stats.rx_malformed += 1;
+            return;
+        };
+        if q.req.cursor == 0 || !w.op.is_some_and(SendOp::is_atomic) || w.first_psn != psn {
+            self.stats.rx_duplicate += 1;
+            return;
+        }
+        // The value found goes to the local buffer in host byte order.
+        let pd = q.init.pd;
+        if scatter(&self.keys, mem, pd, &w.sges, 0, &ack.orig.to_le_bytes()).is_err() {
+            self.complete_front_with_error(qpn, WcStatus::LocProtErr);
+            return;
+        }
+        self.progress(qpn);
+    }
+
+    /// Completes the oldest WQE successfully and restarts the retry
+    /// budgets and the timer for what remains.
+    fn progress(&mut self, qpn: Qpn) {
+        self.retire_front(qpn, WcStatus::Success);
+        let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
+        if let Some(q) = self.qps.get_mut(qpn.value()) {
+            q.req.retry_left = q.attr.retry_cnt;
+            q.req.rnr_left = q.attr.rnr_retry;
+            q.req.timer = if q.req.cursor > 0 { due } else { None };
+        }
+        // A READ or atomic slot may have freed a stalled WQE.
+        self.schedule(qpn);
+    }
+
+    /// Completes the SENDs and WRITEs sent before `psn` (a response to a
+    /// later request acknowledges them).
+    fn implicit_ack(&mut self, qpn: Qpn, psn: Psn) {
+        loop {
+            let Some(q) = self.qps.get(qpn.value()) else {
+                return;
+            };
+            let Some(w) = q.sq.front() else {
+                return;
+            };
+            if q.req.cursor == 0 || w.op.is_some_and(is_read_or_atomic) || !w.last_psn.precedes(psn)
+            {
+                return;
+            }
+            self.progress(qpn);
+        }
+    }
+
     /// The completer: an ACK or NAK for this QP's requests.
     fn recv_ack(&mut self, qpn: Qpn, r: &packet::Repr<'_>) {
         let Some(a) = r.ext.aeth else {
@@ -929,15 +1374,17 @@ impl Engine {
             if !(w.last_psn == psn || w.last_psn.precedes(psn)) {
                 return;
             }
-            self.retire_front(qpn, WcStatus::Success);
-            // Progress: the retry budgets start over and the timer restarts
-            // for what is still outstanding.
-            let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
-            if let Some(q) = self.qps.get_mut(qpn.value()) {
-                q.req.retry_left = q.attr.retry_cnt;
-                q.req.rnr_left = q.attr.rnr_retry;
-                q.req.timer = if q.req.cursor > 0 { due } else { None };
+            if w.op.is_some_and(is_read_or_atomic) {
+                // A later PSN is acknowledged but this READ or atomic's
+                // response never came: it was lost. Ask again from what is
+                // missing (IBTA Vol1 §9.7.5.1.4, implicit NAK).
+                let missing = w
+                    .first_psn
+                    .wrapping_add((w.read_done / u64::from(q.attr.path_mtu.bytes())) as u32);
+                self.rewind(qpn, missing);
+                return;
             }
+            self.progress(qpn);
         }
     }
 
@@ -991,11 +1438,8 @@ enum Failure {
     Local(WcStatus),
 }
 
-fn is_response(op: Operation) -> bool {
-    matches!(
-        op,
-        Operation::RdmaReadResponse | Operation::AtomicAcknowledge | Operation::Acknowledge
-    )
+fn is_read_or_atomic(op: SendOp) -> bool {
+    matches!(op, SendOp::RdmaRead { .. }) || op.is_atomic()
 }
 
 /// The opcode and headers of a UC/RC request packet.

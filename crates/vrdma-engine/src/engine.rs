@@ -764,6 +764,7 @@ impl Engine {
         slot.ud = wr.ud;
         slot.length = length;
         slot.signaled = signaled;
+        slot.read_done = 0;
         slot.sges.clear();
         slot.inline.clear();
         match wr.payload {

@@ -177,9 +177,12 @@ pub(crate) struct SendWqe {
     pub length: u64,
     /// Completes with a CQE when successful (signaled or `sq_sig_all`).
     pub signaled: bool,
-    /// PSNs of the first and last packets, once sent (RC and UC).
+    /// PSNs of the first and last packets, once sent (RC and UC). For a
+    /// READ, the PSNs of its responses.
     pub first_psn: vrdma_wire::Psn,
     pub last_psn: vrdma_wire::Psn,
+    /// READ: bytes of response data received so far.
+    pub read_done: u64,
 }
 
 /// A receive WQE as the device holds it.

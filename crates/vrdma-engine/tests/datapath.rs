@@ -42,7 +42,10 @@ fn side(net: &mut Net, n: u8, ty: QpType, sig_all: bool) -> Side {
             pd,
             iova: BASE,
             length: MEM as u64,
-            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            access: Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
             translation: Translation::Identity,
         })
         .unwrap();
@@ -89,7 +92,7 @@ fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, ty: QpType, rnr_
     let a = QpAttr {
         port_num: 1,
         qkey: QKey(0x1111_1111),
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ,
+        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
         ah_attr: AhAttr {
             dgid,
             port_num: 1,
@@ -696,4 +699,225 @@ fn a_receive_half_filled_when_the_qp_fails_is_flushed_not_lost() {
         got,
         [(80, WcStatus::WrFlushErr), (81, WcStatus::WrFlushErr)]
     );
+}
+
+fn post(net: &mut Net, s: Side, wr: &SendWr<'_>) {
+    e(net, s).post_send(s.qpn, wr).unwrap();
+}
+
+#[test]
+fn rc_read_brings_remote_data_in_several_responses() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let data = pattern(3000, 5);
+    fill(&mut net, b, 0x3000, &data);
+    let local = [sge(a, 0x100, 1000), sge(a, 0x2000, 2000)];
+    let wr = SendWr {
+        wr_id: 90,
+        op: SendOp::RdmaRead {
+            remote_addr: BASE + 0x3000,
+            rkey: b.rkey,
+        },
+        payload: Payload::Sges(&local),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    assert_eq!(net.run(100), Quiet::Idle);
+    let got = [read(&net, a, 0x100, 1000), read(&net, a, 0x2000, 2000)].concat();
+    assert_eq!(got, data);
+    let sw = poll(&mut net, a);
+    assert_eq!(sw.len(), 1);
+    assert_eq!(
+        (sw[0].wr_id, sw[0].status, sw[0].opcode, sw[0].byte_len),
+        (90, WcStatus::Success, WcOpcode::RdmaRead, 3000)
+    );
+    assert_eq!(net.delivered, 4, "one request, three responses");
+    assert!(
+        poll(&mut net, b).is_empty(),
+        "a READ consumes nothing at the target"
+    );
+}
+
+#[test]
+fn rc_read_needs_remote_read_rights() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    // An MR on the target without REMOTE_READ.
+    let (_, wr_only) = e(&mut net, b)
+        .reg_mr(MrRequest {
+            pd: b.pd,
+            iova: BASE,
+            length: 4096,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    let local = [sge(a, 0, 64)];
+    let wr = SendWr {
+        wr_id: 91,
+        op: SendOp::RdmaRead {
+            remote_addr: BASE,
+            rkey: wr_only,
+        },
+        payload: Payload::Sges(&local),
+        flags: SendFlags::default(),
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(qp_state(&mut net, b), QpState::Err);
+}
+
+#[test]
+fn rc_atomics_execute_once_and_return_the_original_value() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    // The target word holds 40 (little-endian, the host's order).
+    fill(&mut net, b, 0x80, &40u64.to_le_bytes());
+    let local = [sge(a, 0x10, 8)];
+    let add = SendWr {
+        wr_id: 1,
+        op: SendOp::FetchAdd {
+            remote_addr: BASE + 0x80,
+            rkey: b.rkey,
+            add: 2,
+        },
+        payload: Payload::Sges(&local),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &add);
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+    assert_eq!(read(&net, b, 0x80, 8), 42u64.to_le_bytes());
+    assert_eq!(read(&net, a, 0x10, 8), 40u64.to_le_bytes());
+    let swap = |compare, wr_id| SendWr {
+        wr_id,
+        op: SendOp::CompareSwap {
+            remote_addr: BASE + 0x80,
+            rkey: b.rkey,
+            compare,
+            swap: 7,
+        },
+        payload: Payload::Sges(&local),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &swap(41, 2));
+    net.run(100);
+    assert_eq!(
+        read(&net, b, 0x80, 8),
+        42u64.to_le_bytes(),
+        "no swap: 42 != 41"
+    );
+    post(&mut net, a, &swap(42, 3));
+    net.run(100);
+    assert_eq!(read(&net, b, 0x80, 8), 7u64.to_le_bytes());
+    assert_eq!(read(&net, a, 0x10, 8), 42u64.to_le_bytes());
+    let got: Vec<(u64, WcOpcode)> = poll(&mut net, a)
+        .iter()
+        .map(|w| (w.wr_id, w.opcode))
+        .collect();
+    assert_eq!(got, [(2, WcOpcode::CompSwap), (3, WcOpcode::CompSwap)]);
+}
+
+#[test]
+fn reads_beyond_max_rd_atomic_wait_and_a_fence_waits_for_them() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    fill(&mut net, b, 0, &pattern(2048, 1));
+    let l1 = [sge(a, 0, 2048)];
+    let l2 = [sge(a, 0x1000, 2048)];
+    for (id, l) in [(1, &l1), (2, &l2)] {
+        let wr = SendWr {
+            wr_id: id,
+            op: SendOp::RdmaRead {
+                remote_addr: BASE,
+                rkey: b.rkey,
+            },
+            payload: Payload::Sges(l),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        };
+        post(&mut net, a, &wr);
+    }
+    let rsge = [sge(b, 0x8000, 16)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 7,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let fenced = SendWr {
+        wr_id: 3,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"after"),
+        flags: SendFlags::SIGNALED | SendFlags::INLINE | SendFlags::FENCE,
+        ud: None,
+    };
+    post(&mut net, a, &fenced);
+    // max_rd_atomic = 1: the second READ goes only after the first is
+    // answered (two responses), the fenced SEND only after both.
+    for _ in 0..2 {
+        net.step();
+    }
+    // Both responses of READ 1 have been sent; READ 2 was held back.
+    assert_eq!(e(&mut net, a).stats().tx_packets, 1, "READ 2 waited");
+    assert_eq!(e(&mut net, b).stats().tx_packets, 2);
+    assert_eq!(net.run(100), Quiet::Idle);
+    let ids: Vec<u64> = poll(&mut net, a).iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1, 2, 3]);
+    assert_eq!(read(&net, a, 0x1000, 2048), pattern(2048, 1));
+    assert_eq!(read(&net, b, 0x8000, 5), b"after");
+}
+
+#[test]
+fn a_zero_length_read_completes() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let wr = SendWr {
+        wr_id: 5,
+        op: SendOp::RdmaRead {
+            remote_addr: BASE,
+            rkey: b.rkey,
+        },
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.run(100);
+    let sw = poll(&mut net, a);
+    assert_eq!((sw[0].status, sw[0].byte_len), (WcStatus::Success, 0));
+}
+
+#[test]
+fn an_atomic_without_remote_atomic_rights_changes_nothing() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let (_, no_atomic) = e(&mut net, b)
+        .reg_mr(MrRequest {
+            pd: b.pd,
+            iova: BASE,
+            length: 4096,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    fill(&mut net, b, 0x80, &5u64.to_le_bytes());
+    let local = [sge(a, 0x10, 8)];
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::FetchAdd {
+            remote_addr: BASE + 0x80,
+            rkey: no_atomic,
+            add: 1,
+        },
+        payload: Payload::Sges(&local),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(read(&net, b, 0x80, 8), 5u64.to_le_bytes());
 }

@@ -215,16 +215,44 @@ pub struct Qp {
     pub(crate) scheduled: bool,
 }
 
+/// One thing the RC responder has to send.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub(crate) enum RespOut {
+    Ack {
+        psn: Psn,
+        syndrome: vrdma_wire::aeth::Syndrome,
+    },
+    /// RDMA READ response packets: `len` bytes at `va` under `rkey`, the
+    /// first at `psn`; `sent` bytes so far.
+    Read {
+        rkey: vrdma_wire::Rkey,
+        va: u64,
+        len: u64,
+        psn: Psn,
+        sent: u64,
+    },
+    /// An atomic's acknowledgement with the value found.
+    Atomic { psn: Psn, orig: u64 },
+}
+
 impl Responder {
+    /// Queues an ACK or NAK, replacing a queued one it supersedes.
+    pub(crate) fn push_ack(&mut self, psn: Psn, syndrome: vrdma_wire::aeth::Syndrome) {
+        if let Some(RespOut::Ack { .. }) = self.out.back() {
+            self.out.pop_back();
+        }
+        self.out.push_back(RespOut::Ack { psn, syndrome });
+    }
+
     /// Back to the state of a new QP, keeping the preallocated buffers.
     pub(crate) fn reset(&mut self) {
         self.epsn = Psn::default();
         self.msn = vrdma_wire::Msn::default();
         self.msg = InMsg::Idle;
         self.has_recv = false;
-        self.ack = None;
+        self.out.clear();
+        self.atomics.clear();
         self.nak_sent = false;
-        self.error_after_ack = false;
     }
 }
 
@@ -281,13 +309,15 @@ pub(crate) struct Responder {
     /// at the message's first packet (buffers preallocated).
     pub recv: RecvWqe,
     pub has_recv: bool,
-    /// RC: the acknowledgement to send next (PSN, syndrome).
-    pub ack: Option<(Psn, vrdma_wire::aeth::Syndrome)>,
+    /// RC: what the responder has to send, in PSN order: ACKs / NAKs
+    /// (coalesced), RDMA READ responses, atomic acknowledgements.
+    pub out: std::collections::VecDeque<RespOut>,
+    /// RC: results of recent atomics by PSN, to answer a duplicate request
+    /// without executing it twice (IBTA Vol1 §9.7.5.1.2).
+    pub atomics: std::collections::VecDeque<(Psn, u64)>,
     /// RC: a sequence-error NAK went out; no other until back in order
     /// (IBTA Vol1 §9.7.5.2.2: one NAK per sequence error).
     pub nak_sent: bool,
-    /// Enter ERR once the pending NAK is sent.
-    pub error_after_ack: bool,
 }
 
 impl Qp {
