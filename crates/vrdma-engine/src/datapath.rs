@@ -763,6 +763,24 @@ impl Engine {
         q.resp.recv.sges.extend_from_slice(&w.sges);
         src.pop_front();
         q.resp.has_recv = true;
+        // IBTA Vol1 §10.2.9.3: an armed SRQ that drops below its limit
+        // raises the limit event once and disarms.
+        if let Some(s) = q
+            .init
+            .srq
+            .and_then(|s| self.srqs.get_mut(s).map(|srq| (s, srq)))
+            .and_then(|(h, srq)| {
+                let below = srq.attr.srq_limit != 0
+                    && (srq.rq.len() as u64) < u64::from(srq.attr.srq_limit);
+                if below {
+                    srq.attr.srq_limit = 0;
+                }
+                below.then_some(h)
+            })
+        {
+            self.events
+                .push_back(crate::event::AsyncEvent::SrqLimitReached { srq: s });
+        }
         true
     }
 

@@ -13,7 +13,7 @@ use crate::{
     error::{Kind, Result, VerbsError, within},
     event::AsyncEvent,
     mr::{Access, AccessError, Keys, Mr, MrRequest, Translation},
-    objects::{Ah, Pd, Srq, SrqAttr},
+    objects::{Ah, Pd, Srq, SrqAttr, SrqAttrMask},
     qp::{AhAttr, AttrMask, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
     table::Table,
     wc::{Wc, WcOpcode, WcStatus},
@@ -343,6 +343,54 @@ impl Engine {
                 max,
             })?;
         Ok((h, granted))
+    }
+
+    /// `ibv_modify_srq`: `MAX_WR` resizes the queue (never below the WRs
+    /// waiting), `LIMIT` arms the limit event (at most the WRs waiting, as
+    /// rxe checks; 0 disarms). Returns the attributes now in force.
+    pub fn modify_srq(&mut self, srq: u32, attr: SrqAttr, mask: SrqAttrMask) -> Result<SrqAttr> {
+        let max_wr = self.attr.max_srq_wr;
+        let s = self.srqs.get_mut(srq).ok_or(VerbsError::NotFound {
+            kind: Kind::Srq,
+            handle: srq,
+        })?;
+        if mask.0 & !(SrqAttrMask::MAX_WR.0 | SrqAttrMask::LIMIT.0) != 0 {
+            return Err(VerbsError::Invalid {
+                what: "SRQ attribute mask",
+            });
+        }
+        let waiting = s.rq.len() as u64;
+        if mask.contains(SrqAttrMask::MAX_WR) {
+            within("SRQ max_wr", attr.max_wr.into(), max_wr.into())?;
+            if u64::from(attr.max_wr) < waiting || attr.max_wr == 0 {
+                return Err(VerbsError::Invalid {
+                    what: "SRQ max_wr (below the WRs waiting)",
+                });
+            }
+        }
+        if mask.contains(SrqAttrMask::LIMIT) && u64::from(attr.srq_limit) > waiting {
+            return Err(VerbsError::Invalid {
+                what: "SRQ limit (above the WRs waiting)",
+            });
+        }
+        if mask.contains(SrqAttrMask::MAX_WR) {
+            s.resize(attr.max_wr);
+        }
+        if mask.contains(SrqAttrMask::LIMIT) {
+            s.attr.srq_limit = attr.srq_limit;
+        }
+        Ok(s.attr)
+    }
+
+    /// `ibv_query_srq`.
+    pub fn query_srq(&self, srq: u32) -> Result<SrqAttr> {
+        self.srqs
+            .get(srq)
+            .map(|s| s.attr)
+            .ok_or(VerbsError::NotFound {
+                kind: Kind::Srq,
+                handle: srq,
+            })
     }
 
     /// `ibv_destroy_srq`: EBUSY while a QP uses it.

@@ -20,6 +20,19 @@ pub struct SrqAttr {
     pub srq_limit: u32,
 }
 
+/// Which SRQ attributes a modify names (`enum ibv_srq_attr_mask`).
+#[derive(Clone, Copy, Debug, Default, Eq, Hash, PartialEq)]
+pub struct SrqAttrMask(pub u32);
+
+impl SrqAttrMask {
+    pub const MAX_WR: Self = Self(1 << 0);
+    pub const LIMIT: Self = Self(1 << 1);
+
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
 /// A shared receive queue.
 #[derive(Clone, Debug)]
 pub struct Srq {
@@ -38,6 +51,25 @@ impl Srq {
                 ..RecvWqe::default()
             }),
         }
+    }
+
+    /// A deeper (or shallower, but not below what waits) queue, keeping
+    /// the waiting WRs in order.
+    pub(crate) fn resize(&mut self, max_wr: u32) {
+        let sge = self.attr.max_sge as usize;
+        let mut rq = WorkQueue::new(max_wr, || RecvWqe {
+            sges: Vec::with_capacity(sge),
+            ..RecvWqe::default()
+        });
+        while let Some(w) = self.rq.front() {
+            if let Some(slot) = rq.next_free() {
+                slot.clone_from(w);
+                rq.commit();
+            }
+            self.rq.pop_front();
+        }
+        self.rq = rq;
+        self.attr.max_wr = max_wr;
     }
 
     /// Receive WRs waiting.

@@ -921,3 +921,130 @@ fn an_atomic_without_remote_atomic_rights_changes_nothing() {
     assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
     assert_eq!(read(&net, b, 0x80, 8), 5u64.to_le_bytes());
 }
+
+#[test]
+fn receives_come_from_an_srq_and_its_limit_event_fires_once() {
+    use vrdma_engine::{
+        event::AsyncEvent,
+        objects::{SrqAttr, SrqAttrMask},
+    };
+    let mut net = Net::default();
+    let a = side(&mut net, 1, QpType::Rc, false);
+    // The target: a QP on an SRQ.
+    let mut eb = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid(2)]));
+    let pd = eb.alloc_pd().unwrap();
+    let (cq, _) = eb.create_cq(64, 0).unwrap();
+    let (lkey, rkey) = eb
+        .reg_mr(MrRequest {
+            pd,
+            iova: BASE,
+            length: MEM as u64,
+            access: Access::LOCAL_WRITE,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    let (srq, _) = eb
+        .create_srq(
+            pd,
+            SrqAttr {
+                max_wr: 2,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    let (qpn, _) = eb
+        .create_qp(QpInitAttr {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: Some(srq),
+            cap: QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 0,
+                max_send_sge: 1,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            },
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let node = net.add(eb, VecMemory::new(BASE, MEM), gid(2));
+    let b = Side {
+        node,
+        pd,
+        cq,
+        qpn,
+        lkey,
+        rkey,
+    };
+    connect(&mut net, a, b, QpType::Rc, 7);
+    connect(&mut net, b, a, QpType::Rc, 7);
+    // Grow the SRQ, fill it with three receives, arm the limit at 2.
+    let eb = e(&mut net, b);
+    assert_eq!(
+        eb.modify_srq(
+            srq,
+            SrqAttr {
+                max_wr: 4,
+                ..SrqAttr::default()
+            },
+            SrqAttrMask::MAX_WR
+        )
+        .unwrap()
+        .max_wr,
+        4
+    );
+    for i in 0..3u64 {
+        let sg = [sge(b, i * 0x100, 0x100)];
+        eb.post_srq_recv(
+            srq,
+            &RecvWr {
+                wr_id: 100 + i,
+                sg_list: &sg,
+            },
+        )
+        .unwrap();
+    }
+    assert!(
+        eb.modify_srq(
+            srq,
+            SrqAttr {
+                srq_limit: 4,
+                ..SrqAttr::default()
+            },
+            SrqAttrMask::LIMIT
+        )
+        .is_err(),
+        "above what waits"
+    );
+    eb.modify_srq(
+        srq,
+        SrqAttr {
+            srq_limit: 2,
+            ..SrqAttr::default()
+        },
+        SrqAttrMask::LIMIT,
+    )
+    .unwrap();
+    while eb.poll_event().is_some() {}
+    for id in 0..2 {
+        let wr = SendWr {
+            wr_id: id,
+            op: SendOp::Send,
+            payload: Payload::Inline(b"srq"),
+            flags: SendFlags::INLINE,
+            ud: None,
+        };
+        post(&mut net, a, &wr);
+    }
+    net.run(100);
+    let ids: Vec<u64> = poll(&mut net, b).iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [100, 101]);
+    assert_eq!(read(&net, b, 0x100, 3), b"srq");
+    let eb = e(&mut net, b);
+    assert_eq!(eb.poll_event(), Some(AsyncEvent::SrqLimitReached { srq }));
+    assert_eq!(eb.poll_event(), None, "once: the limit disarms");
+    assert_eq!(eb.query_srq(srq).unwrap().srq_limit, 0);
+}
