@@ -34,7 +34,7 @@ use crate::{
     engine::Engine,
     memory::Memory,
     mr::{Access, AccessError, Keys},
-    qp::{InMsg, QpState, QpType, RespOut},
+    qp::{InMsg, QpState, QpType, Resource, RespOut},
     wc::{Wc, WcFlags, WcOpcode, WcStatus},
     wr::{SendOp, Sge},
 };
@@ -76,6 +76,9 @@ pub struct Stats {
     pub rx_duplicate: u64,
     /// Out of sequence (RC: NAKed; UC: dropped).
     pub rx_out_of_sequence: u64,
+    /// UD and UC messages longer than the receive buffer (dropped; the
+    /// receive is kept).
+    pub rx_too_long: u64,
 }
 
 impl Engine {
@@ -139,7 +142,14 @@ impl Engine {
     /// delay, and neither max_rd_atomic nor a fence holds it back (IBTA
     /// Vol1 §10.8.3.3: a fenced WR waits for earlier READs and atomics).
     fn can_send_request(&self, q: &crate::qp::Qp) -> bool {
-        if q.attr.qp_state != QpState::Rts || q.req.rnr_until.is_some_and(|t| t > self.now) {
+        // SQD: what was started before the drain point may still be sent
+        // (finishing a message, or resending after a loss), nothing new.
+        let state_ok = match q.attr.qp_state {
+            QpState::Rts => true,
+            QpState::Sqd => q.req.cursor < q.req.started,
+            _ => false,
+        };
+        if !state_ok || q.req.rnr_until.is_some_and(|t| t > self.now) {
             return false;
         }
         let Some(next) = q.sq.get(q.req.cursor) else {
@@ -203,7 +213,8 @@ impl Engine {
             return;
         };
         q.req.timer = None;
-        if q.req.cursor == 0 || q.attr.qp_state != QpState::Rts {
+        let sent = q.req.cursor > 0 || q.req.offset > 0;
+        if !sent || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {
             return;
         }
         if q.req.retry_left == 0 {
@@ -214,7 +225,7 @@ impl Engine {
         let Some(first) = q.sq.front().map(|w| w.first_psn) else {
             return;
         };
-        self.rewind(qpn, first);
+        let _ = self.rewind(qpn, first);
     }
 
     /// The local ACK timeout of a QP: 4.096 µs × 2^timeout, or none for 0.
@@ -231,12 +242,11 @@ impl Engine {
         self.emit_request(qpn, mem, buf)
     }
 
-    fn path(&self, qpn: Qpn, ah: Option<u32>) -> Option<Transmit> {
+    /// Where `qpn`'s packets go: the UD WR's address vector, else the
+    /// QP's own.
+    fn path(&self, qpn: Qpn, ud: Option<crate::qp::AhAttr>) -> Option<Transmit> {
         let q = self.qps.get(qpn.value())?;
-        let av = match ah {
-            Some(h) => self.ahs.get(h)?.attr,
-            None => q.attr.ah_attr,
-        };
+        let av = ud.unwrap_or(q.attr.ah_attr);
         Some(Transmit {
             len: 0,
             sgid: self.port.gid(av.sgid_index)?.gid,
@@ -256,6 +266,10 @@ impl Engine {
     /// atomic acknowledgement, in the order the requests came.
     fn emit_response(&mut self, qpn: Qpn, mem: &impl Memory, buf: &mut [u8]) -> Option<Transmit> {
         let q = self.qps.get_mut(qpn.value())?;
+        if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            q.resp.out.clear();
+            return None;
+        }
         let item = q.resp.out.pop_front()?;
         let msn = q.resp.msn;
         let dest = q.attr.dest_qp_num;
@@ -322,10 +336,15 @@ impl Engine {
                 scratch.resize(n as usize, 0);
                 // The MR is checked again: it may have been deregistered
                 // since the request was accepted.
-                let read = self
-                    .keys
-                    .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ)
-                    .and_then(|mr| mr.read(mem, va + sent, &mut scratch));
+                let read = if n == 0 {
+                    // A zero-length READ touches no memory and needs no key
+                    // (IBTA Vol1 §9.4.3).
+                    Ok(())
+                } else {
+                    self.keys
+                        .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ)
+                        .and_then(|mr| mr.read(mem, va + sent, &mut scratch))
+                };
                 let ppsn = psn.wrapping_add((sent / mtu.max(1)) as u32);
                 if read.is_err() {
                     self.scratch = scratch;
@@ -423,7 +442,7 @@ impl Engine {
                     immdt: imm.map(|imm| immdt::Repr { imm }),
                     ..Default::default()
                 };
-                (opcode, ext, ud.remote_qpn, Some(ud.ah))
+                (opcode, ext, ud.remote_qpn, w.av)
             }
             (_, op) => {
                 let (opcode, ext) = connected_request(ty, op, position, w.length)?;
@@ -451,6 +470,7 @@ impl Engine {
 
         // Advance.
         let q = self.qps.get_mut(qpn.value())?;
+        q.req.started = q.req.started.max(cursor + 1);
         if let Some(w) = q.sq.get_mut(cursor) {
             if first {
                 w.first_psn = psn;
@@ -560,6 +580,7 @@ impl Engine {
         let t = self.path(qpn, None).map(|t| Transmit { len, ..t })?;
         let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
         let q = self.qps.get_mut(qpn.value())?;
+        q.req.started = q.req.started.max(cursor + 1);
         if let Some(w) = q.sq.get_mut(cursor)
             && offset == 0
         {
@@ -598,6 +619,7 @@ impl Engine {
         let cq = q.init.send_cq;
         q.sq.pop_front();
         q.req.cursor = q.req.cursor.saturating_sub(1);
+        q.req.started = q.req.started.saturating_sub(1);
         if post {
             self.post_cqe(cq, wc, false);
         }
@@ -696,6 +718,20 @@ impl Engine {
             self.stats.rx_bad_key += 1;
             return;
         }
+        let total = (grh::HEADER_LEN + r.payload.len()) as u64;
+        match self.peek_recv_len(qpn) {
+            None => {
+                self.stats.rx_no_recv += 1;
+                return;
+            }
+            Some(room) if room < total => {
+                // Too long for the next receive: dropped, the receive kept
+                // and the QP left up (a datagram service; rxe does the same).
+                self.stats.rx_too_long += 1;
+                return;
+            }
+            Some(_) => {}
+        }
         if !self.take_recv(qpn) {
             self.stats.rx_no_recv += 1;
             return;
@@ -708,11 +744,8 @@ impl Engine {
         let wqe = &q.resp.recv;
         let mut g = [0u8; grh::HEADER_LEN];
         let grh_ok = grh::emit(ip, &mut grh::Packet::new_unchecked(&mut g[..])).is_ok();
-        let total = (grh::HEADER_LEN + r.payload.len()) as u64;
         let mut wc = Wc::new(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, qpn.value());
-        let status = if total > wqe.length {
-            WcStatus::LocLenErr
-        } else if !grh_ok {
+        let status = if !grh_ok {
             WcStatus::GeneralErr
         } else {
             let a = scatter(&self.keys, mem, pd, &wqe.sges, 0, &g)
@@ -740,6 +773,16 @@ impl Engine {
         if status != WcStatus::Success {
             self.flush_errored(qpn, true);
         }
+    }
+
+    /// The size of the receive WQE the next message would take.
+    fn peek_recv_len(&self, qpn: Qpn) -> Option<u64> {
+        let q = self.qps.get(qpn.value())?;
+        let rq = match q.init.srq {
+            Some(s) => &self.srqs.get(s)?.rq,
+            None => &q.rq,
+        };
+        rq.front().map(|w| w.length)
     }
 
     /// Takes the next receive WQE (RQ or SRQ) into the responder.
@@ -877,9 +920,24 @@ impl Engine {
                     q.resp.epsn = psn.next();
                 }
             }
+            Err(Failure::Local(WcStatus::LocLenErr)) if !rc => {
+                // UC: a message too long for the receive buffer is dropped;
+                // the receive WQE is kept for the next message.
+                self.stats.rx_too_long += 1;
+                if let Some(q) = self.qps.get_mut(qpn.value()) {
+                    q.resp.msg = if position.ends() {
+                        InMsg::Idle
+                    } else {
+                        InMsg::Dropping
+                    };
+                    q.resp.epsn = psn.next();
+                }
+            }
             Err(Failure::Local(status)) => {
-                // The receive WQE completes in error and the QP enters ERR
-                // (with a NAK first on RC).
+                // The receive WQE completes in error and the QP enters ERR,
+                // on RC after a NAK: invalid request for a too-long message
+                // (class C), remote operational error for a local
+                // protection fault (IBTA Vol1 §9.9.3).
                 if let Some(q) = self.qps.get_mut(qpn.value()) {
                     let cq = q.init.recv_cq;
                     let wc = Wc::new(q.resp.recv.wr_id, status, WcOpcode::Recv, qpn.value());
@@ -887,7 +945,12 @@ impl Engine {
                     self.post_cqe(cq, wc, false);
                 }
                 if rc {
-                    self.nak(qpn, psn, NakCode::RemoteOperationalError);
+                    let code = if status == WcStatus::LocLenErr {
+                        NakCode::InvalidRequest
+                    } else {
+                        NakCode::RemoteOperationalError
+                    };
+                    self.nak(qpn, psn, code);
                 } else {
                     self.flush_errored(qpn, true);
                 }
@@ -990,6 +1053,16 @@ impl Engine {
                 }
             }
             Operation::RdmaWrite => {
+                if position.ends() && r.ext.immdt.is_some() {
+                    // WRITE with immediate consumes a receive WQE: make sure
+                    // there is one before anything changes, so that an RNR
+                    // NAK leaves the message where it was (rxe's
+                    // check_resource).
+                    let held = self.qps.get(qpn.value()).is_some_and(|q| q.resp.has_recv);
+                    if !held && !self.take_recv(qpn) {
+                        return Err(Failure::Rnr);
+                    }
+                }
                 let (rkey, va, left, total) = match (in_msg, r.ext.reth) {
                     (
                         InMsg::Write {
@@ -1040,14 +1113,7 @@ impl Engine {
                     q.resp.msg = InMsg::Idle;
                     q.resp.msn = q.resp.msn.wrapping_add(1);
                     if let Some(i) = r.ext.immdt {
-                        // WRITE with immediate consumes a receive WQE.
-                        if !self.take_recv(qpn) {
-                            // Undo: the message is not done without one.
-                            if let Some(q) = self.qps.get_mut(qpn.value()) {
-                                q.resp.msn = q.resp.msn.wrapping_add(0xff_ffff);
-                            }
-                            return Err(Failure::Rnr);
-                        }
+                        // The receive WQE taken above.
                         let q = self.qps.get_mut(qpn.value()).ok_or(Failure::Rnr)?;
                         let mut wc = Wc::new(
                             q.resp.recv.wr_id,
@@ -1081,42 +1147,34 @@ impl Engine {
         };
         let psn = r.bth.psn;
         let epsn = q.resp.epsn;
-        let pd = q.init.pd;
-        let mtu = u64::from(q.attr.path_mtu.bytes());
-        let access = q.attr.qp_access_flags;
-        let depth = usize::from(q.attr.max_dest_rd_atomic);
-        let duplicate = psn.precedes(epsn);
-        if psn != epsn && !duplicate {
+        if psn.precedes(epsn) {
+            self.stats.rx_duplicate += 1;
+            self.duplicate_read_or_atomic(qpn, r);
+            return;
+        }
+        if psn != epsn {
             self.stats.rx_out_of_sequence += 1;
             if !q.resp.nak_sent {
-                if let Some(q) = self.qps.get_mut(qpn.value()) {
-                    q.resp.nak_sent = true;
-                }
                 self.nak(qpn, epsn, NakCode::PsnSequenceError);
             }
             return;
         }
-        if q.resp.msg != InMsg::Idle && !duplicate {
+        let pd = q.init.pd;
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        let access = q.attr.qp_access_flags;
+        let depth = usize::from(q.attr.max_dest_rd_atomic).max(1);
+        if q.resp.msg != InMsg::Idle {
             // A new request in the middle of a SEND or WRITE.
             self.nak(qpn, psn, NakCode::InvalidRequest);
             return;
         }
         // Responder resources (IBTA Vol1 §9.7.5.2.6): more outstanding
         // READs/atomics than max_dest_rd_atomic is an invalid request.
-        let outstanding = q
-            .resp
-            .out
-            .iter()
-            .filter(|o| !matches!(o, RespOut::Ack { .. }))
-            .count();
-        if !duplicate && outstanding >= depth.max(1) {
+        if q.resp.queued_responses() >= depth {
             self.nak(qpn, psn, NakCode::InvalidRequest);
             return;
         }
-        if duplicate {
-            self.stats.rx_duplicate += 1;
-        }
-        if let Some(reth) = r.ext.reth {
+        let (resource, out, span) = if let Some(reth) = r.ext.reth {
             // IBTA Vol1 §9.7.4.1.2: REMOTE_READ on the QP and the MR.
             let len = u64::from(reth.dma_len);
             let allowed = access.contains(Access::REMOTE_READ)
@@ -1129,80 +1187,126 @@ impl Engine {
                 self.nak(qpn, psn, NakCode::RemoteAccessError);
                 return;
             }
-            let span = len.div_ceil(mtu).max(1) as u32;
-            let Some(q) = self.qps.get_mut(qpn.value()) else {
-                return;
-            };
-            q.resp.out.push_back(RespOut::Read {
+            let read = RespOut::Read {
                 rkey: reth.rkey,
                 va: reth.va,
                 len,
                 psn,
                 sent: 0,
-            });
-            if !duplicate {
-                q.resp.epsn = psn.wrapping_add(span);
-                q.resp.msn = q.resp.msn.wrapping_add(1);
-                q.resp.nak_sent = false;
-            }
-            self.schedule(qpn);
-            return;
-        }
-        let Some(at) = r.ext.atomic_eth else {
-            self.stats.rx_malformed += 1;
-            return;
-        };
-        if duplicate {
-            // Answer again with the value found the first time; never run
-            // an atomic twice.
-            let cached = q
-                .resp
-                .atomics
-                .iter()
-                .find(|(p, _)| *p == psn)
-                .map(|&(_, v)| v);
-            if let Some(orig) = cached
-                && let Some(q) = self.qps.get_mut(qpn.value())
-            {
-                q.resp.out.push_back(RespOut::Atomic { psn, orig });
-                self.schedule(qpn);
-            }
-            return;
-        }
-        // IBTA Vol1 §9.4.5: an aligned 8-byte target, REMOTE_ATOMIC on the
-        // QP and the MR.
-        if at.va % 8 != 0 {
-            self.nak(qpn, psn, NakCode::InvalidRequest);
-            return;
-        }
-        let result = if access.contains(Access::REMOTE_ATOMIC) {
-            self.keys
-                .check_remote(at.rkey, pd, at.va, 8, Access::REMOTE_ATOMIC)
-                .and_then(|mr| mr.atomic_addr(at.va))
-                .ok()
-                .and_then(|addr| match r.bth.opcode {
-                    Opcode::RcCompareSwap => mem.compare_swap(addr, at.compare, at.swap_add).ok(),
-                    _ => mem.fetch_add(addr, at.swap_add).ok(),
-                })
+            };
+            let res = Resource::Read {
+                psn,
+                rkey: reth.rkey,
+                va: reth.va,
+                len,
+            };
+            (res, read, len.div_ceil(mtu).max(1) as u32)
         } else {
-            None
-        };
-        let Some(orig) = result else {
-            self.nak(qpn, psn, NakCode::RemoteAccessError);
-            return;
+            let Some(at) = r.ext.atomic_eth else {
+                self.stats.rx_malformed += 1;
+                return;
+            };
+            // IBTA Vol1 §9.4.5: an aligned 8-byte target, REMOTE_ATOMIC on
+            // the QP and the MR.
+            if at.va % 8 != 0 {
+                self.nak(qpn, psn, NakCode::InvalidRequest);
+                return;
+            }
+            let result = if access.contains(Access::REMOTE_ATOMIC) {
+                self.keys
+                    .check_remote(at.rkey, pd, at.va, 8, Access::REMOTE_ATOMIC)
+                    .and_then(|mr| mr.atomic_addr(at.va))
+                    .ok()
+                    .and_then(|addr| match r.bth.opcode {
+                        Opcode::RcCompareSwap => {
+                            mem.compare_swap(addr, at.compare, at.swap_add).ok()
+                        }
+                        _ => mem.fetch_add(addr, at.swap_add).ok(),
+                    })
+            } else {
+                None
+            };
+            let Some(orig) = result else {
+                self.nak(qpn, psn, NakCode::RemoteAccessError);
+                return;
+            };
+            (
+                Resource::Atomic { psn, orig },
+                RespOut::Atomic { psn, orig },
+                1,
+            )
         };
         let Some(q) = self.qps.get_mut(qpn.value()) else {
             return;
         };
-        if q.resp.atomics.len() >= depth.max(1) {
-            q.resp.atomics.pop_front();
+        if q.resp.resources.len() >= depth {
+            q.resp.resources.pop_front();
         }
-        q.resp.atomics.push_back((psn, orig));
-        q.resp.out.push_back(RespOut::Atomic { psn, orig });
-        q.resp.epsn = psn.next();
+        q.resp.resources.push_back(resource);
+        q.resp.out.push_back(out);
+        q.resp.epsn = psn.wrapping_add(span);
         q.resp.msn = q.resp.msn.wrapping_add(1);
         q.resp.nak_sent = false;
         self.schedule(qpn);
+    }
+
+    /// A duplicate READ or atomic (its response was lost): answered again
+    /// only if it repeats a request still held as a responder resource —
+    /// a READ for the same range or the rest of it, an atomic by its PSN,
+    /// never executed twice — and only while response room is left;
+    /// anything else is dropped (the requester times out and retries).
+    fn duplicate_read_or_atomic(&mut self, qpn: Qpn, r: &packet::Repr<'_>) {
+        let Some(q) = self.qps.get(qpn.value()) else {
+            return;
+        };
+        let psn = r.bth.psn;
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        let depth = usize::from(q.attr.max_dest_rd_atomic).max(1);
+        if q.resp.queued_responses() >= depth {
+            return;
+        }
+        let out = q
+            .resp
+            .resources
+            .iter()
+            .find_map(|res| match (*res, r.ext.reth) {
+                (
+                    Resource::Read {
+                        psn: p0,
+                        rkey,
+                        va,
+                        len,
+                    },
+                    Some(reth),
+                ) => {
+                    let span = len.div_ceil(mtu).max(1) as u32;
+                    let d = p0.forward_distance(psn);
+                    let skip = u64::from(d) * mtu;
+                    let same = d < span
+                        && reth.rkey == rkey
+                        && reth.va == va.wrapping_add(skip)
+                        && u64::from(reth.dma_len) == len.saturating_sub(skip);
+                    same.then_some(RespOut::Read {
+                        rkey,
+                        va: reth.va,
+                        len: u64::from(reth.dma_len),
+                        psn,
+                        sent: 0,
+                    })
+                }
+                (Resource::Atomic { psn: p0, orig }, None)
+                    if p0 == psn && r.ext.atomic_eth.is_some() =>
+                {
+                    Some(RespOut::Atomic { psn, orig })
+                }
+                _ => None,
+            });
+        if let Some(out) = out
+            && let Some(q) = self.qps.get_mut(qpn.value())
+        {
+            q.resp.out.push_back(out);
+            self.schedule(qpn);
+        }
     }
 
     /// Requester: RDMA READ response data for the oldest WQE.
@@ -1227,7 +1331,7 @@ impl Engine {
             if expected.precedes(psn) {
                 // A response was lost: ask for the rest again.
                 self.stats.rx_out_of_sequence += 1;
-                self.rewind(qpn, expected);
+                let _ = self.rewind(qpn, expected);
             } else {
                 self.stats.rx_duplicate += 1;
             }
@@ -1327,6 +1431,13 @@ impl Engine {
             return;
         };
         let psn = r.bth.psn;
+        // ACKs and NAKs only count for what is outstanding; a stale or
+        // forged one is ignored (it must not stop the retransmit timer or
+        // spend retries).
+        if !self.outstanding(qpn, psn) {
+            self.stats.rx_duplicate += 1;
+            return;
+        }
         match a.syndrome {
             Syndrome::Ack(_) => self.acked_through(qpn, psn),
             Syndrome::Nak(NakCode::PsnSequenceError) => {
@@ -1342,7 +1453,7 @@ impl Engine {
                     return;
                 }
                 q.req.retry_left -= 1;
-                self.rewind(qpn, psn);
+                let _ = self.rewind(qpn, psn);
             }
             Syndrome::RnrNak(timer) => {
                 // IBTA Vol1 §9.7.5.2.8: wait the advertised time, then
@@ -1359,9 +1470,13 @@ impl Engine {
                     }
                     q.req.rnr_left -= 1;
                 }
-                q.req.timer = None;
-                q.req.rnr_until = Some(self.now.saturating_add(u64::from(timer.micros()) * 1000));
-                self.rewind(qpn, psn);
+                let until = self.now.saturating_add(u64::from(timer.micros()) * 1000);
+                if self.rewind(qpn, psn)
+                    && let Some(q) = self.qps.get_mut(qpn.value())
+                {
+                    q.req.timer = None;
+                    q.req.rnr_until = Some(until);
+                }
             }
             Syndrome::Nak(code) => {
                 self.acked_through(qpn, psn.wrapping_sub(1));
@@ -1399,36 +1514,63 @@ impl Engine {
                 let missing = w
                     .first_psn
                     .wrapping_add((w.read_done / u64::from(q.attr.path_mtu.bytes())) as u32);
-                self.rewind(qpn, missing);
+                let _ = self.rewind(qpn, missing);
                 return;
             }
             self.progress(qpn);
         }
     }
 
-    /// Go back to the packet with `psn` (a WQE already sent but not yet
-    /// acknowledged) and send from there again.
-    fn rewind(&mut self, qpn: Qpn, psn: Psn) {
+    /// Go back to the packet with `psn` (in a WQE already sent, or being
+    /// sent, and not yet acknowledged) and send from there again. False
+    /// when no such packet is outstanding.
+    fn rewind(&mut self, qpn: Qpn, psn: Psn) -> bool {
         let Some(q) = self.qps.get_mut(qpn.value()) else {
-            return;
+            return false;
         };
         let mtu = u64::from(q.attr.path_mtu.bytes());
-        for i in 0..q.req.cursor.min(q.sq.len()) {
+        let partial = usize::from(q.req.offset > 0);
+        for i in 0..(q.req.cursor + partial).min(q.sq.len()) {
             let Some(w) = q.sq.get(i) else {
                 break;
             };
             let d = w.first_psn.forward_distance(psn);
-            let packets = w.first_psn.forward_distance(w.last_psn);
+            // The partly sent WQE's last PSN is not known yet: its packets
+            // so far run to req.psn - 1.
+            let packets = if i == q.req.cursor {
+                w.first_psn.forward_distance(q.req.psn.wrapping_sub(1))
+            } else {
+                w.first_psn.forward_distance(w.last_psn)
+            };
             if d <= packets {
                 q.req.cursor = i;
                 q.req.offset = u64::from(d) * mtu;
                 q.req.psn = psn;
                 self.schedule(qpn);
-                return;
+                return true;
             }
         }
+        false
     }
 
+    /// True when `psn` belongs to a request sent and not yet acknowledged
+    /// (from the oldest WQE's first PSN up to the last PSN sent).
+    fn outstanding(&self, qpn: Qpn, psn: Psn) -> bool {
+        let Some(q) = self.qps.get(qpn.value()) else {
+            return false;
+        };
+        let Some(front) = q.sq.front() else {
+            return false;
+        };
+        if q.req.cursor == 0 && q.req.offset == 0 {
+            return false;
+        }
+        let oldest = front.first_psn;
+        oldest.forward_distance(psn) < oldest.forward_distance(q.req.psn)
+    }
+
+    /// IBTA Vol1 §11.4.2.1: an overflowed CQ raises the CQ error, and the
+    /// QPs that complete into it can no longer report: they enter ERR.
     fn cq_overflowed(&mut self, cq: u32) {
         self.events
             .push_back(crate::event::AsyncEvent::CqErr { cq });

@@ -733,6 +733,13 @@ impl Engine {
             (QpType::Uc, _) => false,
             (QpType::Rc, _) => true,
         };
+        if matches!(wr.op, SendOp::SendWithInv { .. } | SendOp::LocalInv { .. }) {
+            // Invalidation arrives with memory windows and fast
+            // registration; until then such WRs are refused, not queued.
+            return Err(VerbsError::NotSupported {
+                what: "SEND with invalidate and LOCAL_INV",
+            });
+        }
         if !allowed {
             return Err(VerbsError::Invalid {
                 what: "operation for this QP type",
@@ -773,6 +780,7 @@ impl Engine {
                 });
             }
         }
+        let mut ud_av = None;
         match ty {
             QpType::Ud => {
                 let Some(ud) = wr.ud else {
@@ -789,6 +797,7 @@ impl Engine {
                         what: "address handle of another PD",
                     });
                 }
+                ud_av = Some(ah.attr);
                 // A UD message is one packet.
                 within("UD message", length, q.attr.path_mtu.bytes().into())?;
             }
@@ -813,6 +822,7 @@ impl Engine {
         slot.length = length;
         slot.signaled = signaled;
         slot.read_done = 0;
+        slot.av = ud_av;
         slot.sges.clear();
         slot.inline.clear();
         match wr.payload {
@@ -892,11 +902,13 @@ impl Engine {
         };
         q.attr.qp_state = QpState::Err;
         q.attr.cur_qp_state = QpState::Err;
-        // Nothing is retried in ERR.
+        // Nothing is retried, and nothing more answered, in ERR.
         q.req.timer = None;
         q.req.rnr_until = None;
         q.req.cursor = 0;
         q.req.offset = 0;
+        q.req.started = 0;
+        q.resp.out.clear();
         if q.init.srq.is_some() && entering {
             // IBTA Vol1 §11.6.3: a QP on an SRQ that enters ERR will
             // consume no more of the SRQ's WQEs; raised once.

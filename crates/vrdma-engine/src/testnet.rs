@@ -5,7 +5,9 @@
 //! `vrdma-wire` (lengths, checksums, ICRC), parsed back with the ICRC
 //! verified, and handed to the node that owns the destination GID, so the
 //! wire format is exercised on every hop. Time is a counter the test
-//! advances; nothing sleeps. Lossless: the reliability work adds faults.
+//! advances; nothing sleeps. The network is in order and loses only the
+//! packets a test names in [`Net::drop`] (the reliability work adds seeded
+//! random faults).
 
 use vrdma_wire::{
     Gid, ROCEV2_UDP_PORT,
@@ -27,16 +29,24 @@ pub struct Node {
     pub gid: Gid,
 }
 
-/// Engines connected by a lossless, in-order network.
+/// Engines connected by an in-order network that loses exactly the
+/// packets a test names.
 #[derive(Debug, Default)]
 pub struct Net {
     pub nodes: Vec<Node>,
     /// The current time, in nanoseconds.
     pub now: u64,
+    /// Packets sent so far (every transmission, dropped or not), numbered
+    /// from 0.
+    pub sent: u64,
     /// Packets delivered so far.
     pub delivered: u64,
     /// Packets for a GID nobody owns.
     pub undeliverable: u64,
+    /// Numbers (in `sent` order) of the packets to lose.
+    pub drop: std::collections::BTreeSet<u64>,
+    /// Packets lost to `drop`.
+    pub dropped: u64,
 }
 
 /// What stopped [`Net::run`].
@@ -68,7 +78,13 @@ impl Net {
                 continue;
             };
             moved += 1;
+            let n = self.sent;
+            self.sent += 1;
             let bytes = frame_ip(&t, &buf[..t.len]);
+            if self.drop.contains(&n) {
+                self.dropped += 1;
+                continue;
+            }
             self.deliver(&bytes);
         }
         moved

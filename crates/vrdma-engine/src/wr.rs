@@ -183,6 +183,9 @@ pub(crate) struct SendWqe {
     pub last_psn: vrdma_wire::Psn,
     /// READ: bytes of response data received so far.
     pub read_done: u64,
+    /// UD: the address vector of the AH, copied at post (the AH may be
+    /// destroyed before the WR is sent).
+    pub av: Option<crate::qp::AhAttr>,
 }
 
 /// A receive WQE as the device holds it.

@@ -865,6 +865,14 @@ fn reads_beyond_max_rd_atomic_wait_and_a_fence_waits_for_them() {
     // Both responses of READ 1 have been sent; READ 2 was held back.
     assert_eq!(e(&mut net, a).stats().tx_packets, 1, "READ 2 waited");
     assert_eq!(e(&mut net, b).stats().tx_packets, 2);
+    // READ 2 goes out; the fenced SEND must wait for its answer.
+    net.step();
+    assert_eq!(e(&mut net, a).stats().tx_packets, 2, "READ 2 sent");
+    assert_eq!(
+        e(&mut net, b).stats().rx_packets,
+        2,
+        "the SEND was held by the fence"
+    );
     assert_eq!(net.run(100), Quiet::Idle);
     let ids: Vec<u64> = poll(&mut net, a).iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, [1, 2, 3]);
@@ -874,12 +882,13 @@ fn reads_beyond_max_rd_atomic_wait_and_a_fence_waits_for_them() {
 
 #[test]
 fn a_zero_length_read_completes() {
-    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let (mut net, a, _b) = pair(QpType::Rc, 7);
+    // A zero-length READ needs no valid key (IBTA Vol1 §9.4.3).
     let wr = SendWr {
         wr_id: 5,
         op: SendOp::RdmaRead {
-            remote_addr: BASE,
-            rkey: b.rkey,
+            remote_addr: 0,
+            rkey: Rkey(0),
         },
         payload: Payload::Sges(&[]),
         flags: SendFlags::SIGNALED,
@@ -1047,4 +1056,140 @@ fn receives_come_from_an_srq_and_its_limit_event_fires_once() {
     assert_eq!(eb.poll_event(), Some(AsyncEvent::SrqLimitReached { srq }));
     assert_eq!(eb.poll_event(), None, "once: the limit disarms");
     assert_eq!(eb.query_srq(srq).unwrap().srq_limit, 0);
+}
+
+#[test]
+fn a_lost_middle_packet_is_nakked_and_resent_go_back_n() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let data = pattern(3000, 11);
+    fill(&mut net, a, 0, &data);
+    let rsge = [sge(b, 0x4000, 4096)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 1,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let ssge = [sge(a, 0, 3000)];
+    let wr = SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.drop.insert(1);
+    assert_eq!(net.run(100), Quiet::Idle);
+    assert_eq!(read(&net, b, 0x4000, 3000), data);
+    let rw = poll(&mut net, b);
+    assert_eq!(rw.len(), 1, "delivered exactly once");
+    assert_eq!(rw[0].byte_len, 3000);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+    let sb = e(&mut net, b).stats();
+    assert_eq!(sb.rx_out_of_sequence, 1, "the LAST after the hole; one NAK");
+    assert_eq!(net.dropped, 1);
+}
+
+#[test]
+fn a_lost_ack_is_recovered_by_timeout_without_a_second_delivery() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let rsge = [sge(b, 0, 64)];
+    for id in [1, 2] {
+        e(&mut net, b)
+            .post_recv(
+                b.qpn,
+                &RecvWr {
+                    wr_id: id,
+                    sg_list: &rsge,
+                },
+            )
+            .unwrap();
+    }
+    let wr = SendWr {
+        wr_id: 3,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"once"),
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.drop.insert(1); // the ACK
+    let Quiet::Timer(t) = net.run(100) else {
+        panic!("expected the retransmit timer")
+    };
+    assert!(poll(&mut net, a).is_empty());
+    net.advance_to(t);
+    assert_eq!(net.run(100), Quiet::Idle);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+    let rw = poll(&mut net, b);
+    assert_eq!(
+        rw.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        [1],
+        "the duplicate is not delivered again"
+    );
+    assert_eq!(e(&mut net, b).stats().rx_duplicate, 1);
+}
+
+#[test]
+fn a_lost_read_response_is_asked_for_again() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let data = pattern(3000, 13);
+    fill(&mut net, b, 0x3000, &data);
+    let local = [sge(a, 0x100, 3000)];
+    let wr = SendWr {
+        wr_id: 4,
+        op: SendOp::RdmaRead {
+            remote_addr: BASE + 0x3000,
+            rkey: b.rkey,
+        },
+        payload: Payload::Sges(&local),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    // Packets: 0 request, 1..=3 responses; lose the middle response.
+    net.drop.insert(2);
+    let mut rounds = 0;
+    while let Quiet::Timer(t) = net.run(100) {
+        net.advance_to(t);
+        rounds += 1;
+        assert!(rounds < 5);
+    }
+    assert_eq!(read(&net, a, 0x100, 3000), data);
+    let sw = poll(&mut net, a);
+    assert_eq!((sw[0].status, sw[0].byte_len), (WcStatus::Success, 3000));
+    assert!(e(&mut net, a).stats().rx_out_of_sequence >= 1);
+}
+
+#[test]
+fn a_duplicate_atomic_is_answered_from_the_replay_cache() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    fill(&mut net, b, 0x80, &10u64.to_le_bytes());
+    let local = [sge(a, 0x10, 8)];
+    let wr = SendWr {
+        wr_id: 5,
+        op: SendOp::FetchAdd {
+            remote_addr: BASE + 0x80,
+            rkey: b.rkey,
+            add: 1,
+        },
+        payload: Payload::Sges(&local),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.drop.insert(1); // the atomic acknowledgement
+    let Quiet::Timer(t) = net.run(100) else {
+        panic!("expected the retransmit timer")
+    };
+    net.advance_to(t);
+    assert_eq!(net.run(100), Quiet::Idle);
+    assert_eq!(read(&net, b, 0x80, 8), 11u64.to_le_bytes(), "executed once");
+    assert_eq!(read(&net, a, 0x10, 8), 10u64.to_le_bytes());
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+    assert_eq!(e(&mut net, b).stats().rx_duplicate, 1);
 }

@@ -215,6 +215,21 @@ pub struct Qp {
     pub(crate) scheduled: bool,
 }
 
+/// A responder resource: a READ or atomic request accepted.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub(crate) enum Resource {
+    Read {
+        psn: Psn,
+        rkey: vrdma_wire::Rkey,
+        va: u64,
+        len: u64,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+}
+
 /// One thing the RC responder has to send.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 pub(crate) enum RespOut {
@@ -237,11 +252,33 @@ pub(crate) enum RespOut {
 
 impl Responder {
     /// Queues an ACK or NAK, replacing a queued one it supersedes.
+    ///
+    /// Only a plain ACK is merged into a queued plain ACK; a NAK is never
+    /// dropped, and once an RNR or error NAK is queued the responder says
+    /// nothing more until the requester resends (`nak_sent`).
     pub(crate) fn push_ack(&mut self, psn: Psn, syndrome: vrdma_wire::aeth::Syndrome) {
-        if let Some(RespOut::Ack { .. }) = self.out.back() {
+        use vrdma_wire::aeth::Syndrome;
+        let is_ack = matches!(syndrome, Syndrome::Ack(_));
+        if let Some(RespOut::Ack {
+            syndrome: Syndrome::Ack(_),
+            ..
+        }) = self.out.back()
+            && is_ack
+        {
             self.out.pop_back();
         }
+        if !is_ack {
+            self.nak_sent = true;
+        }
         self.out.push_back(RespOut::Ack { psn, syndrome });
+    }
+
+    /// READ and atomic responses queued (what max_dest_rd_atomic bounds).
+    pub(crate) fn queued_responses(&self) -> usize {
+        self.out
+            .iter()
+            .filter(|o| !matches!(o, RespOut::Ack { .. }))
+            .count()
     }
 
     /// Back to the state of a new QP, keeping the preallocated buffers.
@@ -251,7 +288,7 @@ impl Responder {
         self.msg = InMsg::Idle;
         self.has_recv = false;
         self.out.clear();
-        self.atomics.clear();
+        self.resources.clear();
         self.nak_sent = false;
     }
 }
@@ -274,6 +311,9 @@ pub(crate) struct Requester {
     pub rnr_until: Option<u64>,
     /// RC: when the oldest unacknowledged request times out, ns.
     pub timer: Option<u64>,
+    /// WQEs (from the oldest) whose first packet has gone out at least
+    /// once: in SQD these may still be (re)sent, no others.
+    pub started: usize,
 }
 
 /// What the responder is in the middle of.
@@ -312,9 +352,11 @@ pub(crate) struct Responder {
     /// RC: what the responder has to send, in PSN order: ACKs / NAKs
     /// (coalesced), RDMA READ responses, atomic acknowledgements.
     pub out: std::collections::VecDeque<RespOut>,
-    /// RC: results of recent atomics by PSN, to answer a duplicate request
-    /// without executing it twice (IBTA Vol1 §9.7.5.1.2).
-    pub atomics: std::collections::VecDeque<(Psn, u64)>,
+    /// RC: the last max_dest_rd_atomic READ and atomic requests accepted
+    /// (responder resources), to answer a duplicate without executing an
+    /// atomic twice and to serve only duplicates of real requests (IBTA
+    /// Vol1 §9.7.5.1.2).
+    pub resources: std::collections::VecDeque<Resource>,
     /// RC: a sequence-error NAK went out; no other until back in order
     /// (IBTA Vol1 §9.7.5.2.2: one NAK per sequence error).
     pub nak_sent: bool,
