@@ -32,6 +32,7 @@ use vrdma_wire::{
 
 use crate::{
     engine::Engine,
+    event::AsyncEvent,
     memory::Memory,
     mr::{Access, AccessError, Keys},
     qp::{InMsg, QpState, QpType, Resource, RespOut},
@@ -297,11 +298,21 @@ impl Engine {
                     ..Default::default()
                 };
                 let n = emit(buf, bth(Opcode::RcAcknowledge, psn), ext, &[]);
-                if matches!(syndrome, Syndrome::Nak(c) if c != NakCode::PsnSequenceError) {
+                if let Syndrome::Nak(code) = syndrome
+                    && code != NakCode::PsnSequenceError
+                {
                     // Class B–D errors (IBTA Vol1 §9.9.3): the responder
-                    // enters ERR once its NAK is out.
+                    // enters ERR once its NAK is out, and says why in an
+                    // affiliated asynchronous event (IBTA Vol1 §11.6.3.2),
+                    // since no completion reports it.
                     let len = n?;
                     let t = self.path(qpn, None).map(|t| Transmit { len, ..t });
+                    let event = match code {
+                        NakCode::RemoteAccessError => AsyncEvent::QpAccessErr { qp: qpn },
+                        NakCode::RemoteOperationalError => AsyncEvent::QpFatal { qp: qpn },
+                        _ => AsyncEvent::QpReqErr { qp: qpn },
+                    };
+                    self.events.push_back(event);
                     self.flush_errored(qpn, true);
                     return t;
                 }
@@ -1572,8 +1583,7 @@ impl Engine {
     /// IBTA Vol1 §11.4.2.1: an overflowed CQ raises the CQ error, and the
     /// QPs that complete into it can no longer report: they enter ERR.
     fn cq_overflowed(&mut self, cq: u32) {
-        self.events
-            .push_back(crate::event::AsyncEvent::CqErr { cq });
+        self.events.push_back(AsyncEvent::CqErr { cq });
         let users: Vec<Qpn> = self
             .qps
             .iter()

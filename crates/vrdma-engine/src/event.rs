@@ -9,8 +9,15 @@ pub enum AsyncEvent {
     /// A CQ overflowed (IBV_EVENT_CQ_ERR); its QPs were moved to error.
     CqErr { cq: u32 },
     /// A QP hit an error that is not reported in a completion
-    /// (IBV_EVENT_QP_FATAL).
+    /// (IBV_EVENT_QP_FATAL: local work queue catastrophic error; on a
+    /// responder, the one behind a remote operational error NAK).
     QpFatal { qp: Qpn },
+    /// The responder received an invalid request and NAKed it
+    /// (IBV_EVENT_QP_REQ_ERR: invalid request local work queue error).
+    QpReqErr { qp: Qpn },
+    /// The responder refused a remote access and NAKed it
+    /// (IBV_EVENT_QP_ACCESS_ERR: local access violation work queue error).
+    QpAccessErr { qp: Qpn },
     /// A QP that uses an SRQ reached error and will consume no more WQEs
     /// (IBV_EVENT_QP_LAST_WQE_REACHED).
     QpLastWqeReached { qp: Qpn },

@@ -424,6 +424,13 @@ fn rc_write_outside_the_remote_mr_is_a_remote_access_error_on_both_sides() {
         vec![0; 32],
         "nothing written"
     );
+    // No completion reports the error at the responder: an event does.
+    let eb = e(&mut net, b);
+    let events: Vec<_> = std::iter::from_fn(|| eb.poll_event()).collect();
+    assert!(
+        events.contains(&vrdma_engine::event::AsyncEvent::QpAccessErr { qp: b.qpn }),
+        "{events:?}"
+    );
 }
 
 #[test]
