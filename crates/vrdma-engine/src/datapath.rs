@@ -17,8 +17,9 @@
 //! timeout (retry_cnt) and the RNR delay (rnr_retry, 7 = forever) as
 //! deadlines the caller drives with [`Engine::poll_timeout`] and
 //! [`Engine::handle_timeout`]; RC RDMA READ and atomics with responder
-//! resources, replay of duplicate atomics, max_rd_atomic and FENCE. Not
-//! yet: SEND with invalidate, LOCAL_INV, memory windows.
+//! resources, replay of duplicate atomics, max_rd_atomic and FENCE; the
+//! local operations LOCAL_INV, BIND_MW and REG_MR (run in queue order,
+//! completed in order); SEND with invalidate.
 
 use vrdma_wire::{
     Gid, Opcode, PKey, Psn, Qpn, ServiceType,
@@ -353,7 +354,7 @@ impl Engine {
                     Ok(())
                 } else {
                     self.keys
-                        .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ)
+                        .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ, qpn)
                         .and_then(|mr| mr.read(mem, va + sent, &mut scratch))
                 };
                 let ppsn = psn.wrapping_add((sent / mtu.max(1)) as u32);
@@ -390,6 +391,7 @@ impl Engine {
 
     /// The next request packet of the WQE at the requester's cursor.
     fn emit_request(&mut self, qpn: Qpn, mem: &impl Memory, buf: &mut [u8]) -> Option<Transmit> {
+        self.run_local_ops(qpn);
         let q = self.qps.get(qpn.value())?;
         if !self.can_send_request(q) {
             return None;
@@ -506,6 +508,7 @@ impl Engine {
         if last && ty != QpType::Rc {
             // UC and UD complete when the last packet leaves.
             self.retire_front(qpn, WcStatus::Success);
+            self.retire_executed(qpn);
         }
         Some(t)
     }
@@ -605,6 +608,83 @@ impl Engine {
             q.req.timer = due;
         }
         Some(t)
+    }
+
+    /// Runs the local operations (LOCAL_INV, BIND_MW, REG_MR) at the
+    /// requester's cursor, in queue order and subject to FENCE; each
+    /// completes when it reaches the front of the queue. A failure
+    /// completes it in error and takes the QP to ERR.
+    fn run_local_ops(&mut self, qpn: Qpn) {
+        loop {
+            let Some(q) = self.qps.get(qpn.value()) else {
+                return;
+            };
+            if !self.can_send_request(q) {
+                return;
+            }
+            let cursor = q.req.cursor;
+            let Some(w) = q.sq.get(cursor) else {
+                return;
+            };
+            let Some(op) = w.op.filter(|o| o.is_local()) else {
+                return;
+            };
+            let pd = q.init.pd;
+            let result = match op {
+                SendOp::LocalInv { invalidate } => self
+                    .keys
+                    .invalidate(invalidate.0, pd, None)
+                    .map_err(|_| WcStatus::LocQpOpErr),
+                SendOp::BindMw {
+                    mw,
+                    key,
+                    mr,
+                    addr,
+                    length,
+                    access,
+                } => self
+                    .keys
+                    .bind(mw, key, mr, addr, length, access, pd, qpn)
+                    .map(|_| ())
+                    .map_err(|_| WcStatus::MwBindErr),
+                SendOp::RegMr {
+                    mr,
+                    key,
+                    iova,
+                    length,
+                    access,
+                } => self
+                    .keys
+                    .fast_register(mr, pd, key, iova, length, access)
+                    .map_err(|_| WcStatus::LocQpOpErr),
+                _ => Ok(()),
+            };
+            let Some(q) = self.qps.get_mut(qpn.value()) else {
+                return;
+            };
+            if let Some(w) = q.sq.get_mut(cursor) {
+                w.executed = true;
+                w.status = result.err();
+            }
+            q.req.cursor += 1;
+            q.req.offset = 0;
+            q.req.started = q.req.started.max(q.req.cursor);
+            if result.is_err() {
+                self.flush_errored(qpn, true);
+                return;
+            }
+            self.retire_executed(qpn);
+        }
+    }
+
+    /// Completes the executed local operations at the front of the queue.
+    fn retire_executed(&mut self, qpn: Qpn) {
+        while let Some(q) = self.qps.get(qpn.value())
+            && q.req.cursor > 0
+            && q.sq.front().is_some_and(|w| w.executed)
+        {
+            self.retire_front(qpn, WcStatus::Success);
+        }
     }
 
     /// Completes the oldest send WQE (signaled, or any error) and removes
@@ -1013,11 +1093,6 @@ impl Engine {
             self.stats.rx_malformed += 1;
             return Err(Failure::Nak(NakCode::InvalidRequest));
         }
-        if r.ext.ieth.is_some() {
-            // SEND with invalidate needs memory windows / fast-registered
-            // MRs to invalidate; until they exist it is refused.
-            return Err(Failure::Nak(NakCode::InvalidRequest));
-        }
         let pd = q.init.pd;
         let qp_access = q.attr.qp_access_flags;
         let recv_cq = q.init.recv_cq;
@@ -1043,6 +1118,15 @@ impl Engine {
                 scatter(&self.keys, mem, pd, &wqe.sges, offset, r.payload)
                     .map_err(|_| Failure::Local(WcStatus::LocProtErr))?;
                 let end = offset + len as u64;
+                if position.ends()
+                    && let Some(inv) = r.ext.ieth
+                    && self.keys.invalidate(inv.rkey.0, pd, Some(qpn)).is_err()
+                {
+                    // IBTA Vol1 §9.4.1.2: the rkey named must be a
+                    // fast-registered MR of this PD or a type 2 window
+                    // bound to this QP.
+                    return Err(Failure::Nak(NakCode::InvalidRequest));
+                }
                 let q = self.qps.get_mut(qpn.value()).ok_or(Failure::Rnr)?;
                 q.resp.msg = InMsg::Send { offset: end };
                 if position.ends() {
@@ -1056,6 +1140,10 @@ impl Engine {
                     if let Some(i) = r.ext.immdt {
                         wc.imm_data = i.imm;
                         wc.wc_flags = WcFlags::WITH_IMM;
+                    }
+                    if let Some(inv) = r.ext.ieth {
+                        wc.imm_data = inv.rkey.0;
+                        wc.wc_flags = WcFlags::WITH_INV;
                     }
                     q.resp.has_recv = false;
                     q.resp.msg = InMsg::Idle;
@@ -1094,7 +1182,14 @@ impl Engine {
                         }
                         if total > 0 {
                             self.keys
-                                .check_remote(reth.rkey, pd, reth.va, total, Access::REMOTE_WRITE)
+                                .check_remote(
+                                    reth.rkey,
+                                    pd,
+                                    reth.va,
+                                    total,
+                                    Access::REMOTE_WRITE,
+                                    qpn,
+                                )
                                 .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
                         }
                         (reth.rkey, reth.va, total, total)
@@ -1108,7 +1203,7 @@ impl Engine {
                 if len > 0 {
                     let mr = self
                         .keys
-                        .check_remote(rkey, pd, va, len as u64, Access::REMOTE_WRITE)
+                        .check_remote(rkey, pd, va, len as u64, Access::REMOTE_WRITE, qpn)
                         .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
                     mr.write(mem, va, r.payload)
                         .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
@@ -1192,7 +1287,7 @@ impl Engine {
                 && (len == 0
                     || self
                         .keys
-                        .check_remote(reth.rkey, pd, reth.va, len, Access::REMOTE_READ)
+                        .check_remote(reth.rkey, pd, reth.va, len, Access::REMOTE_READ, qpn)
                         .is_ok());
             if !allowed {
                 self.nak(qpn, psn, NakCode::RemoteAccessError);
@@ -1225,7 +1320,7 @@ impl Engine {
             }
             let result = if access.contains(Access::REMOTE_ATOMIC) {
                 self.keys
-                    .check_remote(at.rkey, pd, at.va, 8, Access::REMOTE_ATOMIC)
+                    .check_remote(at.rkey, pd, at.va, 8, Access::REMOTE_ATOMIC, qpn)
                     .and_then(|mr| mr.atomic_addr(at.va))
                     .ok()
                     .and_then(|addr| match r.bth.opcode {
@@ -1407,6 +1502,7 @@ impl Engine {
     /// budgets and the timer for what remains.
     fn progress(&mut self, qpn: Qpn) {
         self.retire_front(qpn, WcStatus::Success);
+        self.retire_executed(qpn);
         let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
         if let Some(q) = self.qps.get_mut(qpn.value()) {
             q.req.retry_left = q.attr.retry_cnt;
@@ -1545,6 +1641,10 @@ impl Engine {
             let Some(w) = q.sq.get(i) else {
                 break;
             };
+            if w.op.is_some_and(SendOp::is_local) {
+                // Ran locally; carries no PSN.
+                continue;
+            }
             let d = w.first_psn.forward_distance(psn);
             // The partly sent WQE's last PSN is not known yet: its packets
             // so far run to req.psn - 1.
@@ -1628,6 +1728,21 @@ fn connected_request(
         SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } => Some(imm),
         _ => None,
     };
+    if let SendOp::SendWithInv { invalidate } = op {
+        if !rc {
+            return None;
+        }
+        let opcode = match position {
+            P::First => O::RcSendFirst,
+            P::Middle => O::RcSendMiddle,
+            P::Last => O::RcSendLastInv,
+            P::Only => O::RcSendOnlyInv,
+        };
+        if position.ends() {
+            ext.ieth = Some(vrdma_wire::ieth::Repr { rkey: invalidate });
+        }
+        return Some((opcode, ext));
+    }
     let opcode = match (op, position) {
         (SendOp::Send | SendOp::SendWithImm { .. }, P::First) => {
             pick(O::RcSendFirst, O::UcSendFirst)

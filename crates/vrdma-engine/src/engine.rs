@@ -61,7 +61,7 @@ impl Engine {
         }
         Engine {
             pds: Table::new(1, attr.max_pd),
-            keys: Keys::new(attr.max_mr),
+            keys: Keys::new(attr.max_mr, attr.max_mw),
             cqs: Table::new(1, attr.max_cq),
             qps: Table::new(FIRST_QPN, attr.max_qp),
             srqs: Table::new(1, attr.max_srq),
@@ -215,9 +215,10 @@ impl Engine {
         self.keys.check_local(lkey, pd, va, len, needed)
     }
 
-    /// The protection check of a remote access (RETH or AtomicETH): the
-    /// rkey names a live MR of the QP's `pd` that covers the range and
-    /// grants the remote right `needed`. IBTA Vol1 §9.7.4.1.2 (C9-89).
+    /// The protection check of a remote access (RETH or AtomicETH) on QP
+    /// `qp` of PD `pd`: the rkey names a valid MR of that PD, or a bound
+    /// window of it (type 2: bound to `qp`), covering the range with the
+    /// remote right `needed`. IBTA Vol1 §9.7.4.1.2 (C9-89).
     pub fn check_remote(
         &self,
         rkey: vrdma_wire::Rkey,
@@ -225,8 +226,65 @@ impl Engine {
         va: u64,
         len: u64,
         needed: Access,
+        qp: Qpn,
     ) -> core::result::Result<&Mr, AccessError> {
-        self.keys.check_remote(rkey, pd, va, len, needed)
+        self.keys.check_remote(rkey, pd, va, len, needed, qp)
+    }
+
+    /// `ib_alloc_mr` (IB_MR_TYPE_MEM_REG): an MR for fast registration,
+    /// invalid until a REG_MR work request, for at most `max_pages` pages.
+    pub fn alloc_mr(&mut self, pd: u32, max_pages: u32) -> Result<Lkey> {
+        self.pd(pd)?;
+        if max_pages == 0 {
+            return Err(VerbsError::Invalid {
+                what: "fast-registration page count 0",
+            });
+        }
+        within(
+            "fast-registration page count",
+            max_pages.into(),
+            self.attr.max_fast_reg_page_list_len.into(),
+        )?;
+        self.keys.alloc_fast_reg(pd, max_pages)
+    }
+
+    /// `ib_map_mr_sg`: the page list the MR's next REG_MR work request
+    /// will register (the MR must be allocated for fast registration).
+    pub fn map_mr_pages(&mut self, lkey: Lkey, translation: Translation) -> Result<()> {
+        if let Translation::Pages {
+            page_shift,
+            offset,
+            pages,
+        } = &translation
+        {
+            if !PAGE_SHIFTS.contains(page_shift) || *offset >= 1u64 << page_shift {
+                return Err(VerbsError::Invalid {
+                    what: "page size or offset",
+                });
+            }
+            if pages.iter().any(|p| p & ((1u64 << page_shift) - 1) != 0) {
+                return Err(VerbsError::Invalid {
+                    what: "page address (not page-aligned)",
+                });
+            }
+        }
+        self.keys.map_pages(lkey, translation)
+    }
+
+    /// `ibv_alloc_mw`.
+    pub fn alloc_mw(&mut self, pd: u32, ty: crate::mr::MwType) -> Result<vrdma_wire::Rkey> {
+        self.pd(pd)?;
+        self.keys.alloc_mw(pd, ty)
+    }
+
+    /// `ibv_dealloc_mw` (a bound window is unbound first).
+    pub fn dealloc_mw(&mut self, rkey: vrdma_wire::Rkey) -> Result<()> {
+        self.keys.dealloc_mw(rkey)
+    }
+
+    /// The window an rkey names (for inspection and tests).
+    pub fn mw(&self, rkey: vrdma_wire::Rkey) -> Option<&crate::mr::Mw> {
+        self.keys.mw(rkey)
     }
 
     // ---- completion queues --------------------------------------------
@@ -733,11 +791,17 @@ impl Engine {
             (QpType::Uc, _) => false,
             (QpType::Rc, _) => true,
         };
-        if matches!(wr.op, SendOp::SendWithInv { .. } | SendOp::LocalInv { .. }) {
-            // Invalidation arrives with memory windows and fast
-            // registration; until then such WRs are refused, not queued.
-            return Err(VerbsError::NotSupported {
-                what: "SEND with invalidate and LOCAL_INV",
+        // SEND with invalidate exists on RC only (IBTA Table 38 has no UC
+        // or UD opcode for it); binding type 2 windows needs a connected
+        // QP; local operations carry no payload.
+        let bad = match wr.op {
+            SendOp::SendWithInv { .. } => ty != QpType::Rc,
+            SendOp::BindMw { .. } => ty == QpType::Ud,
+            _ => false,
+        };
+        if bad {
+            return Err(VerbsError::Invalid {
+                what: "operation for this QP type",
             });
         }
         if !allowed {
@@ -806,6 +870,8 @@ impl Engine {
                 within("message length", length, 1 << 31)?;
             }
         }
+        // Local operations move no data.
+        let length = if wr.op.is_local() { 0 } else { length };
         let signaled = q.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
 
         let q = self.qp_mut(qpn)?;
@@ -823,6 +889,8 @@ impl Engine {
         slot.signaled = signaled;
         slot.read_done = 0;
         slot.av = ud_av;
+        slot.executed = false;
+        slot.status = None;
         slot.sges.clear();
         slot.inline.clear();
         match wr.payload {
@@ -932,7 +1000,13 @@ impl Engine {
                 (q.init.recv_cq, wc)
             } else if let Some(w) = q.sq.front() {
                 let op = w.op.map_or(WcOpcode::Send, SendOp::wc_opcode);
-                let wc = Wc::new(w.wr_id, WcStatus::WrFlushErr, op, qpn.value());
+                // A local operation that failed reports its own error; a
+                // successful one still completes (if signaled) as done.
+                let status = match (w.executed, w.status) {
+                    (true, Some(e)) => e,
+                    _ => WcStatus::WrFlushErr,
+                };
+                let wc = Wc::new(w.wr_id, status, op, qpn.value());
                 q.sq.pop_front();
                 (q.init.send_cq, wc)
             } else if let Some(w) = q.rq.front() {

@@ -95,6 +95,87 @@ pub struct Mr {
     pub translation: Translation,
     pub lkey: Lkey,
     pub rkey: Rkey,
+    pub kind: MrKind,
+    /// False for a fast-registration MR between invalidation (or
+    /// allocation) and its next REG_MR work request.
+    pub valid: bool,
+    /// Memory windows bound to this MR (it cannot be deregistered while
+    /// any is).
+    pub bound_mws: u32,
+}
+
+/// How an MR came to be.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub enum MrKind {
+    /// `ibv_reg_mr`: valid from registration to deregistration; cannot be
+    /// invalidated by LOCAL_INV or SEND_WITH_INV.
+    Regular,
+    /// Allocated for fast registration (`ib_alloc_mr`): made valid by a
+    /// REG_MR work request over the page list mapped beforehand,
+    /// invalidated by LOCAL_INV or by a peer's SEND_WITH_INV.
+    FastReg {
+        max_pages: u32,
+        /// The page list the next REG_MR will use.
+        mapped: Option<Translation>,
+    },
+}
+
+/// Memory window type (IBTA Vol1 §10.6.7).
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub enum MwType {
+    /// Bound by the bind verb, usable from any QP of its PD; rebinding
+    /// replaces the binding; never invalidated remotely.
+    One,
+    /// Bound by a BIND_MW work request to one QP, usable only through that
+    /// QP; invalidated by LOCAL_INV or the bound QP's peer (SEND_WITH_INV).
+    Two,
+}
+
+/// What a window grants.
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub struct MwBinding {
+    pub mr: Lkey,
+    pub va: u64,
+    pub length: u64,
+    /// Remote rights granted through the window.
+    pub access: Access,
+    /// Type 2: the QP it is bound to.
+    pub qp: Option<vrdma_wire::Qpn>,
+}
+
+/// A memory window.
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub struct Mw {
+    pub pd: u32,
+    pub ty: MwType,
+    pub rkey: Rkey,
+    pub binding: Option<MwBinding>,
+}
+
+/// One entry of the key table.
+#[derive(Clone, Debug, Eq, PartialEq)]
+enum KeyObj {
+    Mr(Mr),
+    Mw(Mw),
+}
+
+/// Why a bind, fast registration or invalidation failed.
+#[derive(Clone, Copy, Debug, Eq, PartialEq, thiserror::Error)]
+pub enum KeyOpError {
+    #[error("no such memory window or region")]
+    NoObject,
+    #[error("protection domain mismatch")]
+    WrongPd,
+    #[error("the MR does not allow binding windows")]
+    NoBindRight,
+    #[error("the window lies outside the MR")]
+    OutOfBounds,
+    #[error("access rights not allowed")]
+    BadAccess,
+    #[error("the object is in the wrong state for this operation")]
+    WrongState,
+    #[error("this key may not be invalidated this way")]
+    NotInvalidatable,
 }
 
 /// How an access failed (each maps to a completion status or NAK by the
@@ -243,22 +324,50 @@ pub struct MrRequest {
     pub translation: Translation,
 }
 
-/// The key table: every MR (and, with memory windows, every MW) by index.
+/// The key table: every MR and MW by its 24-bit index. An MR's lkey and
+/// rkey are the same number; a window has only an rkey. The key byte of a
+/// new object is its slot's generation; fast registration and binding
+/// replace it with the consumer's choice.
 #[derive(Debug)]
 pub(crate) struct Keys {
-    table: Table<Mr>,
+    table: Table<KeyObj>,
+}
+
+fn not_found(key: u32) -> VerbsError {
+    VerbsError::NotFound {
+        kind: Kind::Mr,
+        handle: key,
+    }
 }
 
 impl Keys {
-    pub(crate) fn new(max_mr: u32) -> Self {
+    pub(crate) fn new(max_mr: u32, max_mw: u32) -> Self {
         // Index 0 is never handed out: a zeroed key names nothing.
         Keys {
-            table: Table::new(1, max_mr),
+            table: Table::new(1, max_mr.saturating_add(max_mw)),
         }
     }
 
     pub(crate) fn len(&self) -> u32 {
         self.table.len()
+    }
+
+    fn insert(&mut self, obj: KeyObj, kind: Kind) -> Result<u32> {
+        let max = self.table.max();
+        let (index, generation) = self
+            .table
+            .insert(obj)
+            .ok_or(VerbsError::Exhausted { kind, max })?;
+        let key = Lkey::new(index, generation).0;
+        match self.table.get_mut(index) {
+            Some(KeyObj::Mr(mr)) => {
+                mr.lkey = Lkey(key);
+                mr.rkey = Rkey(key);
+            }
+            Some(KeyObj::Mw(mw)) => mw.rkey = Rkey(key),
+            None => {}
+        }
+        Ok(key)
     }
 
     /// Registers an MR (request already validated against device limits).
@@ -271,55 +380,310 @@ impl Keys {
             translation: req.translation,
             lkey: Lkey(0),
             rkey: Rkey(0),
+            kind: MrKind::Regular,
+            valid: true,
+            bound_mws: 0,
         };
-        let max = self.table.max();
-        let (index, generation) = self.table.insert(mr).ok_or(VerbsError::Exhausted {
-            kind: Kind::Mr,
-            max,
-        })?;
-        let lkey = Lkey::new(index, generation);
-        let rkey = Rkey(lkey.0);
-        if let Some(mr) = self.table.get_mut(index) {
-            mr.lkey = lkey;
-            mr.rkey = rkey;
+        let key = self.insert(KeyObj::Mr(mr), Kind::Mr)?;
+        Ok((Lkey(key), Rkey(key)))
+    }
+
+    /// Allocates an MR for fast registration, invalid until a REG_MR WR.
+    pub(crate) fn alloc_fast_reg(&mut self, pd: u32, max_pages: u32) -> Result<Lkey> {
+        let mr = Mr {
+            pd,
+            iova: 0,
+            length: 0,
+            access: Access::NONE,
+            translation: Translation::Pages {
+                page_shift: 12,
+                offset: 0,
+                pages: Vec::new(),
+            },
+            lkey: Lkey(0),
+            rkey: Rkey(0),
+            kind: MrKind::FastReg {
+                max_pages,
+                mapped: None,
+            },
+            valid: false,
+            bound_mws: 0,
+        };
+        self.insert(KeyObj::Mr(mr), Kind::Mr).map(Lkey)
+    }
+
+    /// Allocates an unbound memory window.
+    pub(crate) fn alloc_mw(&mut self, pd: u32, ty: MwType) -> Result<Rkey> {
+        let mw = Mw {
+            pd,
+            ty,
+            rkey: Rkey(0),
+            binding: None,
+        };
+        self.insert(KeyObj::Mw(mw), Kind::Mw).map(Rkey)
+    }
+
+    /// The MR whose lkey (or rkey: the same number) is `key`, valid or
+    /// not.
+    fn mr_any(&self, key: u32) -> Option<&Mr> {
+        match self.table.get(key >> 8)? {
+            KeyObj::Mr(mr) if mr.lkey.0 == key => Some(mr),
+            _ => None,
         }
-        Ok((lkey, rkey))
     }
 
-    /// The MR an lkey names (key byte checked).
+    fn mr_any_mut(&mut self, key: u32) -> Option<&mut Mr> {
+        match self.table.get_mut(key >> 8)? {
+            KeyObj::Mr(mr) if mr.lkey.0 == key => Some(mr),
+            _ => None,
+        }
+    }
+
+    /// The valid MR an lkey names (key byte checked).
     pub(crate) fn by_lkey(&self, lkey: Lkey) -> Option<&Mr> {
-        self.table
-            .get_keyed(lkey.index(), lkey.key())
-            .filter(|mr| mr.lkey == lkey)
+        self.mr_any(lkey.0).filter(|mr| mr.valid)
     }
 
-    /// The MR an rkey names (key byte checked).
-    pub(crate) fn by_rkey(&self, rkey: Rkey) -> Option<&Mr> {
-        self.table
-            .get_keyed(rkey.index(), rkey.key())
-            .filter(|mr| mr.rkey == rkey)
+    /// The window an rkey names (key byte checked).
+    pub(crate) fn mw(&self, rkey: Rkey) -> Option<&Mw> {
+        match self.table.get(rkey.index())? {
+            KeyObj::Mw(mw) if mw.rkey == rkey => Some(mw),
+            _ => None,
+        }
     }
 
-    /// Deregisters the MR `lkey` names.
+    /// Deregisters the MR `lkey` names (EBUSY while windows are bound to
+    /// it).
     pub(crate) fn deregister(&mut self, lkey: Lkey) -> Result<Mr> {
-        if self.by_lkey(lkey).is_none() {
-            return Err(VerbsError::NotFound {
+        let mr = self.mr_any(lkey.0).ok_or(not_found(lkey.0))?;
+        if mr.bound_mws > 0 {
+            return Err(VerbsError::Busy {
                 kind: Kind::Mr,
                 handle: lkey.0,
+                users: mr.bound_mws,
             });
         }
-        self.table.remove(lkey.index()).ok_or(VerbsError::NotFound {
-            kind: Kind::Mr,
-            handle: lkey.0,
-        })
+        match self.table.remove(lkey.index()) {
+            Some(KeyObj::Mr(mr)) => Ok(mr),
+            _ => Err(not_found(lkey.0)),
+        }
     }
 
-    /// Number of MRs registered in `pd`.
+    /// Deallocates a window, unbinding it first.
+    pub(crate) fn dealloc_mw(&mut self, rkey: Rkey) -> Result<()> {
+        let mw = *self.mw(rkey).ok_or(VerbsError::NotFound {
+            kind: Kind::Mw,
+            handle: rkey.0,
+        })?;
+        if let Some(b) = mw.binding
+            && let Some(mr) = self.mr_any_mut(b.mr.0)
+        {
+            mr.bound_mws = mr.bound_mws.saturating_sub(1);
+        }
+        self.table.remove(rkey.index());
+        Ok(())
+    }
+
+    /// MRs and MWs in `pd`.
     pub(crate) fn count_in_pd(&self, pd: u32) -> u32 {
-        self.table.iter().filter(|(_, mr)| mr.pd == pd).count() as u32
+        self.table
+            .iter()
+            .filter(|(_, o)| match o {
+                KeyObj::Mr(mr) => mr.pd == pd,
+                KeyObj::Mw(mw) => mw.pd == pd,
+            })
+            .count() as u32
     }
 
-    /// Local access: the lkey names a live MR of `pd` covering the range
+    /// Stores the page list a fast-registration MR's next REG_MR uses
+    /// (`ib_map_mr_sg`).
+    pub(crate) fn map_pages(&mut self, lkey: Lkey, translation: Translation) -> Result<()> {
+        let mr = self.mr_any_mut(lkey.0).ok_or(not_found(lkey.0))?;
+        let MrKind::FastReg { max_pages, mapped } = &mut mr.kind else {
+            return Err(VerbsError::Invalid {
+                what: "page mapping of an MR not allocated for fast registration",
+            });
+        };
+        if let Translation::Pages { pages, .. } = &translation
+            && pages.len() as u64 > u64::from(*max_pages)
+        {
+            return Err(VerbsError::ExceedsLimit {
+                what: "fast-registration page list",
+                requested: pages.len() as u64,
+                max: u64::from(*max_pages),
+            });
+        }
+        *mapped = Some(translation);
+        Ok(())
+    }
+
+    /// REG_MR work request: makes a free fast-registration MR valid over
+    /// its mapped pages, with a new key byte (IBTA Vol1 §10.6.3.6).
+    pub(crate) fn fast_register(
+        &mut self,
+        lkey: Lkey,
+        pd: u32,
+        key: u8,
+        iova: u64,
+        length: u64,
+        access: Access,
+    ) -> core::result::Result<(), KeyOpError> {
+        let mr = self.mr_any_mut(lkey.0).ok_or(KeyOpError::NoObject)?;
+        if mr.pd != pd {
+            return Err(KeyOpError::WrongPd);
+        }
+        if mr.valid {
+            return Err(KeyOpError::WrongState);
+        }
+        access
+            .validate_for_mr()
+            .map_err(|_| KeyOpError::BadAccess)?;
+        let MrKind::FastReg { mapped, .. } = &mr.kind else {
+            return Err(KeyOpError::WrongState);
+        };
+        let Some(translation) = mapped.clone() else {
+            return Err(KeyOpError::WrongState);
+        };
+        if let Translation::Pages {
+            page_shift,
+            offset,
+            pages,
+        } = &translation
+        {
+            let page = 1u64 << page_shift;
+            let needed = offset.saturating_add(length).div_ceil(page);
+            if (pages.len() as u64) < needed || iova.checked_add(length).is_none() {
+                return Err(KeyOpError::OutOfBounds);
+            }
+        }
+        let new = Lkey::new(lkey.index(), key);
+        mr.iova = iova;
+        mr.length = length;
+        mr.access = access;
+        mr.translation = translation;
+        mr.lkey = new;
+        mr.rkey = Rkey(new.0);
+        mr.valid = true;
+        Ok(())
+    }
+
+    /// Binds (or, type 1 with length 0, unbinds) a window over part of an
+    /// MR, with a new key byte (IBTA Vol1 §10.6.7.2). `qp_pd` is the PD of
+    /// the QP the bind is posted on; `qp` is that QP (type 2 windows are
+    /// bound to it).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn bind(
+        &mut self,
+        mw_rkey: Rkey,
+        key: u8,
+        mr_lkey: Lkey,
+        va: u64,
+        length: u64,
+        access: Access,
+        qp_pd: u32,
+        qp: vrdma_wire::Qpn,
+    ) -> core::result::Result<Rkey, KeyOpError> {
+        let mw = *self.mw(mw_rkey).ok_or(KeyOpError::NoObject)?;
+        if mw.pd != qp_pd {
+            return Err(KeyOpError::WrongPd);
+        }
+        if mw.ty == MwType::Two && mw.binding.is_some() {
+            // A type 2 window is invalidated before it is bound again.
+            return Err(KeyOpError::WrongState);
+        }
+        let remote = Access::REMOTE_WRITE
+            .with(Access::REMOTE_READ)
+            .with(Access::REMOTE_ATOMIC);
+        if access.0 & !remote.0 != 0 {
+            return Err(KeyOpError::BadAccess);
+        }
+        let unbind = mw.ty == MwType::One && length == 0;
+        if !unbind {
+            let mr = self.by_lkey(mr_lkey).ok_or(KeyOpError::NoObject)?;
+            if mr.pd != mw.pd {
+                return Err(KeyOpError::WrongPd);
+            }
+            if !mr.access.contains(Access::MW_BIND) {
+                return Err(KeyOpError::NoBindRight);
+            }
+            // Remote write or atomic through a window needs local write on
+            // the MR (IBTA Vol1 §10.6.7.2.1).
+            let writes = Access::REMOTE_WRITE.with(Access::REMOTE_ATOMIC);
+            if access.0 & writes.0 != 0 && !mr.access.contains(Access::LOCAL_WRITE) {
+                return Err(KeyOpError::BadAccess);
+            }
+            mr.check_bounds(va, length)
+                .map_err(|_| KeyOpError::OutOfBounds)?;
+        }
+        // Release the old binding, take the new one.
+        if let Some(old) = mw.binding
+            && let Some(mr) = self.mr_any_mut(old.mr.0)
+        {
+            mr.bound_mws = mr.bound_mws.saturating_sub(1);
+        }
+        if !unbind && let Some(mr) = self.mr_any_mut(mr_lkey.0) {
+            mr.bound_mws += 1;
+        }
+        let new = Rkey::new(mw_rkey.index(), key);
+        if let Some(KeyObj::Mw(m)) = self.table.get_mut(mw_rkey.index()) {
+            m.rkey = new;
+            m.binding = (!unbind).then_some(MwBinding {
+                mr: mr_lkey,
+                va,
+                length,
+                access,
+                qp: (mw.ty == MwType::Two).then_some(qp),
+            });
+        }
+        Ok(new)
+    }
+
+    /// Invalidates a fast-registration MR or a type 2 window. `remote` is
+    /// the QP a SEND_WITH_INV arrived on (which must be the window's), or
+    /// `None` for LOCAL_INV. Regular MRs and type 1 windows cannot be
+    /// invalidated (IBTA Vol1 §10.6.5, §10.6.7.2.6).
+    pub(crate) fn invalidate(
+        &mut self,
+        key: u32,
+        pd: u32,
+        remote: Option<vrdma_wire::Qpn>,
+    ) -> core::result::Result<(), KeyOpError> {
+        let binding = match self.table.get_mut(key >> 8).ok_or(KeyOpError::NoObject)? {
+            KeyObj::Mr(mr) if mr.lkey.0 == key => {
+                if mr.pd != pd {
+                    return Err(KeyOpError::WrongPd);
+                }
+                if !matches!(mr.kind, MrKind::FastReg { .. }) || !mr.valid {
+                    return Err(KeyOpError::NotInvalidatable);
+                }
+                if mr.bound_mws > 0 {
+                    return Err(KeyOpError::WrongState);
+                }
+                mr.valid = false;
+                return Ok(());
+            }
+            KeyObj::Mw(mw) if mw.rkey.0 == key => {
+                if mw.pd != pd {
+                    return Err(KeyOpError::WrongPd);
+                }
+                let Some(b) = mw.binding else {
+                    return Err(KeyOpError::WrongState);
+                };
+                if mw.ty != MwType::Two || (remote.is_some() && b.qp != remote) {
+                    return Err(KeyOpError::NotInvalidatable);
+                }
+                mw.binding = None;
+                b
+            }
+            _ => return Err(KeyOpError::NoObject),
+        };
+        if let Some(mr) = self.mr_any_mut(binding.mr.0) {
+            mr.bound_mws = mr.bound_mws.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// Local access: the lkey names a valid MR of `pd` covering the range
     /// with the rights `needed` (LOCAL_WRITE where the device writes).
     /// IBTA Vol1 §10.6.3.3 / C10-24.
     pub(crate) fn check_local(
@@ -334,9 +698,10 @@ impl Keys {
         check(mr, lkey.0, pd, va, len, needed)
     }
 
-    /// Remote access: the rkey names a live MR of the QP's `pd` covering
-    /// the range with the remote rights `needed`. IBTA Vol1 §9.7.4.1.2 /
-    /// C9-89.
+    /// Remote access through an rkey arriving on QP `qp` of PD `pd`: a
+    /// valid MR of that PD, or a bound window of that PD (a type 2 window
+    /// bound to this very QP) whose range and rights cover the access, over
+    /// a valid MR. IBTA Vol1 §9.7.4.1.2 (C9-89), §10.6.7.
     pub(crate) fn check_remote(
         &self,
         rkey: Rkey,
@@ -344,9 +709,45 @@ impl Keys {
         va: u64,
         len: u64,
         needed: Access,
+        qp: vrdma_wire::Qpn,
     ) -> core::result::Result<&Mr, AccessError> {
-        let mr = self.by_rkey(rkey).ok_or(AccessError::InvalidKey(rkey.0))?;
-        check(mr, rkey.0, pd, va, len, needed)
+        let invalid = AccessError::InvalidKey(rkey.0);
+        match self.table.get(rkey.index()).ok_or(invalid)? {
+            KeyObj::Mr(mr) if mr.rkey == rkey && mr.valid => check(mr, rkey.0, pd, va, len, needed),
+            KeyObj::Mw(mw) if mw.rkey == rkey => {
+                let b = mw.binding.ok_or(invalid)?;
+                if mw.pd != pd {
+                    return Err(AccessError::WrongPd {
+                        key: rkey.0,
+                        mr_pd: mw.pd,
+                        pd,
+                    });
+                }
+                if b.qp.is_some_and(|q| q != qp) {
+                    return Err(invalid);
+                }
+                if !b.access.contains(needed) {
+                    return Err(AccessError::Denied {
+                        key: rkey.0,
+                        needed,
+                    });
+                }
+                let oob = AccessError::OutOfBounds {
+                    va,
+                    len,
+                    start: b.va,
+                    length: b.length,
+                };
+                let off = va.checked_sub(b.va).ok_or(oob)?;
+                if off.checked_add(len).ok_or(oob)? > b.length {
+                    return Err(oob);
+                }
+                let mr = self.by_lkey(b.mr).ok_or(invalid)?;
+                mr.check_bounds(va, len)?;
+                Ok(mr)
+            }
+            _ => Err(invalid),
+        }
     }
 }
 
@@ -376,6 +777,8 @@ fn check(
 mod tests {
     use super::*;
     use crate::memory::VecMemory;
+
+    const Q: vrdma_wire::Qpn = vrdma_wire::Qpn::from_masked(17);
 
     fn paged(pd: u32, access: Access) -> MrRequest {
         // 3 pages of 4 KiB, scattered, the MR starting 0x100 into the first.
@@ -412,7 +815,7 @@ mod tests {
 
     #[test]
     fn keys_are_index_and_key_byte_and_stale_keys_die() {
-        let mut k = Keys::new(4);
+        let mut k = Keys::new(4, 0);
         let (l, r) = k.register(paged(1, Access::LOCAL_WRITE)).unwrap();
         assert_eq!(l.0, r.0);
         assert_eq!(l.index(), 1);
@@ -433,7 +836,7 @@ mod tests {
 
     #[test]
     fn the_table_limit_is_enomem() {
-        let mut k = Keys::new(1);
+        let mut k = Keys::new(1, 0);
         k.register(paged(1, Access::NONE)).unwrap();
         let e = k.register(paged(1, Access::NONE)).unwrap_err();
         assert_eq!(
@@ -448,7 +851,7 @@ mod tests {
 
     #[test]
     fn local_and_remote_checks() {
-        let mut k = Keys::new(4);
+        let mut k = Keys::new(4, 0);
         let (l, r) = k
             .register(paged(7, Access::LOCAL_WRITE | Access::REMOTE_READ))
             .unwrap();
@@ -462,9 +865,9 @@ mod tests {
                 pd: 8
             }
         );
-        assert!(k.check_remote(r, 7, va, 16, Access::REMOTE_READ).is_ok());
+        assert!(k.check_remote(r, 7, va, 16, Access::REMOTE_READ, Q).is_ok());
         assert_eq!(
-            k.check_remote(r, 7, va, 16, Access::REMOTE_WRITE)
+            k.check_remote(r, 7, va, 16, Access::REMOTE_WRITE, Q)
                 .unwrap_err(),
             AccessError::Denied {
                 key: r.0,
@@ -473,23 +876,23 @@ mod tests {
         );
         let end = va + 3 * 4096 - 0x100;
         assert!(
-            k.check_remote(r, 7, end - 8, 8, Access::REMOTE_READ)
+            k.check_remote(r, 7, end - 8, 8, Access::REMOTE_READ, Q)
                 .is_ok()
         );
         assert!(matches!(
-            k.check_remote(r, 7, end - 8, 9, Access::REMOTE_READ),
+            k.check_remote(r, 7, end - 8, 9, Access::REMOTE_READ, Q),
             Err(AccessError::OutOfBounds { .. })
         ));
         assert!(matches!(
-            k.check_remote(r, 7, va - 1, 1, Access::REMOTE_READ),
+            k.check_remote(r, 7, va - 1, 1, Access::REMOTE_READ, Q),
             Err(AccessError::OutOfBounds { .. })
         ));
         assert!(matches!(
-            k.check_remote(r, 7, u64::MAX, 2, Access::REMOTE_READ),
+            k.check_remote(r, 7, u64::MAX, 2, Access::REMOTE_READ, Q),
             Err(AccessError::OutOfBounds { .. })
         ));
         assert_eq!(
-            k.check_remote(Rkey(r.0 ^ 1), 7, va, 1, Access::REMOTE_READ)
+            k.check_remote(Rkey(r.0 ^ 1), 7, va, 1, Access::REMOTE_READ, Q)
                 .unwrap_err(),
             AccessError::InvalidKey(r.0 ^ 1)
         );
@@ -497,7 +900,7 @@ mod tests {
 
     #[test]
     fn reads_and_writes_follow_the_page_list() {
-        let mut k = Keys::new(4);
+        let mut k = Keys::new(4, 0);
         let (l, _) = k.register(paged(1, Access::LOCAL_WRITE)).unwrap();
         let mr = k.by_lkey(l).unwrap().clone();
         let mut mem = VecMemory::new(0, 0x6000);

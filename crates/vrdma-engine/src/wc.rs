@@ -38,6 +38,8 @@ pub enum WcOpcode {
     FetchAdd = 4,
     BindMw = 5,
     LocalInv = 6,
+    /// The kernel's IB_WC_REG_MR (after IB_WC_LSO = 7).
+    RegMr = 8,
     Recv = 128,
     RecvRdmaWithImm = 129,
 }

@@ -55,6 +55,27 @@ pub enum SendOp {
     LocalInv {
         invalidate: Rkey,
     },
+    /// Bind a memory window (type 1 through the bind verb, type 2 as a
+    /// work request) over `length` bytes at `addr` of the MR `mr`, giving
+    /// it the key byte `key` (`ibv_inc_rkey`).
+    BindMw {
+        mw: Rkey,
+        key: u8,
+        mr: Lkey,
+        addr: u64,
+        length: u64,
+        access: crate::mr::Access,
+    },
+    /// Fast registration (REG_MR): make the MR `mr` (allocated for fast
+    /// registration, its pages mapped) valid at `iova` for `length` bytes
+    /// with `access`, under the key byte `key`.
+    RegMr {
+        mr: Lkey,
+        key: u8,
+        iova: u64,
+        length: u64,
+        access: crate::mr::Access,
+    },
 }
 
 impl SendOp {
@@ -69,7 +90,17 @@ impl SendOp {
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
             SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+            SendOp::RegMr { .. } => WcOpcode::RegMr,
         }
+    }
+
+    /// Executed by the device itself, without a packet.
+    pub const fn is_local(self) -> bool {
+        matches!(
+            self,
+            SendOp::LocalInv { .. } | SendOp::BindMw { .. } | SendOp::RegMr { .. }
+        )
     }
 
     /// True for the two atomics.
@@ -186,6 +217,10 @@ pub(crate) struct SendWqe {
     /// UD: the address vector of the AH, copied at post (the AH may be
     /// destroyed before the WR is sent).
     pub av: Option<crate::qp::AhAttr>,
+    /// A local operation that has run; completes when it reaches the
+    /// front of the queue. Its status, if it failed.
+    pub executed: bool,
+    pub status: Option<crate::wc::WcStatus>,
 }
 
 /// A receive WQE as the device holds it.

@@ -378,7 +378,8 @@ fn mr_registration_is_validated() {
             pd,
             0x1000,
             8,
-            Access::REMOTE_WRITE
+            Access::REMOTE_WRITE,
+            Qpn::from_masked(17)
         )
         .is_ok()
     );
@@ -388,7 +389,8 @@ fn mr_registration_is_validated() {
             pd,
             0x1000,
             8,
-            Access::REMOTE_READ
+            Access::REMOTE_READ,
+            Qpn::from_masked(17)
         )
         .unwrap_err(),
         AccessError::Denied {

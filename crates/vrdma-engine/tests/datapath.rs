@@ -1200,3 +1200,310 @@ fn a_duplicate_atomic_is_answered_from_the_replay_cache() {
     assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
     assert_eq!(e(&mut net, b).stats().rx_duplicate, 1);
 }
+
+// ---- memory windows, fast registration, invalidation ----------------------
+
+use vrdma_engine::mr::MwType;
+
+fn write_wr(wr_id: u64, s: Side, rkey: Rkey, at: u64, len: u32) -> SendWr<'static> {
+    let sg: &'static [Sge] = Box::leak(Box::new([sge(s, 0, len)]));
+    SendWr {
+        wr_id,
+        op: SendOp::RdmaWrite {
+            remote_addr: BASE + at,
+            rkey,
+        },
+        payload: Payload::Sges(sg),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    }
+}
+
+/// A fast-registration MR on `s` over its memory from `at` (4 pages),
+/// registered by a REG_MR WR with key byte `key`; returns its key.
+fn fast_reg(net: &mut Net, s: Side, at: u64, key: u8) -> Lkey {
+    let en = e(net, s);
+    let mr = en.alloc_mr(s.pd, 8).unwrap();
+    assert!(en.mr(mr).is_none(), "invalid until registered");
+    en.map_mr_pages(
+        mr,
+        Translation::Pages {
+            page_shift: 12,
+            offset: 0,
+            pages: (0..4).map(|i| BASE + at + i * 4096).collect(),
+        },
+    )
+    .unwrap();
+    let reg = SendWr {
+        wr_id: 500,
+        op: SendOp::RegMr {
+            mr,
+            key,
+            iova: 0x7700_0000,
+            length: 4 * 4096,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        },
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(net, s, &reg);
+    net.run(100);
+    let wc = poll(net, s);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].opcode),
+        (500, WcStatus::Success, WcOpcode::RegMr)
+    );
+    Lkey::new(mr.index(), key)
+}
+
+#[test]
+fn fast_registration_then_local_invalidation() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let k = fast_reg(&mut net, b, 0x8000, 0x42);
+    fill(&mut net, a, 0, b"via frmr");
+    // The FRMR's iova is 0x7700_0000 (mapped onto BASE + 0x8000).
+    let mut wr = write_wr(2, a, Rkey(k.0), 0, 8);
+    wr.op = SendOp::RdmaWrite {
+        remote_addr: 0x7700_0010,
+        rkey: Rkey(k.0),
+    };
+    post(&mut net, a, &wr);
+    net.run(100);
+    let got: Vec<(u64, WcStatus)> = poll(&mut net, a)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(got, [(2, WcStatus::Success)]);
+    assert_eq!(read(&net, b, 0x8010, 8), b"via frmr");
+    // LOCAL_INV on b; then the key names nothing.
+    let inv = SendWr {
+        wr_id: 3,
+        op: SendOp::LocalInv {
+            invalidate: Rkey(k.0),
+        },
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, b, &inv);
+    net.run(100);
+    let wc = poll(&mut net, b);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].opcode),
+        (3, WcStatus::Success, WcOpcode::LocalInv)
+    );
+    assert!(e(&mut net, b).mr(k).is_none());
+    let mut wr = write_wr(4, a, Rkey(k.0), 0, 8);
+    wr.op = SendOp::RdmaWrite {
+        remote_addr: 0x7700_0010,
+        rkey: Rkey(k.0),
+    };
+    post(&mut net, a, &wr);
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn a_peer_invalidates_a_fast_registered_mr_with_send_with_invalidate() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let k = fast_reg(&mut net, b, 0x8000, 7);
+    let rsge = [sge(b, 0x100, 64)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::SendWithInv {
+            invalidate: Rkey(k.0),
+        },
+        payload: Payload::Inline(b"done with it"),
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.run(100);
+    let wc = poll(&mut net, b);
+    assert_eq!(wc[0].wr_id, 9);
+    assert!(wc[0].wc_flags.contains(WcFlags::WITH_INV));
+    assert_eq!(wc[0].imm_data, k.0, "the invalidated rkey");
+    assert!(e(&mut net, b).mr(k).is_none());
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+}
+
+#[test]
+fn send_with_invalidate_of_a_regular_mr_is_an_invalid_request() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let rsge = [sge(b, 0x100, 64)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::SendWithInv { invalidate: b.rkey },
+        payload: Payload::Inline(b"x"),
+        flags: SendFlags::INLINE,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemInvReqErr);
+    assert!(
+        e(&mut net, b).mr(b.lkey).is_some(),
+        "ibv_reg_mr MRs cannot be invalidated"
+    );
+}
+
+/// `b` registers an MR with MW_BIND over its memory; returns its lkey.
+fn bindable(net: &mut Net, s: Side) -> Lkey {
+    e(net, s)
+        .reg_mr(MrRequest {
+            pd: s.pd,
+            iova: BASE,
+            length: MEM as u64,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND,
+            translation: Translation::Identity,
+        })
+        .unwrap()
+        .0
+}
+
+fn bind(net: &mut Net, s: Side, mw: Rkey, key: u8, mr: Lkey, at: u64, len: u64) -> WcStatus {
+    let wr = SendWr {
+        wr_id: 600,
+        op: SendOp::BindMw {
+            mw,
+            key,
+            mr,
+            addr: BASE + at,
+            length: len,
+            access: Access::REMOTE_WRITE,
+        },
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(net, s, &wr);
+    net.run(100);
+    let wc = poll(net, s);
+    assert_eq!(wc[0].opcode, WcOpcode::BindMw);
+    wc[0].status
+}
+
+#[test]
+fn a_type_2_window_grants_only_its_range_to_its_qp_until_invalidated() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let mr = bindable(&mut net, b);
+    let mw = e(&mut net, b).alloc_mw(b.pd, MwType::Two).unwrap();
+    assert_eq!(
+        bind(&mut net, b, mw, 0x11, mr, 0x2000, 0x100),
+        WcStatus::Success
+    );
+    let key = Rkey::new(mw.index(), 0x11);
+    assert_eq!(
+        e(&mut net, b).dereg_mr(mr).unwrap_err().errno(),
+        vrdma_engine::error::errno::EBUSY
+    );
+    fill(&mut net, a, 0, b"windowed");
+    post(&mut net, a, &write_wr(1, a, key, 0x2000, 8));
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+    assert_eq!(read(&net, b, 0x2000, 8), b"windowed");
+    // A SEND with invalidate from the bound QP's peer unbinds it.
+    let rsge = [sge(b, 0x100, 64)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let wr = SendWr {
+        wr_id: 2,
+        op: SendOp::SendWithInv { invalidate: key },
+        payload: Payload::Inline(b"bye"),
+        flags: SendFlags::INLINE,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.run(100);
+    assert!(poll(&mut net, b)[0].wc_flags.contains(WcFlags::WITH_INV));
+    assert!(e(&mut net, b).mw(key).unwrap().binding.is_none());
+    e(&mut net, b).dereg_mr(mr).unwrap();
+    post(&mut net, a, &write_wr(3, a, key, 0x2000, 8));
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn a_window_bounds_its_range() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let mr = bindable(&mut net, b);
+    let mw = e(&mut net, b).alloc_mw(b.pd, MwType::Two).unwrap();
+    bind(&mut net, b, mw, 0x22, mr, 0x2000, 0x100);
+    post(
+        &mut net,
+        a,
+        &write_wr(1, a, Rkey::new(mw.index(), 0x22), 0x20f8, 16),
+    );
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(read(&net, b, 0x20f8, 16), vec![0; 16]);
+}
+
+#[test]
+fn type_1_windows_rebind_with_a_new_key_and_cannot_be_invalidated() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let mr = bindable(&mut net, b);
+    let mw = e(&mut net, b).alloc_mw(b.pd, MwType::One).unwrap();
+    assert_eq!(
+        bind(&mut net, b, mw, 1, mr, 0x1000, 0x100),
+        WcStatus::Success
+    );
+    let k1 = Rkey::new(mw.index(), 1);
+    assert_eq!(
+        bind(&mut net, b, k1, 2, mr, 0x3000, 0x100),
+        WcStatus::Success
+    );
+    let k2 = Rkey::new(mw.index(), 2);
+    post(&mut net, a, &write_wr(1, a, k2, 0x3000, 8));
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+    let inv = SendWr {
+        wr_id: 5,
+        op: SendOp::LocalInv { invalidate: k2 },
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::default(),
+        ud: None,
+    };
+    post(&mut net, b, &inv);
+    net.run(100);
+    let wc = poll(&mut net, b);
+    assert_eq!((wc[0].wr_id, wc[0].status), (5, WcStatus::LocQpOpErr));
+    assert_eq!(qp_state(&mut net, b), QpState::Err);
+    // The old key died with the rebind.
+    assert!(e(&mut net, b).mw(k1).is_none());
+}
+
+#[test]
+fn binding_needs_mw_bind_rights_on_the_mr() {
+    let (mut net, _a, b) = pair(QpType::Rc, 7);
+    let mw = e(&mut net, b).alloc_mw(b.pd, MwType::Two).unwrap();
+    // b.lkey's MR has no MW_BIND.
+    assert_eq!(bind(&mut net, b, mw, 3, b.lkey, 0, 64), WcStatus::MwBindErr);
+    assert_eq!(qp_state(&mut net, b), QpState::Err);
+}
