@@ -629,6 +629,15 @@ impl Engine {
             let Some(op) = w.op.filter(|o| o.is_local()) else {
                 return;
             };
+            if w.executed {
+                // A rewind moved the cursor back over an operation that
+                // already ran: it is not run again.
+                if let Some(q) = self.qps.get_mut(qpn.value()) {
+                    q.req.cursor += 1;
+                }
+                self.retire_executed(qpn);
+                continue;
+            }
             let pd = q.init.pd;
             let result = match op {
                 SendOp::LocalInv { invalidate } => self

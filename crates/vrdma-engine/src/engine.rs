@@ -668,6 +668,10 @@ impl Engine {
                 self.schedule(qpn);
             }
         }
+        if next == QpState::Reset {
+            // The QP's connection is gone: so are its type 2 windows.
+            self.keys.unbind_qp(qpn);
+        }
         if next == QpState::Err && cur != QpState::Err {
             self.flush_errored(qpn, true);
         }
@@ -778,7 +782,13 @@ impl Engine {
         }
         let ty = q.init.qp_type;
         let allowed = match (ty, wr.op) {
-            (QpType::Ud, SendOp::Send | SendOp::SendWithImm { .. }) => true,
+            (
+                QpType::Ud,
+                SendOp::Send
+                | SendOp::SendWithImm { .. }
+                | SendOp::LocalInv { .. }
+                | SendOp::RegMr { .. },
+            ) => true,
             (QpType::Ud, _) => false,
             (
                 QpType::Uc,
@@ -786,7 +796,9 @@ impl Engine {
                 | SendOp::SendWithImm { .. }
                 | SendOp::RdmaWrite { .. }
                 | SendOp::RdmaWriteWithImm { .. }
-                | SendOp::LocalInv { .. },
+                | SendOp::LocalInv { .. }
+                | SendOp::BindMw { .. }
+                | SendOp::RegMr { .. },
             ) => true,
             (QpType::Uc, _) => false,
             (QpType::Rc, _) => true,
@@ -1000,10 +1012,12 @@ impl Engine {
                 (q.init.recv_cq, wc)
             } else if let Some(w) = q.sq.front() {
                 let op = w.op.map_or(WcOpcode::Send, SendOp::wc_opcode);
-                // A local operation that failed reports its own error; a
-                // successful one still completes (if signaled) as done.
+                // A local operation that ran reports what happened (it
+                // took effect: a REG_MR's MR is registered); what never
+                // ran is flushed.
                 let status = match (w.executed, w.status) {
                     (true, Some(e)) => e,
+                    (true, None) => WcStatus::Success,
                     _ => WcStatus::WrFlushErr,
                 };
                 let wc = Wc::new(w.wr_id, status, op, qpn.value());
@@ -1020,8 +1034,12 @@ impl Engine {
         }
     }
 
-    /// `ibv_destroy_qp`.
+    /// `ibv_destroy_qp`. Type 2 windows bound to the QP are unbound (its
+    /// QPN may name another QP next).
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<()> {
+        if self.qps.get(qpn.value()).is_some() {
+            self.keys.unbind_qp(qpn);
+        }
         self.qps
             .remove(qpn.value())
             .map(|_| ())

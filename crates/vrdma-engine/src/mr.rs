@@ -463,7 +463,7 @@ impl Keys {
                 users: mr.bound_mws,
             });
         }
-        match self.table.remove(lkey.index()) {
+        match self.table.remove_keyed(lkey.index(), lkey.key()) {
             Some(KeyObj::Mr(mr)) => Ok(mr),
             _ => Err(not_found(lkey.0)),
         }
@@ -480,8 +480,28 @@ impl Keys {
         {
             mr.bound_mws = mr.bound_mws.saturating_sub(1);
         }
-        self.table.remove(rkey.index());
+        self.table.remove_keyed(rkey.index(), rkey.key());
         Ok(())
+    }
+
+    /// Unbinds every type 2 window bound to `qp` (the QP is being
+    /// destroyed or reset: its QPN may name another QP next).
+    pub(crate) fn unbind_qp(&mut self, qp: vrdma_wire::Qpn) {
+        let mut released = Vec::new();
+        for (_, o) in self.table.iter_mut() {
+            if let KeyObj::Mw(mw) = o
+                && let Some(b) = mw.binding
+                && b.qp == Some(qp)
+            {
+                mw.binding = None;
+                released.push(b.mr);
+            }
+        }
+        for mr in released {
+            if let Some(mr) = self.mr_any_mut(mr.0) {
+                mr.bound_mws = mr.bound_mws.saturating_sub(1);
+            }
+        }
     }
 
     /// MRs and MWs in `pd`.
@@ -504,9 +524,12 @@ impl Keys {
                 what: "page mapping of an MR not allocated for fast registration",
             });
         };
-        if let Translation::Pages { pages, .. } = &translation
-            && pages.len() as u64 > u64::from(*max_pages)
-        {
+        let Translation::Pages { pages, .. } = &translation else {
+            return Err(VerbsError::Invalid {
+                what: "fast-registration mapping (a page list is required)",
+            });
+        };
+        if pages.len() as u64 > u64::from(*max_pages) {
             return Err(VerbsError::ExceedsLimit {
                 what: "fast-registration page list",
                 requested: pages.len() as u64,
@@ -538,6 +561,9 @@ impl Keys {
         access
             .validate_for_mr()
             .map_err(|_| KeyOpError::BadAccess)?;
+        if access.contains(Access::ZERO_BASED) && iova != 0 {
+            return Err(KeyOpError::BadAccess);
+        }
         let MrKind::FastReg { mapped, .. } = &mr.kind else {
             return Err(KeyOpError::WrongState);
         };
@@ -587,8 +613,9 @@ impl Keys {
         if mw.pd != qp_pd {
             return Err(KeyOpError::WrongPd);
         }
-        if mw.ty == MwType::Two && mw.binding.is_some() {
-            // A type 2 window is invalidated before it is bound again.
+        if mw.ty == MwType::Two && (mw.binding.is_some() || length == 0) {
+            // A type 2 window is invalidated before it is bound again, and
+            // is never bound to nothing (IBTA o10-37.2.40).
             return Err(KeyOpError::WrongState);
         }
         let remote = Access::REMOTE_WRITE
@@ -653,9 +680,12 @@ impl Keys {
                 if mr.pd != pd {
                     return Err(KeyOpError::WrongPd);
                 }
-                if !matches!(mr.kind, MrKind::FastReg { .. }) || !mr.valid {
+                if !matches!(mr.kind, MrKind::FastReg { .. }) {
                     return Err(KeyOpError::NotInvalidatable);
                 }
+                // Invalidating a fast-registration MR that is already free
+                // succeeds (as rxe does): a consumer may not know whether
+                // its peer invalidated it first.
                 if mr.bound_mws > 0 {
                     return Err(KeyOpError::WrongState);
                 }

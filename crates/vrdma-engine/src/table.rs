@@ -72,6 +72,20 @@ impl<T> Table<T> {
         self.slots.get_mut(i)?.value.as_mut()
     }
 
+    /// Removes the object at `handle` whose key byte was `last_key`: the
+    /// slot's next object gets `last_key + 1`, so no key the consumer has
+    /// seen for this slot names the next object (keys can change after
+    /// insertion: fast registration and binding choose their own byte).
+    pub(crate) fn remove_keyed(&mut self, handle: u32, last_key: u8) -> Option<T> {
+        let i = self.index(handle)?;
+        if let Some(slot) = self.slots.get_mut(i)
+            && slot.value.is_some()
+        {
+            slot.generation = last_key;
+        }
+        self.remove(handle)
+    }
+
     pub(crate) fn remove(&mut self, handle: u32) -> Option<T> {
         let i = self.index(handle)?;
         let v = self.slots.get_mut(i)?.value.take()?;
@@ -89,6 +103,15 @@ impl<T> Table<T> {
 
     pub(crate) fn max(&self) -> u32 {
         self.max
+    }
+
+    /// Live objects with their handles, mutably.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut T)> {
+        let base = self.base;
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(move |(i, s)| s.value.as_mut().map(|v| (base + i as u32, v)))
     }
 
     /// Live objects with their handles.

@@ -1507,3 +1507,101 @@ fn binding_needs_mw_bind_rights_on_the_mr() {
     assert_eq!(bind(&mut net, b, mw, 3, b.lkey, 0, 64), WcStatus::MwBindErr);
     assert_eq!(qp_state(&mut net, b), QpState::Err);
 }
+
+#[test]
+fn a_resend_does_not_run_a_local_operation_twice() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let k = fast_reg(&mut net, a, 0x8000, 0x42);
+    let rsge = [sge(b, 0, 64)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let send = SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"x"),
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        ud: None,
+    };
+    let inv = SendWr {
+        wr_id: 2,
+        op: SendOp::LocalInv {
+            invalidate: Rkey(k.0),
+        },
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &send);
+    post(&mut net, a, &inv);
+    // The SEND is lost; the LOCAL_INV behind it has already run.
+    net.drop.insert(net.sent);
+    let Quiet::Timer(t) = net.run(100) else {
+        panic!("expected the retransmit timer")
+    };
+    assert!(e(&mut net, a).mr(k).is_none());
+    net.advance_to(t);
+    assert_eq!(net.run(100), Quiet::Idle);
+    let got: Vec<(u64, WcStatus)> = poll(&mut net, a)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(
+        got,
+        [(1, WcStatus::Success), (2, WcStatus::Success)],
+        "in order, each once"
+    );
+    assert_eq!(qp_state(&mut net, a), QpState::Rts);
+}
+
+#[test]
+fn destroying_a_qp_unbinds_its_type_2_windows() {
+    let (mut net, _a, b) = pair(QpType::Rc, 7);
+    let mr = bindable(&mut net, b);
+    let mw = e(&mut net, b).alloc_mw(b.pd, MwType::Two).unwrap();
+    assert_eq!(
+        bind(&mut net, b, mw, 0x33, mr, 0x2000, 0x100),
+        WcStatus::Success
+    );
+    let key = Rkey::new(mw.index(), 0x33);
+    let eb = e(&mut net, b);
+    assert!(eb.mw(key).unwrap().binding.is_some());
+    eb.destroy_qp(b.qpn).unwrap();
+    assert!(
+        eb.mw(key).unwrap().binding.is_none(),
+        "a reused QPN must not inherit it"
+    );
+    eb.dereg_mr(mr).unwrap();
+}
+
+#[test]
+fn a_slot_reused_after_a_bind_gets_a_key_the_window_never_had() {
+    let (mut net, _a, b) = pair(QpType::Rc, 7);
+    let mr = bindable(&mut net, b);
+    let mw = e(&mut net, b).alloc_mw(b.pd, MwType::One).unwrap();
+    let bound = Rkey::new(mw.index(), mw.key().wrapping_add(1));
+    assert_eq!(
+        bind(&mut net, b, mw, bound.key(), mr, 0x1000, 0x100),
+        WcStatus::Success
+    );
+    let eb = e(&mut net, b);
+    eb.dealloc_mw(bound).unwrap();
+    let (_, r) = eb
+        .reg_mr(MrRequest {
+            pd: b.pd,
+            iova: BASE,
+            length: 4096,
+            access: Access::LOCAL_WRITE,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    assert_eq!(r.index(), mw.index(), "the slot is reused");
+    assert_ne!(r, bound);
+    assert_ne!(r, mw);
+}
