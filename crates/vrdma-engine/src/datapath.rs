@@ -1371,10 +1371,18 @@ impl Engine {
     /// never executed twice — and only while response room is left;
     /// anything else is dropped (the requester times out and retries).
     fn duplicate_read_or_atomic(&mut self, qpn: Qpn, r: &packet::Repr<'_>) {
-        let Some(q) = self.qps.get(qpn.value()) else {
+        let psn = r.bth.psn;
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
             return;
         };
-        let psn = r.bth.psn;
+        // The requester went back to `psn` and will ask again for
+        // everything after it: responses still queued from there on are
+        // superseded (they would go out twice and hold the room meant for
+        // new requests).
+        q.resp.out.retain(|o| match *o {
+            RespOut::Ack { .. } => true,
+            RespOut::Read { psn: p, .. } | RespOut::Atomic { psn: p, .. } => p.precedes(psn),
+        });
         let mtu = u64::from(q.attr.path_mtu.bytes());
         let depth = usize::from(q.attr.max_dest_rd_atomic).max(1);
         if q.resp.queued_responses() >= depth {
