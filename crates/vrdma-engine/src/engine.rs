@@ -678,6 +678,27 @@ impl Engine {
         Ok(())
     }
 
+    /// RESET → INIT → RTR → RTS in three modifies, each naming exactly
+    /// the attributes the transition requires for the QP's type (what
+    /// `ibv_rc_pingpong` and most consumers do by hand); the values come
+    /// from `attr`.
+    pub fn bring_up_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<()> {
+        let ty = self.qp(qpn)?.init.qp_type;
+        let mut from = QpState::Reset;
+        for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            let required = state::required(from, to, ty).ok_or(VerbsError::Invalid {
+                what: "QP state for bring-up",
+            })?;
+            let step = QpAttr {
+                qp_state: to,
+                ..*attr
+            };
+            self.modify_qp(qpn, &step, AttrMask::STATE | required)?;
+            from = to;
+        }
+        Ok(())
+    }
+
     /// Range checks of each attribute a modify names.
     fn check_qp_attr(&self, ty: QpType, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         let m = |bit| mask.contains(bit);

@@ -82,13 +82,13 @@ fn e(net: &mut Net, s: Side) -> &mut Engine {
 }
 
 /// Brings `s` to RTS, connected to `peer` (UD: QKey 0x11111111).
-fn connect(net: &mut Net, s: Side, peer: Side, ty: QpType, rnr_retry: u8) {
+fn connect(net: &mut Net, s: Side, peer: Side, rnr_retry: u8) {
     let dgid = net.nodes[peer.node].gid;
-    connect_to(net, s, dgid, peer.qpn, ty, rnr_retry);
+    connect_to(net, s, dgid, peer.qpn, rnr_retry);
 }
 
 /// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`.
-fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, ty: QpType, rnr_retry: u8) {
+fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8) {
     let a = QpAttr {
         port_num: 1,
         qkey: QKey(0x1111_1111),
@@ -111,56 +111,15 @@ fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, ty: QpType, rnr_
         max_dest_rd_atomic: 1,
         ..QpAttr::default()
     };
-    let (init, rtr, rts) = match ty {
-        QpType::Ud => (
-            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
-            AttrMask::NONE,
-            AttrMask::SQ_PSN,
-        ),
-        QpType::Uc => (
-            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
-            AttrMask::SQ_PSN,
-        ),
-        QpType::Rc => (
-            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER,
-            AttrMask::SQ_PSN
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::MAX_QP_RD_ATOMIC,
-        ),
-    };
-    for (state, mask) in [
-        (QpState::Init, init),
-        (QpState::Rtr, rtr),
-        (QpState::Rts, rts),
-    ] {
-        e(net, s)
-            .modify_qp(
-                s.qpn,
-                &QpAttr {
-                    qp_state: state,
-                    ..a
-                },
-                AttrMask::STATE | mask,
-            )
-            .unwrap();
-    }
+    e(net, s).bring_up_qp(s.qpn, &a).unwrap();
 }
 
 fn pair(ty: QpType, rnr_retry: u8) -> (Net, Side, Side) {
     let mut net = Net::default();
     let a = side(&mut net, 1, ty, false);
     let b = side(&mut net, 2, ty, false);
-    connect(&mut net, a, b, ty, rnr_retry);
-    connect(&mut net, b, a, ty, rnr_retry);
+    connect(&mut net, a, b, rnr_retry);
+    connect(&mut net, b, a, rnr_retry);
     (net, a, b)
 }
 
@@ -521,7 +480,7 @@ fn an_unanswered_request_times_out_after_retry_cnt_resends() {
     let mut net = Net::default();
     let a = side(&mut net, 1, QpType::Rc, false);
     // The peer's GID belongs to nobody: every packet is lost.
-    connect_to(&mut net, a, gid(9), Qpn::from_masked(99), QpType::Rc, 7);
+    connect_to(&mut net, a, gid(9), Qpn::from_masked(99), 7);
     let ssge = [sge(a, 0, 4)];
     let wr = SendWr {
         wr_id: 16,
@@ -995,8 +954,8 @@ fn receives_come_from_an_srq_and_its_limit_event_fires_once() {
         lkey,
         rkey,
     };
-    connect(&mut net, a, b, QpType::Rc, 7);
-    connect(&mut net, b, a, QpType::Rc, 7);
+    connect(&mut net, a, b, 7);
+    connect(&mut net, b, a, 7);
     // Grow the SRQ, fill it with three receives, arm the limit at 2.
     let eb = e(&mut net, b);
     assert_eq!(

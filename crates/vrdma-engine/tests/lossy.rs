@@ -11,7 +11,7 @@ use vrdma_engine::{
     attr::{DeviceAttr, Mtu, PortAttr},
     memory::{Memory, VecMemory},
     mr::{Access, MrRequest, Translation},
-    qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType},
+    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
     testnet::{Net, Quiet},
     wc::{WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
@@ -102,45 +102,7 @@ fn connect(net: &mut Net, s: Side, peer: Side) {
         max_dest_rd_atomic: 4,
         ..QpAttr::default()
     };
-    let e = &mut net.nodes[s.node].engine;
-    e.modify_qp(
-        s.qpn,
-        &QpAttr {
-            qp_state: QpState::Init,
-            ..a
-        },
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    e.modify_qp(
-        s.qpn,
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..a
-        },
-        AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    e.modify_qp(
-        s.qpn,
-        &QpAttr {
-            qp_state: QpState::Rts,
-            ..a
-        },
-        AttrMask::STATE
-            | AttrMask::SQ_PSN
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    net.nodes[s.node].engine.bring_up_qp(s.qpn, &a).unwrap();
 }
 
 /// One operation of the workload: kind 0 SEND, 1 WRITE, 2 READ, 3 FETCH_ADD.

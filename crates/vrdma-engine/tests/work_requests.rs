@@ -69,7 +69,7 @@ fn modify(e: &mut Engine, qpn: Qpn, a: QpAttr, mask: AttrMask) {
 }
 
 /// RESET → INIT → RTR → RTS for any QP type.
-fn to_rts(e: &mut Engine, qpn: Qpn, ty: QpType) {
+fn to_rts(e: &mut Engine, qpn: Qpn) {
     let base = QpAttr {
         port_num: 1,
         ah_attr: av(),
@@ -83,47 +83,7 @@ fn to_rts(e: &mut Engine, qpn: Qpn, ty: QpType) {
         rnr_retry: 7,
         ..QpAttr::default()
     };
-    let (init, rtr, rts) = match ty {
-        QpType::Ud => (
-            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
-            AttrMask::NONE,
-            AttrMask::SQ_PSN,
-        ),
-        QpType::Uc => (
-            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
-            AttrMask::SQ_PSN,
-        ),
-        QpType::Rc => (
-            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER,
-            AttrMask::SQ_PSN
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::MAX_QP_RD_ATOMIC,
-        ),
-    };
-    for (state, mask) in [
-        (QpState::Init, init),
-        (QpState::Rtr, rtr),
-        (QpState::Rts, rts),
-    ] {
-        modify(
-            e,
-            qpn,
-            QpAttr {
-                qp_state: state,
-                ..base
-            },
-            AttrMask::STATE | mask,
-        );
-    }
+    e.bring_up_qp(qpn, &base).unwrap();
 }
 
 fn to_err(e: &mut Engine, qpn: Qpn) {
@@ -174,7 +134,7 @@ fn sends_need_rts_and_receives_need_init() {
     let wr = send(1, SendOp::Send, SendFlags::SIGNALED);
     assert_eq!(s.e.post_send(q, &wr).unwrap_err().errno(), EINVAL);
     assert_eq!(s.e.post_recv(q, &recv(1)).unwrap_err().errno(), EINVAL);
-    to_rts(&mut s.e, q, QpType::Rc);
+    to_rts(&mut s.e, q);
     s.e.post_send(q, &wr).unwrap();
     s.e.post_recv(q, &recv(2)).unwrap();
     let (attr, _) = s.e.query_qp(q).unwrap();
@@ -185,7 +145,7 @@ fn sends_need_rts_and_receives_need_init() {
 fn malformed_send_wrs_are_einval() {
     let mut s = setup(16);
     let rc = qp(&mut s, QpType::Rc, None);
-    to_rts(&mut s.e, rc, QpType::Rc);
+    to_rts(&mut s.e, rc);
     let atomic = |addr| SendOp::FetchAdd {
         remote_addr: addr,
         rkey: Rkey(1),
@@ -240,8 +200,8 @@ fn operations_are_checked_against_the_qp_type() {
     let mut s = setup(16);
     let ud = qp(&mut s, QpType::Ud, None);
     let uc = qp(&mut s, QpType::Uc, None);
-    to_rts(&mut s.e, ud, QpType::Ud);
-    to_rts(&mut s.e, uc, QpType::Uc);
+    to_rts(&mut s.e, ud);
+    to_rts(&mut s.e, uc);
     let read = SendOp::RdmaRead {
         remote_addr: 0,
         rkey: Rkey(1),
@@ -312,7 +272,7 @@ fn operations_are_checked_against_the_qp_type() {
 fn full_queues_are_enomem() {
     let mut s = setup(16);
     let q = qp(&mut s, QpType::Rc, None);
-    to_rts(&mut s.e, q, QpType::Rc);
+    to_rts(&mut s.e, q);
     for i in 0..4 {
         s.e.post_send(q, &send(i, SendOp::Send, SendFlags::default()))
             .unwrap();
@@ -329,7 +289,7 @@ fn full_queues_are_enomem() {
 fn entering_err_flushes_every_wr_in_order_signaled_or_not() {
     let mut s = setup(16);
     let q = qp(&mut s, QpType::Rc, None);
-    to_rts(&mut s.e, q, QpType::Rc);
+    to_rts(&mut s.e, q);
     let write = SendOp::RdmaWrite {
         remote_addr: 0,
         rkey: Rkey(1),
@@ -370,7 +330,7 @@ fn entering_err_flushes_every_wr_in_order_signaled_or_not() {
 fn reset_discards_queued_wrs_without_completions() {
     let mut s = setup(16);
     let q = qp(&mut s, QpType::Uc, None);
-    to_rts(&mut s.e, q, QpType::Uc);
+    to_rts(&mut s.e, q);
     s.e.post_send(q, &send(1, SendOp::Send, SendFlags::SIGNALED))
         .unwrap();
     s.e.post_recv(q, &recv(2)).unwrap();
@@ -384,7 +344,7 @@ fn reset_discards_queued_wrs_without_completions() {
         AttrMask::STATE,
     );
     assert!(poll(&mut s.e, s.cq).is_empty());
-    to_rts(&mut s.e, q, QpType::Uc);
+    to_rts(&mut s.e, q);
     to_err(&mut s.e, q);
     assert!(poll(&mut s.e, s.cq).is_empty(), "nothing left to flush");
 }
@@ -404,7 +364,7 @@ fn a_qp_on_an_srq_reports_last_wqe_reached_and_leaves_the_srq_alone() {
         .unwrap();
     s.e.post_srq_recv(srq, &recv(7)).unwrap();
     let q = qp(&mut s, QpType::Rc, Some(srq));
-    to_rts(&mut s.e, q, QpType::Rc);
+    to_rts(&mut s.e, q);
     assert_eq!(s.e.post_recv(q, &recv(1)).unwrap_err().errno(), EINVAL);
     while s.e.poll_event().is_some() {}
     to_err(&mut s.e, q);
@@ -432,8 +392,8 @@ fn cq_overflow_raises_the_cq_error_and_takes_its_qps_to_err() {
     let mut s = setup(2);
     let a = qp(&mut s, QpType::Rc, None);
     let b = qp(&mut s, QpType::Rc, None);
-    to_rts(&mut s.e, a, QpType::Rc);
-    to_rts(&mut s.e, b, QpType::Rc);
+    to_rts(&mut s.e, a);
+    to_rts(&mut s.e, b);
     for i in 0..3 {
         s.e.post_recv(a, &recv(i)).unwrap();
     }
