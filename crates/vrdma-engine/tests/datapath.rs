@@ -87,8 +87,13 @@ fn connect(net: &mut Net, s: Side, peer: Side, rnr_retry: u8) {
     connect_to(net, s, dgid, peer.qpn, rnr_retry);
 }
 
-/// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`.
+/// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`, MTU 1024.
 fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8) {
+    connect_mtu(net, s, dgid, dest_qpn, rnr_retry, Mtu::Mtu1024);
+}
+
+/// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`.
+fn connect_mtu(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8, mtu: Mtu) {
     let a = QpAttr {
         port_num: 1,
         qkey: QKey(0x1111_1111),
@@ -99,7 +104,7 @@ fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8) {
             hop_limit: 64,
             ..AhAttr::default()
         },
-        path_mtu: Mtu::Mtu1024,
+        path_mtu: mtu,
         dest_qp_num: dest_qpn,
         rq_psn: Psn::from_masked(0x00ff_fffe),
         sq_psn: Psn::from_masked(0x00ff_fffe),
@@ -1563,4 +1568,132 @@ fn a_slot_reused_after_a_bind_gets_a_key_the_window_never_had() {
     assert_eq!(r.index(), mw.index(), "the slot is reused");
     assert_ne!(r, bound);
     assert_ne!(r, mw);
+}
+
+#[test]
+fn messages_of_odd_lengths_at_every_path_mtu() {
+    // PMTU 256, 1024 and 4096; lengths around the packet boundaries; RC
+    // SEND with immediate, WRITE with immediate and READ, UC SEND and
+    // WRITE. Every byte and every CQE field is checked.
+    for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
+        let m = mtu.bytes();
+        for len in [1, m - 1, m, m + 1, 3 * m + 7] {
+            for ty in [QpType::Rc, QpType::Uc] {
+                let mut net = Net::default();
+                let a = side(&mut net, 1, ty, false);
+                let b = side(&mut net, 2, ty, false);
+                connect_mtu(&mut net, a, gid(2), b.qpn, 7, mtu);
+                connect_mtu(&mut net, b, gid(1), a.qpn, 7, mtu);
+                let data = pattern(len as usize, len as u8);
+                fill(&mut net, a, 0, &data);
+                let ops: Vec<(SendOp, WcOpcode)> = {
+                    let mut v = vec![
+                        (SendOp::SendWithImm { imm: len }, WcOpcode::Recv),
+                        (
+                            SendOp::RdmaWriteWithImm {
+                                remote_addr: BASE + 0x8000,
+                                rkey: b.rkey,
+                                imm: !len,
+                            },
+                            WcOpcode::RecvRdmaWithImm,
+                        ),
+                    ];
+                    if ty == QpType::Rc {
+                        v.push((
+                            SendOp::RdmaRead {
+                                remote_addr: BASE + 0x8000,
+                                rkey: b.rkey,
+                            },
+                            WcOpcode::Recv,
+                        ));
+                    }
+                    v
+                };
+                for (i, (op, recv_op)) in ops.iter().enumerate() {
+                    let rsge = [sge(b, 0, 16384)];
+                    e(&mut net, b)
+                        .post_recv(
+                            b.qpn,
+                            &RecvWr {
+                                wr_id: 100 + i as u64,
+                                sg_list: &rsge,
+                            },
+                        )
+                        .unwrap();
+                    let local = if matches!(op, SendOp::RdmaRead { .. }) {
+                        0x4000
+                    } else {
+                        0
+                    };
+                    let ssge = [sge(a, local, len)];
+                    let wr = SendWr {
+                        wr_id: i as u64,
+                        op: *op,
+                        payload: Payload::Sges(&ssge),
+                        flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
+                        ud: None,
+                    };
+                    post(&mut net, a, &wr);
+                    assert_eq!(net.run(1000), Quiet::Idle, "{mtu:?} {len} {ty:?} {op:?}");
+                    let sw = poll(&mut net, a);
+                    assert_eq!(sw.len(), 1, "{mtu:?} {len} {ty:?} {op:?}");
+                    let w = sw[0];
+                    assert_eq!(
+                        (w.wr_id, w.status, w.opcode, w.byte_len),
+                        (i as u64, WcStatus::Success, op.wc_opcode(), len)
+                    );
+                    assert_eq!(
+                        (w.qp_num, w.src_qp, w.wc_flags, w.imm_data),
+                        (a.qpn.value(), 0, WcFlags::default(), 0)
+                    );
+                    match op {
+                        SendOp::RdmaRead { .. } => {
+                            assert_eq!(read(&net, a, 0x4000, len as usize), data);
+                            assert!(poll(&mut net, b).is_empty());
+                            // The unused receive is still posted.
+                            e(&mut net, b)
+                                .modify_qp(
+                                    b.qpn,
+                                    &QpAttr {
+                                        qp_state: QpState::Err,
+                                        ..QpAttr::default()
+                                    },
+                                    AttrMask::STATE,
+                                )
+                                .unwrap();
+                            assert_eq!(poll(&mut net, b)[0].status, WcStatus::WrFlushErr);
+                        }
+                        _ => {
+                            let rw = poll(&mut net, b);
+                            assert_eq!(rw.len(), 1, "{mtu:?} {len} {ty:?} {op:?}");
+                            let r = rw[0];
+                            let imm = match op {
+                                SendOp::SendWithImm { imm }
+                                | SendOp::RdmaWriteWithImm { imm, .. } => *imm,
+                                _ => 0,
+                            };
+                            assert_eq!(
+                                (r.wr_id, r.status, r.opcode, r.byte_len),
+                                (100 + i as u64, WcStatus::Success, *recv_op, len)
+                            );
+                            assert_eq!(
+                                (r.qp_num, r.src_qp, r.wc_flags, r.imm_data),
+                                (b.qpn.value(), 0, WcFlags::WITH_IMM, imm)
+                            );
+                            let at = if *recv_op == WcOpcode::Recv {
+                                0
+                            } else {
+                                0x8000
+                            };
+                            assert_eq!(
+                                read(&net, b, at, len as usize),
+                                data,
+                                "{mtu:?} {len} {ty:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
