@@ -1,0 +1,214 @@
+//! Engine-only message rate: two engines on one core exchanging packets
+//! directly (no framing, no ICRC, no sockets), as CPU time per packet.
+//!
+//! Run: `cargo bench -p vrdma-engine --bench engine`
+//!
+//! Each iteration posts a batch of WRs on A and moves every packet
+//! (requests one way, ACKs the other) until both engines are idle, then
+//! polls the completions. Throughput is reported per packet moved.
+
+use std::{hint::black_box, net::Ipv4Addr};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use vrdma_engine::{
+    Engine,
+    attr::{DeviceAttr, Mtu, PortAttr},
+    datapath::MAX_PACKET,
+    memory::VecMemory,
+    mr::{Access, MrRequest, Translation},
+    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
+    wc::Wc,
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
+};
+use vrdma_wire::{Gid, Lkey, Psn, Qpn, Rkey, frame::IpRepr, ipv4};
+
+const BASE: u64 = 0x10_0000;
+const MEM: usize = 1 << 20;
+const BATCH: u64 = 64;
+
+struct End {
+    e: Engine,
+    mem: VecMemory,
+    qpn: Qpn,
+    cq: u32,
+    lkey: Lkey,
+    rkey: Rkey,
+    ip: IpRepr,
+}
+
+fn end(n: u8) -> End {
+    let gid = Gid::from(Ipv4Addr::new(127, 0, 0, n));
+    let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid]));
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(4096, 0).unwrap();
+    let (lkey, rkey) = e
+        .reg_mr(MrRequest {
+            pd,
+            iova: BASE,
+            length: MEM as u64,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    let cap = QpCap {
+        max_send_wr: 1024,
+        max_recv_wr: 1024,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let (qpn, _) = e
+        .create_qp(QpInitAttr {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap,
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let ip = IpRepr::V4(ipv4::Repr {
+        src: Ipv4Addr::new(127, 0, 0, 3 - n),
+        dst: Ipv4Addr::new(127, 0, 0, n),
+        tos: 0,
+        ident: 0,
+        dont_frag: true,
+        ttl: 64,
+        payload_len: 0,
+    });
+    End {
+        e,
+        mem: VecMemory::new(BASE, MEM),
+        qpn,
+        cq,
+        lkey,
+        rkey,
+        ip,
+    }
+}
+
+fn connect(x: &mut End, peer_gid: u8, dest: Qpn, mtu: Mtu) {
+    let a = QpAttr {
+        port_num: 1,
+        qp_access_flags: Access::REMOTE_WRITE,
+        ah_attr: AhAttr {
+            dgid: Gid::from(Ipv4Addr::new(127, 0, 0, peer_gid)),
+            port_num: 1,
+            ..AhAttr::default()
+        },
+        path_mtu: mtu,
+        dest_qp_num: dest,
+        rq_psn: Psn::from_masked(1),
+        sq_psn: Psn::from_masked(1),
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        ..QpAttr::default()
+    };
+    x.e.bring_up_qp(x.qpn, &a).unwrap();
+}
+
+/// Moves packets between `a` and `b` until both are quiet; returns how many.
+fn exchange(a: &mut End, b: &mut End, buf: &mut [u8]) -> u64 {
+    let mut n = 0;
+    loop {
+        let mut moved = false;
+        if let Some(t) = a.e.poll_transmit(0, &a.mem, buf) {
+            b.e.handle_packet(0, &b.ip, &buf[..t.len], &mut b.mem);
+            n += 1;
+            moved = true;
+        }
+        if let Some(t) = b.e.poll_transmit(0, &b.mem, buf) {
+            a.e.handle_packet(0, &a.ip, &buf[..t.len], &mut a.mem);
+            n += 1;
+            moved = true;
+        }
+        if !moved {
+            return n;
+        }
+    }
+}
+
+fn rate(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine");
+    for (name, len, write) in [
+        ("64 B SEND", 64u32, false),
+        ("4 KiB RDMA WRITE", 4096, true),
+    ] {
+        let mut a = end(1);
+        let mut b = end(2);
+        let (aq, bq) = (a.qpn, b.qpn);
+        connect(&mut a, 2, bq, Mtu::Mtu4096);
+        connect(&mut b, 1, aq, Mtu::Mtu4096);
+        let mut buf = vec![0u8; MAX_PACKET];
+        let mut wcs: Vec<Wc> = Vec::with_capacity(4096);
+        // Packets per batch: one request per message plus the ACKs
+        // (measured once, then used as the throughput unit).
+        let mut run_batch = |a: &mut End, b: &mut End, buf: &mut [u8], wcs: &mut Vec<Wc>| -> u64 {
+            for i in 0..BATCH {
+                if !write {
+                    let r = [Sge {
+                        addr: BASE + 0x8_0000,
+                        length: len,
+                        lkey: b.lkey,
+                    }];
+                    b.e.post_recv(
+                        b.qpn,
+                        &RecvWr {
+                            wr_id: i,
+                            sg_list: &r,
+                        },
+                    )
+                    .unwrap();
+                }
+                let s = [Sge {
+                    addr: BASE,
+                    length: len,
+                    lkey: a.lkey,
+                }];
+                let op = if write {
+                    SendOp::RdmaWrite {
+                        remote_addr: BASE + 0x8_0000,
+                        rkey: b.rkey,
+                    }
+                } else {
+                    SendOp::Send
+                };
+                // One signaled WR per batch, as perftest does (cq_mod).
+                let flags = if i + 1 == BATCH {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::default()
+                };
+                a.e.post_send(
+                    a.qpn,
+                    &SendWr {
+                        wr_id: i,
+                        op,
+                        payload: Payload::Sges(&s),
+                        flags,
+                        ud: None,
+                    },
+                )
+                .unwrap();
+            }
+            let n = exchange(a, b, buf);
+            wcs.clear();
+            a.e.poll_cq(a.cq, 4096, wcs).unwrap();
+            b.e.poll_cq(b.cq, 4096, wcs).unwrap();
+            n
+        };
+        let packets = run_batch(&mut a, &mut b, &mut buf, &mut wcs);
+        g.throughput(Throughput::Elements(packets));
+        g.bench_function(name, |bench| {
+            bench.iter(|| black_box(run_batch(&mut a, &mut b, &mut buf, &mut wcs)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, rate);
+criterion_main!(benches);
