@@ -47,6 +47,9 @@ pub struct Net {
     pub drop: std::collections::BTreeSet<u64>,
     /// Packets lost to `drop`.
     pub dropped: u64,
+    /// When set, every packet sent (BTH through ICRC) is recorded with the
+    /// index of the node that sent it.
+    pub tap: Option<Vec<(usize, Vec<u8>)>>,
 }
 
 /// What stopped [`Net::run`].
@@ -80,6 +83,9 @@ impl Net {
             moved += 1;
             let n = self.sent;
             self.sent += 1;
+            if let Some(tap) = &mut self.tap {
+                tap.push((i, buf[..t.len].to_vec()));
+            }
             let bytes = frame_ip(&t, &buf[..t.len]);
             if self.drop.contains(&n) {
                 self.dropped += 1;

@@ -1,0 +1,388 @@
+//! The engine's packets against Linux rxe's, operation by operation: the
+//! same operation at the same size and path MTU (1024, what rxe used in the
+//! reference captures) must produce the same sequence of packets with the
+//! same opcodes, flags, P_Key, AckReq placement, extension headers (the
+//! fields that do not depend on addresses or keys), payload lengths, PSN
+//! steps and MSNs. QPNs, PSN bases, addresses and keys differ by nature.
+
+use std::{fs, net::Ipv4Addr, path::Path};
+
+use pcap_file::pcap::PcapReader;
+use vrdma_engine::{
+    Engine,
+    attr::{DeviceAttr, Mtu, PortAttr},
+    memory::VecMemory,
+    mr::{Access, MrRequest, Translation},
+    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
+    testnet::Net,
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
+};
+use vrdma_wire::{Gid, Opcode, Psn, QKey, Qpn, Rkey, frame, packet};
+
+const BASE: u64 = 0x10_0000;
+
+/// What must agree between rxe and vrdma for one packet.
+#[derive(Clone, Debug, Eq, PartialEq)]
+struct Sig {
+    opcode: Opcode,
+    solicited: bool,
+    mig_req: bool,
+    pad_cnt: u8,
+    pkey: u16,
+    ack_req: bool,
+    /// PSN minus the PSN of the first packet in the same direction.
+    psn_step: u32,
+    reth_len: Option<u32>,
+    aeth: Option<(u8, u32)>,
+    qkey: Option<u32>,
+    has_imm: bool,
+    payload: usize,
+}
+
+fn sig(r: &packet::Repr<'_>, first: Psn) -> Sig {
+    Sig {
+        opcode: r.bth.opcode,
+        solicited: r.bth.solicited,
+        mig_req: r.bth.mig_req,
+        pad_cnt: r.bth.pad_cnt,
+        pkey: r.bth.pkey.0,
+        ack_req: r.bth.ack_req,
+        psn_step: first.forward_distance(r.bth.psn),
+        reth_len: r.ext.reth.map(|h| h.dma_len),
+        aeth: r.ext.aeth.map(|h| (h.syndrome.to_byte(), h.msn.value())),
+        qkey: r.ext.deth.map(|h| h.qkey.0),
+        has_imm: r.ext.immdt.is_some(),
+        payload: r.payload.len(),
+    }
+}
+
+/// The first `n_req` packets from the requester and `n_resp` from the
+/// responder in an rxe capture (the requester sends the first packet).
+fn rxe(file: &str, n_req: usize, n_resp: usize) -> (Vec<Sig>, Vec<Sig>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/rxe")
+        .join(file);
+    let mut reader = PcapReader::new(fs::File::open(path).unwrap()).unwrap();
+    let mut frames = Vec::new();
+    while let Some(p) = reader.next_packet() {
+        frames.push(p.unwrap().data.into_owned());
+    }
+    let reprs: Vec<_> = frames
+        .iter()
+        .map(|f| frame::Repr::parse_ethernet(f).unwrap())
+        .collect();
+    let requester = reprs[0].ip.src();
+    split(
+        reprs.iter().map(|f| (f.ip.src() == requester, f.roce)),
+        n_req,
+        n_resp,
+    )
+}
+
+fn split<'a>(
+    pkts: impl Iterator<Item = (bool, packet::Repr<'a>)>,
+    n_req: usize,
+    n_resp: usize,
+) -> (Vec<Sig>, Vec<Sig>) {
+    let (mut req, mut resp) = (Vec::new(), Vec::new());
+    let (mut req_first, mut resp_first) = (None, None);
+    for (from_requester, r) in pkts {
+        let (v, first, n) = if from_requester {
+            (&mut req, &mut req_first, n_req)
+        } else {
+            (&mut resp, &mut resp_first, n_resp)
+        };
+        let base = *first.get_or_insert(r.bth.psn);
+        if v.len() < n {
+            v.push(sig(&r, base));
+        }
+    }
+    (req, resp)
+}
+
+/// Two engines (RC, UC or UD), MTU 1024, P_Key 0xffff, Q_Key 0x11111111.
+fn pair(ty: QpType) -> (Net, [(Qpn, u32, vrdma_wire::Lkey, Rkey); 2]) {
+    let mut net = Net {
+        tap: Some(Vec::new()),
+        ..Net::default()
+    };
+    let mut ends = Vec::new();
+    for n in [1u8, 2] {
+        let gid = Gid::from(Ipv4Addr::new(127, 0, 0, n));
+        let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid]));
+        let pd = e.alloc_pd().unwrap();
+        let (cq, _) = e.create_cq(64, 0).unwrap();
+        let (l, r) = e
+            .reg_mr(MrRequest {
+                pd,
+                iova: BASE,
+                length: 1 << 16,
+                access: Access::LOCAL_WRITE
+                    | Access::REMOTE_WRITE
+                    | Access::REMOTE_READ
+                    | Access::REMOTE_ATOMIC,
+                translation: Translation::Identity,
+            })
+            .unwrap();
+        let cap = QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let (qpn, _) = e
+            .create_qp(QpInitAttr {
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap,
+                qp_type: ty,
+                sq_sig_all: false,
+            })
+            .unwrap();
+        net.add(e, VecMemory::new(BASE, 1 << 16), gid);
+        ends.push((qpn, pd, l, r));
+    }
+    for (me, peer) in [(0usize, 1usize), (1, 0)] {
+        let a = QpAttr {
+            port_num: 1,
+            qkey: QKey(0x1111_1111),
+            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            ah_attr: AhAttr {
+                dgid: net.nodes[peer].gid,
+                port_num: 1,
+                hop_limit: 64,
+                ..AhAttr::default()
+            },
+            path_mtu: Mtu::Mtu1024,
+            dest_qp_num: ends[peer].0,
+            rq_psn: Psn::from_masked(0x10_0000),
+            sq_psn: Psn::from_masked(0x10_0000),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 4,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 12,
+            ..QpAttr::default()
+        };
+        net.nodes[me].engine.bring_up_qp(ends[me].0, &a).unwrap();
+    }
+    (net, [ends[0], ends[1]])
+}
+
+/// Runs one WR from node 0 (with a receive posted at node 1) and returns
+/// the signatures of node 0's and node 1's packets.
+fn vrdma(
+    ty: QpType,
+    op: impl Fn(Rkey) -> SendOp,
+    len: u32,
+    n_req: usize,
+    n_resp: usize,
+) -> (Vec<Sig>, Vec<Sig>) {
+    let (mut net, ends) = pair(ty);
+    let [(qa, pda, la, _), (qb, _, lb, rb)] = ends;
+    let rsge = [Sge {
+        addr: BASE + 0x8000,
+        length: 8192,
+        lkey: lb,
+    }];
+    net.nodes[1]
+        .engine
+        .post_recv(
+            qb,
+            &RecvWr {
+                wr_id: 1,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let gid_b = net.nodes[1].gid;
+    let ud = if ty == QpType::Ud {
+        let ah = net.nodes[0]
+            .engine
+            .create_ah(
+                pda,
+                AhAttr {
+                    dgid: gid_b,
+                    port_num: 1,
+                    hop_limit: 64,
+                    ..AhAttr::default()
+                },
+            )
+            .unwrap();
+        Some(UdDest {
+            ah,
+            remote_qpn: qb,
+            remote_qkey: QKey(0x1111_1111),
+        })
+    } else {
+        None
+    };
+    let ssge = [Sge {
+        addr: BASE,
+        length: len,
+        lkey: la,
+    }];
+    let wr = SendWr {
+        wr_id: 2,
+        op: op(rb),
+        payload: Payload::Sges(&ssge),
+        flags: SendFlags::SIGNALED,
+        ud,
+    };
+    net.nodes[0].engine.post_send(qa, &wr).unwrap();
+    net.run(1000);
+    let tap = net.tap.take().unwrap();
+    let reprs: Vec<(bool, Vec<u8>)> = tap.into_iter().map(|(node, b)| (node == 0, b)).collect();
+    let parsed = reprs.iter().map(|(from_a, b)| {
+        (
+            *from_a,
+            packet::Repr::parse(&packet::Packet::new_checked(&b[..]).unwrap()).unwrap(),
+        )
+    });
+    split(parsed, n_req, n_resp)
+}
+
+fn agree(
+    file: &str,
+    ty: QpType,
+    op: impl Fn(Rkey) -> SendOp,
+    len: u32,
+    n_req: usize,
+    n_resp: usize,
+) {
+    let theirs = rxe(file, n_req, n_resp);
+    let ours = vrdma(ty, op, len, n_req, n_resp);
+    assert_eq!(ours.0, theirs.0, "{file}: requester packets");
+    assert_eq!(ours.1, theirs.1, "{file}: responder packets");
+    assert_eq!(ours.0.len(), n_req, "{file}");
+}
+
+#[test]
+fn rc_send_of_4096_bytes() {
+    agree(
+        "rc_pingpong_4096.pcap",
+        QpType::Rc,
+        |_| SendOp::Send,
+        4096,
+        4,
+        1,
+    );
+}
+
+#[test]
+fn rc_write_of_4096_bytes() {
+    agree(
+        "write_bw_4096.pcap",
+        QpType::Rc,
+        |rkey| SendOp::RdmaWrite {
+            remote_addr: BASE + 0x8000,
+            rkey,
+        },
+        4096,
+        4,
+        1,
+    );
+}
+
+#[test]
+fn rc_read_of_4096_bytes() {
+    agree(
+        "read_bw_4096.pcap",
+        QpType::Rc,
+        |rkey| SendOp::RdmaRead {
+            remote_addr: BASE + 0x8000,
+            rkey,
+        },
+        4096,
+        1,
+        4,
+    );
+}
+
+#[test]
+fn rc_fetch_add() {
+    agree(
+        "atomic_fetch_add.pcap",
+        QpType::Rc,
+        |rkey| SendOp::FetchAdd {
+            remote_addr: BASE + 0x8000,
+            rkey,
+            add: 1,
+        },
+        8,
+        1,
+        1,
+    );
+}
+
+#[test]
+fn rc_compare_swap() {
+    agree(
+        "atomic_cmp_swap.pcap",
+        QpType::Rc,
+        |rkey| SendOp::CompareSwap {
+            remote_addr: BASE + 0x8000,
+            rkey,
+            compare: 0,
+            swap: 0,
+        },
+        8,
+        1,
+        1,
+    );
+}
+
+#[test]
+fn rc_send_with_immediate_of_64_bytes() {
+    agree(
+        "rc_imm_and_rnr_nak.pcap",
+        QpType::Rc,
+        |_| SendOp::SendWithImm { imm: 0x4433_2211 },
+        64,
+        1,
+        1,
+    );
+}
+
+#[test]
+fn ud_send_of_64_bytes() {
+    agree(
+        "ud_pingpong_64.pcap",
+        QpType::Ud,
+        |_| SendOp::Send,
+        64,
+        1,
+        0,
+    );
+}
+
+#[test]
+fn uc_send_of_64_bytes() {
+    agree(
+        "uc_pingpong_64.pcap",
+        QpType::Uc,
+        |_| SendOp::Send,
+        64,
+        1,
+        0,
+    );
+}
+
+#[test]
+fn rc_write_of_64_bytes() {
+    agree(
+        "write_bw_64.pcap",
+        QpType::Rc,
+        |rkey| SendOp::RdmaWrite {
+            remote_addr: BASE + 0x8000,
+            rkey,
+        },
+        64,
+        1,
+        1,
+    );
+}
