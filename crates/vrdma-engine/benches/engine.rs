@@ -147,7 +147,7 @@ fn rate(c: &mut Criterion) {
         let mut wcs: Vec<Wc> = Vec::with_capacity(4096);
         // Packets per batch: one request per message plus the ACKs
         // (measured once, then used as the throughput unit).
-        let mut run_batch = |a: &mut End, b: &mut End, buf: &mut [u8], wcs: &mut Vec<Wc>| -> u64 {
+        let run_batch = |a: &mut End, b: &mut End, buf: &mut [u8], wcs: &mut Vec<Wc>| -> u64 {
             for i in 0..BATCH {
                 if !write {
                     let r = [Sge {
