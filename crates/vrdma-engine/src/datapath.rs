@@ -1435,6 +1435,12 @@ impl Engine {
     /// Requester: RDMA READ response data for the oldest WQE.
     fn recv_read_response(&mut self, qpn: Qpn, r: &packet::Repr<'_>, mem: &mut impl Memory) {
         let psn = r.bth.psn;
+        // Only a response to something outstanding counts: a stale or
+        // forged one must not acknowledge anything.
+        if !self.outstanding(qpn, psn) {
+            self.stats.rx_duplicate += 1;
+            return;
+        }
         // A response acknowledges every earlier request.
         self.implicit_ack(qpn, psn);
         let Some(q) = self.qps.get(qpn.value()) else {
@@ -1494,6 +1500,10 @@ impl Engine {
     /// Requester: the acknowledgement of the oldest WQE, an atomic.
     fn recv_atomic_ack(&mut self, qpn: Qpn, r: &packet::Repr<'_>, mem: &mut impl Memory) {
         let psn = r.bth.psn;
+        if !self.outstanding(qpn, psn) {
+            self.stats.rx_duplicate += 1;
+            return;
+        }
         self.implicit_ack(qpn, psn);
         let Some(q) = self.qps.get(qpn.value()) else {
             return;

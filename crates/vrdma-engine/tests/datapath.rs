@@ -13,7 +13,7 @@ use vrdma_engine::{
     wc::{Wc, WcFlags, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey, grh};
+use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey, frame::IpRepr, grh, packet};
 
 const BASE: u64 = 0x10_0000;
 const MEM: usize = 64 * 1024;
@@ -1696,4 +1696,79 @@ fn messages_of_odd_lengths_at_every_path_mtu() {
             }
         }
     }
+}
+
+#[test]
+fn a_forged_read_response_acknowledges_nothing() {
+    // A SEND is outstanding (its packet lost); a READ response for a PSN
+    // far beyond anything sent must not complete it.
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let rsge = [sge(b, 0, 64)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"x"),
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.drop.insert(0);
+    let Quiet::Timer(t) = net.run(100) else {
+        panic!("expected the retransmit timer")
+    };
+    let (next, _) = e(&mut net, a).qp_psns(a.qpn).unwrap();
+    let forged = packet::Repr::new(
+        vrdma_wire::bth::Repr {
+            opcode: vrdma_wire::Opcode::RcReadResponseOnly,
+            solicited: false,
+            mig_req: false,
+            pad_cnt: 0,
+            pkey: vrdma_wire::PKey::DEFAULT,
+            fecn: false,
+            becn: false,
+            dest_qp: a.qpn,
+            ack_req: false,
+            psn: next.wrapping_add(1000),
+        },
+        packet::ExtHeaders {
+            aeth: Some(vrdma_wire::aeth::Repr {
+                syndrome: vrdma_wire::aeth::Syndrome::Ack(vrdma_wire::aeth::CreditCode::INVALID),
+                msn: vrdma_wire::Msn::from_masked(1),
+            }),
+            ..Default::default()
+        },
+        &[],
+    );
+    let mut bytes = vec![0; forged.buffer_len()];
+    forged
+        .emit(&mut packet::Packet::new_unchecked(&mut bytes[..]))
+        .unwrap();
+    let ip = IpRepr::V4(vrdma_wire::ipv4::Repr {
+        src: Ipv4Addr::new(127, 0, 0, 2),
+        dst: Ipv4Addr::new(127, 0, 0, 1),
+        tos: 0,
+        ident: 0,
+        dont_frag: true,
+        ttl: 64,
+        payload_len: 0,
+    });
+    let node = &mut net.nodes[a.node];
+    node.engine.handle_packet(0, &ip, &bytes, &mut node.mem);
+    assert!(
+        poll(&mut net, a).is_empty(),
+        "the forged response completed the SEND"
+    );
+    net.advance_to(t);
+    assert_eq!(net.run(100), Quiet::Idle);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+    assert_eq!(poll(&mut net, b)[0].wr_id, 9);
 }
