@@ -5,7 +5,9 @@
 //!
 //! Each iteration posts a batch of WRs on A and moves every packet
 //! (requests one way, ACKs the other) until both engines are idle, then
-//! polls the completions. Throughput is reported per packet moved.
+//! polls the completions. Throughput is reported per packet moved. A
+//! second row per workload times the batch's payload copies alone, so
+//! that the engine's own cost per packet is the difference.
 
 use std::{hint::black_box, net::Ipv4Addr};
 
@@ -205,6 +207,22 @@ fn rate(c: &mut Criterion) {
         g.throughput(Throughput::Elements(packets));
         g.bench_function(name, |bench| {
             bench.iter(|| black_box(run_batch(&mut a, &mut b, &mut buf, &mut wcs)))
+        });
+        // The payload copies the batch cannot avoid, on their own: each
+        // message's bytes from the sender's memory into a packet and from
+        // the packet into the receiver's memory. The figure is
+        // per packet *excluding* these, so BENCHMARKS.md subtracts this row
+        // (same packet count) from the one above.
+        let n = len as usize;
+        let (src, dst) = (0x100, 0x8_0000);
+        g.bench_function(format!("{name}: payload copies only"), |bench| {
+            bench.iter(|| {
+                for _ in 0..BATCH {
+                    buf[..n].copy_from_slice(&a.mem.bytes()[src..src + n]);
+                    b.mem.bytes_mut()[dst..dst + n].copy_from_slice(black_box(&buf[..n]));
+                }
+                black_box(&b.mem);
+            })
         });
     }
     g.finish();

@@ -160,15 +160,26 @@ impl Engine {
         if q.req.offset > 0 {
             return true;
         }
+        let is_rd = next.op.is_some_and(is_read_or_atomic);
+        let fenced = next.flags.contains(crate::wr::SendFlags::FENCE);
+        if !is_rd && !fenced {
+            // The common case needs no count of what is outstanding.
+            return true;
+        }
+        // Count the READs and atomics sent and not yet completed, up to
+        // the limit: a fence needs none, a READ or atomic fewer than
+        // max_rd_atomic.
+        let limit = if fenced {
+            1
+        } else {
+            usize::from(q.attr.max_rd_atomic.max(1))
+        };
         let reads = (0..q.req.cursor)
             .filter_map(|i| q.sq.get(i))
             .filter(|w| w.op.is_some_and(is_read_or_atomic))
+            .take(limit)
             .count();
-        let op = next.op;
-        if op.is_some_and(is_read_or_atomic) && reads >= usize::from(q.attr.max_rd_atomic.max(1)) {
-            return false;
-        }
-        !(next.flags.contains(crate::wr::SendFlags::FENCE) && reads > 0)
+        reads < limit
     }
 
     /// The earliest time [`Engine::handle_timeout`] has work: a retransmit
@@ -247,6 +258,14 @@ impl Engine {
     /// Where `qpn`'s packets go: the UD WR's address vector, else the
     /// QP's own.
     fn path(&self, qpn: Qpn, ud: Option<crate::qp::AhAttr>) -> Option<Transmit> {
+        if ud.is_none() {
+            return self.qps.get(qpn.value())?.path;
+        }
+        self.path_of(qpn, ud)
+    }
+
+    /// [`Self::path`] computed afresh.
+    pub(crate) fn path_of(&self, qpn: Qpn, ud: Option<crate::qp::AhAttr>) -> Option<Transmit> {
         let q = self.qps.get(qpn.value())?;
         let av = ud.unwrap_or(q.attr.ah_attr);
         Some(Transmit {
@@ -298,7 +317,7 @@ impl Engine {
                     aeth: Some(ack(syndrome)),
                     ..Default::default()
                 };
-                let n = emit(buf, bth(Opcode::RcAcknowledge, psn), ext, &[]);
+                let n = emit(buf, bth(Opcode::RcAcknowledge, psn), ext);
                 if let Syndrome::Nak(code) = syndrome
                     && code != NakCode::PsnSequenceError
                 {
@@ -325,7 +344,7 @@ impl Engine {
                     atomic_ack_eth: Some(vrdma_wire::atomic::ack::Repr { orig }),
                     ..Default::default()
                 };
-                emit(buf, bth(Opcode::RcAtomicAcknowledge, psn), ext, &[])?
+                emit(buf, bth(Opcode::RcAtomicAcknowledge, psn), ext)?
             }
             RespOut::Read {
                 rkey,
@@ -343,11 +362,18 @@ impl Engine {
                     (false, true) => (Opcode::RcReadResponseLast, true),
                     (false, false) => (Opcode::RcReadResponseMiddle, false),
                 };
-                let mut scratch = std::mem::take(&mut self.scratch);
-                scratch.clear();
-                scratch.resize(n as usize, 0);
+                let ppsn = psn.wrapping_add((sent / mtu.max(1)) as u32);
+                let ext = packet::ExtHeaders {
+                    aeth: with_aeth.then(|| ack(ok)),
+                    ..Default::default()
+                };
+                // n <= mtu <= 4096.
+                let n_bytes = n as usize;
+                let out = buf.get_mut(..packet::packet_len(opcode, n_bytes))?;
+                let at = packet::emit_headers(out, &bth(opcode, ppsn), &ext, n_bytes).ok()?;
                 // The MR is checked again: it may have been deregistered
-                // since the request was accepted.
+                // since the request was accepted. The data is read straight
+                // into the packet.
                 let read = if n == 0 {
                     // A zero-length READ touches no memory and needs no key
                     // (IBTA Vol1 §9.4.3).
@@ -355,11 +381,9 @@ impl Engine {
                 } else {
                     self.keys
                         .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ, qpn)
-                        .and_then(|mr| mr.read(mem, va + sent, &mut scratch))
+                        .and_then(|mr| mr.read(mem, va + sent, &mut out[at..at + n_bytes]))
                 };
-                let ppsn = psn.wrapping_add((sent / mtu.max(1)) as u32);
                 if read.is_err() {
-                    self.scratch = scratch;
                     if let Some(q) = self.qps.get_mut(qpn.value()) {
                         q.resp.out.push_front(RespOut::Ack {
                             psn: ppsn,
@@ -368,12 +392,7 @@ impl Engine {
                     }
                     return self.emit_response(qpn, mem, buf);
                 }
-                let ext = packet::ExtHeaders {
-                    aeth: with_aeth.then(|| ack(ok)),
-                    ..Default::default()
-                };
-                let out = emit(buf, bth(opcode, ppsn), ext, &scratch);
-                self.scratch = scratch;
+                let written = out.len();
                 if !last && let Some(q) = self.qps.get_mut(qpn.value()) {
                     q.resp.out.push_front(RespOut::Read {
                         rkey,
@@ -383,7 +402,7 @@ impl Engine {
                         sent: sent + n,
                     });
                 }
-                out?
+                written
             }
         };
         self.path(qpn, None).map(|t| Transmit { len, ..t })
@@ -415,26 +434,6 @@ impl Engine {
             (false, true) => Position::Last,
             (false, false) => Position::Middle,
         };
-        // Gather this packet's payload.
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        // n <= mtu <= 4096.
-        scratch.resize(n as usize, 0);
-        let gathered = if w.is_inline {
-            let start = offset as usize;
-            scratch.copy_from_slice(&w.inline[start..start + n as usize]);
-            Ok(())
-        } else {
-            gather(&self.keys, mem, pd, &w.sges, offset, &mut scratch)
-        };
-        if gathered.is_err() {
-            // IBTA Vol1 §10.7.2.3: a bad local SGE completes the WQE with a
-            // local protection error and the QP enters ERR.
-            self.scratch = scratch;
-            self.complete_front_with_error(qpn, WcStatus::LocProtErr);
-            return None;
-        }
-        let w = q.sq.get(cursor)?;
         let qkey_of_qp = q.attr.qkey;
         let (opcode, ext, dest_qp, ah) = match (ty, op) {
             (QpType::Ud, SendOp::Send | SendOp::SendWithImm { .. }) => {
@@ -476,9 +475,26 @@ impl Engine {
             ack_req: ty == QpType::Rc && last,
             psn,
         };
-        let len = emit(buf, bth, ext, &scratch);
-        self.scratch = scratch;
-        let len = len?;
+        // Headers first, then the payload gathered straight into the packet
+        // (n <= mtu <= 4096).
+        let n_bytes = n as usize;
+        let out = buf.get_mut(..packet::packet_len(opcode, n_bytes))?;
+        let at = packet::emit_headers(out, &bth, &ext, n_bytes).ok()?;
+        let payload = &mut out[at..at + n_bytes];
+        let gathered = if w.is_inline {
+            let start = offset as usize;
+            payload.copy_from_slice(&w.inline[start..start + n_bytes]);
+            Ok(())
+        } else {
+            gather(&self.keys, mem, pd, &w.sges, offset, payload)
+        };
+        if gathered.is_err() {
+            // IBTA Vol1 §10.7.2.3: a bad local SGE completes the WQE with a
+            // local protection error and the QP enters ERR.
+            self.complete_front_with_error(qpn, WcStatus::LocProtErr);
+            return None;
+        }
+        let len = out.len();
         let t = self.path(qpn, ah).map(|t| Transmit { len, ..t })?;
 
         // Advance.
@@ -590,7 +606,7 @@ impl Engine {
             ack_req: true,
             psn,
         };
-        let len = emit(buf, bth, ext, &[])?;
+        let len = emit(buf, bth, ext)?;
         let t = self.path(qpn, None).map(|t| Transmit { len, ..t })?;
         let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
         let q = self.qps.get_mut(qpn.value())?;
@@ -619,9 +635,6 @@ impl Engine {
             let Some(q) = self.qps.get(qpn.value()) else {
                 return;
             };
-            if !self.can_send_request(q) {
-                return;
-            }
             let cursor = q.req.cursor;
             let Some(w) = q.sq.get(cursor) else {
                 return;
@@ -629,6 +642,9 @@ impl Engine {
             let Some(op) = w.op.filter(|o| o.is_local()) else {
                 return;
             };
+            if !self.can_send_request(q) {
+                return;
+            }
             if w.executed {
                 // A rewind moved the cursor back over an operation that
                 // already ran: it is not run again.
@@ -755,11 +771,8 @@ impl Engine {
     pub fn handle_packet(&mut self, now: u64, ip: &IpRepr, roce: &[u8], mem: &mut impl Memory) {
         self.now = self.now.max(now);
         self.stats.rx_packets += 1;
-        let Ok(p) = packet::Packet::new_checked(roce) else {
-            self.stats.rx_malformed += 1;
-            return;
-        };
-        let Ok(r) = packet::Repr::parse(&p) else {
+        // `Repr::parse` does every layout check `new_checked` would.
+        let Ok(r) = packet::Repr::parse(&packet::Packet::new_unchecked(roce)) else {
             self.stats.rx_malformed += 1;
             return;
         };
@@ -1814,12 +1827,10 @@ fn connected_request(
     Some((opcode, ext))
 }
 
-/// Emits a packet; `None` if `buf` is too small.
-fn emit(buf: &mut [u8], bth: bth::Repr, ext: packet::ExtHeaders, payload: &[u8]) -> Option<usize> {
-    let r = packet::Repr::new(bth, ext, payload);
-    let n = r.buffer_len();
-    let out = buf.get_mut(..n)?;
-    r.emit(&mut packet::Packet::new_unchecked(out)).ok()?;
+/// Emits a packet without payload; `None` if `buf` is too small.
+fn emit(buf: &mut [u8], bth: bth::Repr, ext: packet::ExtHeaders) -> Option<usize> {
+    let n = packet::packet_len(bth.opcode, 0);
+    packet::emit_headers(buf.get_mut(..n)?, &bth, &ext, 0).ok()?;
     Some(n)
 }
 

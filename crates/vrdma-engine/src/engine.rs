@@ -44,8 +44,6 @@ pub struct Engine {
     pub(crate) notifications: VecDeque<u32>,
     /// QPs with a packet to send (requester work or a pending ACK).
     pub(crate) tx_ready: VecDeque<Qpn>,
-    /// Gather buffer for one packet's payload.
-    pub(crate) scratch: Vec<u8>,
     pub(crate) stats: crate::datapath::Stats,
     /// The latest time the caller gave, in nanoseconds.
     pub(crate) now: u64,
@@ -69,7 +67,6 @@ impl Engine {
             events,
             notifications: VecDeque::new(),
             tx_ready: VecDeque::new(),
-            scratch: Vec::with_capacity(vrdma_wire::MAX_PAYLOAD),
             stats: crate::datapath::Stats::default(),
             now: 0,
             attr,
@@ -347,9 +344,7 @@ impl Engine {
 
     /// `ibv_poll_cq`: up to `max` completions into `out`; returns how many.
     pub fn poll_cq(&mut self, cq: u32, max: usize, out: &mut Vec<crate::wc::Wc>) -> Result<usize> {
-        let before = out.len();
-        out.extend(self.cq_mut(cq)?.poll(max));
-        Ok(out.len() - before)
+        Ok(self.cq_mut(cq)?.poll_into(max, out))
     }
 
     fn cq(&self, cq: u32) -> Result<&Cq> {
@@ -671,6 +666,12 @@ impl Engine {
         if next == QpState::Reset {
             // The QP's connection is gone: so are its type 2 windows.
             self.keys.unbind_qp(qpn);
+        }
+        // The GID table is fixed for the engine's life, so a connected
+        // QP's path only changes here.
+        let path = self.path_of(qpn, None);
+        if let Some(q) = self.qps.get_mut(qpn.value()) {
+            q.path = path;
         }
         if next == QpState::Err && cur != QpState::Err {
             self.flush_errored(qpn, true);

@@ -96,7 +96,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 }
 
 /// The only transport header version defined.
-const TVER: u8 = 0;
+pub(crate) const TVER: u8 = 0;
 
 /// The meaning of a BTH.
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]

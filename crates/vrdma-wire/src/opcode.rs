@@ -111,6 +111,11 @@ impl HeaderSet {
         Self(self.0 | other.0)
     }
 
+    /// `self` without the headers of `other`.
+    pub const fn without(self, other: Self) -> Self {
+        Self(self.0 & !other.0)
+    }
+
     /// True when every header of `other` is in `self`.
     pub const fn contains(self, other: Self) -> bool {
         self.0 & other.0 == other.0
@@ -160,6 +165,8 @@ pub struct OpcodeInfo {
     pub position: Option<Position>,
     /// Extension headers following the BTH.
     pub headers: HeaderSet,
+    /// Their total length in bytes.
+    pub header_len: usize,
     /// Whether a payload (possibly empty) follows the headers.
     pub payload: bool,
     /// Carries immediate data (ImmDt).
@@ -195,6 +202,7 @@ macro_rules! opcodes {
                             operation: Operation::$op,
                             position: $pos,
                             headers,
+                            header_len: headers.len(),
                             payload: $payload,
                             immediate: headers.contains(HeaderSet::IMMDT),
                             invalidate: headers.contains(HeaderSet::IETH),
@@ -208,10 +216,7 @@ macro_rules! opcodes {
         impl TryFrom<u8> for Opcode {
             type Error = Error;
             fn try_from(v: u8) -> Result<Self, Error> {
-                match v {
-                    $( $code => Ok(Opcode::$variant), )*
-                    other => Err(Error::UnknownOpcode(other)),
-                }
+                OPCODE_OF[usize::from(v)].ok_or(Error::UnknownOpcode(v))
             }
         }
     };
@@ -283,6 +288,18 @@ const INFO: &[OpcodeInfo; 256] = &{
     while i < Opcode::ALL.len() {
         let op = Opcode::ALL[i];
         t[op as usize] = op.build_info();
+        i += 1;
+    }
+    t
+};
+
+/// The opcode of each byte, for a one-load [`Opcode::try_from`].
+const OPCODE_OF: &[Option<Opcode>; 256] = &{
+    let mut t = [None; 256];
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let op = Opcode::ALL[i];
+        t[op as usize] = Some(op);
         i += 1;
     }
     t

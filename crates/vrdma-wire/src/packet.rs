@@ -38,15 +38,19 @@ fn layout(d: &[u8]) -> Result<Layout> {
     crate::need(Header::Bth, bth::HEADER_LEN, d.len())?;
     let b = bth::Packet::new_unchecked(d);
     let opcode = Opcode::try_from(b.opcode_raw())?;
-    let headers = opcode.headers();
-    let mut at = bth::HEADER_LEN;
-    for (bit, header, len) in HeaderSet::ORDER {
-        if headers.contains(bit) {
-            crate::need(header, at + len, d.len())?;
-            at += len;
+    let at = bth::HEADER_LEN + opcode.info().header_len;
+    if d.len() < at + ICRC_LEN {
+        // Name the first part that is cut off.
+        let headers = opcode.headers();
+        let mut at = bth::HEADER_LEN;
+        for (bit, header, len) in HeaderSet::ORDER {
+            if headers.contains(bit) {
+                crate::need(header, at + len, d.len())?;
+                at += len;
+            }
         }
+        crate::need(Header::Icrc, at + ICRC_LEN, d.len())?;
     }
-    crate::need(Header::Icrc, at + ICRC_LEN, d.len())?;
     let icrc = d.len() - ICRC_LEN;
     let area = icrc - at;
     let pad = usize::from(b.pad_cnt());
@@ -247,50 +251,60 @@ impl<'a> Repr<'a> {
 
     /// Parses a packet: layout checks, then every header. The ICRC is not
     /// verified here (it needs the IP and UDP headers).
+    #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&'a T>) -> Result<Self> {
         let d: &'a [u8] = p.buffer.as_ref();
         let l = layout(d)?;
-        let bth = bth::Repr::parse(&bth::Packet::new_unchecked(d))?;
+        let b = bth::Packet::new_unchecked(d);
+        if b.tver() != bth::TVER {
+            return Err(Error::BadTver(b.tver()));
+        }
+        let bth = bth::Repr {
+            opcode: l.opcode,
+            solicited: b.solicited(),
+            mig_req: b.mig_req(),
+            pad_cnt: b.pad_cnt(),
+            pkey: b.pkey(),
+            fecn: b.fecn(),
+            becn: b.becn(),
+            dest_qp: b.dest_qp(),
+            ack_req: b.ack_req(),
+            psn: b.psn(),
+        };
         let mut ext = ExtHeaders::default();
         let headers = l.opcode.headers();
         let mut at = bth::HEADER_LEN;
-        // One walk over the headers; `layout` checked they are all present.
-        for (bit, _, len) in HeaderSet::ORDER {
-            if !headers.contains(bit) {
-                continue;
-            }
-            let h = &d[at..at + len];
-            match bit {
-                HeaderSet::DETH => {
-                    ext.deth = Some(deth::Repr::parse(&deth::Packet::new_unchecked(h))?)
+        // Straight through the headers in wire order; `layout` checked they
+        // are all there.
+        macro_rules! take {
+            ($bit:expr, $field:ident, $module:path, $len:expr) => {
+                if headers.contains($bit) {
+                    use $module as m;
+                    let h = &d[at..at + $len];
+                    ext.$field = Some(m::Repr::parse(&m::Packet::new_unchecked(h))?);
+                    at += $len;
                 }
-                HeaderSet::RETH => {
-                    ext.reth = Some(reth::Repr::parse(&reth::Packet::new_unchecked(h))?)
-                }
-                HeaderSet::ATOMIC_ETH => {
-                    ext.atomic_eth = Some(atomic::eth::Repr::parse(
-                        &atomic::eth::Packet::new_unchecked(h),
-                    )?)
-                }
-                HeaderSet::AETH => {
-                    ext.aeth = Some(aeth::Repr::parse(&aeth::Packet::new_unchecked(h))?)
-                }
-                HeaderSet::ATOMIC_ACK_ETH => {
-                    ext.atomic_ack_eth = Some(atomic::ack::Repr::parse(
-                        &atomic::ack::Packet::new_unchecked(h),
-                    )?)
-                }
-                HeaderSet::IMMDT => {
-                    ext.immdt = Some(immdt::Repr::parse(&immdt::Packet::new_unchecked(h))?)
-                }
-                HeaderSet::IETH => {
-                    ext.ieth = Some(ieth::Repr::parse(&ieth::Packet::new_unchecked(h))?)
-                }
-                // The CNP's reserved bytes carry nothing.
-                _ => {}
-            }
-            at += len;
+            };
         }
+        take!(HeaderSet::DETH, deth, deth, deth::HEADER_LEN);
+        take!(HeaderSet::RETH, reth, reth, reth::HEADER_LEN);
+        take!(
+            HeaderSet::ATOMIC_ETH,
+            atomic_eth,
+            atomic::eth,
+            atomic::ATOMIC_ETH_LEN
+        );
+        take!(HeaderSet::AETH, aeth, aeth, aeth::HEADER_LEN);
+        take!(
+            HeaderSet::ATOMIC_ACK_ETH,
+            atomic_ack_eth,
+            atomic::ack,
+            atomic::ATOMIC_ACK_ETH_LEN
+        );
+        take!(HeaderSet::IMMDT, immdt, immdt, immdt::HEADER_LEN);
+        take!(HeaderSet::IETH, ieth, ieth, ieth::HEADER_LEN);
+        // The CNP's reserved bytes carry nothing; `at` is not needed after.
+        let _ = at;
         Ok(Self {
             bth,
             ext,
@@ -314,41 +328,13 @@ impl<'a> Repr<'a> {
 
     /// Checks that the headers match the opcode and the payload is allowed.
     pub fn validate(&self) -> Result<()> {
-        let opcode = self.bth.opcode;
-        let want = opcode.headers();
-        let have = self.ext.set();
-        for (bit, header, _) in HeaderSet::ORDER {
-            if bit == HeaderSet::CNP_RESERVED {
-                continue;
-            }
-            if want.contains(bit) != have.contains(bit) {
-                return Err(Error::HeaderMismatch {
-                    opcode,
-                    header,
-                    present: have.contains(bit),
-                });
-            }
-        }
-        if !opcode.has_payload() && !self.payload.is_empty() {
-            return Err(Error::UnexpectedPayload {
-                opcode,
-                len: self.payload.len(),
-            });
-        }
-        if self.payload.len() > MAX_PAYLOAD {
-            return Err(Error::PayloadTooLong {
-                len: self.payload.len(),
-                max: MAX_PAYLOAD,
-            });
-        }
-        Ok(())
+        check(&self.bth, &self.ext, self.payload.len())
     }
 
     /// Writes the packet into a buffer of exactly [`Self::buffer_len`]
     /// bytes. Pad bytes are zero; the ICRC field is zeroed for the caller to
     /// fill in ([`crate::frame`] does).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) -> Result<()> {
-        self.validate()?;
         let len = self.buffer_len();
         let d = p.buffer.as_mut();
         if d.len() != len {
@@ -357,49 +343,104 @@ impl<'a> Repr<'a> {
                 available: d.len(),
             });
         }
-        let pad = self.pad_len();
-        let bth = bth::Repr {
-            // pad_len() < 4 by construction.
-            pad_cnt: pad as u8,
-            ..self.bth
-        };
-        bth.emit(&mut bth::Packet::new_unchecked(&mut d[..bth::HEADER_LEN]))?;
-        let mut at = bth::HEADER_LEN;
-        for (bit, _, hlen) in HeaderSet::ORDER {
-            if !self.bth.opcode.headers().contains(bit) {
-                continue;
-            }
-            let h = &mut d[at..at + hlen];
-            // `validate` checked that each header the opcode needs is present.
-            let e = &self.ext;
-            match bit {
-                HeaderSet::DETH => e.deth.map(|r| r.emit(&mut deth::Packet::new_unchecked(h))),
-                HeaderSet::RETH => e.reth.map(|r| r.emit(&mut reth::Packet::new_unchecked(h))),
-                HeaderSet::ATOMIC_ETH => e
-                    .atomic_eth
-                    .map(|r| r.emit(&mut atomic::eth::Packet::new_unchecked(h))),
-                HeaderSet::AETH => e.aeth.map(|r| r.emit(&mut aeth::Packet::new_unchecked(h))),
-                HeaderSet::ATOMIC_ACK_ETH => e
-                    .atomic_ack_eth
-                    .map(|r| r.emit(&mut atomic::ack::Packet::new_unchecked(h))),
-                HeaderSet::IMMDT => e
-                    .immdt
-                    .map(|r| r.emit(&mut immdt::Packet::new_unchecked(h))),
-                HeaderSet::IETH => e.ieth.map(|r| r.emit(&mut ieth::Packet::new_unchecked(h))),
-                // The CNP's reserved bytes.
-                _ => {
-                    h.fill(0);
-                    None
-                }
-            }
-            .transpose()?;
-            at += hlen;
-        }
+        let at = emit_headers(d, &self.bth, &self.ext, self.payload.len())?;
         d[at..at + self.payload.len()].copy_from_slice(self.payload);
-        at += self.payload.len();
-        d[at..].fill(0);
         Ok(())
     }
+}
+
+/// Checks that `ext` holds exactly the headers `bth.opcode` requires and
+/// that a payload of `payload_len` bytes is allowed.
+fn check(bth: &bth::Repr, ext: &ExtHeaders, payload_len: usize) -> Result<()> {
+    let opcode = bth.opcode;
+    let want = opcode.headers();
+    let have = ext.set();
+    // The CNP's reserved bytes are not a header a `Repr` carries.
+    if want.without(HeaderSet::CNP_RESERVED) != have {
+        for (bit, header, _) in HeaderSet::ORDER {
+            if bit != HeaderSet::CNP_RESERVED && want.contains(bit) != have.contains(bit) {
+                return Err(Error::HeaderMismatch {
+                    opcode,
+                    header,
+                    present: have.contains(bit),
+                });
+            }
+        }
+    }
+    if !opcode.has_payload() && payload_len != 0 {
+        return Err(Error::UnexpectedPayload {
+            opcode,
+            len: payload_len,
+        });
+    }
+    if payload_len > MAX_PAYLOAD {
+        return Err(Error::PayloadTooLong {
+            len: payload_len,
+            max: MAX_PAYLOAD,
+        });
+    }
+    Ok(())
+}
+
+/// The length of a packet from BTH through ICRC with `opcode`'s headers and
+/// `payload_len` bytes of payload (plus pad).
+pub const fn packet_len(opcode: Opcode, payload_len: usize) -> usize {
+    bth::HEADER_LEN + opcode.headers().len() + payload_len.next_multiple_of(4) + ICRC_LEN
+}
+
+/// Writes a packet around a payload the caller fills in place: the BTH
+/// (PadCnt computed from `payload_len`), the extension headers, zeroed pad
+/// and a zeroed ICRC. `buf` must be exactly [`packet_len`] bytes; returns
+/// the offset of the payload, whose `payload_len` bytes are left as they
+/// were. This lets a sender gather a payload straight into its packet
+/// instead of copying it twice.
+pub fn emit_headers(
+    buf: &mut [u8],
+    bth: &bth::Repr,
+    ext: &ExtHeaders,
+    payload_len: usize,
+) -> Result<usize> {
+    check(bth, ext, payload_len)?;
+    let len = packet_len(bth.opcode, payload_len);
+    if buf.len() != len {
+        return Err(Error::BufferSize {
+            needed: len,
+            available: buf.len(),
+        });
+    }
+    let pad = payload_len.next_multiple_of(4) - payload_len;
+    let bth = bth::Repr {
+        // pad < 4.
+        pad_cnt: pad as u8,
+        ..*bth
+    };
+    bth.emit(&mut bth::Packet::new_unchecked(&mut buf[..bth::HEADER_LEN]))?;
+    let mut at = bth::HEADER_LEN;
+    // Straight through the headers in wire order; `check` found exactly
+    // the ones the opcode needs.
+    macro_rules! put {
+        ($field:ident, $module:path, $len:expr) => {
+            if let Some(r) = ext.$field {
+                use $module as m;
+                r.emit(&mut m::Packet::new_unchecked(&mut buf[at..at + $len]))?;
+                at += $len;
+            }
+        };
+    }
+    put!(deth, deth, deth::HEADER_LEN);
+    put!(reth, reth, reth::HEADER_LEN);
+    put!(atomic_eth, atomic::eth, atomic::ATOMIC_ETH_LEN);
+    put!(aeth, aeth, aeth::HEADER_LEN);
+    put!(atomic_ack_eth, atomic::ack, atomic::ATOMIC_ACK_ETH_LEN);
+    put!(immdt, immdt, immdt::HEADER_LEN);
+    put!(ieth, ieth, ieth::HEADER_LEN);
+    if bth.opcode.headers().contains(HeaderSet::CNP_RESERVED) {
+        let end = at + crate::opcode::CNP_RESERVED_LEN;
+        buf[at..end].fill(0);
+        at = end;
+    }
+    buf[at + payload_len..].fill(0);
+    Ok(at)
 }
 
 #[cfg(test)]
@@ -460,6 +501,49 @@ mod tests {
         assert_eq!(p.payload(), b"hello");
         let r = Repr::parse(&p).unwrap();
         assert_eq!((r.payload, r.bth.pad_cnt), (&b"hello"[..], 3));
+    }
+
+    #[test]
+    fn emit_headers_leaves_the_payload_to_the_caller() {
+        // A WRITE_ONLY_WITH_IMMEDIATE: RETH then ImmDt, 5 payload bytes.
+        let payload = b"vrdma";
+        let ext = ExtHeaders {
+            reth: Some(reth::Repr {
+                va: 0x1000,
+                rkey: crate::Rkey(0x1234_5601),
+                dma_len: 5,
+            }),
+            immdt: Some(immdt::Repr { imm: 0xdead_beef }),
+            ..ExtHeaders::default()
+        };
+        let b = bth(Opcode::RcWriteOnlyImm);
+        let want = emit(&Repr::new(b, ext, payload));
+        let mut v = vec![0xee; packet_len(b.opcode, payload.len())];
+        assert_eq!(v.len(), want.len());
+        let at = emit_headers(&mut v, &b, &ext, payload.len()).unwrap();
+        assert_eq!(at, 12 + 16 + 4);
+        assert_eq!(&v[at..at + 5], &[0xee; 5], "payload bytes untouched");
+        v[at..at + 5].copy_from_slice(payload);
+        assert_eq!(v, want);
+        // The buffer must be exactly the packet, and the headers must be
+        // the opcode's.
+        let mut long = vec![0; v.len() + 1];
+        assert_eq!(
+            emit_headers(&mut long, &b, &ext, payload.len()),
+            Err(Error::BufferSize {
+                needed: v.len(),
+                available: v.len() + 1
+            })
+        );
+        let no_imm = ExtHeaders { immdt: None, ..ext };
+        assert_eq!(
+            emit_headers(&mut v, &b, &no_imm, payload.len()),
+            Err(Error::HeaderMismatch {
+                opcode: Opcode::RcWriteOnlyImm,
+                header: Header::ImmDt,
+                present: false
+            })
+        );
     }
 
     #[test]

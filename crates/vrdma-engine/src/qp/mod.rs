@@ -213,6 +213,9 @@ pub struct Qp {
     pub(crate) resp: Responder,
     /// In the engine's transmit queue.
     pub(crate) scheduled: bool,
+    /// Where the QP's own packets go (from its address vector), kept up
+    /// to date by modify.
+    pub(crate) path: Option<crate::datapath::Transmit>,
 }
 
 /// A responder resource: a READ or atomic request accepted.
@@ -391,6 +394,7 @@ impl Qp {
                 ..Responder::default()
             },
             scheduled: false,
+            path: None,
         }
     }
 
