@@ -199,16 +199,15 @@ impl Engine {
     pub fn handle_timeout(&mut self, now: u64) {
         self.now = self.now.max(now);
         let now = self.now;
-        let due: Vec<(Qpn, bool, bool)> = self
-            .qps
-            .iter()
-            .filter_map(|(h, q)| {
-                let rnr = q.req.rnr_until.is_some_and(|t| t <= now);
-                let rto = q.req.timer.is_some_and(|t| t <= now);
-                (rnr || rto).then(|| Qpn::try_from(h).ok().map(|n| (n, rnr, rto)))?
-            })
-            .collect();
-        for (qpn, rnr, rto) in due {
+        // A buffer kept across calls: no allocation per timer.
+        let mut due = std::mem::take(&mut self.due);
+        due.clear();
+        due.extend(self.qps.iter().filter_map(|(h, q)| {
+            let rnr = q.req.rnr_until.is_some_and(|t| t <= now);
+            let rto = q.req.timer.is_some_and(|t| t <= now);
+            (rnr || rto).then(|| Qpn::try_from(h).ok().map(|n| (n, rnr, rto)))?
+        }));
+        for &(qpn, rnr, rto) in &due {
             if rnr {
                 if let Some(q) = self.qps.get_mut(qpn.value()) {
                     q.req.rnr_until = None;
@@ -219,6 +218,7 @@ impl Engine {
                 self.retransmit_timeout(qpn);
             }
         }
+        self.due = due;
     }
 
     fn retransmit_timeout(&mut self, qpn: Qpn) {

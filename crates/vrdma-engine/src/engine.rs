@@ -47,6 +47,9 @@ pub struct Engine {
     pub(crate) stats: crate::datapath::Stats,
     /// The latest time the caller gave, in nanoseconds.
     pub(crate) now: u64,
+    /// QPs whose timers are due (`handle_timeout`'s buffer, kept to avoid
+    /// an allocation per call).
+    pub(crate) due: Vec<(Qpn, bool, bool)>,
 }
 
 impl Engine {
@@ -69,6 +72,7 @@ impl Engine {
             tx_ready: VecDeque::new(),
             stats: crate::datapath::Stats::default(),
             now: 0,
+            due: Vec::new(),
             attr,
             port,
         }
