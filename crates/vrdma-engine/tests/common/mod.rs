@@ -1,0 +1,211 @@
+//! Set-up shared by the engine's integration tests: two engines on the
+//! deterministic test network, each with one PD, one CQ, one QP and one MR
+//! over all of its memory.
+
+// Each test file uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+
+use vrdma_engine::{
+    Engine,
+    attr::{DeviceAttr, Mtu, PortAttr},
+    memory::{Memory, VecMemory},
+    mr::{Access, MrRequest, Translation},
+    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType},
+    testnet::Net,
+    wc::{Wc, WcOpcode, WcStatus},
+    wr::{Payload, SendFlags, SendOp, SendWr, Sge},
+};
+use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
+
+pub const BASE: u64 = 0x10_0000;
+pub const MEM: usize = 64 * 1024;
+
+pub fn gid(n: u8) -> Gid {
+    Gid::from(Ipv4Addr::new(127, 0, 0, n))
+}
+
+/// One side: its node index, PD, CQ, QP and the MR over all its memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Side {
+    pub node: usize,
+    pub pd: u32,
+    pub cq: u32,
+    pub qpn: Qpn,
+    pub lkey: Lkey,
+    pub rkey: Rkey,
+}
+
+pub fn side(net: &mut Net, n: u8, ty: QpType, sig_all: bool) -> Side {
+    let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid(n)]));
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(64, 0).unwrap();
+    let (lkey, rkey) = e
+        .reg_mr(MrRequest {
+            pd,
+            iova: BASE,
+            length: MEM as u64,
+            access: Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    let (qpn, _) = e
+        .create_qp(QpInitAttr {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            qp_type: ty,
+            sq_sig_all: sig_all,
+        })
+        .unwrap();
+    let node = net.add(e, VecMemory::new(BASE, MEM), gid(n));
+    Side {
+        node,
+        pd,
+        cq,
+        qpn,
+        lkey,
+        rkey,
+    }
+}
+
+pub fn e(net: &mut Net, s: Side) -> &mut Engine {
+    &mut net.nodes[s.node].engine
+}
+
+/// Brings `s` to RTS, connected to `peer` (UD: QKey 0x11111111).
+pub fn connect(net: &mut Net, s: Side, peer: Side, rnr_retry: u8) {
+    let dgid = net.nodes[peer.node].gid;
+    connect_to(net, s, dgid, peer.qpn, rnr_retry);
+}
+
+/// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`, MTU 1024.
+pub fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8) {
+    connect_mtu(net, s, dgid, dest_qpn, rnr_retry, Mtu::Mtu1024);
+}
+
+/// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`.
+pub fn connect_mtu(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8, mtu: Mtu) {
+    let a = QpAttr {
+        port_num: 1,
+        qkey: QKey(0x1111_1111),
+        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        ah_attr: AhAttr {
+            dgid,
+            port_num: 1,
+            hop_limit: 64,
+            ..AhAttr::default()
+        },
+        path_mtu: mtu,
+        dest_qp_num: dest_qpn,
+        rq_psn: Psn::from_masked(0x00ff_fffe),
+        sq_psn: Psn::from_masked(0x00ff_fffe),
+        timeout: 10,
+        retry_cnt: 2,
+        rnr_retry,
+        min_rnr_timer: 1,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        ..QpAttr::default()
+    };
+    e(net, s).bring_up_qp(s.qpn, &a).unwrap();
+}
+
+pub fn pair(ty: QpType, rnr_retry: u8) -> (Net, Side, Side) {
+    let mut net = Net::default();
+    let a = side(&mut net, 1, ty, false);
+    let b = side(&mut net, 2, ty, false);
+    connect(&mut net, a, b, rnr_retry);
+    connect(&mut net, b, a, rnr_retry);
+    (net, a, b)
+}
+
+pub fn fill(net: &mut Net, s: Side, at: u64, data: &[u8]) {
+    net.nodes[s.node].mem.write(BASE + at, data).unwrap();
+}
+
+pub fn read(net: &Net, s: Side, at: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    net.nodes[s.node].mem.read(BASE + at, &mut v).unwrap();
+    v
+}
+
+pub fn sge(s: Side, at: u64, len: u32) -> Sge {
+    Sge {
+        addr: BASE + at,
+        length: len,
+        lkey: s.lkey,
+    }
+}
+
+pub fn poll(net: &mut Net, s: Side) -> Vec<Wc> {
+    let mut v = Vec::new();
+    e(net, s).poll_cq(s.cq, 64, &mut v).unwrap();
+    v
+}
+
+pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+pub fn qp_state(net: &mut Net, s: Side) -> QpState {
+    e(net, s).query_qp(s.qpn).unwrap().0.qp_state
+}
+
+/// Posts `wr` on `s`'s QP; it must be accepted.
+pub fn post(net: &mut Net, s: Side, wr: &SendWr<'_>) {
+    e(net, s).post_send(s.qpn, wr).unwrap();
+}
+
+/// Fast-registers 4 pages at `at` on `s` under `key` (iova 0x7700_0000,
+/// local and remote read/write) with a REG_MR work request, and checks its
+/// completion.
+pub fn fast_reg(net: &mut Net, s: Side, at: u64, key: u8) -> Lkey {
+    let en = e(net, s);
+    let mr = en.alloc_mr(s.pd, 8).unwrap();
+    assert!(en.mr(mr).is_none(), "invalid until registered");
+    en.map_mr_pages(
+        mr,
+        Translation::Pages {
+            page_shift: 12,
+            offset: 0,
+            pages: (0..4).map(|i| BASE + at + i * 4096).collect(),
+        },
+    )
+    .unwrap();
+    let reg = SendWr {
+        wr_id: 500,
+        op: SendOp::RegMr {
+            mr,
+            key,
+            iova: 0x7700_0000,
+            length: 4 * 4096,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        },
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(net, s, &reg);
+    net.run(100);
+    let wc = poll(net, s);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].opcode),
+        (500, WcStatus::Success, WcOpcode::RegMr)
+    );
+    Lkey::new(mr.index(), key)
+}
