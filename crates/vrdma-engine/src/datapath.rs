@@ -332,7 +332,16 @@ impl Engine {
                         NakCode::RemoteOperationalError => AsyncEvent::QpFatal { qp: qpn },
                         _ => AsyncEvent::QpReqErr { qp: qpn },
                     };
-                    self.events.push_back(event);
+                    // Affiliated errors are for what no completion reports
+                    // (IBTA Vol1 §11.6.3.2); a receive completed in error
+                    // already said it.
+                    let reported = self
+                        .qps
+                        .get(qpn.value())
+                        .is_some_and(|q| q.resp.failure_reported);
+                    if !reported {
+                        self.events.push_back(event);
+                    }
                     self.flush_errored(qpn, true);
                     return t;
                 }
@@ -702,6 +711,22 @@ impl Engine {
         }
     }
 
+    /// A QP draining in SQD whose started WRs have all completed has
+    /// drained: SQ Drained is raised once if the consumer asked for it
+    /// (EN_SQD_ASYNC_NOTIFY, IBTA Vol1 §11.6.3.1).
+    pub(crate) fn check_drained(&mut self, qpn: Qpn) {
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
+            return;
+        };
+        if q.attr.qp_state != QpState::Sqd || !q.attr.sq_draining || q.req.started > 0 {
+            return;
+        }
+        q.attr.sq_draining = false;
+        if q.attr.en_sqd_async_notify {
+            self.events.push_back(AsyncEvent::SqDrained { qp: qpn });
+        }
+    }
+
     /// Completes the executed local operations at the front of the queue.
     fn retire_executed(&mut self, qpn: Qpn) {
         while let Some(q) = self.qps.get(qpn.value())
@@ -739,6 +764,7 @@ impl Engine {
         if post {
             self.post_cqe(cq, wc, false);
         }
+        self.check_drained(qpn);
     }
 
     /// A requester-side error: the oldest WQE completes with `status` and
@@ -802,6 +828,20 @@ impl Engine {
             return;
         }
         let op = r.bth.opcode.info().operation;
+        let request = matches!(
+            op,
+            Operation::Send
+                | Operation::RdmaWrite
+                | Operation::RdmaReadRequest
+                | Operation::CompareSwap
+                | Operation::FetchAdd
+        );
+        if q.resp.failed && request {
+            // The responder has failed (its NAK is on the way and ERR
+            // follows): nothing more executes.
+            self.stats.rx_bad_state += 1;
+            return;
+        }
         match (q.init.qp_type, op) {
             (QpType::Ud, _) => self.recv_ud(qpn, ip, &r, mem),
             (QpType::Rc, Operation::Acknowledge) => self.recv_ack(qpn, &r),
@@ -943,6 +983,9 @@ impl Engine {
     fn nak(&mut self, qpn: Qpn, psn: Psn, code: NakCode) {
         if let Some(q) = self.qps.get_mut(qpn.value()) {
             q.resp.push_ack(psn, Syndrome::Nak(code));
+            if code != NakCode::PsnSequenceError {
+                q.resp.failed = true;
+            }
         }
         self.schedule(qpn);
     }
@@ -1055,6 +1098,7 @@ impl Engine {
                     let cq = q.init.recv_cq;
                     let wc = Wc::new(q.resp.recv.wr_id, status, WcOpcode::Recv, qpn.value());
                     q.resp.has_recv = false;
+                    q.resp.failure_reported = true;
                     self.post_cqe(cq, wc, false);
                 }
                 if rc {
@@ -1123,6 +1167,11 @@ impl Engine {
         match op {
             Operation::Send => {
                 let offset = match in_msg {
+                    // A message under way holds its receive WQE; without
+                    // one (completed in error) nothing may be written.
+                    InMsg::Send { .. } if !q.resp.has_recv => {
+                        return Err(Failure::Nak(NakCode::InvalidRequest));
+                    }
                     InMsg::Send { offset } => offset,
                     _ => {
                         let held = self.qps.get(qpn.value()).is_some_and(|q| q.resp.has_recv);
@@ -1392,11 +1441,18 @@ impl Engine {
         // everything after it: responses still queued from there on are
         // superseded (they would go out twice and hold the room meant for
         // new requests).
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        // A queued READ response covers PSNs p..p+span-1: it is kept only
+        // if it ends before `psn` (one that merely starts before it would
+        // send `psn` twice and hold a second slot for one READ).
         q.resp.out.retain(|o| match *o {
             RespOut::Ack { .. } => true,
-            RespOut::Read { psn: p, .. } | RespOut::Atomic { psn: p, .. } => p.precedes(psn),
+            RespOut::Read { psn: p, len, .. } => {
+                let span = len.div_ceil(mtu.max(1)).max(1) as u32;
+                p.wrapping_add(span - 1).precedes(psn)
+            }
+            RespOut::Atomic { psn: p, .. } => p.precedes(psn),
         });
-        let mtu = u64::from(q.attr.path_mtu.bytes());
         let depth = usize::from(q.attr.max_dest_rd_atomic).max(1);
         if q.resp.queued_responses() >= depth {
             return;
@@ -1471,9 +1527,10 @@ impl Engine {
         let expected = w.first_psn.wrapping_add((w.read_done / mtu) as u32);
         if psn != expected {
             if expected.precedes(psn) {
-                // A response was lost: ask for the rest again.
+                // A response was lost: ask for the rest again (an implied
+                // NAK, counted like one).
                 self.stats.rx_out_of_sequence += 1;
-                let _ = self.rewind(qpn, expected);
+                self.retry_from(qpn, expected);
             } else {
                 self.stats.rx_duplicate += 1;
             }
@@ -1592,15 +1649,7 @@ impl Engine {
                 // (go-back-N, IBTA Vol1 §9.7.5.1.3), counted against
                 // retry_cnt like a timeout.
                 self.acked_through(qpn, psn.wrapping_sub(1));
-                let Some(q) = self.qps.get_mut(qpn.value()) else {
-                    return;
-                };
-                if q.req.retry_left == 0 {
-                    self.complete_front_with_error(qpn, WcStatus::RetryExcErr);
-                    return;
-                }
-                q.req.retry_left -= 1;
-                let _ = self.rewind(qpn, psn);
+                self.retry_from(qpn, psn);
             }
             Syndrome::RnrNak(timer) => {
                 // IBTA Vol1 §9.7.5.2.8: wait the advertised time, then
@@ -1618,8 +1667,12 @@ impl Engine {
                     q.req.rnr_left -= 1;
                 }
                 let until = self.now.saturating_add(u64::from(timer.micros()) * 1000);
-                if self.rewind(qpn, psn)
-                    && let Some(q) = self.qps.get_mut(qpn.value())
+                // acked_through may already have gone back further (to a
+                // READ whose response never came); the delay holds either
+                // way.
+                let _ = self.rewind(qpn, psn);
+                if let Some(q) = self.qps.get_mut(qpn.value())
+                    && matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd)
                 {
                     q.req.timer = None;
                     q.req.rnr_until = Some(until);
@@ -1661,11 +1714,27 @@ impl Engine {
                 let missing = w
                     .first_psn
                     .wrapping_add((w.read_done / u64::from(q.attr.path_mtu.bytes())) as u32);
-                let _ = self.rewind(qpn, missing);
+                self.retry_from(qpn, missing);
                 return;
             }
             self.progress(qpn);
         }
+    }
+
+    /// A retry after a sequence-error NAK or an implied one (a later PSN
+    /// answered first): resend from `psn`, counted against retry_cnt like
+    /// a timeout (IBTA Vol1 §9.7.5.1.3), so that a peer that keeps
+    /// answering out of order ends in RETRY_EXC_ERR instead of a storm.
+    fn retry_from(&mut self, qpn: Qpn, psn: Psn) {
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
+            return;
+        };
+        if q.req.retry_left == 0 {
+            self.complete_front_with_error(qpn, WcStatus::RetryExcErr);
+            return;
+        }
+        q.req.retry_left -= 1;
+        let _ = self.rewind(qpn, psn);
     }
 
     /// Go back to the packet with `psn` (in a WQE already sent, or being

@@ -680,6 +680,15 @@ impl Engine {
         if next == QpState::Err && cur != QpState::Err {
             self.flush_errored(qpn, true);
         }
+        if let Some(q) = self.qps.get_mut(qpn.value()) {
+            // IBTA Vol1 §10.3.1: entering SQD starts the drain; it ends
+            // once no WR is in flight (at once if none is).
+            q.attr.sq_draining =
+                next == QpState::Sqd && (cur != QpState::Sqd || q.attr.sq_draining);
+        }
+        if next == QpState::Sqd && cur != QpState::Sqd {
+            self.check_drained(qpn);
+        }
         Ok(())
     }
 
@@ -774,7 +783,14 @@ impl Engine {
                 what: "resizing a QP's queues",
             });
         }
-        if m(AttrMask::ALT_PATH) || m(AttrMask::PATH_MIG_STATE) {
+        if m(AttrMask::ALT_PATH) {
+            // A RoCE port has no alternate path: Linux refuses the bit with
+            // EINVAL before a driver sees it ("ban them in roce mode").
+            return Err(VerbsError::Invalid {
+                what: "alternate path on a RoCE port",
+            });
+        }
+        if m(AttrMask::PATH_MIG_STATE) {
             return Err(VerbsError::NotSupported {
                 what: "automatic path migration",
             });

@@ -57,13 +57,9 @@ fn sig(r: &packet::Repr<'_>, first: Psn) -> Sig {
 }
 
 /// The first `n_req` packets from the requester and `n_resp` from the
-/// responder in an rxe capture (the requester sends the first packet).
-fn rxe(file: &str, n_req: usize, n_resp: usize) -> (Vec<Sig>, Vec<Sig>) {
-    rxe_from(file, 0, n_req, n_resp)
-}
-
-/// As [`rxe`], after skipping the requester's first `skip` packets (for
-/// captures that hold several operations one after another).
+/// responder in an rxe capture (the requester sends the first packet),
+/// after skipping the requester's first `skip` packets (for captures that
+/// hold several operations one after another).
 fn rxe_from(file: &str, skip: usize, n_req: usize, n_resp: usize) -> (Vec<Sig>, Vec<Sig>) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata/rxe")

@@ -293,6 +293,8 @@ impl Responder {
         self.out.clear();
         self.resources.clear();
         self.nak_sent = false;
+        self.failed = false;
+        self.failure_reported = false;
     }
 }
 
@@ -363,6 +365,13 @@ pub(crate) struct Responder {
     /// RC: a sequence-error NAK went out; no other until back in order
     /// (IBTA Vol1 §9.7.5.2.2: one NAK per sequence error).
     pub nak_sent: bool,
+    /// RC: a class B–D error NAK is queued and the QP is about to enter
+    /// ERR; no further request may execute (a resent packet would
+    /// otherwise run against a receive WQE already completed in error).
+    pub failed: bool,
+    /// The failure was reported by a receive completion in error, so no
+    /// affiliated asynchronous event is raised for it.
+    pub failure_reported: bool,
 }
 
 impl Qp {
