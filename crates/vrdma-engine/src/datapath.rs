@@ -235,6 +235,7 @@ impl Engine {
             return;
         }
         q.req.retry_left -= 1;
+        q.req.retry_psn = None;
         let Some(first) = q.sq.front().map(|w| w.first_psn) else {
             return;
         };
@@ -1562,6 +1563,7 @@ impl Engine {
         if let Some(w) = q.sq.get_mut(0) {
             w.read_done += len;
         }
+        q.req.retry_psn = None;
         if position.ends() {
             self.progress(qpn);
         }
@@ -1604,6 +1606,7 @@ impl Engine {
         if let Some(q) = self.qps.get_mut(qpn.value()) {
             q.req.retry_left = q.attr.retry_cnt;
             q.req.rnr_left = q.attr.rnr_retry;
+            q.req.retry_psn = None;
             q.req.timer = if q.req.cursor > 0 { due } else { None };
         }
         // A READ or atomic slot may have freed a stalled WQE.
@@ -1729,6 +1732,11 @@ impl Engine {
         let Some(q) = self.qps.get_mut(qpn.value()) else {
             return;
         };
+        if q.req.retry_psn == Some(psn) {
+            // Already resending from there.
+            return;
+        }
+        q.req.retry_psn = Some(psn);
         if q.req.retry_left == 0 {
             self.complete_front_with_error(qpn, WcStatus::RetryExcErr);
             return;

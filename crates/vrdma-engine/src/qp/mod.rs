@@ -316,6 +316,11 @@ pub(crate) struct Requester {
     pub rnr_until: Option<u64>,
     /// RC: when the oldest unacknowledged request times out, ns.
     pub timer: Option<u64>,
+    /// The PSN a sequence-error NAK or an implied NAK sent the requester
+    /// back to, until something arrives in order again: more NAKs for
+    /// the same gap (stale responses still on the wire) are one retry,
+    /// not many.
+    pub retry_psn: Option<vrdma_wire::Psn>,
     /// WQEs (from the oldest) whose first packet has gone out at least
     /// once: in SQD these may still be (re)sent, no others.
     pub started: usize,
