@@ -495,3 +495,19 @@ fn ud_send_with_immediate_of_64_bytes() {
         0,
     );
 }
+
+#[test]
+fn rc_write_with_immediate_of_64_and_3000_bytes() {
+    // In rc_imm_and_rnr_nak.pcap, after the SEND with immediate: a 64-byte
+    // WRITE_ONLY_WITH_IMMEDIATE, then a 3000-byte WRITE with immediate
+    // (FIRST, MIDDLE, LAST_WITH_IMMEDIATE). The requester's packets only:
+    // the responder's first ACK in the file answers the SEND before them.
+    let f = "rc_imm_and_rnr_nak.pcap";
+    let write = |rkey| SendOp::RdmaWriteWithImm {
+        remote_addr: BASE + 0x8000,
+        rkey,
+        imm: 0x8877_6655,
+    };
+    agree_from(f, 1, QpType::Rc, write, 64, 1, 0);
+    agree_from(f, 2, QpType::Rc, write, 3000, 3, 0);
+}
