@@ -59,6 +59,47 @@ pub struct Transmit {
     pub flow_label: u32,
 }
 
+impl Transmit {
+    /// Frames the RoCE packet `roce` (this transmit's bytes) into an IP
+    /// packet in `out` — IPv4 for IPv4-mapped GIDs, else IPv6 — with
+    /// lengths, checksums and the ICRC: what a fabric that writes whole IP
+    /// packets (a TAP device, the simulators) puts on its wire.
+    pub fn frame_ip(&self, roce: &[u8], out: &mut Vec<u8>) -> Result<(), vrdma_wire::Error> {
+        let r = packet::Repr::parse(&packet::Packet::new_unchecked(roce))?;
+        let ip = match (self.sgid.to_ipv4(), self.dgid.to_ipv4()) {
+            (Some(src), Some(dst)) => IpRepr::V4(vrdma_wire::ipv4::Repr {
+                src,
+                dst,
+                tos: self.traffic_class,
+                ident: 0,
+                dont_frag: true,
+                ttl: self.hop_limit,
+                payload_len: 0,
+            }),
+            _ => IpRepr::V6(vrdma_wire::ipv6::Repr {
+                src: self.sgid.into(),
+                dst: self.dgid.into(),
+                traffic_class: self.traffic_class,
+                flow_label: self.flow_label,
+                hop_limit: self.hop_limit,
+                payload_len: 0,
+            }),
+        };
+        let f = vrdma_wire::frame::Repr {
+            ethernet: None,
+            ip,
+            udp: vrdma_wire::udp::Repr {
+                src_port: self.udp_src_port,
+                checksum: false,
+            },
+            roce: r,
+        };
+        out.clear();
+        out.resize(f.buffer_len(), 0);
+        f.emit(out)
+    }
+}
+
 /// Counters of what the data path dropped, by reason.
 #[derive(Clone, Copy, Debug, Default, Eq, Hash, PartialEq)]
 pub struct Stats {

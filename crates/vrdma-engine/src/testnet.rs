@@ -9,17 +9,9 @@
 //! packets a test names in [`Net::drop`] (the reliability work adds seeded
 //! random faults).
 
-use vrdma_wire::{
-    Gid, ROCEV2_UDP_PORT,
-    frame::{self, IpRepr},
-    ipv4, ipv6, packet, udp,
-};
+use vrdma_wire::{Gid, frame, udp};
 
-use crate::{
-    Engine,
-    datapath::{MAX_PACKET, Transmit},
-    memory::VecMemory,
-};
+use crate::{Engine, datapath::MAX_PACKET, memory::VecMemory};
 
 /// One attached device.
 #[derive(Debug)]
@@ -86,7 +78,9 @@ impl Net {
             if let Some(tap) = &mut self.tap {
                 tap.push((i, buf[..t.len].to_vec()));
             }
-            let bytes = frame_ip(&t, &buf[..t.len]);
+            let mut bytes = Vec::new();
+            t.frame_ip(&buf[..t.len], &mut bytes)
+                .expect("the engine emits valid packets");
             if self.drop.contains(&n) {
                 self.dropped += 1;
                 continue;
@@ -138,46 +132,4 @@ impl Net {
             .handle_packet(self.now, &d.ip, roce, &mut node.mem);
         self.delivered += 1;
     }
-}
-
-/// Frames a transmitted RoCE packet into an IP packet (IPv4 for
-/// IPv4-mapped GIDs), computing lengths, checksums and the ICRC.
-fn frame_ip(t: &Transmit, roce: &[u8]) -> Vec<u8> {
-    let p = packet::Packet::new_checked(roce).expect("the engine emits valid packets");
-    let r = packet::Repr::parse(&p).expect("the engine emits valid packets");
-    let ip = match (t.sgid.to_ipv4(), t.dgid.to_ipv4()) {
-        (Some(src), Some(dst)) => IpRepr::V4(ipv4::Repr {
-            src,
-            dst,
-            tos: t.traffic_class,
-            ident: 0,
-            dont_frag: true,
-            ttl: t.hop_limit,
-            payload_len: 0,
-        }),
-        _ => IpRepr::V6(ipv6::Repr {
-            src: t.sgid.into(),
-            dst: t.dgid.into(),
-            traffic_class: t.traffic_class,
-            flow_label: t.flow_label,
-            hop_limit: t.hop_limit,
-            payload_len: 0,
-        }),
-    };
-    let f = frame::Repr {
-        ethernet: None,
-        ip,
-        udp: udp::Repr {
-            src_port: t.udp_src_port,
-            checksum: false,
-        },
-        roce: r,
-    };
-    let mut out = vec![0; f.buffer_len()];
-    f.emit(&mut out).expect("framing a valid packet");
-    debug_assert_eq!(
-        u16::from_be_bytes([out[f.ip.buffer_len() + 2], out[f.ip.buffer_len() + 3]]),
-        ROCEV2_UDP_PORT
-    );
-    out
 }

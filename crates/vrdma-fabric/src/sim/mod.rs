@@ -35,11 +35,7 @@ use vrdma_engine::{
     Engine, VecMemory,
     datapath::{MAX_PACKET, Transmit},
 };
-use vrdma_wire::{
-    Gid,
-    frame::{self, IpRepr},
-    ipv4, ipv6, packet, udp,
-};
+use vrdma_wire::{Gid, frame, udp};
 
 /// How one directed link treats each packet. Probabilities are per packet
 /// and independent.
@@ -497,7 +493,10 @@ impl Sim {
                 return;
             };
             let mut bytes = self.pool.pop().unwrap_or_default();
-            frame_ip(&t, &self.buf[..t.len], &mut bytes);
+            // The engine emits only packets that parse: checked, not
+            // assumed, since a framing failure would silently lose data.
+            t.frame_ip(&self.buf[..t.len], &mut bytes)
+                .expect("the engine emitted a malformed packet");
             if let Some(bw) = self.bandwidth {
                 // Serialization: the port is busy for the frame's bits.
                 let ns = (bytes.len() as u64 * 1_000_000_000).div_ceil(bw.max(1));
@@ -654,44 +653,4 @@ fn bth_of(roce: &[u8]) -> (u8, u32) {
         }
         _ => (0, 0),
     }
-}
-
-/// Frames a transmitted RoCE packet into an IP packet in `out` (IPv4 for
-/// IPv4-mapped GIDs), computing lengths, checksums and the ICRC.
-fn frame_ip(t: &Transmit, roce: &[u8], out: &mut Vec<u8>) {
-    // The engine emits only packets that parse: this is checked, not
-    // assumed, because a framing failure would silently lose data.
-    let r = packet::Repr::parse(&packet::Packet::new_unchecked(roce))
-        .expect("the engine emitted a malformed packet");
-    let ip = match (t.sgid.to_ipv4(), t.dgid.to_ipv4()) {
-        (Some(src), Some(dst)) => IpRepr::V4(ipv4::Repr {
-            src,
-            dst,
-            tos: t.traffic_class,
-            ident: 0,
-            dont_frag: true,
-            ttl: t.hop_limit,
-            payload_len: 0,
-        }),
-        _ => IpRepr::V6(ipv6::Repr {
-            src: t.sgid.into(),
-            dst: t.dgid.into(),
-            traffic_class: t.traffic_class,
-            flow_label: t.flow_label,
-            hop_limit: t.hop_limit,
-            payload_len: 0,
-        }),
-    };
-    let f = frame::Repr {
-        ethernet: None,
-        ip,
-        udp: udp::Repr {
-            src_port: t.udp_src_port,
-            checksum: false,
-        },
-        roce: r,
-    };
-    out.clear();
-    out.resize(f.buffer_len(), 0);
-    f.emit(out).expect("framing a packet that parsed");
 }
