@@ -45,6 +45,26 @@ use crate::{
 /// headers (RETH + ImmDt, or AtomicETH), 4096 bytes of payload, pad, ICRC.
 pub const MAX_PACKET: usize = 12 + 28 + vrdma_wire::MAX_PAYLOAD + 4;
 
+/// RC: the most request PSNs in flight, unacknowledged (rxe's
+/// RXE_MAX_UNACKED_PSNS). A loss then costs at most this many resent
+/// packets, and a responder's reply queue stays bounded.
+pub const MAX_UNACKED_PSNS: u32 = 128;
+
+/// RC, rnr_retry 7 (retry forever): RNR NAKs in a row answered with the
+/// advertised wait before the requester starts backing off.
+pub const RNR_BACKOFF_AFTER: u32 = 8;
+
+/// RC, rnr_retry 7: the longest back-off wait, ns (unless the responder
+/// advertises a longer one).
+pub const RNR_BACKOFF_CAP: u64 = 32_000_000;
+
+/// RC: inside a long message every this many packets asks for an ACK, so
+/// that the window keeps moving and the retransmit timer, which restarts
+/// on progress, does not expire while a long message is still streaming
+/// (rxe asks every 64 packets; a 64-packet burst at 25 Gb/s outlasts a
+/// 16 µs timeout).
+pub const PACKETS_PER_ACK_REQ: u64 = 16;
+
 /// Where a packet from [`Engine::poll_transmit`] goes.
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub struct Transmit {
@@ -65,7 +85,18 @@ impl Transmit {
     /// lengths, checksums and the ICRC: what a fabric that writes whole IP
     /// packets (a TAP device, the simulators) puts on its wire.
     pub fn frame_ip(&self, roce: &[u8], out: &mut Vec<u8>) -> Result<(), vrdma_wire::Error> {
-        let r = packet::Repr::parse(&packet::Packet::new_unchecked(roce))?;
+        // The engine's packet is already laid out: the headers go in
+        // front of it and the ICRC over the whole, with no second parse
+        // or emit of the RoCE part (this runs for every packet a fabric
+        // sends).
+        if roce.len() < packet::MIN_LEN {
+            return Err(vrdma_wire::Error::Truncated {
+                header: vrdma_wire::Header::Bth,
+                needed: packet::MIN_LEN,
+                available: roce.len(),
+            });
+        }
+        let payload_len = vrdma_wire::udp::HEADER_LEN + roce.len();
         let ip = match (self.sgid.to_ipv4(), self.dgid.to_ipv4()) {
             (Some(src), Some(dst)) => IpRepr::V4(vrdma_wire::ipv4::Repr {
                 src,
@@ -74,7 +105,7 @@ impl Transmit {
                 ident: 0,
                 dont_frag: true,
                 ttl: self.hop_limit,
-                payload_len: 0,
+                payload_len,
             }),
             _ => IpRepr::V6(vrdma_wire::ipv6::Repr {
                 src: self.sgid.into(),
@@ -82,21 +113,25 @@ impl Transmit {
                 traffic_class: self.traffic_class,
                 flow_label: self.flow_label,
                 hop_limit: self.hop_limit,
-                payload_len: 0,
+                payload_len,
             }),
         };
-        let f = vrdma_wire::frame::Repr {
-            ethernet: None,
-            ip,
-            udp: vrdma_wire::udp::Repr {
-                src_port: self.udp_src_port,
-                checksum: false,
-            },
-            roce: r,
-        };
+        let udp_at = ip.buffer_len();
+        let roce_at = udp_at + vrdma_wire::udp::HEADER_LEN;
         out.clear();
-        out.resize(f.buffer_len(), 0);
-        f.emit(out)
+        out.resize(roce_at, 0);
+        out.extend_from_slice(roce);
+        ip.emit(&mut out[..udp_at])?;
+        // RoCEv2 sends no UDP checksum (the ICRC covers the packet).
+        vrdma_wire::udp::Repr {
+            src_port: self.udp_src_port,
+            checksum: false,
+        }
+        .emit(&mut out[udp_at..], ip.pseudo_header())?;
+        let (headers, roce) = out.split_at_mut(roce_at);
+        let crc = vrdma_wire::icrc::compute(&headers[..udp_at], &headers[udp_at..], roce)?;
+        packet::Packet::new_unchecked(roce).set_icrc(crc);
+        Ok(())
     }
 }
 
@@ -122,6 +157,17 @@ pub struct Stats {
     /// UD and UC messages longer than the receive buffer (dropped; the
     /// receive is kept).
     pub rx_too_long: u64,
+    /// RC request packets sent again (go-back-N after a loss).
+    pub tx_retransmitted: u64,
+    /// RC retries started by the local ACK timeout.
+    pub retry_timeout: u64,
+    /// RC retries started by a PSN sequence error NAK.
+    pub retry_seq_nak: u64,
+    /// RC retries started by an implied NAK (a later PSN answered while a
+    /// READ or atomic response is missing).
+    pub retry_implied_nak: u64,
+    /// RC RNR NAKs received (each waits out its delay, then resends).
+    pub rnr_naks: u64,
 }
 
 impl Engine {
@@ -198,6 +244,13 @@ impl Engine {
         let Some(next) = q.sq.get(q.req.cursor) else {
             return false;
         };
+        if q.init.qp_type == QpType::Rc
+            && q.req.unacked.forward_distance(q.req.psn) >= MAX_UNACKED_PSNS
+        {
+            // The send window is full: wait for an ACK (which schedules
+            // the QP again) or the retransmit timer.
+            return false;
+        }
         if q.req.offset > 0 {
             return true;
         }
@@ -267,7 +320,7 @@ impl Engine {
             return;
         };
         q.req.timer = None;
-        let sent = q.req.cursor > 0 || q.req.offset > 0;
+        let sent = q.req.unacked != q.req.high;
         if !sent || !matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {
             return;
         }
@@ -276,11 +329,64 @@ impl Engine {
             return;
         }
         q.req.retry_left -= 1;
-        q.req.retry_psn = None;
-        let Some(first) = q.sq.front().map(|w| w.first_psn) else {
+        // NAKs of packets sent before the timeout start no second retry.
+        q.req.retrying = true;
+        self.stats.retry_timeout += 1;
+        // Go back to the oldest unacknowledged packet (inside the oldest
+        // WQE when part of it was acknowledged), and send that packet
+        // twice. After a timeout nothing but the next timeout can tell
+        // that this resend was lost too (the responder NAKs a gap only
+        // once, IBTA Vol1 §9.7.5.2.2), so each attempt is what retry_cnt
+        // counts; two copies make an attempt fail with about p² instead
+        // of p at loss rate p (and for a READ, the responder restarting
+        // its response on the copy likewise doubles the first response).
+        // Responders answer the copy as the duplicate it is.
+        let unacked = q.req.unacked;
+        q.req.send_twice = Some(unacked);
+        let _ = self.seek(qpn, unacked);
+        self.restart_timer(qpn);
+    }
+
+    /// Starts the retransmit timer afresh while requests are outstanding.
+    fn restart_timer(&mut self, qpn: Qpn) {
+        let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
+        if let Some(q) = self.qps.get_mut(qpn.value()) {
+            let outstanding = q.req.unacked != q.req.high;
+            q.req.timer = if outstanding { due } else { None };
+        }
+    }
+
+    /// Everything before `next` is acknowledged. When that moves the
+    /// oldest unacknowledged PSN forward, the peer made progress: the
+    /// retry budgets and the timer start again (IBTA Vol1 §9.7.6.1.3, as
+    /// rxe), and the send window may have opened.
+    fn acknowledged_before(&mut self, qpn: Qpn, next: Psn) {
+        let Some(q) = self.qps.get_mut(qpn.value()) else {
             return;
         };
-        let _ = self.rewind(qpn, first);
+        // Only forward, and never past what was sent.
+        let sent = q.req.unacked.forward_distance(q.req.high);
+        let d = q.req.unacked.forward_distance(next);
+        if d == 0 || d > sent {
+            return;
+        }
+        q.req.unacked = next;
+        q.req.retry_left = q.attr.retry_cnt;
+        q.req.rnr_left = q.attr.rnr_retry;
+        q.req.rnr_streak = 0;
+        q.req.retrying = false;
+        if q.req.psn.precedes(next) {
+            // A resend (after a timeout or NAK) was overtaken by an ACK for
+            // packets sent before it: those arrived, so the resend skips
+            // ahead to what is still unacknowledged.
+            if self.seek(qpn, next) {
+                // Local operations the cursor passed have run: they
+                // complete once at the front.
+                self.retire_executed(qpn);
+            }
+        }
+        self.restart_timer(qpn);
+        self.schedule(qpn);
     }
 
     /// The local ACK timeout of a QP: 4.096 µs × 2^timeout, or none for 0.
@@ -522,8 +628,11 @@ impl Engine {
             fecn: false,
             becn: false,
             dest_qp,
-            // rxe asks for an ACK at the end of each message.
-            ack_req: ty == QpType::Rc && last,
+            // An ACK at the end of each message (as rxe) and every
+            // PACKETS_PER_ACK_REQ packets inside a long one, so that the
+            // send window moves.
+            ack_req: ty == QpType::Rc
+                && (last || (offset / mtu) % PACKETS_PER_ACK_REQ == PACKETS_PER_ACK_REQ - 1),
             psn,
         };
         // Headers first, then the payload gathered straight into the packet
@@ -550,16 +659,23 @@ impl Engine {
 
         // Advance.
         let q = self.qps.get_mut(qpn.value())?;
+        if q.req.send_twice.take() == Some(psn) {
+            // The first packet after a timeout goes out twice (see
+            // retransmit_timeout): the same packet again next time.
+            self.stats.tx_retransmitted += 1;
+            return Some(t);
+        }
         q.req.started = q.req.started.max(cursor + 1);
-        if let Some(w) = q.sq.get_mut(cursor) {
-            if first {
-                w.first_psn = psn;
-            }
-            if last {
-                w.last_psn = psn;
-            }
+        if first && let Some(w) = q.sq.get_mut(cursor) {
+            w.first_psn = psn;
         }
         q.req.psn = psn.next();
+        let resent = q.req.psn.precedes(q.req.high) || q.req.psn == q.req.high;
+        if resent {
+            self.stats.tx_retransmitted += 1;
+        } else {
+            q.req.high = q.req.psn;
+        }
         if last {
             q.req.cursor += 1;
             q.req.offset = 0;
@@ -661,14 +777,23 @@ impl Engine {
         let t = self.path(qpn, None).map(|t| Transmit { len, ..t })?;
         let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
         let q = self.qps.get_mut(qpn.value())?;
+        if q.req.send_twice.take() == Some(psn) {
+            self.stats.tx_retransmitted += 1;
+            return Some(t);
+        }
         q.req.started = q.req.started.max(cursor + 1);
         if let Some(w) = q.sq.get_mut(cursor)
             && offset == 0
         {
             w.first_psn = psn;
-            w.last_psn = psn.wrapping_add(span - 1);
         }
         q.req.psn = psn.wrapping_add(span);
+        let resent = q.req.psn.precedes(q.req.high) || q.req.psn == q.req.high;
+        if resent {
+            self.stats.tx_retransmitted += 1;
+        } else {
+            q.req.high = q.req.psn;
+        }
         q.req.cursor += 1;
         q.req.offset = 0;
         if q.req.timer.is_none() {
@@ -1561,7 +1686,7 @@ impl Engine {
             self.stats.rx_duplicate += 1;
             return;
         };
-        if q.req.cursor == 0 || !matches!(w.op, Some(SendOp::RdmaRead { .. })) {
+        if q.req.started == 0 || !matches!(w.op, Some(SendOp::RdmaRead { .. })) {
             self.stats.rx_duplicate += 1;
             return;
         }
@@ -1572,7 +1697,7 @@ impl Engine {
                 // A response was lost: ask for the rest again (an implied
                 // NAK, counted like one).
                 self.stats.rx_out_of_sequence += 1;
-                self.retry_from(qpn, expected);
+                self.retry_from_unacked(qpn, Retry::ImpliedNak);
             } else {
                 self.stats.rx_duplicate += 1;
             }
@@ -1604,9 +1729,10 @@ impl Engine {
         if let Some(w) = q.sq.get_mut(0) {
             w.read_done += len;
         }
-        q.req.retry_psn = None;
         if position.ends() {
             self.progress(qpn);
+        } else {
+            self.acknowledged_before(qpn, psn.next());
         }
     }
 
@@ -1625,7 +1751,7 @@ impl Engine {
             self.stats.rx_malformed += 1;
             return;
         };
-        if q.req.cursor == 0 || !w.op.is_some_and(SendOp::is_atomic) || w.first_psn != psn {
+        if q.req.started == 0 || !w.op.is_some_and(SendOp::is_atomic) || w.first_psn != psn {
             self.stats.rx_duplicate += 1;
             return;
         }
@@ -1638,18 +1764,19 @@ impl Engine {
         self.progress(qpn);
     }
 
-    /// Completes the oldest WQE successfully and restarts the retry
-    /// budgets and the timer for what remains.
+    /// Completes the oldest WQE, acknowledged, successfully: its PSNs
+    /// are forward progress.
     fn progress(&mut self, qpn: Qpn) {
+        let Some(last) = self
+            .qps
+            .get(qpn.value())
+            .and_then(|q| Some(last_psn(q.sq.front()?, q.attr.path_mtu.bytes())))
+        else {
+            return;
+        };
         self.retire_front(qpn, WcStatus::Success);
         self.retire_executed(qpn);
-        let due = self.ack_timeout(qpn).map(|d| self.now.saturating_add(d));
-        if let Some(q) = self.qps.get_mut(qpn.value()) {
-            q.req.retry_left = q.attr.retry_cnt;
-            q.req.rnr_left = q.attr.rnr_retry;
-            q.req.retry_psn = None;
-            q.req.timer = if q.req.cursor > 0 { due } else { None };
-        }
+        self.acknowledged_before(qpn, last.next());
         // A READ or atomic slot may have freed a stalled WQE.
         self.schedule(qpn);
     }
@@ -1664,8 +1791,8 @@ impl Engine {
             let Some(w) = q.sq.front() else {
                 return;
             };
-            if q.req.cursor == 0 || w.op.is_some_and(is_read_or_atomic) || !w.last_psn.precedes(psn)
-            {
+            let last = last_psn(w, q.attr.path_mtu.bytes());
+            if q.req.started == 0 || w.op.is_some_and(is_read_or_atomic) || !last.precedes(psn) {
                 return;
             }
             self.progress(qpn);
@@ -1693,28 +1820,41 @@ impl Engine {
                 // (go-back-N, IBTA Vol1 §9.7.5.1.3), counted against
                 // retry_cnt like a timeout.
                 self.acked_through(qpn, psn.wrapping_sub(1));
-                self.retry_from(qpn, psn);
+                self.retry_from_unacked(qpn, Retry::SeqNak);
             }
             Syndrome::RnrNak(timer) => {
                 // IBTA Vol1 §9.7.5.2.8: wait the advertised time, then
-                // resend; rnr_retry 7 retries forever (never a busy spin:
-                // the wait is at least 10 µs).
+                // resend.
                 self.acked_through(qpn, psn.wrapping_sub(1));
+                self.stats.rnr_naks += 1;
                 let Some(q) = self.qps.get_mut(qpn.value()) else {
                     return;
                 };
-                if q.attr.rnr_retry != 7 {
+                let mut wait = u64::from(timer.micros()) * 1000;
+                if q.attr.rnr_retry == 7 {
+                    // Forever, but backing off: past RNR_BACKOFF_AFTER
+                    // NAKs in a row the wait doubles each time, up to
+                    // RNR_BACKOFF_CAP (or the advertised wait if longer),
+                    // so a receiver that never posts costs a bounded
+                    // trickle of packets, never a spin.
+                    q.req.rnr_streak = q.req.rnr_streak.saturating_add(1);
+                    let doublings = q.req.rnr_streak.saturating_sub(RNR_BACKOFF_AFTER);
+                    if doublings > 0 {
+                        let backed = wait.saturating_mul(1u64 << doublings.min(32));
+                        wait = backed.min(RNR_BACKOFF_CAP.max(wait));
+                    }
+                } else {
                     if q.req.rnr_left == 0 {
                         self.complete_front_with_error(qpn, WcStatus::RnrRetryExcErr);
                         return;
                     }
                     q.req.rnr_left -= 1;
                 }
-                let until = self.now.saturating_add(u64::from(timer.micros()) * 1000);
+                let until = self.now.saturating_add(wait);
                 // acked_through may already have gone back further (to a
                 // READ whose response never came); the delay holds either
                 // way.
-                let _ = self.rewind(qpn, psn);
+                let _ = self.seek(qpn, psn);
                 if let Some(q) = self.qps.get_mut(qpn.value())
                     && matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd)
                 {
@@ -1742,13 +1882,20 @@ impl Engine {
             let Some(q) = self.qps.get(qpn.value()) else {
                 return;
             };
-            if q.req.cursor == 0 {
-                return;
-            }
             let Some(w) = q.sq.front() else {
                 return;
             };
-            if !(w.last_psn == psn || w.last_psn.precedes(psn)) {
+            if q.req.started == 0 || w.op.is_some_and(SendOp::is_local) {
+                return;
+            }
+            // The oldest WQE is done when its last packet is acknowledged,
+            // even if a rewind has the cursor resending it.
+            let last = last_psn(w, q.attr.path_mtu.bytes());
+            if !(last == psn || last.precedes(psn)) {
+                // Part of a multi-packet SEND or WRITE is acknowledged.
+                if !w.op.is_some_and(is_read_or_atomic) {
+                    self.acknowledged_before(qpn, psn.next());
+                }
                 return;
             }
             if w.op.is_some_and(is_read_or_atomic) {
@@ -1758,7 +1905,8 @@ impl Engine {
                 let missing = w
                     .first_psn
                     .wrapping_add((w.read_done / u64::from(q.attr.path_mtu.bytes())) as u32);
-                self.retry_from(qpn, missing);
+                self.acknowledged_before(qpn, missing);
+                self.retry_from_unacked(qpn, Retry::ImpliedNak);
                 return;
             }
             self.progress(qpn);
@@ -1766,36 +1914,46 @@ impl Engine {
     }
 
     /// A retry after a sequence-error NAK or an implied one (a later PSN
-    /// answered first): resend from `psn`, counted against retry_cnt like
-    /// a timeout (IBTA Vol1 §9.7.5.1.3), so that a peer that keeps
-    /// answering out of order ends in RETRY_EXC_ERR instead of a storm.
-    fn retry_from(&mut self, qpn: Qpn, psn: Psn) {
+    /// answered first): resend from the oldest unacknowledged PSN, counted
+    /// against retry_cnt like a timeout (IBTA Vol1 §9.7.5.1.3), so that a
+    /// peer that keeps answering out of order ends in RETRY_EXC_ERR
+    /// instead of a storm. While a retry is under way and nothing new is
+    /// acknowledged, more NAKs (stale ones still on the wire, or ones the
+    /// resent packets' reordering causes) start no other (as rxe's
+    /// started_retry).
+    fn retry_from_unacked(&mut self, qpn: Qpn, why: Retry) {
         let Some(q) = self.qps.get_mut(qpn.value()) else {
             return;
         };
-        if q.req.retry_psn == Some(psn) {
-            // Already resending from there.
+        if q.req.retrying {
             return;
         }
-        q.req.retry_psn = Some(psn);
+        q.req.retrying = true;
+        match why {
+            Retry::SeqNak => self.stats.retry_seq_nak += 1,
+            Retry::ImpliedNak => self.stats.retry_implied_nak += 1,
+        }
         if q.req.retry_left == 0 {
             self.complete_front_with_error(qpn, WcStatus::RetryExcErr);
             return;
         }
         q.req.retry_left -= 1;
-        let _ = self.rewind(qpn, psn);
+        let unacked = q.req.unacked;
+        let _ = self.seek(qpn, unacked);
     }
 
-    /// Go back to the packet with `psn` (in a WQE already sent, or being
-    /// sent, and not yet acknowledged) and send from there again. False
-    /// when no such packet is outstanding.
-    fn rewind(&mut self, qpn: Qpn, psn: Psn) -> bool {
+    /// Moves the requester's cursor to the packet with `psn`, in a WQE
+    /// already started, and schedules sending from there: back to resend
+    /// (go-back-N), or forward past packets an ACK proved arrived. False
+    /// when no started WQE holds `psn`.
+    fn seek(&mut self, qpn: Qpn, psn: Psn) -> bool {
         let Some(q) = self.qps.get_mut(qpn.value()) else {
             return false;
         };
-        let mtu = u64::from(q.attr.path_mtu.bytes());
-        let partial = usize::from(q.req.offset > 0);
-        for i in 0..(q.req.cursor + partial).min(q.sq.len()) {
+        let mtu = q.attr.path_mtu.bytes();
+        let started = q.req.started.min(q.sq.len());
+        let mut found = None;
+        for i in 0..started {
             let Some(w) = q.sq.get(i) else {
                 break;
             };
@@ -1803,39 +1961,39 @@ impl Engine {
                 // Ran locally; carries no PSN.
                 continue;
             }
+            let span = psn_span(w, mtu);
             let d = w.first_psn.forward_distance(psn);
-            // The partly sent WQE's last PSN is not known yet: its packets
-            // so far run to req.psn - 1.
-            let packets = if i == q.req.cursor {
-                w.first_psn.forward_distance(q.req.psn.wrapping_sub(1))
-            } else {
-                w.first_psn.forward_distance(w.last_psn)
-            };
-            if d <= packets {
-                q.req.cursor = i;
-                q.req.offset = u64::from(d) * mtu;
-                q.req.psn = psn;
-                self.schedule(qpn);
-                return true;
+            if d < span {
+                found = Some((i, u64::from(d) * u64::from(mtu)));
+                break;
             }
         }
-        false
+        if found.is_none() && psn == q.req.high {
+            // Just past the last packet ever sent: after every WQE
+            // started (local operations among them have run).
+            found = Some((started, 0));
+        }
+        let Some((cursor, offset)) = found else {
+            return false;
+        };
+        q.req.cursor = cursor;
+        q.req.offset = offset;
+        q.req.psn = psn;
+        self.schedule(qpn);
+        true
     }
 
     /// True when `psn` belongs to a request sent and not yet acknowledged
-    /// (from the oldest WQE's first PSN up to the last PSN sent).
+    /// (from the oldest unacknowledged PSN up to the last PSN ever sent,
+    /// also when a resend has the cursor further back). A response or NAK
+    /// for anything earlier is stale: a duplicate, or overtaken on the
+    /// wire.
     fn outstanding(&self, qpn: Qpn, psn: Psn) -> bool {
         let Some(q) = self.qps.get(qpn.value()) else {
             return false;
         };
-        let Some(front) = q.sq.front() else {
-            return false;
-        };
-        if q.req.cursor == 0 && q.req.offset == 0 {
-            return false;
-        }
-        let oldest = front.first_psn;
-        oldest.forward_distance(psn) < oldest.forward_distance(q.req.psn)
+        let oldest = q.req.unacked;
+        oldest.forward_distance(psn) < oldest.forward_distance(q.req.high)
     }
 
     /// IBTA Vol1 §11.4.2.1: an overflowed CQ raises the CQ error, and the
@@ -1856,6 +2014,13 @@ impl Engine {
     }
 }
 
+/// What started a retry (for the counters).
+#[derive(Clone, Copy)]
+enum Retry {
+    SeqNak,
+    ImpliedNak,
+}
+
 /// Why an incoming request could not be executed.
 enum Failure {
     /// Answer with this NAK (RC) or drop the message (UC).
@@ -1864,6 +2029,21 @@ enum Failure {
     Rnr,
     /// A local error on the receive WQE: complete it in error.
     Local(WcStatus),
+}
+
+/// The PSNs a send WQE takes: one per packet (an RDMA READ takes one per
+/// response packet; an atomic one).
+fn psn_span(w: &crate::wr::SendWqe, mtu: u32) -> u32 {
+    match w.op {
+        Some(op) if op.is_atomic() => 1,
+        // At most 2^31 bytes: fits.
+        _ => w.length.div_ceil(u64::from(mtu)).max(1) as u32,
+    }
+}
+
+/// The last PSN of a started send WQE.
+fn last_psn(w: &crate::wr::SendWqe, mtu: u32) -> Psn {
+    w.first_psn.wrapping_add(psn_span(w, mtu) - 1)
 }
 
 fn is_read_or_atomic(op: SendOp) -> bool {

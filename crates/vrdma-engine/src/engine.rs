@@ -629,6 +629,8 @@ impl Engine {
         if m(AttrMask::SQ_PSN) {
             a.sq_psn = attr.sq_psn;
             q.req.psn = attr.sq_psn;
+            q.req.unacked = attr.sq_psn;
+            q.req.high = attr.sq_psn;
         }
         if m(AttrMask::MAX_QP_RD_ATOMIC) {
             a.max_rd_atomic = attr.max_rd_atomic;

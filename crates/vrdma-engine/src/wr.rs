@@ -208,10 +208,9 @@ pub(crate) struct SendWqe {
     pub length: u64,
     /// Completes with a CQE when successful (signaled or `sq_sig_all`).
     pub signaled: bool,
-    /// PSNs of the first and last packets, once sent (RC and UC). For a
-    /// READ, the PSNs of its responses.
+    /// PSN of the first packet, once sent (RC and UC); the WQE takes one
+    /// PSN per packet (a READ one per response packet, an atomic one).
     pub first_psn: vrdma_wire::Psn,
-    pub last_psn: vrdma_wire::Psn,
     /// READ: bytes of response data received so far.
     pub read_done: u64,
     /// UD: the address vector of the AH, copied at post (the AH may be

@@ -190,12 +190,10 @@ pub fn decode_ip(packet: &[u8]) -> Result<Decoded<'_>> {
     decode_ip_version(None, packet, packet[0] >> 4)
 }
 
-fn decode_ip_version(
-    ethernet: Option<ethernet::Repr>,
-    data: &[u8],
-    version: u8,
-) -> Result<Decoded<'_>> {
-    let (ip, ip_header, datagram) = match version {
+/// The IP header of a bare IP packet (`version` 4 or 6), parsed, with
+/// the header's bytes and the datagram it carries.
+fn ip_parts(data: &[u8], version: u8) -> Result<(IpRepr, &[u8], &[u8])> {
+    Ok(match version {
         4 => {
             let p = ipv4::Packet::new_checked(data)?;
             let r = ipv4::Repr::parse(&p)?;
@@ -214,7 +212,40 @@ fn decode_ip_version(
             )
         }
         v => return Err(Error::BadIpVersion(v, 4)),
-    };
+    })
+}
+
+/// A bare IP packet carrying RoCEv2 whose IP and UDP headers were checked
+/// and whose ICRC was verified, the RoCE packet itself left unparsed: what
+/// a fabric hands to the engine (which parses the RoCE part once).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Unframed<'a> {
+    pub ip: IpRepr,
+    pub udp: udp::Repr,
+    /// BTH through ICRC (at least [`packet::MIN_LEN`] bytes).
+    pub roce: &'a [u8],
+}
+
+/// Checks the IP and UDP headers of a bare IPv4 or IPv6 packet and the
+/// ICRC of the RoCEv2 packet inside (the comparison always passes under
+/// `cfg(fuzzing)`), without parsing the RoCE headers.
+pub fn unframe_ip(packet: &[u8]) -> Result<Unframed<'_>> {
+    crate::need(Header::Ipv4, 1, packet.len())?;
+    let (ip, ip_header, datagram) = ip_parts(packet, packet[0] >> 4)?;
+    let u = udp::Packet::new_checked(datagram)?;
+    let udp = udp::Repr::parse(&u, ip.pseudo_header())?;
+    let roce = &datagram[udp::HEADER_LEN..];
+    crate::need(Header::Bth, packet::MIN_LEN, roce.len())?;
+    icrc::verify(ip_header, &datagram[..udp::HEADER_LEN], roce)?;
+    Ok(Unframed { ip, udp, roce })
+}
+
+fn decode_ip_version(
+    ethernet: Option<ethernet::Repr>,
+    data: &[u8],
+    version: u8,
+) -> Result<Decoded<'_>> {
+    let (ip, ip_header, datagram) = ip_parts(data, version)?;
     let u = udp::Packet::new_checked(datagram)?;
     let udp = udp::Repr::parse(&u, ip.pseudo_header())?;
     let roce_bytes = &datagram[udp::HEADER_LEN..];

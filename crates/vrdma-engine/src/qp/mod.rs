@@ -308,19 +308,31 @@ pub(crate) struct Requester {
     pub offset: u64,
     /// PSN of the next packet.
     pub psn: Psn,
+    /// RC: the oldest PSN not yet acknowledged (every earlier request is
+    /// acknowledged, by an ACK, a NAK or a response). Its advance is the
+    /// forward progress that restarts the retry budgets and the timer.
+    pub unacked: Psn,
+    /// The PSN after the last one ever sent: a packet before it is a
+    /// retransmission.
+    pub high: Psn,
     /// RC: retries left after a timeout or sequence error (from retry_cnt).
     pub retry_left: u8,
     /// RC: retries left after an RNR NAK (from rnr_retry; 7 = infinite).
     pub rnr_left: u8,
+    /// RC: the packet with this PSN, if it is the next one, is sent twice
+    /// (the first of a resend after a timeout).
+    pub send_twice: Option<Psn>,
+    /// RC, rnr_retry 7: RNR NAKs in a row with no progress (the back-off).
+    pub rnr_streak: u32,
     /// RC: send nothing before this time (an RNR NAK's delay), ns.
     pub rnr_until: Option<u64>,
     /// RC: when the oldest unacknowledged request times out, ns.
     pub timer: Option<u64>,
-    /// The PSN a sequence-error NAK or an implied NAK sent the requester
-    /// back to, until something arrives in order again: more NAKs for
-    /// the same gap (stale responses still on the wire) are one retry,
-    /// not many.
-    pub retry_psn: Option<vrdma_wire::Psn>,
+    /// RC: a retry (after a timeout, a sequence-error NAK or an implied
+    /// NAK) is under way and nothing new has been acknowledged since:
+    /// further NAKs, stale or caused by the resent packets, are part of
+    /// it and cost no more retries.
+    pub retrying: bool,
     /// WQEs (from the oldest) whose first packet has gone out at least
     /// once: in SQD these may still be (re)sent, no others.
     pub started: usize,
