@@ -35,7 +35,7 @@ use vrdma_engine::{
     Engine, VecMemory,
     datapath::{MAX_PACKET, Transmit},
 };
-use vrdma_wire::{Gid, frame, udp};
+use vrdma_wire::{Gid, frame};
 
 /// How one directed link treats each packet. Probabilities are per packet
 /// and independent.
@@ -187,6 +187,18 @@ pub struct Node {
     /// The engine had a packet last time it was asked: ask again when the
     /// port is free.
     tx_active: bool,
+    /// The engine's next deadline, as last asked (the engine scans its
+    /// QPs for it; the simulator needs it every step).
+    timer: Option<u64>,
+    /// The engine was called since: ask for `timer` again before using it.
+    timer_stale: bool,
+}
+
+impl Node {
+    fn refresh_timer(&mut self) {
+        self.timer = self.engine.poll_timeout();
+        self.timer_stale = false;
+    }
 }
 
 /// A frame on a link.
@@ -230,6 +242,8 @@ pub struct Sim {
     links: BTreeMap<(usize, usize), Link>,
     /// Directed links that drop everything.
     cut: BTreeSet<(usize, usize)>,
+    /// Packets to lose on purpose (a test's scenario), first match wins.
+    drops: Vec<Drop>,
     flights: BinaryHeap<Reverse<Flight>>,
     seq: u64,
     /// Frame buffers to reuse.
@@ -238,6 +252,17 @@ pub struct Sim {
     stats: Stats,
     trace: u64,
     recent: VecDeque<Event>,
+}
+
+/// Packets a test wants lost: the next `count` packets from `from` to
+/// `to` with this opcode (any, if `None`) and PSN (any, if `None`).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Drop {
+    pub from: usize,
+    pub to: usize,
+    pub opcode: Option<u8>,
+    pub psn: Option<u32>,
+    pub count: u32,
 }
 
 /// What stopped a run.
@@ -263,6 +288,7 @@ impl Sim {
             default_link: link,
             links: BTreeMap::new(),
             cut: BTreeSet::new(),
+            drops: Vec::new(),
             flights: BinaryHeap::new(),
             seq: 0,
             pool: Vec::new(),
@@ -282,6 +308,8 @@ impl Sim {
             gid,
             tx_free_at: 0,
             tx_active: true,
+            timer: None,
+            timer_stale: true,
         });
         self.nodes.len() - 1
     }
@@ -326,6 +354,11 @@ impl Sim {
         self.cut.insert((b, a));
     }
 
+    /// Loses the packets `drop` describes (counted in [`Stats::lost`]).
+    pub fn drop_packets(&mut self, drop: Drop) {
+        self.drops.push(drop);
+    }
+
     /// Restores both directions between `a` and `b`.
     pub fn heal(&mut self, a: usize, b: usize) {
         self.cut.remove(&(a, b));
@@ -342,6 +375,7 @@ impl Sim {
     pub fn node_mut(&mut self, i: usize) -> &mut Node {
         let n = &mut self.nodes[i];
         n.tx_active = true;
+        n.timer_stale = true;
         n
     }
 
@@ -396,11 +430,13 @@ impl Sim {
             EventKind::Rejected { to } => [6, to as u64, 0, 0],
             EventKind::Timeout { node } => [7, node as u64, 0, 0],
         };
+        // A word at a time (FNV-1a's step on 64-bit words, with a rotate
+        // so that high bits reach low ones): the trace is hashed for
+        // every packet, byte-wise hashing was a tenth of the run.
         for w in [self.now].into_iter().chain(words) {
-            for b in w.to_le_bytes() {
-                self.trace ^= u64::from(b);
-                self.trace = self.trace.wrapping_mul(0x0000_0100_0000_01b3);
-            }
+            self.trace = (self.trace ^ w)
+                .wrapping_mul(0x0000_0100_0000_01b3)
+                .rotate_left(29);
         }
         if self.recent.len() == RECENT {
             self.recent.pop_front();
@@ -409,7 +445,12 @@ impl Sim {
     }
 
     /// The time of the next event, if any.
-    fn next_event(&self) -> Option<u64> {
+    fn next_event(&mut self) -> Option<u64> {
+        for n in &mut self.nodes {
+            if n.timer_stale {
+                n.refresh_timer();
+            }
+        }
         let flight = self.flights.peek().map(|Reverse(f)| f.at);
         let tx = self
             .nodes
@@ -420,7 +461,7 @@ impl Sim {
         let timer = self
             .nodes
             .iter()
-            .filter_map(|n| n.engine.poll_timeout())
+            .filter_map(|n| n.timer)
             .map(|t| t.max(self.now))
             .min();
         [flight, tx, timer].into_iter().flatten().min()
@@ -445,16 +486,17 @@ impl Sim {
             self.deliver(f);
         }
         for i in 0..self.nodes.len() {
-            if self.nodes[i]
-                .engine
-                .poll_timeout()
-                .is_some_and(|d| d <= self.now)
-            {
+            if self.nodes[i].timer_stale {
+                self.nodes[i].refresh_timer();
+            }
+            if self.nodes[i].timer.is_some_and(|d| d <= self.now) {
                 self.stats.timeouts += 1;
                 self.record(EventKind::Timeout { node: i });
                 let now = self.now;
-                self.nodes[i].engine.handle_timeout(now);
-                self.nodes[i].tx_active = true;
+                let node = &mut self.nodes[i];
+                node.engine.handle_timeout(now);
+                node.refresh_timer();
+                node.tx_active = true;
             }
         }
         for i in 0..self.nodes.len() {
@@ -490,8 +532,10 @@ impl Sim {
             }
             let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut self.buf) else {
                 node.tx_active = false;
+                node.timer_stale = true;
                 return;
             };
+            node.timer_stale = true;
             let mut bytes = self.pool.pop().unwrap_or_default();
             // The engine emits only packets that parse: checked, not
             // assumed, since a framing failure would silently lose data.
@@ -539,7 +583,14 @@ impl Sim {
             .get(&(from, to))
             .copied()
             .unwrap_or(self.default_link);
-        if self.rng.random_bool(link.loss) {
+        let targeted = self.drops.iter_mut().find(|d| {
+            d.count > 0
+                && (d.from, d.to) == (from, to)
+                && d.opcode.is_none_or(|o| o == opcode)
+                && d.psn.is_none_or(|p| p == psn)
+        });
+        let targeted = targeted.map(|d| d.count -= 1).is_some();
+        if targeted || self.rng.random_bool(link.loss) {
             self.stats.lost += 1;
             self.record(EventKind::Lost { from, to, psn });
             self.pool.push(bytes);
@@ -594,11 +645,12 @@ impl Sim {
 
     fn deliver(&mut self, f: Flight) {
         let to = f.to;
-        let parsed = frame::Repr::parse_ip(&f.bytes);
+        // What a NIC checks (IP and UDP headers, the ICRC); the engine
+        // parses the RoCE packet.
+        let parsed = frame::unframe_ip(&f.bytes);
         match parsed {
             Ok(d) => {
-                let roce_at = d.ip.buffer_len() + udp::HEADER_LEN;
-                let (opcode, psn) = bth_of(&f.bytes[roce_at..]);
+                let (opcode, psn) = bth_of(d.roce);
                 self.stats.delivered += 1;
                 if f.corrupted {
                     self.stats.corrupt_accepted += 1;
@@ -606,8 +658,8 @@ impl Sim {
                 self.record(EventKind::Delivered { to, opcode, psn });
                 let now = self.now;
                 let node = &mut self.nodes[to];
-                node.engine
-                    .handle_packet(now, &d.ip, &f.bytes[roce_at..], &mut node.mem);
+                node.engine.handle_packet(now, &d.ip, d.roce, &mut node.mem);
+                node.timer_stale = true;
                 node.tx_active = true;
             }
             Err(e) => {
