@@ -244,6 +244,8 @@ pub struct Sim {
     cut: BTreeSet<(usize, usize)>,
     /// Packets to lose on purpose (a test's scenario), first match wins.
     drops: Vec<Drop>,
+    /// Per directed link, the latest in-order arrival so far.
+    fifo: BTreeMap<(usize, usize), u64>,
     flights: BinaryHeap<Reverse<Flight>>,
     seq: u64,
     /// Frame buffers to reuse.
@@ -289,6 +291,7 @@ impl Sim {
             links: BTreeMap::new(),
             cut: BTreeSet::new(),
             drops: Vec::new(),
+            fifo: BTreeMap::new(),
             flights: BinaryHeap::new(),
             seq: 0,
             pool: Vec::new(),
@@ -611,19 +614,24 @@ impl Sim {
             let mut copy = self.pool.pop().unwrap_or_default();
             copy.clear();
             copy.extend_from_slice(&bytes);
-            let at = self.arrival(&link);
+            let at = self.arrival(from, to, &link);
             self.fly(at, to, corrupted, copy);
         }
-        let at = self.arrival(&link);
+        let at = self.arrival(from, to, &link);
         self.fly(at, to, corrupted, bytes);
     }
 
-    /// When a packet sent now over `link` arrives.
-    fn arrival(&mut self, link: &Link) -> u64 {
+    /// When a packet sent now from `from` to `to` over `link` arrives. A
+    /// link is FIFO: jitter delays a packet and those behind it, never lets
+    /// them pass; only a packet held back (`reorder`) is overtaken.
+    fn arrival(&mut self, from: usize, to: usize, link: &Link) -> u64 {
         let mut at = self.now + link.delay;
         if link.jitter > 0 {
             at += self.rng.random_range(0..=link.jitter);
         }
+        let fifo = self.fifo.entry((from, to)).or_insert(0);
+        at = at.max(*fifo);
+        *fifo = at;
         if link.reorder_delay > 0 && self.rng.random_bool(link.reorder) {
             self.stats.reordered += 1;
             at += self.rng.random_range(1..=link.reorder_delay);
