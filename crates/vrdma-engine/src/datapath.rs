@@ -13,8 +13,11 @@
 //! (coalesced, one per message or AckReq), in-order completion on ACK,
 //! duplicate detection with re-ACK, one PSN-sequence NAK per gap with
 //! go-back-N resend, RNR NAK when no receive is posted, and the remote
-//! access / invalid request NAKs that move both sides to ERR; the local ACK
-//! timeout (retry_cnt) and the RNR delay (rnr_retry, 7 = forever) as
+//! access / invalid request NAKs that move both sides to ERR; a send window
+//! of [`MAX_UNACKED_PSNS`], forward progress (the oldest unacknowledged PSN
+//! moving) restarting the retry budgets and the timer, one retry at a time,
+//! a timeout's first resent packet sent twice; the local ACK timeout
+//! (retry_cnt) and the RNR delay (rnr_retry, 7 = forever, backing off) as
 //! deadlines the caller drives with [`Engine::poll_timeout`] and
 //! [`Engine::handle_timeout`]; RC RDMA READ and atomics with responder
 //! resources, replay of duplicate atomics, max_rd_atomic and FENCE; the
