@@ -13,7 +13,7 @@ use vrdma_engine::{
     wc::{Wc, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_fabric::sim::{Drop, EventKind, Link, Quiet, Sim};
+use vrdma_fabric::sim::{DropRule, EventKind, Link, Quiet, Sim};
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 
 const BASE: u64 = 0x10_0000;
@@ -318,7 +318,7 @@ fn psn_wrap_in_the_middle_of_a_multi_packet_message_with_losses() {
         // Requests go A→B; a READ's data comes back B→A.
         let (from, to) = if kind == "read" { (B, A) } else { (A, B) };
         for psn in [0x00ff_ffff, 0] {
-            p.sim.drop_packets(Drop {
+            p.sim.drop_packets(DropRule {
                 from,
                 to,
                 opcode: None,
@@ -373,7 +373,7 @@ fn psn_wrap_in_the_middle_of_a_multi_packet_message_with_losses() {
 fn a_read_whose_responses_partly_arrived_is_asked_again_for_the_rest() {
     const LEN: u32 = 8 * 1024;
     let mut p = pair(Setup::default());
-    p.sim.drop_packets(Drop {
+    p.sim.drop_packets(DropRule {
         from: B,
         to: A,
         opcode: None,
@@ -412,7 +412,7 @@ fn a_duplicate_atomic_is_answered_from_the_saved_result() {
         .mem
         .write(BASE + WORD, &40u64.to_le_bytes())
         .unwrap();
-    p.sim.drop_packets(Drop {
+    p.sim.drop_packets(DropRule {
         from: B,
         to: A,
         opcode: Some(RC_ATOMIC_ACK),
@@ -648,7 +648,7 @@ fn uc_drops_the_rest_of_a_message_after_a_gap() {
         qp_type: QpType::Uc,
         ..Setup::default()
     });
-    p.sim.drop_packets(Drop {
+    p.sim.drop_packets(DropRule {
         from: A,
         to: B,
         opcode: None,
@@ -677,7 +677,7 @@ fn ud_loses_a_datagram_and_delivers_the_next() {
         qp_type: QpType::Ud,
         ..Setup::default()
     });
-    p.sim.drop_packets(Drop {
+    p.sim.drop_packets(DropRule {
         from: A,
         to: B,
         opcode: None,

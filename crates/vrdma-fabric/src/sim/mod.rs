@@ -243,7 +243,7 @@ pub struct Sim {
     /// Directed links that drop everything.
     cut: BTreeSet<(usize, usize)>,
     /// Packets to lose on purpose (a test's scenario), first match wins.
-    drops: Vec<Drop>,
+    drops: Vec<DropRule>,
     /// Per directed link, the latest in-order arrival so far.
     fifo: BTreeMap<(usize, usize), u64>,
     flights: BinaryHeap<Reverse<Flight>>,
@@ -259,7 +259,7 @@ pub struct Sim {
 /// Packets a test wants lost: the next `count` packets from `from` to
 /// `to` with this opcode (any, if `None`) and PSN (any, if `None`).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub struct Drop {
+pub struct DropRule {
     pub from: usize,
     pub to: usize,
     pub opcode: Option<u8>,
@@ -358,7 +358,7 @@ impl Sim {
     }
 
     /// Loses the packets `drop` describes (counted in [`Stats::lost`]).
-    pub fn drop_packets(&mut self, drop: Drop) {
+    pub fn drop_packets(&mut self, drop: DropRule) {
         self.drops.push(drop);
     }
 
