@@ -240,6 +240,82 @@ pub fn unframe_ip(packet: &[u8]) -> Result<Unframed<'_>> {
     Ok(Unframed { ip, udp, roce })
 }
 
+/// What a UDP socket reports about a datagram it received: enough to
+/// rebuild the IP and UDP headers the ICRC covers.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct DatagramInfo {
+    pub src: core::net::SocketAddr,
+    /// The receiver's own address (the socket's bound address).
+    pub dst: IpAddr,
+    /// IPv4 TOS / IPv6 traffic class (`IP_RECVTOS` / `IPV6_RECVTCLASS`).
+    pub traffic_class: u8,
+    /// IPv4 TTL / IPv6 hop limit (`IP_RECVTTL` / `IPV6_RECVHOPLIMIT`).
+    pub hop_limit: u8,
+    /// IPv6 only (`IPV6_FLOWINFO`); the ICRC masks it.
+    pub flow_label: u32,
+}
+
+/// The counterpart of [`unframe_ip`] for a fabric that receives through a
+/// UDP socket: rebuilds the IP and UDP headers from `info` (the UDP
+/// destination port is 4791, the socket's; no checksum, which the ICRC
+/// masks anyway) and verifies the ICRC of `roce`, the datagram's payload.
+/// IPv4's Identification is not visible through a socket, so it is
+/// recovered from the ICRC ([`icrc::verify_ipv4_recover_ident`], a 16-bit
+/// weaker check than [`icrc::verify`]); the IPv4 header is assumed to
+/// carry DF and no options, as RoCEv2 senders write it.
+pub fn unframe_datagram<'a>(info: &DatagramInfo, roce: &'a [u8]) -> Result<Unframed<'a>> {
+    crate::need(Header::Bth, packet::MIN_LEN, roce.len())?;
+    let payload_len = udp::HEADER_LEN + roce.len();
+    let mut ip = match (info.src.ip(), info.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => IpRepr::V4(ipv4::Repr {
+            src,
+            dst,
+            tos: info.traffic_class,
+            ident: 0,
+            dont_frag: true,
+            ttl: info.hop_limit,
+            payload_len,
+        }),
+        (IpAddr::V6(src), IpAddr::V6(dst)) => IpRepr::V6(ipv6::Repr {
+            src,
+            dst,
+            traffic_class: info.traffic_class,
+            flow_label: info.flow_label & 0x000f_ffff,
+            hop_limit: info.hop_limit,
+            payload_len,
+        }),
+        (src, dst) => {
+            let v = |a: IpAddr| if a.is_ipv4() { 4 } else { 6 };
+            return Err(Error::BadIpVersion(v(src), v(dst)));
+        }
+    };
+    let udp = udp::Repr {
+        src_port: info.src.port(),
+        checksum: false,
+    };
+    let udp_len = u16::try_from(payload_len).map_err(|_| Error::OutOfRange {
+        what: "a UDP length",
+        value: payload_len as u64,
+    })?;
+    let mut headers = [0u8; ipv6::HEADER_LEN + udp::HEADER_LEN];
+    let ip_len = ip.buffer_len();
+    let (ip_header, rest) = headers.split_at_mut(ip_len);
+    ip.emit(ip_header)?;
+    // The payload lives elsewhere, so the UDP header is written field by
+    // field (its checksum zero: the ICRC masks it).
+    let udp_header = &mut rest[..udp::HEADER_LEN];
+    udp_header[0..2].copy_from_slice(&udp.src_port.to_be_bytes());
+    udp_header[2..4].copy_from_slice(&crate::ROCEV2_UDP_PORT.to_be_bytes());
+    udp_header[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    match &mut ip {
+        IpRepr::V4(v4) => {
+            v4.ident = icrc::verify_ipv4_recover_ident(ip_header, udp_header, roce)?;
+        }
+        IpRepr::V6(_) => icrc::verify(ip_header, udp_header, roce)?,
+    }
+    Ok(Unframed { ip, udp, roce })
+}
+
 fn decode_ip_version(
     ethernet: Option<ethernet::Repr>,
     data: &[u8],
