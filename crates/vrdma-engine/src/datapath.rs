@@ -92,15 +92,40 @@ impl Transmit {
         // front of it and the ICRC over the whole, with no second parse
         // or emit of the RoCE part (this runs for every packet a fabric
         // sends).
-        if roce.len() < packet::MIN_LEN {
+        let ip = self.ip_repr(roce.len())?;
+        let udp_at = ip.buffer_len();
+        let roce_at = udp_at + vrdma_wire::udp::HEADER_LEN;
+        out.clear();
+        out.resize(roce_at, 0);
+        out.extend_from_slice(roce);
+        ip.emit(&mut out[..udp_at])?;
+        // RoCEv2 sends no UDP checksum (the ICRC covers the packet).
+        vrdma_wire::udp::Repr {
+            src_port: self.udp_src_port,
+            checksum: false,
+        }
+        .emit(&mut out[udp_at..], ip.pseudo_header())?;
+        let (headers, roce) = out.split_at_mut(roce_at);
+        let crc = vrdma_wire::icrc::compute(&headers[..udp_at], &headers[udp_at..], roce)?;
+        packet::Packet::new_unchecked(roce).set_icrc(crc);
+        Ok(())
+    }
+}
+
+impl Transmit {
+    /// The IP header of this packet: IPv4 for IPv4-mapped GIDs (DF,
+    /// Identification 0 — what Linux writes for DF datagrams from an
+    /// unconnected UDP socket), else IPv6.
+    fn ip_repr(&self, roce_len: usize) -> Result<IpRepr, vrdma_wire::Error> {
+        if roce_len < packet::MIN_LEN {
             return Err(vrdma_wire::Error::Truncated {
                 header: vrdma_wire::Header::Bth,
                 needed: packet::MIN_LEN,
-                available: roce.len(),
+                available: roce_len,
             });
         }
-        let payload_len = vrdma_wire::udp::HEADER_LEN + roce.len();
-        let ip = match (self.sgid.to_ipv4(), self.dgid.to_ipv4()) {
+        let payload_len = vrdma_wire::udp::HEADER_LEN + roce_len;
+        Ok(match (self.sgid.to_ipv4(), self.dgid.to_ipv4()) {
             (Some(src), Some(dst)) => IpRepr::V4(vrdma_wire::ipv4::Repr {
                 src,
                 dst,
@@ -118,21 +143,30 @@ impl Transmit {
                 hop_limit: self.hop_limit,
                 payload_len,
             }),
-        };
-        let udp_at = ip.buffer_len();
-        let roce_at = udp_at + vrdma_wire::udp::HEADER_LEN;
-        out.clear();
-        out.resize(roce_at, 0);
-        out.extend_from_slice(roce);
-        ip.emit(&mut out[..udp_at])?;
-        // RoCEv2 sends no UDP checksum (the ICRC covers the packet).
-        vrdma_wire::udp::Repr {
-            src_port: self.udp_src_port,
-            checksum: false,
-        }
-        .emit(&mut out[udp_at..], ip.pseudo_header())?;
-        let (headers, roce) = out.split_at_mut(roce_at);
-        let crc = vrdma_wire::icrc::compute(&headers[..udp_at], &headers[udp_at..], roce)?;
+        })
+    }
+
+    /// Computes and stores the ICRC of `roce` (this transmit's bytes) for
+    /// a fabric that sends the packet as the payload of a UDP socket bound
+    /// to `src_port`: the ICRC covers the IP and UDP headers the kernel
+    /// will write, which are predictable for an unconnected socket that
+    /// sets DF (IPv4 Identification 0; TOS, TTL and the checksums are
+    /// masked).
+    pub fn seal_for_socket(&self, roce: &mut [u8], src_port: u16) -> Result<(), vrdma_wire::Error> {
+        let ip = self.ip_repr(roce.len())?;
+        let mut headers = [0u8; vrdma_wire::ipv6::HEADER_LEN + vrdma_wire::udp::HEADER_LEN];
+        let (ip_header, udp) = headers.split_at_mut(ip.buffer_len());
+        ip.emit(ip_header)?;
+        let udp = &mut udp[..vrdma_wire::udp::HEADER_LEN];
+        let len = vrdma_wire::udp::HEADER_LEN + roce.len();
+        let udp_len = u16::try_from(len).map_err(|_| vrdma_wire::Error::OutOfRange {
+            what: "a UDP length",
+            value: len as u64,
+        })?;
+        udp[0..2].copy_from_slice(&src_port.to_be_bytes());
+        udp[2..4].copy_from_slice(&vrdma_wire::ROCEV2_UDP_PORT.to_be_bytes());
+        udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+        let crc = vrdma_wire::icrc::compute(ip_header, udp, roce)?;
         packet::Packet::new_unchecked(roce).set_icrc(crc);
         Ok(())
     }

@@ -2,7 +2,10 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`udp`] | RoCEv2 over UDP: a device bound to an IPv4 or IPv6 address, port 4791, batched system calls, busy-poll and event modes |
 //! | [`sim`] | a seeded simulated network with loss, duplication, reordering, delay, corruption and partitions, on a virtual clock |
-#![forbid(unsafe_code)]
+// Unsafe code lives only in `udp::sys` (the system calls), which allows it.
+#![deny(unsafe_code)]
 
 pub mod sim;
+pub mod udp;

@@ -1,0 +1,415 @@
+//! RoCEv2 over UDP: an [`Engine`] behind real sockets.
+//!
+//! A [`UdpDevice`] is bound to one IPv4 or IPv6 address on UDP port 4791;
+//! its GID table holds that address (IPv4-mapped for IPv4), so a peer that
+//! knows the address knows the GID. Several devices can share a host on
+//! different addresses (127.0.0.x in the tests).
+//!
+//! **Receive.** `recvmmsg` takes up to a batch of datagrams per call with
+//! their TOS / traffic class and TTL / hop limit. A socket does not show
+//! the IPv4 Identification the ICRC covers, so the ICRC check recovers it
+//! ([`frame::unframe_datagram`]); the packets then go to the engine.
+//! Anything that is not a well-formed RoCEv2 packet with a good ICRC is
+//! counted ([`UdpStats`]) and dropped; what is wrong inside a good packet
+//! (unknown QPN, bad key, out-of-window PSN…) the engine counts and, where
+//! IBTA says so, NAKs.
+//!
+//! **Send.** Each packet leaves from a socket bound to the QP's UDP source
+//! port (`0xC000 | QPN`, as the engine chooses it: ECMP entropy per QP),
+//! created on first use; the ICRC is computed for the headers the kernel
+//! writes (an unconnected socket with DF set writes IPv4 Identification
+//! 0). Consecutive packets from one socket go out in one `sendmmsg`, with
+//! the QP's traffic class (or the device's DSCP/ECN when the QP sets none)
+//! and hop limit as ancillary data.
+//!
+//! **Time.** The engine's clock is nanoseconds since the device was
+//! created; [`UdpDevice::progress`] runs due timers, and
+//! [`UdpDevice::wait`] sleeps in `poll(2)` until a datagram arrives or the
+//! engine's next deadline. A caller that never waits busy-polls.
+
+mod sys;
+
+use std::{
+    collections::HashMap,
+    io,
+    net::{IpAddr, SocketAddr, UdpSocket},
+    os::fd::{AsRawFd, RawFd},
+    time::{Duration, Instant},
+};
+
+use vrdma_engine::{
+    Engine, Memory,
+    attr::{DeviceAttr, Mtu, PortAttr},
+    datapath::MAX_PACKET,
+};
+use vrdma_wire::{Error as WireError, Gid, ROCEV2_UDP_PORT, frame};
+
+/// How a [`UdpDevice`] is set up.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The address to bind; the device's GID is derived from it.
+    pub addr: IpAddr,
+    /// The UDP port to receive on: 4791 (IANA's RoCEv2 port) unless a test
+    /// says otherwise.
+    pub port: u16,
+    /// DSCP (6 bits) and ECN (2 bits) for packets of QPs whose traffic
+    /// class is 0.
+    pub tos: u8,
+    /// The port's active MTU (what QPs may use as path MTU).
+    pub mtu: Mtu,
+    /// Datagrams per system call (1..=64).
+    pub batch: usize,
+}
+
+impl Config {
+    /// Port 4791, TOS 0, MTU 1024 (what rxe reports on a 1500-byte
+    /// Ethernet), batches of 32.
+    pub fn new(addr: IpAddr) -> Self {
+        Config {
+            addr,
+            port: ROCEV2_UDP_PORT,
+            tos: 0,
+            mtu: Mtu::Mtu1024,
+            batch: 32,
+        }
+    }
+}
+
+/// What the fabric saw, beside the engine's own counters
+/// ([`Engine::stats`]).
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct UdpStats {
+    pub rx_datagrams: u64,
+    pub rx_bytes: u64,
+    /// `recvmmsg` calls that returned datagrams.
+    pub rx_calls: u64,
+    /// ICRC did not verify (corrupt, or no IPv4 Identification explains it).
+    pub rx_bad_icrc: u64,
+    /// Not a RoCEv2 packet: too short, longer than any packet the device
+    /// accepts, or from an address of the other IP version.
+    pub rx_malformed: u64,
+    pub tx_datagrams: u64,
+    pub tx_bytes: u64,
+    /// `sendmmsg` calls.
+    pub tx_calls: u64,
+    /// Datagrams the kernel refused (no route, too long): dropped.
+    pub tx_failed: u64,
+    /// Packets sent from the receive socket because the QP's source port
+    /// could not be bound.
+    pub src_port_fallback: u64,
+}
+
+/// What one [`UdpDevice::progress`] did.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct Progress {
+    pub received: usize,
+    pub sent: usize,
+}
+
+impl Progress {
+    pub fn is_idle(&self) -> bool {
+        self.received == 0 && self.sent == 0
+    }
+}
+
+/// Source-port sockets beyond this many are not opened (the receive socket
+/// sends instead).
+const MAX_SOURCE_SOCKETS: usize = 1024;
+
+/// A RoCEv2 device on a UDP socket: the engine, the memory it serves, and
+/// the sockets.
+#[derive(Debug)]
+pub struct UdpDevice<M: Memory> {
+    engine: Engine,
+    mem: M,
+    config: Config,
+    gid: Gid,
+    socket: UdpSocket,
+    /// Sockets bound to QP source ports, by port (`None`: binding failed,
+    /// the receive socket sends instead).
+    sources: HashMap<u16, Option<UdpSocket>>,
+    epoch: Instant,
+    recv: sys::RecvBatch,
+    send: sys::SendBatch,
+    /// The socket the queued datagrams leave from.
+    send_fd: RawFd,
+    packet: Vec<u8>,
+    stats: UdpStats,
+}
+
+impl<M: Memory> UdpDevice<M> {
+    /// Binds `config.addr:config.port` and creates an engine with the
+    /// default device limits whose GID 0 is the address.
+    pub fn bind(config: Config, mem: M) -> io::Result<Self> {
+        let gid = match config.addr {
+            IpAddr::V4(a) => Gid::from(a),
+            IpAddr::V6(a) => Gid::from(a),
+        };
+        let mut attr = DeviceAttr::default();
+        // A GUID per address, so that devices on one host differ (rxe
+        // derives it from the MAC address).
+        let guid = match config.addr {
+            IpAddr::V4(a) => 0x0200_0000_0000_0000 | u64::from(u32::from(a)),
+            IpAddr::V6(a) => 0x0200_0000_0000_0000 | (u128::from(a) as u64 & 0x00ff_ffff_ffff_ffff),
+        };
+        attr.node_guid = guid;
+        attr.sys_image_guid = guid;
+        let mut port = PortAttr::with_gids(&[gid]);
+        port.active_mtu = config.mtu;
+        let engine = Engine::new(attr, port);
+        let socket = UdpSocket::bind(SocketAddr::new(config.addr, config.port))?;
+        configure(&socket, config.addr, true)?;
+        let send_fd = socket.as_raw_fd();
+        Ok(UdpDevice {
+            engine,
+            mem,
+            gid,
+            socket,
+            sources: HashMap::new(),
+            epoch: Instant::now(),
+            recv: sys::RecvBatch::new(config.batch, MAX_PACKET + 64),
+            send: sys::SendBatch::new(),
+            send_fd,
+            packet: vec![0; MAX_PACKET],
+            stats: UdpStats::default(),
+            config,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    pub fn mem(&self) -> &M {
+        &self.mem
+    }
+
+    pub fn mem_mut(&mut self) -> &mut M {
+        &mut self.mem
+    }
+
+    /// The engine and the memory together (to post work that names memory
+    /// the engine reads, for example).
+    pub fn parts(&mut self) -> (&mut Engine, &mut M) {
+        (&mut self.engine, &mut self.mem)
+    }
+
+    /// GID 0: the bound address.
+    pub fn gid(&self) -> Gid {
+        self.gid
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    pub fn stats(&self) -> UdpStats {
+        self.stats
+    }
+
+    /// The engine's clock: nanoseconds since the device was bound.
+    pub fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// One round without blocking: receives what is queued (a few batches
+    /// at most, so that sending is never starved), runs due timers, and
+    /// sends everything the engine has.
+    pub fn progress(&mut self) -> io::Result<Progress> {
+        let mut p = Progress::default();
+        for _ in 0..4 {
+            let n = self.receive_batch()?;
+            p.received += n;
+            if n < self.config.batch {
+                break;
+            }
+        }
+        let now = self.now();
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+        }
+        p.sent = self.transmit(now);
+        Ok(p)
+    }
+
+    /// Sleeps until a datagram arrives, the engine's next deadline, or
+    /// `limit`, whichever is first (event mode; busy-polling callers never
+    /// call it).
+    pub fn wait(&mut self, limit: Duration) -> io::Result<()> {
+        let now = self.now();
+        let mut wait = limit;
+        if let Some(t) = self.engine.poll_timeout() {
+            wait = wait.min(Duration::from_nanos(t.saturating_sub(now)));
+        }
+        // poll(2) counts milliseconds: round up so that a deadline is not
+        // missed by a busy loop of zero-length waits.
+        let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        sys::wait_readable(self.socket.as_raw_fd(), ms)?;
+        Ok(())
+    }
+
+    fn receive_batch(&mut self) -> io::Result<usize> {
+        let n = self.recv.recv(self.socket.as_raw_fd())?;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.stats.rx_calls += 1;
+        let now = self.now();
+        for i in 0..n {
+            let d = self.recv.get(i);
+            self.stats.rx_datagrams += 1;
+            self.stats.rx_bytes += d.data.len() as u64;
+            let Some(src) = d.src else {
+                self.stats.rx_malformed += 1;
+                continue;
+            };
+            if d.truncated {
+                self.stats.rx_malformed += 1;
+                tracing::debug!(%src, "datagram longer than any RoCEv2 packet");
+                continue;
+            }
+            let info = frame::DatagramInfo {
+                src,
+                dst: self.config.addr,
+                traffic_class: d.traffic_class,
+                hop_limit: d.hop_limit,
+                flow_label: d.flow_label,
+            };
+            match frame::unframe_datagram(&info, d.data) {
+                Ok(u) => self.engine.handle_packet(now, &u.ip, u.roce, &mut self.mem),
+                Err(WireError::BadIcrc { found, computed }) => {
+                    self.stats.rx_bad_icrc += 1;
+                    tracing::debug!(%src, found, computed, "bad ICRC");
+                }
+                Err(e) => {
+                    self.stats.rx_malformed += 1;
+                    tracing::debug!(%src, error = %e, "not a RoCEv2 packet");
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Sends every packet the engine has; the number sent.
+    fn transmit(&mut self, now: u64) -> usize {
+        let mut sent = 0;
+        while let Some(t) = self.engine.poll_transmit(now, &self.mem, &mut self.packet) {
+            let (fd, port) = self.source_socket(t.udp_src_port);
+            if fd != self.send_fd || self.send.is_full() {
+                sent += self.flush();
+                self.send_fd = fd;
+            }
+            let roce = &mut self.packet[..t.len];
+            if let Err(e) = t.seal_for_socket(roce, port) {
+                // The engine wrote the packet; it cannot be too short.
+                tracing::error!(error = %e, "cannot seal an engine packet");
+                self.stats.tx_failed += 1;
+                continue;
+            }
+            let dst = match t.dgid.to_ipv4() {
+                Some(v4) => SocketAddr::new(IpAddr::V4(v4), ROCEV2_UDP_PORT),
+                None => SocketAddr::new(IpAddr::V6(t.dgid.into()), ROCEV2_UDP_PORT),
+            };
+            let tos = if t.traffic_class == 0 {
+                self.config.tos
+            } else {
+                t.traffic_class
+            };
+            self.send.push(dst, roce, tos, t.hop_limit);
+        }
+        sent + self.flush()
+    }
+
+    fn flush(&mut self) -> usize {
+        if self.send.len() == 0 {
+            return 0;
+        }
+        let f = self.send.flush(self.send_fd);
+        self.stats.tx_datagrams += f.sent as u64;
+        self.stats.tx_bytes += f.bytes as u64;
+        self.stats.tx_failed += f.failed as u64;
+        self.stats.tx_calls += f.calls as u64;
+        f.sent
+    }
+
+    /// The socket bound to source port `port` (opened on first use), and
+    /// the port it really has: the receive socket's when binding fails.
+    fn source_socket(&mut self, port: u16) -> (RawFd, u16) {
+        if !self.sources.contains_key(&port) && self.sources.len() < MAX_SOURCE_SOCKETS {
+            let s = UdpSocket::bind(SocketAddr::new(self.config.addr, port))
+                .and_then(|s| configure(&s, self.config.addr, false).map(|()| s));
+            if let Err(e) = &s {
+                tracing::warn!(port, error = %e, "cannot bind a QP source port; using the receive socket");
+            }
+            self.sources.insert(port, s.ok());
+        }
+        match self.sources.get(&port) {
+            Some(Some(s)) => (s.as_raw_fd(), port),
+            _ => {
+                self.stats.src_port_fallback += 1;
+                (self.socket.as_raw_fd(), self.config.port)
+            }
+        }
+    }
+}
+
+/// Socket options: DF without path-MTU state (IPv4 Identification 0 on an
+/// unconnected socket), zero UDP checksums as RoCEv2 sends them, and —
+/// for the receive socket — the TOS/TTL ancillary data and larger
+/// buffers.
+fn configure(s: &UdpSocket, addr: IpAddr, receive: bool) -> io::Result<()> {
+    let fd = s.as_raw_fd();
+    match addr {
+        IpAddr::V4(_) => {
+            sys::set_int_option(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_PROBE,
+            )?;
+            sys::set_int_option(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)?;
+            if receive {
+                sys::set_int_option(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+                sys::set_int_option(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+            }
+        }
+        IpAddr::V6(_) => {
+            sys::set_int_option(
+                fd,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_PROBE,
+            )?;
+            if receive {
+                sys::set_int_option(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+                sys::set_int_option(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)?;
+                sys::set_int_option(fd, libc::IPPROTO_IPV6, libc::IPV6_FLOWINFO, 1)?;
+                // RoCEv2 peers (rxe) may send a zero UDP checksum.
+                sys::set_int_option(fd, libc::SOL_UDP, libc::UDP_NO_CHECK6_RX, 1)?;
+            }
+        }
+    }
+    if receive {
+        // Room for bursts: 4 MiB if privileged (SO_*BUFFORCE), else what
+        // net.core.[rw]mem_max allows.
+        for (force, plain) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        ] {
+            if sys::set_int_option(fd, libc::SOL_SOCKET, force, 4 << 20).is_err() {
+                sys::set_int_option(fd, libc::SOL_SOCKET, plain, 4 << 20)?;
+            }
+        }
+    } else {
+        // Nothing is meant to arrive on a source port.
+        sys::set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 0)?;
+        if sys::set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 4 << 20).is_err() {
+            sys::set_int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,501 @@
+//! The system calls the UDP fabric needs that `std` does not offer:
+//! batched receive and send (`recvmmsg` / `sendmmsg`) with ancillary data,
+//! integer socket options and `poll`. Written against `libc` by hand
+//! because the crates that wrap them (nix, socket2) either allocate per
+//! batch or do not offer the batched calls; this is the fabric's only
+//! unsafe code.
+#![allow(unsafe_code)]
+
+use std::{
+    io, mem,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::RawFd,
+    ptr,
+};
+
+/// Datagrams per system call, at most.
+pub(crate) const MAX_BATCH: usize = 64;
+
+/// Room for the ancillary data we ask for (TOS/traffic class, TTL/hop
+/// limit, flow label): three `CMSG_SPACE(4)` of 16 bytes each, and slack.
+const CONTROL_LEN: usize = 64;
+
+/// An ancillary-data buffer aligned as `struct cmsghdr` must be.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct Control([u8; CONTROL_LEN]);
+
+/// `setsockopt(fd, level, name, &value, sizeof(int))`.
+pub(crate) fn set_int_option(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: the option value points at a live c_int and its size is
+    // passed; setsockopt reads at most that many bytes.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&raw const value).cast(),
+            mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Waits until `fd` is readable, at most `timeout_ms` (negative: no
+/// limit). False when the time ran out or a signal interrupted the wait.
+pub(crate) fn wait_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid, writable pollfd and a count of one.
+    let r = unsafe { libc::poll(&raw mut p, 1, timeout_ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(r > 0)
+}
+
+/// An all-zero `msghdr`: every field is an integer or a nullable pointer.
+fn zeroed_msghdr() -> libc::msghdr {
+    // SAFETY: msghdr is plain old data; all-zero is a valid value (null
+    // pointers, zero lengths), and private padding fields on some targets
+    // make a struct literal impossible.
+    unsafe { mem::zeroed() }
+}
+
+fn zeroed_storage() -> libc::sockaddr_storage {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is AF_UNSPEC.
+    unsafe { mem::zeroed() }
+}
+
+/// `addr` as a C socket address.
+fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    let mut storage = zeroed_storage();
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for
+            // every sockaddr type.
+            unsafe { ptr::write((&raw mut storage).cast::<libc::sockaddr_in>(), sin) };
+            mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo().to_be(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above.
+            unsafe { ptr::write((&raw mut storage).cast::<libc::sockaddr_in6>(), sin6) };
+            mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+/// The address the kernel wrote into `storage`, if it is IPv4 or IPv6.
+fn from_sockaddr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    match i32::from(storage.ss_family) {
+        libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in, the
+            // kernel wrote at least its size, and storage is aligned for it.
+            let sin = unsafe { &*(&raw const *storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe { &*(&raw const *storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::new(
+                IpAddr::V6(ip),
+                u16::from_be(sin6.sin6_port),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// What the kernel said about one received datagram.
+#[derive(Clone, Copy, Debug, Default)]
+struct RecvMeta {
+    len: usize,
+    name_len: libc::socklen_t,
+    control_len: usize,
+    flags: i32,
+}
+
+/// One datagram of a [`RecvBatch`].
+#[derive(Debug)]
+pub(crate) struct Datagram<'a> {
+    pub src: Option<SocketAddr>,
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+    pub flow_label: u32,
+    pub data: &'a [u8],
+    /// Longer than the slot (the rest was discarded).
+    pub truncated: bool,
+}
+
+/// Buffers for up to [`MAX_BATCH`] datagrams received by one `recvmmsg`.
+/// The C headers pointing into them are built on the stack for each call,
+/// so the batch holds no raw pointers (and the device stays `Send`).
+pub(crate) struct RecvBatch {
+    slot: usize,
+    bufs: Vec<u8>,
+    names: Vec<libc::sockaddr_storage>,
+    controls: Vec<Control>,
+    meta: Vec<RecvMeta>,
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBatch")
+            .field("slot", &self.slot)
+            .field("slots", &self.meta.len())
+            .finish()
+    }
+}
+
+impl RecvBatch {
+    /// `count` (at most [`MAX_BATCH`]) slots of `slot` bytes.
+    pub fn new(count: usize, slot: usize) -> Self {
+        let count = count.clamp(1, MAX_BATCH);
+        RecvBatch {
+            slot,
+            bufs: vec![0; count * slot],
+            names: vec![zeroed_storage(); count],
+            controls: vec![Control([0; CONTROL_LEN]); count],
+            meta: Vec::with_capacity(count),
+        }
+    }
+
+    /// Receives what is queued on `fd` without waiting; the number of
+    /// datagrams (0 when none).
+    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        let count = self.controls.len();
+        let mut iovs = [libc::iovec {
+            iov_base: ptr::null_mut(),
+            iov_len: 0,
+        }; MAX_BATCH];
+        // SAFETY: mmsghdr is plain old data; all-zero is valid.
+        let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
+        for (i, chunk) in self.bufs.chunks_exact_mut(self.slot).enumerate() {
+            iovs[i] = libc::iovec {
+                iov_base: chunk.as_mut_ptr().cast(),
+                iov_len: chunk.len(),
+            };
+        }
+        for i in 0..count {
+            let mut h = zeroed_msghdr();
+            h.msg_name = (&raw mut self.names[i]).cast();
+            h.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &raw mut iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = (&raw mut self.controls[i]).cast();
+            h.msg_controllen = CONTROL_LEN as _;
+            hdrs[i].msg_hdr = h;
+            hdrs[i].msg_len = 0;
+        }
+        // SAFETY: `count` headers, each pointing at a live buffer, name
+        // and control area of the stated sizes, all owned by `self` or
+        // this frame and not otherwise borrowed during the call.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd,
+                hdrs.as_mut_ptr(),
+                count as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                ptr::null_mut(),
+            )
+        };
+        self.meta.clear();
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(e),
+            };
+        }
+        let n = n as usize;
+        for h in &hdrs[..n] {
+            // msg_controllen is size_t in glibc, socklen_t in musl.
+            #[allow(clippy::unnecessary_cast)]
+            self.meta.push(RecvMeta {
+                len: h.msg_len as usize,
+                name_len: h.msg_hdr.msg_namelen,
+                control_len: h.msg_hdr.msg_controllen as usize,
+                flags: h.msg_hdr.msg_flags,
+            });
+        }
+        Ok(n)
+    }
+
+    /// Datagram `i` of the last [`RecvBatch::recv`].
+    pub fn get(&self, i: usize) -> Datagram<'_> {
+        let m = self.meta[i];
+        let start = i * self.slot;
+        let mut d = Datagram {
+            src: from_sockaddr(&self.names[i], m.name_len),
+            traffic_class: 0,
+            hop_limit: 0,
+            flow_label: 0,
+            data: &self.bufs[start..start + m.len.min(self.slot)],
+            truncated: m.flags & libc::MSG_TRUNC != 0,
+        };
+        let control = &self.controls[i].0[..m.control_len.min(CONTROL_LEN)];
+        for (level, ty, data) in cmsgs(control) {
+            let int =
+                || -> Option<i32> { Some(i32::from_ne_bytes(data.get(..4)?.try_into().ok()?)) };
+            match (level, ty) {
+                (libc::IPPROTO_IP, libc::IP_TOS) => {
+                    d.traffic_class = data.first().copied().unwrap_or(0);
+                }
+                (libc::IPPROTO_IP, libc::IP_TTL) => {
+                    d.hop_limit = int().unwrap_or(0) as u8;
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                    d.traffic_class = int().unwrap_or(0) as u8;
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                    d.hop_limit = int().unwrap_or(0) as u8;
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_FLOWINFO) => {
+                    let be = data.get(..4).and_then(|b| b.try_into().ok());
+                    d.flow_label = be.map_or(0, u32::from_be_bytes) & 0x000f_ffff;
+                }
+                _ => {}
+            }
+        }
+        d
+    }
+}
+
+/// The (level, type, data) of each control message in `control`, parsed
+/// by hand in the kernel's layout (`struct cmsghdr`, data aligned to the
+/// word size).
+fn cmsgs(control: &[u8]) -> impl Iterator<Item = (i32, i32, &[u8])> {
+    const WORD: usize = mem::size_of::<usize>();
+    let header = mem::size_of::<libc::cmsghdr>();
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let h = control.get(at..at + header)?;
+        let len = usize::from_ne_bytes(h[..WORD].try_into().ok()?);
+        let level = i32::from_ne_bytes(h[WORD..WORD + 4].try_into().ok()?);
+        let ty = i32::from_ne_bytes(h[WORD + 4..WORD + 8].try_into().ok()?);
+        let data = control.get(at + header..at.checked_add(len)?)?;
+        at += len.checked_next_multiple_of(WORD)?.max(header);
+        Some((level, ty, data))
+    })
+}
+
+/// One datagram queued in a [`SendBatch`].
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    dst: SocketAddr,
+    start: usize,
+    len: usize,
+    traffic_class: u8,
+    hop_limit: u8,
+}
+
+/// Datagrams gathered for one `sendmmsg`, all from one socket.
+#[derive(Debug)]
+pub(crate) struct SendBatch {
+    data: Vec<u8>,
+    pending: Vec<Pending>,
+}
+
+/// What a [`SendBatch::flush`] did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Flushed {
+    pub sent: usize,
+    pub bytes: usize,
+    /// Refused by the kernel (no route, message too long…): dropped, as a
+    /// network would drop them; RC recovers, UC and UD lose them.
+    pub failed: usize,
+    pub calls: usize,
+}
+
+impl SendBatch {
+    pub fn new() -> Self {
+        SendBatch {
+            data: Vec::with_capacity(MAX_BATCH * 4200),
+            pending: Vec::with_capacity(MAX_BATCH),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.pending.len() >= MAX_BATCH
+    }
+
+    /// Queues `payload` for `dst` with the given TOS / traffic class and
+    /// TTL / hop limit.
+    pub fn push(&mut self, dst: SocketAddr, payload: &[u8], traffic_class: u8, hop_limit: u8) {
+        let start = self.data.len();
+        self.data.extend_from_slice(payload);
+        self.pending.push(Pending {
+            dst,
+            start,
+            len: payload.len(),
+            traffic_class,
+            hop_limit,
+        });
+    }
+
+    /// Sends everything queued through `fd` (a blocking socket: a full
+    /// send buffer waits, which paces the sender).
+    pub fn flush(&mut self, fd: RawFd) -> Flushed {
+        let mut out = Flushed::default();
+        let mut next = 0;
+        while next < self.pending.len() {
+            let batch = &self.pending[next..];
+            let count = batch.len().min(MAX_BATCH);
+            let mut names = [zeroed_storage(); MAX_BATCH];
+            let mut controls = [Control([0; CONTROL_LEN]); MAX_BATCH];
+            let mut iovs = [libc::iovec {
+                iov_base: ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_BATCH];
+            // SAFETY: mmsghdr is plain old data; all-zero is valid.
+            let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
+            for (i, p) in batch[..count].iter().enumerate() {
+                let (name, name_len) = to_sockaddr(p.dst);
+                names[i] = name;
+                let control_len = write_send_control(&mut controls[i].0, p);
+                iovs[i] = libc::iovec {
+                    // sendmmsg only reads through this pointer.
+                    iov_base: self.data[p.start..].as_ptr().cast_mut().cast(),
+                    iov_len: p.len,
+                };
+                let mut h = zeroed_msghdr();
+                h.msg_name = (&raw mut names[i]).cast();
+                h.msg_namelen = name_len;
+                h.msg_iov = &raw mut iovs[i];
+                h.msg_iovlen = 1;
+                h.msg_control = (&raw mut controls[i]).cast();
+                h.msg_controllen = control_len as _;
+                hdrs[i].msg_hdr = h;
+            }
+            // SAFETY: `count` headers pointing at live names, control
+            // areas and payload bytes of the stated lengths, which the
+            // kernel only reads.
+            let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), count as libc::c_uint, 0) };
+            out.calls += 1;
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // The first datagram was refused: drop it and go on.
+                tracing::debug!(dst = %self.pending[next].dst, error = %e, "send refused");
+                out.failed += 1;
+                next += 1;
+                continue;
+            }
+            let r = r as usize;
+            for p in &batch[..r] {
+                out.bytes += p.len;
+            }
+            out.sent += r;
+            next += r;
+        }
+        self.pending.clear();
+        self.data.clear();
+        out
+    }
+}
+
+/// Writes the TOS / traffic class and TTL / hop limit control messages
+/// for `p` into `buf`; returns their total length.
+fn write_send_control(buf: &mut [u8; CONTROL_LEN], p: &Pending) -> usize {
+    const WORD: usize = mem::size_of::<usize>();
+    let header = mem::size_of::<libc::cmsghdr>();
+    let (level, tos_type, ttl_type) = match p.dst {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_TOS, libc::IP_TTL),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, libc::IPV6_HOPLIMIT),
+    };
+    let mut at = 0;
+    for (ty, value) in [
+        (tos_type, i32::from(p.traffic_class)),
+        (ttl_type, i32::from(p.hop_limit.max(1))),
+    ] {
+        let len = header + 4;
+        buf[at..at + WORD].copy_from_slice(&len.to_ne_bytes());
+        buf[at + WORD..at + WORD + 4].copy_from_slice(&level.to_ne_bytes());
+        buf[at + WORD + 4..at + WORD + 8].copy_from_slice(&ty.to_ne_bytes());
+        buf[at + header..at + header + 4].copy_from_slice(&value.to_ne_bytes());
+        at += len.next_multiple_of(WORD);
+    }
+    at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_messages_round_trip_through_the_parser() {
+        let mut buf = [0u8; CONTROL_LEN];
+        let p = Pending {
+            dst: "127.0.0.1:4791".parse().unwrap(),
+            start: 0,
+            len: 0,
+            traffic_class: 0x2e << 2 | 1,
+            hop_limit: 7,
+        };
+        let n = write_send_control(&mut buf, &p);
+        assert_eq!(n, 32);
+        let got: Vec<_> = cmsgs(&buf[..n]).collect();
+        assert_eq!(
+            got,
+            vec![
+                (libc::IPPROTO_IP, libc::IP_TOS, &(0xb9i32).to_ne_bytes()[..]),
+                (libc::IPPROTO_IP, libc::IP_TTL, &7i32.to_ne_bytes()[..]),
+            ]
+        );
+        // Hostile lengths end the walk instead of reading out of bounds.
+        let mut bad = buf;
+        bad[..8].copy_from_slice(&usize::MAX.to_ne_bytes());
+        assert_eq!(cmsgs(&bad[..n]).count(), 0);
+        bad[..8].copy_from_slice(&0usize.to_ne_bytes());
+        assert!(cmsgs(&bad[..n]).count() <= 2);
+    }
+
+    #[test]
+    fn socket_addresses_convert_both_ways() {
+        for a in ["127.0.0.9:4791", "[::1]:49152", "[fe80::1]:1"] {
+            let a: SocketAddr = a.parse().unwrap();
+            let (s, len) = to_sockaddr(a);
+            assert_eq!(from_sockaddr(&s, len), Some(a));
+        }
+        assert_eq!(from_sockaddr(&zeroed_storage(), 128), None);
+    }
+}

@@ -1,0 +1,491 @@
+//! RoCEv2 over real UDP sockets on loopback: two devices, each on its own
+//! 127.0.0.x address (IPv6: two QPs of one device on ::1), exchanging
+//! every operation; packets that are not RoCEv2 are counted and dropped.
+//!
+//! Each test uses its own addresses, so that the tests of this file can
+//! run in parallel. Both devices progress in the test's thread; the time
+//! limit only turns a hang into a failure.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use vrdma_engine::{
+    VecMemory,
+    attr::Mtu,
+    mr::{Access, MrRequest, Translation},
+    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
+    wc::{Wc, WcOpcode, WcStatus},
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
+};
+use vrdma_fabric::udp::{Config, UdpDevice};
+use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
+
+const BASE: u64 = 0x10_0000;
+const MEM: usize = 4 << 20;
+
+struct End {
+    dev: UdpDevice<VecMemory>,
+    pd: u32,
+    cq: u32,
+    lkey: Lkey,
+    rkey: Rkey,
+}
+
+fn end(addr: IpAddr, mtu: Mtu) -> End {
+    let mut config = Config::new(addr);
+    config.mtu = mtu;
+    let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, MEM)).expect("bind");
+    let e = dev.engine_mut();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(1024, 0).unwrap();
+    let (lkey, rkey) = e
+        .reg_mr(MrRequest {
+            pd,
+            iova: BASE,
+            length: MEM as u64,
+            access: Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    End {
+        dev,
+        pd,
+        cq,
+        lkey,
+        rkey,
+    }
+}
+
+fn qp(e: &mut End, ty: QpType) -> Qpn {
+    let (qpn, _) = e
+        .dev
+        .engine_mut()
+        .create_qp(QpInitAttr {
+            pd: e.pd,
+            send_cq: e.cq,
+            recv_cq: e.cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 256,
+                max_recv_wr: 256,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 64,
+            },
+            qp_type: ty,
+            sq_sig_all: false,
+        })
+        .unwrap();
+    qpn
+}
+
+fn connect(e: &mut End, qpn: Qpn, dgid: Gid, dest: Qpn, mtu: Mtu) {
+    let a = QpAttr {
+        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        ah_attr: AhAttr {
+            dgid,
+            port_num: 1,
+            hop_limit: 64,
+            ..AhAttr::default()
+        },
+        path_mtu: mtu,
+        dest_qp_num: dest,
+        qkey: QKey(0x1111_1111),
+        rq_psn: Psn::from_masked(0x00ff_fff0),
+        sq_psn: Psn::from_masked(0x00ff_fff0),
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 12,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        ..QpAttr::default()
+    };
+    e.dev.engine_mut().bring_up_qp(qpn, &a).unwrap();
+}
+
+/// Progresses both ends until `want` completions arrived on `a`'s CQ.
+fn run_until(a: &mut End, b: &mut End, want: usize) -> Vec<Wc> {
+    let limit = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while got.len() < want {
+        a.dev.progress().unwrap();
+        b.dev.progress().unwrap();
+        a.dev.engine_mut().poll_cq(a.cq, 64, &mut got).unwrap();
+        assert!(
+            Instant::now() < limit,
+            "only {} of {want} completions: {got:?}",
+            got.len()
+        );
+    }
+    got
+}
+
+fn fill(e: &mut End, at: u64, len: usize, seed: u8) {
+    let off = (at - BASE) as usize;
+    for (i, b) in e.dev.mem_mut().bytes_mut()[off..off + len]
+        .iter_mut()
+        .enumerate()
+    {
+        *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
+    }
+}
+
+fn bytes(e: &End, at: u64, len: usize) -> &[u8] {
+    let off = (at - BASE) as usize;
+    &e.dev.mem().bytes()[off..off + len]
+}
+
+/// Byte-exact, reporting the first difference instead of the buffers.
+fn same(got: &[u8], want: &[u8], what: &str) {
+    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{what}: byte {i} is {:#04x}, expected {:#04x}",
+            got[i], want[i]
+        );
+    }
+}
+
+fn send(e: &mut End, qpn: Qpn, wr_id: u64, op: SendOp, at: u64, len: u32) {
+    let sge = [Sge {
+        addr: at,
+        length: len,
+        lkey: e.lkey,
+    }];
+    e.dev
+        .engine_mut()
+        .post_send(
+            qpn,
+            &SendWr {
+                wr_id,
+                op,
+                payload: Payload::Sges(&sge),
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .unwrap();
+}
+
+fn recv(e: &mut End, qpn: Qpn, wr_id: u64, at: u64, len: u32) {
+    let sge = [Sge {
+        addr: at,
+        length: len,
+        lkey: e.lkey,
+    }];
+    e.dev
+        .engine_mut()
+        .post_recv(
+            qpn,
+            &RecvWr {
+                wr_id,
+                sg_list: &sge,
+            },
+        )
+        .unwrap();
+}
+
+fn v4(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 7, last))
+}
+
+#[test]
+fn rc_every_operation_over_loopback_udp() {
+    for mtu in [Mtu::Mtu1024, Mtu::Mtu4096] {
+        let last = if mtu == Mtu::Mtu1024 { 1 } else { 3 };
+        let mut a = end(v4(last), mtu);
+        let mut b = end(v4(last + 1), mtu);
+        let qa = qp(&mut a, QpType::Rc);
+        let qb = qp(&mut b, QpType::Rc);
+        let (ga, gb) = (a.dev.gid(), b.dev.gid());
+        connect(&mut a, qa, gb, qb, mtu);
+        connect(&mut b, qb, ga, qa, mtu);
+
+        // SEND of 100 kB into a posted receive (through the PSN wrap).
+        let len = 100_000;
+        fill(&mut a, BASE, len, 1);
+        recv(&mut b, qb, 7, BASE + 0x20_0000, len as u32);
+        send(&mut a, qa, 1, SendOp::Send, BASE, len as u32);
+        // 1 MiB RDMA WRITE.
+        let wlen = 1 << 20;
+        fill(&mut a, BASE + 0x10_0000, wlen, 2);
+        let write = SendOp::RdmaWrite {
+            remote_addr: BASE + 0x10_0000,
+            rkey: b.rkey,
+        };
+        send(&mut a, qa, 2, write, BASE + 0x10_0000, wlen as u32);
+        // READ back 64 kB of what B holds.
+        fill(&mut b, BASE + 0x30_0000, 65536, 3);
+        let read = SendOp::RdmaRead {
+            remote_addr: BASE + 0x30_0000,
+            rkey: b.rkey,
+        };
+        send(&mut a, qa, 3, read, BASE + 0x38_0000, 65536);
+        // FETCH_ADD on a word of B.
+        let word = BASE + 0x3f_0000;
+        b.dev.mem_mut().bytes_mut()[0x3f_0000..0x3f_0008].copy_from_slice(&40u64.to_le_bytes());
+        let fa = SendOp::FetchAdd {
+            remote_addr: word,
+            rkey: b.rkey,
+            add: 2,
+        };
+        send(&mut a, qa, 4, fa, BASE + 0x3f_8000, 8);
+
+        let wcs = run_until(&mut a, &mut b, 4);
+        let ids: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(ids, [1, 2, 3, 4].map(|i| (i, WcStatus::Success)), "{mtu:?}");
+        let mut rx = Vec::new();
+        b.dev.engine_mut().poll_cq(b.cq, 8, &mut rx).unwrap();
+        assert_eq!(rx.len(), 1);
+        assert_eq!(
+            (rx[0].wr_id, rx[0].status, rx[0].byte_len),
+            (7, WcStatus::Success, len as u32)
+        );
+        same(
+            bytes(&b, BASE + 0x20_0000, len),
+            bytes(&a, BASE, len),
+            "SEND",
+        );
+        same(
+            bytes(&b, BASE + 0x10_0000, wlen),
+            bytes(&a, BASE + 0x10_0000, wlen),
+            "WRITE",
+        );
+        same(
+            bytes(&a, BASE + 0x38_0000, 65536),
+            bytes(&b, BASE + 0x30_0000, 65536),
+            "READ",
+        );
+        assert_eq!(bytes(&a, BASE + 0x3f_8000, 8), 40u64.to_le_bytes());
+        assert_eq!(bytes(&b, word, 8), 42u64.to_le_bytes());
+
+        // Every packet was a good RoCEv2 packet; each QP sent from its
+        // own source port.
+        for e in [&a, &b] {
+            let s = e.dev.stats();
+            assert_eq!(
+                (s.rx_bad_icrc, s.rx_malformed, s.tx_failed),
+                (0, 0, 0),
+                "{s:?}"
+            );
+            assert_eq!(s.src_port_fallback, 0);
+            assert!(s.tx_datagrams > 0 && s.rx_datagrams > 0);
+            assert!(s.tx_calls < s.tx_datagrams, "no batching: {s:?}");
+        }
+        assert_eq!(
+            a.dev.stats().tx_datagrams,
+            b.dev.stats().rx_datagrams,
+            "loopback lost nothing"
+        );
+    }
+}
+
+#[test]
+fn uc_and_ud_over_loopback_udp() {
+    let mtu = Mtu::Mtu1024;
+    let mut a = end(v4(5), mtu);
+    let mut b = end(v4(6), mtu);
+    // UC: a 3-packet WRITE with immediate, which consumes a receive.
+    let (ua, ub) = (qp(&mut a, QpType::Uc), qp(&mut b, QpType::Uc));
+    let (ga, gb) = (a.dev.gid(), b.dev.gid());
+    connect(&mut a, ua, gb, ub, mtu);
+    connect(&mut b, ub, ga, ua, mtu);
+    fill(&mut a, BASE, 3000, 9);
+    recv(&mut b, ub, 70, BASE + 0x1000, 0);
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: BASE + 0x8000,
+        rkey: b.rkey,
+        imm: 0x1122_3344,
+    };
+    send(&mut a, ua, 11, op, BASE, 3000);
+    let wcs = run_until(&mut a, &mut b, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (11, WcStatus::Success));
+    let mut rx = Vec::new();
+    let limit = Instant::now() + Duration::from_secs(20);
+    while rx.is_empty() {
+        b.dev.progress().unwrap();
+        b.dev.engine_mut().poll_cq(b.cq, 8, &mut rx).unwrap();
+        assert!(Instant::now() < limit, "UC WRITE_WITH_IMM never arrived");
+    }
+    assert_eq!(rx[0].opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!((rx[0].imm_data, rx[0].byte_len), (0x1122_3344, 3000));
+    same(
+        bytes(&b, BASE + 0x8000, 3000),
+        bytes(&a, BASE, 3000),
+        "UC WRITE",
+    );
+
+    // UD: a datagram to B's QP through an address handle; the receive
+    // holds the GRH (the IPv4 header in its last 20 bytes) then the data.
+    let (da, db) = (qp(&mut a, QpType::Ud), qp(&mut b, QpType::Ud));
+    for (e, q) in [(&mut a, da), (&mut b, db)] {
+        connect(e, q, Gid::default(), Qpn::default(), mtu);
+    }
+    let ah = a
+        .dev
+        .engine_mut()
+        .create_ah(
+            a.pd,
+            AhAttr {
+                dgid: gb,
+                port_num: 1,
+                hop_limit: 64,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap();
+    recv(&mut b, db, 80, BASE + 0x2_0000, 40 + 1024);
+    fill(&mut a, BASE + 0x4000, 1024, 5);
+    let sge = [Sge {
+        addr: BASE + 0x4000,
+        length: 1024,
+        lkey: a.lkey,
+    }];
+    a.dev
+        .engine_mut()
+        .post_send(
+            da,
+            &SendWr {
+                wr_id: 12,
+                op: SendOp::Send,
+                payload: Payload::Sges(&sge),
+                flags: SendFlags::SIGNALED,
+                ud: Some(UdDest {
+                    ah,
+                    remote_qpn: db,
+                    remote_qkey: QKey(0x1111_1111),
+                }),
+            },
+        )
+        .unwrap();
+    let wcs = run_until(&mut a, &mut b, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (12, WcStatus::Success));
+    let mut rx = Vec::new();
+    let limit = Instant::now() + Duration::from_secs(20);
+    while rx.is_empty() {
+        b.dev.progress().unwrap();
+        b.dev.engine_mut().poll_cq(b.cq, 8, &mut rx).unwrap();
+        assert!(Instant::now() < limit, "UD datagram never arrived");
+    }
+    assert_eq!(
+        (rx[0].wr_id, rx[0].byte_len, rx[0].src_qp),
+        (80, 40 + 1024, da.value())
+    );
+    let grh = bytes(&b, BASE + 0x2_0000, 40).to_vec();
+    assert_eq!(
+        &grh[20 + 12..20 + 16],
+        &[127, 0, 7, 5],
+        "GRH source address"
+    );
+    assert_eq!(
+        &grh[20 + 16..20 + 20],
+        &[127, 0, 7, 6],
+        "GRH destination address"
+    );
+    assert_eq!(grh[20 + 8], 64, "TTL");
+    same(
+        bytes(&b, BASE + 0x2_0000 + 40, 1024),
+        bytes(&a, BASE + 0x4000, 1024),
+        "UD SEND",
+    );
+}
+
+#[test]
+fn rc_over_ipv6_loopback() {
+    // ::1 is the only IPv6 loopback address: two QPs of one device talk
+    // to each other through the socket.
+    let addr = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    let mut config = Config::new(addr);
+    config.port = 4791;
+    let mut a = match UdpDevice::bind(config, VecMemory::new(BASE, MEM)) {
+        Ok(dev) => dev,
+        Err(e) => panic!("binding [::1]:4791: {e} (is IPv6 enabled on lo?)"),
+    };
+    let e = a.engine_mut();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(64, 0).unwrap();
+    let (lkey, rkey) = e
+        .reg_mr(MrRequest {
+            pd,
+            iova: BASE,
+            length: MEM as u64,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    let mut end_a = End {
+        dev: a,
+        pd,
+        cq,
+        lkey,
+        rkey,
+    };
+    let q1 = qp(&mut end_a, QpType::Rc);
+    let q2 = qp(&mut end_a, QpType::Rc);
+    let g = end_a.dev.gid();
+    connect(&mut end_a, q1, g, q2, Mtu::Mtu1024);
+    connect(&mut end_a, q2, g, q1, Mtu::Mtu1024);
+    fill(&mut end_a, BASE, 5000, 4);
+    let op = SendOp::RdmaWrite {
+        remote_addr: BASE + 0x10_0000,
+        rkey: end_a.rkey,
+    };
+    send(&mut end_a, q1, 1, op, BASE, 5000);
+    let limit = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while got.is_empty() {
+        end_a.dev.progress().unwrap();
+        end_a.dev.engine_mut().poll_cq(cq, 8, &mut got).unwrap();
+        assert!(Instant::now() < limit, "no completion over IPv6");
+    }
+    assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::Success));
+    same(
+        bytes(&end_a, BASE + 0x10_0000, 5000),
+        bytes(&end_a, BASE, 5000),
+        "IPv6 WRITE",
+    );
+    let s = end_a.dev.stats();
+    assert_eq!((s.rx_bad_icrc, s.rx_malformed), (0, 0), "{s:?}");
+}
+
+#[test]
+fn garbage_datagrams_are_counted_and_dropped() {
+    let mtu = Mtu::Mtu1024;
+    let mut a = end(v4(9), mtu);
+    let mut b = end(v4(10), mtu);
+    let (qa, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
+    let (ga, gb) = (a.dev.gid(), b.dev.gid());
+    connect(&mut a, qa, gb, qb, mtu);
+    connect(&mut b, qb, ga, qa, mtu);
+
+    // A stranger sends B: an empty datagram, a short one, a packet whose
+    // ICRC is wrong, and one longer than any RoCEv2 packet.
+    let stranger = UdpSocket::bind((Ipv4Addr::new(127, 0, 7, 11), 0)).unwrap();
+    let to = SocketAddr::new(v4(10), 4791);
+    stranger.send_to(&[], to).unwrap();
+    stranger.send_to(&[0x04; 10], to).unwrap();
+    let mut bad = [0u8; 32];
+    bad[0] = 0x04; // RC SEND_ONLY
+    bad[1] = 0x40;
+    bad[2] = 0xff;
+    bad[3] = 0xff;
+    bad[7] = qb.value() as u8;
+    stranger.send_to(&bad, to).unwrap();
+    stranger.send_to(&vec![0u8; 9000], to).unwrap();
+
+    // Valid traffic still flows.
+    fill(&mut a, BASE, 64, 8);
+    recv(&mut b, qb, 1, BASE + 0x100, 64);
+    send(&mut a, qa, 2, SendOp::Send, BASE, 64);
+    run_until(&mut a, &mut b, 1);
+    let s = b.dev.stats();
+    assert_eq!(s.rx_bad_icrc, 1, "{s:?}"); // the 32-byte one
+    // Empty, 10 bytes, and 9000 bytes (longer than any RoCEv2 packet).
+    assert_eq!(s.rx_malformed, 3, "{s:?}");
+    same(bytes(&b, BASE + 0x100, 64), bytes(&a, BASE, 64), "SEND");
+}
