@@ -1,9 +1,9 @@
 //! Command-line arguments, kept apart from the logic so that man pages can
 //! be generated from them.
 
-use std::path::PathBuf;
+use std::{net::IpAddr, path::PathBuf};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// vrdma: a software RDMA device speaking RoCEv2.
 #[derive(Debug, Parser)]
@@ -27,6 +27,87 @@ pub enum Command {
     /// when some packet was malformed or had a bad ICRC, 2 when the capture
     /// could not be read.
     Decode(DecodeArgs),
+
+    /// rdma-core's ibv_rc_pingpong / ibv_uc_pingpong / ibv_ud_pingpong on a
+    /// vrdma device: the same options, exchange (TCP port 18515) and
+    /// output, so that either side can be the real tool (with `-g` on the
+    /// rdma-core side, e.g. `ibv_rc_pingpong -g 1` against rxe's IPv4 GID).
+    ///
+    /// Without SERVER it waits for a client; with it, it connects. The
+    /// device binds the address the TCP connection uses, or `-d ADDR`.
+    Pingpong(PingpongArgs),
+}
+
+/// Which pingpong.
+#[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
+pub enum Transport {
+    /// ibv_rc_pingpong: reliable connection.
+    Rc,
+    /// ibv_uc_pingpong: unreliable connection.
+    Uc,
+    /// ibv_ud_pingpong: unreliable datagram (Q_Key 0x11111111).
+    Ud,
+}
+
+#[derive(Args, Debug)]
+pub struct PingpongArgs {
+    /// rc, uc or ud.
+    #[arg(value_enum)]
+    pub transport: Transport,
+
+    /// The server to connect to (without it: be the server).
+    pub server: Option<String>,
+
+    /// TCP port of the exchange.
+    #[arg(short, long, default_value_t = 18515)]
+    pub port: u16,
+
+    /// The device's IP address (rdma-core: the device name). Default: the
+    /// address of the TCP connection.
+    #[arg(short = 'd', long = "ib-dev")]
+    pub ib_dev: Option<IpAddr>,
+
+    /// Port number (a vrdma device has one: 1).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u32,
+
+    /// Message size (default 4096; ud: 1024, at most the MTU).
+    #[arg(short, long)]
+    pub size: Option<u32>,
+
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (default 1024; not for ud).
+    #[arg(short, long)]
+    pub mtu: Option<u32>,
+
+    /// Receives kept posted.
+    #[arg(short, long = "rx-depth", default_value_t = 500)]
+    pub rx_depth: u32,
+
+    /// Messages each side sends.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    pub iters: u32,
+
+    /// Service level.
+    #[arg(short = 'l', long, default_value_t = 0)]
+    pub sl: u8,
+
+    /// Sleep until completions arrive instead of busy-polling.
+    #[arg(short, long)]
+    pub events: bool,
+
+    /// Local GID index (a vrdma device has one GID: 0, its address).
+    #[arg(short, long = "gid-idx")]
+    pub gid_idx: Option<u8>,
+
+    /// Validate the received buffer as the C tools do (the client zeroes
+    /// the first byte of each page; the server checks them at the end).
+    #[arg(short, long)]
+    pub chk: bool,
+
+    /// Give up after this many seconds without a completion (0: never, as
+    /// the C tools).
+    #[arg(long, default_value_t = 0)]
+    pub timeout: u64,
 }
 
 #[derive(Args, Debug)]

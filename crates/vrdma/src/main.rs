@@ -5,10 +5,14 @@
 //! | `args` | the command line (clap derive) |
 //! | `capture` | reading pcap and pcapng files into link-layer frames |
 //! | `decode` | `vrdma decode`: one line (or JSON object) per RoCEv2 packet |
+//! | `pingpong` | `vrdma pingpong rc\|uc\|ud`: rdma-core's ibv_*_pingpong, interoperable |
+//! | `verbs` | a device with a PD, CQ and MR, and the completion loop the tools share |
 
 mod args;
 mod capture;
 mod decode;
+mod pingpong;
+mod verbs;
 
 use std::process::ExitCode;
 
@@ -16,14 +20,25 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
+    // decode exits 2 when the capture cannot be read; the rdma-core tools
+    // exit 1 on any failure.
+    let failure = match cli.command {
+        args::Command::Decode(_) => 2,
+        _ => 1,
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("VRDMA_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         args::Command::Decode(a) => decode::run(&a),
+        args::Command::Pingpong(a) => pingpong::run(&a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("vrdma: {e:#}");
-            ExitCode::from(2)
+            ExitCode::from(failure)
         }
     }
 }

@@ -1,0 +1,495 @@
+//! `vrdma pingpong rc|uc|ud`: rdma-core's `ibv_rc_pingpong`,
+//! `ibv_uc_pingpong` and `ibv_ud_pingpong` on a vrdma device, compatible
+//! with them on the wire and in the out-of-band exchange, so that either
+//! side can be the real tool.
+//!
+//! The exchange (rdma-core v44 `libibverbs/examples/*_pingpong.c`): the
+//! client connects to TCP port 18515 and writes its address as one 52-byte
+//! message, `"%04x:%06x:%06x:%s"` (LID, QPN, PSN, the GID's 16 bytes as 32
+//! hex digits) and a NUL; the server connects its QP to it, answers with
+//! its own, and the client ends with `"done"` and a NUL. The C tools read
+//! each message with one `read(2)` and demand the exact length, so each is
+//! written with one call. Then each side sends `iters` messages, the
+//! client first, a side sending again only once its last send completed
+//! and a message arrived.
+//!
+//! Differences, all deliberate: without `-d` the device binds the address
+//! the TCP connection uses (there is no device list to pick from); the GID
+//! is always sent (the C tools send zeros without `-g`, which cannot work
+//! on RoCE); `--timeout` bounds the wait for a completion (the C tools
+//! wait forever, and a lost UC/UD message hangs them).
+
+use std::{
+    io::{Read, Write},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use vrdma_engine::{
+    attr::Mtu,
+    mr::Access,
+    qp::{AhAttr, QpType},
+    wc::{WcOpcode, WcStatus},
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
+};
+use vrdma_wire::{Gid, Psn, QKey, Qpn};
+
+use crate::{
+    args::{PingpongArgs, Transport},
+    verbs::{BASE, Connect, Device, Remote, random_psn},
+};
+
+/// The exchange message: 51 characters and a NUL.
+pub const MSG_LEN: usize = 52;
+/// wr_ids, as the C tools use them.
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+/// ibv_ud_pingpong's Q_Key.
+const UD_QKEY: QKey = QKey(0x1111_1111);
+/// Room for the GRH in front of a UD receive.
+const GRH_LEN: usize = 40;
+
+/// One side's address, as exchanged.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Dest {
+    pub lid: u16,
+    pub qpn: Qpn,
+    pub psn: Psn,
+    pub gid: Gid,
+}
+
+impl Dest {
+    /// The 52-byte message: `LLLL:QQQQQQ:PPPPPP:` + 32 hex digits + NUL.
+    pub fn to_wire(&self) -> [u8; MSG_LEN] {
+        let gid: String = self.gid.0.iter().map(|b| format!("{b:02x}")).collect();
+        let s = format!(
+            "{:04x}:{:06x}:{:06x}:{gid}",
+            self.lid,
+            self.qpn.value(),
+            self.psn.value()
+        );
+        let mut out = [0u8; MSG_LEN];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    /// Parses a peer's message; anything but the expected shape is an
+    /// error (the peer is a stranger on a TCP port).
+    pub fn parse(msg: &[u8]) -> Result<Self> {
+        let text = msg.split(|&b| b == 0).next().unwrap_or_default();
+        let text = std::str::from_utf8(text).map_err(|_| anyhow!("address message is not text"))?;
+        let mut parts = text.split(':');
+        let mut field = |name: &str, max: u32| -> Result<u32> {
+            let f = parts
+                .next()
+                .ok_or_else(|| anyhow!("address message has no {name}"))?;
+            let v = u32::from_str_radix(f, 16).map_err(|_| anyhow!("bad {name} {f:?}"))?;
+            ensure!(v <= max, "{name} {v:#x} out of range");
+            Ok(v)
+        };
+        let lid = field("LID", 0xffff)? as u16;
+        let qpn = Qpn::from_masked(field("QPN", 0xff_ffff)?);
+        let psn = Psn::from_masked(field("PSN", 0xff_ffff)?);
+        let g = parts
+            .next()
+            .ok_or_else(|| anyhow!("address message has no GID"))?;
+        ensure!(
+            g.len() == 32 && parts.next().is_none(),
+            "bad GID {g:?} in address message"
+        );
+        let mut gid = [0u8; 16];
+        for (i, b) in gid.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16)
+                .map_err(|_| anyhow!("bad GID {g:?}"))?;
+        }
+        Ok(Dest {
+            lid,
+            qpn,
+            psn,
+            gid: Gid(gid),
+        })
+    }
+}
+
+fn gid_text(g: Gid) -> String {
+    Ipv6Addr::from(g.0).to_string()
+}
+
+fn mtu_from_bytes(n: u32) -> Result<Mtu> {
+    Ok(match n {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        _ => bail!("MTU {n}: one of 256, 512, 1024, 2048, 4096"),
+    })
+}
+
+pub fn run(a: &PingpongArgs) -> Result<()> {
+    ensure!(
+        a.ib_port == 1,
+        "port {}: a vrdma device has one port, 1",
+        a.ib_port
+    );
+    if let Some(g) = a.gid_idx {
+        ensure!(
+            g == 0,
+            "GID index {g}: a vrdma device has one GID (index 0: its address)"
+        );
+    }
+    ensure!(
+        a.iters > 0 && a.rx_depth > 0,
+        "iterations and rx depth must be positive"
+    );
+    let ud = a.transport == Transport::Ud;
+    ensure!(
+        !(ud && a.mtu.is_some()),
+        "-m is not an ibv_ud_pingpong option"
+    );
+    let size = a.size.unwrap_or(if ud { 1024 } else { 4096 });
+    let mtu = mtu_from_bytes(a.mtu.unwrap_or(1024))?;
+    if ud {
+        ensure!(size <= 1024, "Requested size larger than port MTU (1024)");
+    }
+
+    // The TCP exchange decides which address the device binds.
+    let (mut stream, local_ip) = match &a.server {
+        Some(host) => {
+            let stream = connect(host, a.port)?;
+            let ip = stream.local_addr()?.ip();
+            (stream, ip)
+        }
+        None => {
+            let any: IpAddr = match a.ib_dev {
+                Some(IpAddr::V6(_)) => Ipv6Addr::UNSPECIFIED.into(),
+                _ => Ipv4Addr::UNSPECIFIED.into(),
+            };
+            let listener = TcpListener::bind((any, a.port))
+                .with_context(|| format!("listening on TCP port {}", a.port))?;
+            let (stream, _) = listener.accept()?;
+            let ip = stream.local_addr()?.ip();
+            (stream, ip)
+        }
+    };
+    let ip = a.ib_dev.unwrap_or(local_ip);
+    let buf_len = size as usize + if ud { GRH_LEN } else { 0 };
+    let mem = buf_len.next_multiple_of(4096).max(4096);
+    let mut dev = Device::open(ip, Mtu::Mtu4096, mem, a.events)?;
+    let ty = match a.transport {
+        Transport::Rc => QpType::Rc,
+        Transport::Uc => QpType::Uc,
+        Transport::Ud => QpType::Ud,
+    };
+    let qpn = dev.create_qp(ty, 1, a.rx_depth, 0)?;
+    let c = Connect {
+        mtu,
+        sl: a.sl,
+        hop_limit: 64,
+        traffic_class: 0,
+        min_rnr_timer: 12,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        qkey: UD_QKEY,
+        access: Access::NONE,
+    };
+    dev.init_qp(qpn, &c)?;
+    // The C tools fill the buffer with 0x7b.
+    dev.bytes_mut(BASE, buf_len).fill(0x7b);
+    let recv_len = buf_len as u32;
+    let post_recvs = |dev: &mut Device, n: u32| -> Result<()> {
+        let sge = [Sge {
+            addr: BASE,
+            length: recv_len,
+            lkey: dev.lkey,
+        }];
+        for _ in 0..n {
+            dev.dev.engine_mut().post_recv(
+                qpn,
+                &RecvWr {
+                    wr_id: RECV_WRID,
+                    sg_list: &sge,
+                },
+            )?;
+        }
+        Ok(())
+    };
+    post_recvs(&mut dev, a.rx_depth)?;
+    let mut routs = a.rx_depth;
+    let me = Dest {
+        lid: 0,
+        qpn,
+        psn: random_psn(),
+        gid: dev.gid(),
+    };
+    let sep = if ud { ":" } else { "," };
+    println!(
+        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{sep} GID {}",
+        me.lid,
+        me.qpn.value(),
+        me.psn.value(),
+        gid_text(me.gid)
+    );
+
+    let connect_qp = |dev: &mut Device, rem: &Dest| -> Result<Option<u32>> {
+        ensure!(
+            rem.gid != Gid::default(),
+            "the peer sent no GID: RoCE needs one (give the rdma-core tool -g)"
+        );
+        let remote = Remote {
+            qpn: rem.qpn,
+            psn: rem.psn,
+            gid: rem.gid,
+        };
+        dev.connect(qpn, me.psn, remote, &c)?;
+        if !ud {
+            return Ok(None);
+        }
+        let ah = dev.dev.engine_mut().create_ah(
+            dev.pd,
+            AhAttr {
+                dgid: rem.gid,
+                sl: a.sl,
+                hop_limit: 64,
+                port_num: 1,
+                ..AhAttr::default()
+            },
+        )?;
+        Ok(Some(ah))
+    };
+
+    let (rem, ah) = if a.server.is_some() {
+        write_one(&mut stream, &me.to_wire())?;
+        let mut msg = [0u8; MSG_LEN];
+        stream
+            .read_exact(&mut msg)
+            .context("reading the server's address")?;
+        write_one(&mut stream, b"done\0")?;
+        let rem = Dest::parse(&msg)?;
+        print_remote(&rem);
+        let ah = connect_qp(&mut dev, &rem)?;
+        (rem, ah)
+    } else {
+        let mut msg = [0u8; MSG_LEN];
+        stream
+            .read_exact(&mut msg)
+            .context("reading the client's address")?;
+        let rem = Dest::parse(&msg)?;
+        let ah = connect_qp(&mut dev, &rem).context("Couldn't connect to remote QP")?;
+        write_one(&mut stream, &me.to_wire())?;
+        let mut done = [0u8; 5];
+        stream.read_exact(&mut done).context("reading \"done\"")?;
+        ensure!(&done == b"done\0", "the client did not say done");
+        print_remote(&rem);
+        (rem, ah)
+    };
+    drop(stream);
+
+    let send_at = if ud { BASE + GRH_LEN as u64 } else { BASE };
+    let (_, cap) = dev
+        .dev
+        .engine()
+        .query_qp(qpn)
+        .map(|(attr, init)| (attr, init.cap))?;
+    let inline = cap.max_inline_data >= size;
+    let post_send = |dev: &mut Device| -> Result<()> {
+        let sge = [Sge {
+            addr: send_at,
+            length: size,
+            lkey: dev.lkey,
+        }];
+        let data;
+        let payload = if inline {
+            data = dev.bytes(send_at, size as usize).to_vec();
+            Payload::Inline(&data)
+        } else {
+            Payload::Sges(&sge)
+        };
+        let flags = if inline {
+            SendFlags::SIGNALED.with(SendFlags::INLINE)
+        } else {
+            SendFlags::SIGNALED
+        };
+        dev.dev.engine_mut().post_send(
+            qpn,
+            &SendWr {
+                wr_id: SEND_WRID,
+                op: SendOp::Send,
+                payload,
+                flags,
+                ud: ah.map(|ah| UdDest {
+                    ah,
+                    remote_qpn: rem.qpn,
+                    remote_qkey: UD_QKEY,
+                }),
+            },
+        )?;
+        Ok(())
+    };
+
+    let mut pending = RECV_WRID;
+    if a.server.is_some() {
+        if a.chk {
+            // The C client zeroes the first byte of each page once.
+            for off in (0..size as usize).step_by(4096) {
+                dev.bytes_mut(send_at + off as u64, 1)[0] = 0;
+            }
+        }
+        post_send(&mut dev)?;
+        pending |= SEND_WRID;
+    }
+    let start = Instant::now();
+    let (mut rcnt, mut scnt) = (0u32, 0u32);
+    // No limit (0) waits as the C tools do: forever.
+    let limit = (a.timeout > 0).then(|| Duration::from_secs(a.timeout));
+    while rcnt < a.iters || scnt < a.iters {
+        let wcs = dev
+            .poll(limit.unwrap_or(Duration::from_secs(3600)))?
+            .to_vec();
+        if wcs.is_empty() {
+            ensure!(
+                limit.is_none(),
+                "no completion in {} s (sent {scnt}, received {rcnt})",
+                a.timeout
+            );
+            continue;
+        }
+        for wc in wcs {
+            if wc.status != WcStatus::Success {
+                bail!(
+                    "Failed status {:?} ({}) for wr_id {}",
+                    wc.status,
+                    wc.status as u32,
+                    wc.wr_id
+                );
+            }
+            match (wc.wr_id, wc.opcode) {
+                (SEND_WRID, WcOpcode::Send) => scnt += 1,
+                (RECV_WRID, WcOpcode::Recv) => {
+                    routs -= 1;
+                    if routs <= 1 {
+                        post_recvs(&mut dev, a.rx_depth - routs)?;
+                        routs = a.rx_depth;
+                    }
+                    rcnt += 1;
+                }
+                (id, op) => bail!("Completion for unknown wr_id {id} ({op:?})"),
+            }
+            pending &= !wc.wr_id;
+            if scnt < a.iters && pending == 0 {
+                post_send(&mut dev)?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let bytes = u64::from(size) * u64::from(a.iters) * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        a.iters,
+        usec / 1e6,
+        usec / f64::from(a.iters)
+    );
+    if a.chk && a.server.is_none() {
+        let recv_at = if ud { BASE + GRH_LEN as u64 } else { BASE };
+        for (page, off) in (0..size as usize).step_by(4096).enumerate() {
+            if dev.bytes(recv_at + off as u64, 1)[0] != 0 {
+                println!("invalid data in page {page}");
+            }
+        }
+    }
+    let s = dev.dev.stats();
+    tracing::debug!(?s, engine = ?dev.dev.engine().stats(), "device counters");
+    Ok(())
+}
+
+fn print_remote(rem: &Dest) {
+    println!(
+        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        rem.lid,
+        rem.qpn.value(),
+        rem.psn.value(),
+        gid_text(rem.gid)
+    );
+}
+
+/// Writes `msg` with one call: the C tools read each message with one
+/// `read(2)` and demand its exact length.
+fn write_one(stream: &mut TcpStream, msg: &[u8]) -> Result<()> {
+    stream.set_nodelay(true)?;
+    let n = stream.write(msg)?;
+    ensure!(
+        n == msg.len(),
+        "short write of the exchange message ({n} of {})",
+        msg.len()
+    );
+    Ok(())
+}
+
+fn connect(host: &str, port: u16) -> Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {host}"))?
+        .collect();
+    let mut last = None;
+    for addr in addrs {
+        match TcpStream::connect(addr) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(anyhow!("Couldn't connect to {host}:{port}: {last:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_message_matches_rdma_core() {
+        let d = Dest {
+            lid: 0,
+            qpn: Qpn::from_masked(0x11),
+            psn: Psn::from_masked(0x3a4b5c),
+            gid: Gid::from(Ipv4Addr::new(10, 47, 91, 11)),
+        };
+        let w = d.to_wire();
+        assert_eq!(
+            &w[..51],
+            b"0000:000011:3a4b5c:00000000000000000000ffff0a2f5b0b"
+        );
+        assert_eq!(w[51], 0);
+        assert_eq!(Dest::parse(&w).unwrap(), d);
+        assert_eq!(gid_text(d.gid), "::ffff:10.47.91.11");
+    }
+
+    #[test]
+    fn hostile_address_messages_are_refused() {
+        for bad in [
+            &b""[..],
+            b"0000:000011:3a4b5c",
+            b"0000:1000000:3a4b5c:00000000000000000000ffff0a2f5b0b",
+            b"0000:000011:3a4b5c:00000000000000000000ffff0a2f5b0",
+            b"0000:000011:3a4b5c:00000000000000000000ffff0a2f5b0bzz",
+            b"0000:000011:3a4b5c:0000000000000000000\xffffff0a2f5b0b",
+            b"0000:000011:3a4b5c:00000000000000000000ffff0a2f5b0b:1",
+            b"zzzz:000011:3a4b5c:00000000000000000000ffff0a2f5b0b",
+        ] {
+            assert!(
+                Dest::parse(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}

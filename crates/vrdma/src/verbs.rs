@@ -1,0 +1,230 @@
+//! The tools' view of a device: one [`UdpDevice`] with a PD, one CQ and
+//! one MR over all of its memory, and a completion loop that busy-polls or
+//! sleeps until something happens (the `-e` / event mode of the rdma-core
+//! examples and perftest).
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use vrdma_engine::{
+    VecMemory,
+    attr::Mtu,
+    mr::{Access, MrRequest, Translation},
+    qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
+    wc::Wc,
+};
+use vrdma_fabric::udp::{Config, UdpDevice};
+use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
+
+/// Where the device's memory starts: the virtual address the tools
+/// register and tell peers.
+pub const BASE: u64 = 0x7f3a_0000_0000;
+
+/// Everything an MR may be used for.
+pub const ALL_ACCESS: Access = Access(
+    Access::LOCAL_WRITE.0
+        | Access::REMOTE_WRITE.0
+        | Access::REMOTE_READ.0
+        | Access::REMOTE_ATOMIC.0,
+);
+
+/// A device with a PD, a CQ and an MR over its whole memory.
+#[derive(Debug)]
+pub struct Device {
+    pub dev: UdpDevice<VecMemory>,
+    pub pd: u32,
+    pub cq: u32,
+    pub lkey: Lkey,
+    pub rkey: Rkey,
+    /// Sleep in `poll(2)` when idle instead of spinning.
+    pub events: bool,
+    wcs: Vec<Wc>,
+}
+
+/// The side of a connection the peer tells us about.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Remote {
+    pub qpn: Qpn,
+    pub psn: Psn,
+    pub gid: Gid,
+}
+
+/// How a QP is brought up: the attributes the tools set (rdma-core's
+/// examples and perftest set the same ones).
+#[derive(Clone, Copy, Debug)]
+pub struct Connect {
+    pub mtu: Mtu,
+    pub sl: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub qkey: QKey,
+    pub access: Access,
+}
+
+fn qp_attr(local_psn: Psn, remote: Option<Remote>, c: &Connect) -> QpAttr {
+    let remote = remote.unwrap_or(Remote {
+        qpn: Qpn::default(),
+        psn: Psn::default(),
+        gid: Gid::default(),
+    });
+    QpAttr {
+        qp_access_flags: c.access,
+        ah_attr: AhAttr {
+            dgid: remote.gid,
+            sl: c.sl,
+            hop_limit: c.hop_limit,
+            traffic_class: c.traffic_class,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+        path_mtu: c.mtu,
+        dest_qp_num: remote.qpn,
+        qkey: c.qkey,
+        rq_psn: remote.psn,
+        sq_psn: local_psn,
+        timeout: c.timeout,
+        retry_cnt: c.retry_cnt,
+        rnr_retry: c.rnr_retry,
+        min_rnr_timer: c.min_rnr_timer,
+        max_rd_atomic: c.max_rd_atomic,
+        max_dest_rd_atomic: c.max_dest_rd_atomic,
+        ..QpAttr::default()
+    }
+}
+
+impl Device {
+    /// Binds a device on `addr` with `mem_len` bytes of memory.
+    pub fn open(addr: IpAddr, mtu: Mtu, mem_len: usize, events: bool) -> Result<Self> {
+        let mut config = Config::new(addr);
+        config.mtu = mtu;
+        let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, mem_len))
+            .with_context(|| format!("binding a RoCEv2 device to {addr} port 4791"))?;
+        let e = dev.engine_mut();
+        let pd = e.alloc_pd()?;
+        let (cq, _) = e.create_cq(4096, 0)?;
+        let (lkey, rkey) = e.reg_mr(MrRequest {
+            pd,
+            iova: BASE,
+            length: mem_len as u64,
+            access: ALL_ACCESS,
+            translation: Translation::Identity,
+        })?;
+        Ok(Device {
+            dev,
+            pd,
+            cq,
+            lkey,
+            rkey,
+            events,
+            wcs: Vec::with_capacity(64),
+        })
+    }
+
+    pub fn gid(&self) -> Gid {
+        self.dev.gid()
+    }
+
+    pub fn create_qp(&mut self, ty: QpType, send: u32, recv: u32, inline: u32) -> Result<Qpn> {
+        let (qpn, _) = self.dev.engine_mut().create_qp(QpInitAttr {
+            pd: self.pd,
+            send_cq: self.cq,
+            recv_cq: self.cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: send,
+                max_recv_wr: recv,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: inline,
+            },
+            qp_type: ty,
+            sq_sig_all: false,
+        })?;
+        Ok(qpn)
+    }
+
+    /// RESET → INIT (receives may be posted from INIT on).
+    pub fn init_qp(&mut self, qpn: Qpn, c: &Connect) -> Result<()> {
+        let a = qp_attr(Psn::default(), None, c);
+        self.step(qpn, QpState::Reset, QpState::Init, a)
+    }
+
+    /// INIT → RTR → RTS towards `remote` (UD: only the Q_Key and the local
+    /// PSN matter), each modify naming the attributes the transition
+    /// requires for the QP's type.
+    pub fn connect(&mut self, qpn: Qpn, local_psn: Psn, remote: Remote, c: &Connect) -> Result<()> {
+        let a = qp_attr(local_psn, Some(remote), c);
+        self.step(qpn, QpState::Init, QpState::Rtr, a)?;
+        self.step(qpn, QpState::Rtr, QpState::Rts, a)
+    }
+
+    fn step(&mut self, qpn: Qpn, from: QpState, to: QpState, a: QpAttr) -> Result<()> {
+        let e = self.dev.engine_mut();
+        let ty = e.query_qp(qpn)?.1.qp_type;
+        let required = state::required(from, to, ty).context("QP transition")?;
+        e.modify_qp(
+            qpn,
+            &QpAttr { qp_state: to, ..a },
+            AttrMask::STATE | required,
+        )
+        .with_context(|| format!("modifying the QP to {to:?}"))?;
+        Ok(())
+    }
+
+    /// Runs the device until at least one completion is there (or
+    /// `limit` passes: then an empty slice) and returns them.
+    pub fn poll(&mut self, limit: Duration) -> Result<&[Wc]> {
+        let deadline = Instant::now() + limit;
+        self.wcs.clear();
+        loop {
+            let p = self.dev.progress()?;
+            self.dev.engine_mut().poll_cq(self.cq, 64, &mut self.wcs)?;
+            if !self.wcs.is_empty() {
+                return Ok(&self.wcs);
+            }
+            // Errors reach the tools as completions; events are only told.
+            while let Some(e) = self.dev.engine_mut().poll_event() {
+                tracing::info!(event = ?e, "asynchronous event");
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(&[]);
+            }
+            if self.events && p.is_idle() {
+                self.dev.wait(deadline - now)?;
+            }
+        }
+    }
+
+    /// Offset of `addr` in the device's memory.
+    pub fn bytes_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        let at = (addr - BASE) as usize;
+        &mut self.dev.mem_mut().bytes_mut()[at..at + len]
+    }
+
+    pub fn bytes(&self, addr: u64, len: usize) -> &[u8] {
+        let at = (addr - BASE) as usize;
+        &self.dev.mem().bytes()[at..at + len]
+    }
+}
+
+/// A random 24-bit PSN, as the tools pick theirs (`lrand48() & 0xffffff`).
+pub fn random_psn() -> Psn {
+    Psn::from_masked(random_u32())
+}
+
+/// A random number from the OS (no generator crate for one draw).
+pub fn random_u32() -> u32 {
+    use std::hash::{BuildHasher, RandomState};
+    // RandomState is seeded from the OS's randomness per process.
+    RandomState::new().hash_one(Instant::now()) as u32
+}
