@@ -35,7 +35,7 @@ struct End {
 
 fn end(addr: IpAddr, mtu: Mtu) -> End {
     let mut config = Config::new(addr);
-    config.mtu = mtu;
+    config.mtu = Some(mtu);
     let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, MEM)).expect("bind");
     let e = dev.engine_mut();
     let pd = e.alloc_pd().unwrap();
@@ -451,6 +451,19 @@ fn rc_over_ipv6_loopback() {
     );
     let s = end_a.dev.stats();
     assert_eq!((s.rx_bad_icrc, s.rx_malformed), (0, 0), "{s:?}");
+}
+
+#[test]
+fn active_mtu_follows_the_interface() {
+    use vrdma_fabric::udp::active_mtu;
+    assert_eq!(active_mtu(1500), Mtu::Mtu1024);
+    assert_eq!(active_mtu(9000), Mtu::Mtu4096);
+    assert_eq!(active_mtu(4096 + 95), Mtu::Mtu2048);
+    assert_eq!(active_mtu(4096 + 96), Mtu::Mtu4096);
+    assert_eq!(active_mtu(0), Mtu::Mtu256);
+    // Loopback's MTU is 65536.
+    let dev = UdpDevice::bind(Config::new(v4(12)), VecMemory::new(BASE, 4096)).unwrap();
+    assert_eq!(dev.active_mtu(), Mtu::Mtu4096);
 }
 
 #[test]

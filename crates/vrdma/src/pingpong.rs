@@ -176,7 +176,16 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
     let ip = a.ib_dev.unwrap_or(local_ip);
     let buf_len = size as usize + if ud { GRH_LEN } else { 0 };
     let mem = buf_len.next_multiple_of(4096).max(4096);
-    let mut dev = Device::open(ip, Mtu::Mtu4096, mem, a.events)?;
+    let mut dev = Device::open(ip, mem, a.events)?;
+    let port_mtu = dev.dev.active_mtu();
+    if ud {
+        // ibv_ud_pingpong's limit: the port's active MTU.
+        ensure!(
+            size <= port_mtu.bytes(),
+            "Requested size larger than port MTU ({})",
+            port_mtu.bytes()
+        );
+    }
     let ty = match a.transport {
         Transport::Rc => QpType::Rc,
         Transport::Uc => QpType::Uc,

@@ -103,9 +103,9 @@ fn qp_attr(local_psn: Psn, remote: Option<Remote>, c: &Connect) -> QpAttr {
 
 impl Device {
     /// Binds a device on `addr` with `mem_len` bytes of memory.
-    pub fn open(addr: IpAddr, mtu: Mtu, mem_len: usize, events: bool) -> Result<Self> {
-        let mut config = Config::new(addr);
-        config.mtu = mtu;
+    /// The port's MTU comes from the interface holding `addr`.
+    pub fn open(addr: IpAddr, mem_len: usize, events: bool) -> Result<Self> {
+        let config = Config::new(addr);
         let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, mem_len))
             .with_context(|| format!("binding a RoCEv2 device to {addr} port 4791"))?;
         let e = dev.engine_mut();

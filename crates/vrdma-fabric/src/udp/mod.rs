@@ -55,21 +55,22 @@ pub struct Config {
     /// DSCP (6 bits) and ECN (2 bits) for packets of QPs whose traffic
     /// class is 0.
     pub tos: u8,
-    /// The port's active MTU (what QPs may use as path MTU).
-    pub mtu: Mtu,
+    /// The port's active MTU (what QPs may use as path MTU). `None`:
+    /// derived from the MTU of the interface holding `addr`, as rxe
+    /// derives it from its netdev ([`active_mtu`]).
+    pub mtu: Option<Mtu>,
     /// Datagrams per system call (1..=64).
     pub batch: usize,
 }
 
 impl Config {
-    /// Port 4791, TOS 0, MTU 1024 (what rxe reports on a 1500-byte
-    /// Ethernet), batches of 32.
+    /// Port 4791, TOS 0, the interface's MTU, batches of 32.
     pub fn new(addr: IpAddr) -> Self {
         Config {
             addr,
             port: ROCEV2_UDP_PORT,
             tos: 0,
-            mtu: Mtu::Mtu1024,
+            mtu: None,
             batch: 32,
         }
     }
@@ -109,6 +110,29 @@ pub struct Progress {
 impl Progress {
     pub fn is_idle(&self) -> bool {
         self.received == 0 && self.sent == 0
+    }
+}
+
+/// The largest IB MTU whose packets fit an interface MTU of `netdev`
+/// bytes with the largest headers (GRH/IP, UDP, BTH, XRC and AtomicETH
+/// extension, ICRC: 96 bytes) — the kernel's `eth_mtu_int_to_enum`, which
+/// rxe uses — and at least 256.
+pub fn active_mtu(netdev: u32) -> Mtu {
+    match netdev.saturating_sub(40 + 8 + 12 + 4 + 28 + 4) {
+        4096.. => Mtu::Mtu4096,
+        2048.. => Mtu::Mtu2048,
+        1024.. => Mtu::Mtu1024,
+        512.. => Mtu::Mtu512,
+        _ => Mtu::Mtu256,
+    }
+}
+
+/// The port's active MTU.
+impl<M: Memory> UdpDevice<M> {
+    pub fn active_mtu(&self) -> Mtu {
+        self.engine
+            .query_port(1)
+            .map_or(Mtu::Mtu256, |p| p.active_mtu)
     }
 }
 
@@ -155,7 +179,18 @@ impl<M: Memory> UdpDevice<M> {
         attr.node_guid = guid;
         attr.sys_image_guid = guid;
         let mut port = PortAttr::with_gids(&[gid]);
-        port.active_mtu = config.mtu;
+        port.active_mtu = config.mtu.unwrap_or_else(|| {
+            // Any 127.x address lives on the loopback device, though only
+            // 127.0.0.1 is listed on it.
+            let name = sys::interface_of(config.addr)
+                .or_else(|| config.addr.is_loopback().then(|| "lo".to_owned()));
+            let netdev = name.and_then(|name| {
+                let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?;
+                mtu.trim().parse().ok()
+            });
+            // Unknown: what rxe reports on a 1500-byte Ethernet.
+            active_mtu(netdev.unwrap_or(1500))
+        });
         let engine = Engine::new(attr, port);
         let socket = UdpSocket::bind(SocketAddr::new(config.addr, config.port))?;
         configure(&socket, config.addr, true)?;

@@ -66,6 +66,56 @@ pub(crate) fn wait_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
     Ok(r > 0)
 }
 
+/// The name of the interface that holds `addr`, from `getifaddrs(3)`.
+pub(crate) fn interface_of(addr: IpAddr) -> Option<String> {
+    let mut list: *mut libc::ifaddrs = ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below with
+    // freeifaddrs; nothing else aliases it.
+    if unsafe { libc::getifaddrs(&raw mut list) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut at = list;
+    while !at.is_null() {
+        // SAFETY: `at` is a node of the list getifaddrs returned, alive
+        // until freeifaddrs.
+        let ifa = unsafe { &*at };
+        at = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null ifa_addr points at a sockaddr of the family it
+        // names, which from_sockaddr checks; sockaddr_storage is only read
+        // up to the length of that family's struct.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let len = match family {
+            libc::AF_INET => mem::size_of::<libc::sockaddr_in>(),
+            libc::AF_INET6 => mem::size_of::<libc::sockaddr_in6>(),
+            _ => continue,
+        };
+        let mut storage = zeroed_storage();
+        // SAFETY: the kernel's sockaddr for this family is `len` bytes and
+        // storage is larger.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                ifa.ifa_addr.cast::<u8>(),
+                (&raw mut storage).cast::<u8>(),
+                len,
+            );
+        }
+        if from_sockaddr(&storage, len as libc::socklen_t).map(|a| a.ip()) == Some(addr) {
+            // SAFETY: ifa_name is a NUL-terminated string alive until
+            // freeifaddrs; it is copied out before that.
+            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+            found = Some(name.to_string_lossy().into_owned());
+            break;
+        }
+    }
+    // SAFETY: the list from getifaddrs, freed once.
+    unsafe { libc::freeifaddrs(list) };
+    found
+}
+
 /// An all-zero `msghdr`: every field is an integer or a nullable pointer.
 fn zeroed_msghdr() -> libc::msghdr {
     // SAFETY: msghdr is plain old data; all-zero is a valid value (null
