@@ -42,6 +42,18 @@ trap '"$H/stop.sh" -i 1 > /dev/null 2>&1; ip -n $NS link set rxebr0 mtu 1500 2> 
 pass=0
 failed=()
 
+# Wireshark's heuristics for protocols carried over RDMA (RPC-over-RDMA,
+# SMB Direct, ...) parse the pingpong's bytes as theirs and call them
+# malformed (rxe's own packets too): the payload is opaque here, so those
+# protocols are switched off (one --disable-protocol each; only names
+# tshark knows as protocols).
+OPAQUE=()
+PROTOCOLS=$(tshark -G protocols 2> /dev/null | cut -f3)
+for p in $(tshark -G heuristic-decodes 2> /dev/null | awk '$1 == "infiniband.payload" { print $2 }'); do
+    if grep -qx -- "$p" <<< "$PROTOCOLS"; then OPAQUE+=(--disable-protocol "$p"); fi
+done
+[ ${#OPAQUE[@]} -gt 0 ] || { echo "tshark knows no RDMA payload protocols?" >&2; exit 125; }
+
 # Waits for a background guest job (exec.sh -b prefix) to finish; its rc.
 job_rc() {
     local prefix=$1 limit=$2
@@ -64,11 +76,8 @@ check_capture() {
     # SMB Direct, ...) would parse the pingpong's bytes as theirs and call
     # them malformed (rxe's own packets too): the payload is opaque here.
     local packets bad
-    local -a opaque
-    read -r -a opaque <<< "$(tshark -G heuristic-decodes 2> /dev/null |
-        awk '$1 == "infiniband.payload" { printf "--disable-heuristic %s ", $2 }')"
-    packets=$(tshark "${opaque[@]}" -r "$pcap" -Y "infiniband" 2> /dev/null | wc -l)
-    bad=$(tshark "${opaque[@]}" -r "$pcap" -Y "_ws.malformed || _ws.expert.severity == error" \
+    packets=$(tshark "${OPAQUE[@]}" -r "$pcap" -Y "infiniband" 2> /dev/null | wc -l)
+    bad=$(tshark "${OPAQUE[@]}" -r "$pcap" -Y "_ws.malformed || _ws.expert.severity == error" \
         2> /dev/null | wc -l)
     [ "$packets" -gt 0 ] && [ "$bad" -eq 0 ] || {
         echo "  tshark: $packets RoCE packets, $bad malformed or in error"
@@ -122,8 +131,9 @@ for mtu in "${MTUS[@]}"; do
     [ "$mtu" = 4096 ] && netmtu=9000
     "$H/stop.sh" -i 1 > /dev/null 2>&1
     "$H/start.sh" -i 1 > "$OUT/start.log" 2>&1 || { cat "$OUT/start.log"; exit 125; }
-    ip -n $NS link set rxebr0 mtu $netmtu
+    # A bridge's MTU cannot exceed its ports': the TAP first.
     ip -n $NS link set rxetap1 mtu $netmtu
+    ip -n $NS link set rxebr0 mtu $netmtu
     "$H/exec.sh" -i 1 "ip link set eth0 mtu $netmtu" > /dev/null
     "$H/exec.sh" -i 1 "ibv_devinfo -d rxe0 | grep active_mtu" | tee "$OUT/mtu$mtu.devinfo"
     g="-d rxe0 -g 1"

@@ -36,6 +36,30 @@ pub enum Command {
     /// Without SERVER it waits for a client; with it, it connects. The
     /// device binds the address the TCP connection uses, or `-d ADDR`.
     Pingpong(PingpongArgs),
+
+    /// Two vrdma devices in this process on loopback, connected by an RC
+    /// QP over real UDP sockets: a ping-pong, then a short latency and
+    /// bandwidth table. Nothing to set up.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// The first device's address.
+    #[arg(long, default_value_t = crate::demo::DEFAULT_A)]
+    pub addr_a: std::net::Ipv4Addr,
+
+    /// The second device's address.
+    #[arg(long, default_value_t = crate::demo::DEFAULT_B)]
+    pub addr_b: std::net::Ipv4Addr,
+
+    /// Ping-pong iterations.
+    #[arg(short = 'n', long, default_value_t = 10000)]
+    pub iters: u32,
+
+    /// MiB moved per bandwidth test.
+    #[arg(long, default_value_t = 256)]
+    pub megabytes: u64,
 }
 
 /// Which pingpong.

@@ -5,12 +5,14 @@
 //! | `args` | the command line (clap derive) |
 //! | `capture` | reading pcap and pcapng files into link-layer frames |
 //! | `decode` | `vrdma decode`: one line (or JSON object) per RoCEv2 packet |
+//! | `demo` | `vrdma demo`: two devices on loopback, a ping-pong and a bandwidth/latency table |
 //! | `pingpong` | `vrdma pingpong rc\|uc\|ud`: rdma-core's ibv_*_pingpong, interoperable |
 //! | `verbs` | a device with a PD, CQ and MR, and the completion loop the tools share |
 
 mod args;
 mod capture;
 mod decode;
+mod demo;
 mod pingpong;
 mod verbs;
 
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         args::Command::Decode(a) => decode::run(&a),
         args::Command::Pingpong(a) => pingpong::run(&a).map(|()| ExitCode::SUCCESS),
+        args::Command::Demo(a) => demo::run(&a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -17,8 +17,8 @@ use std::{
 pub(crate) const MAX_BATCH: usize = 64;
 
 /// Room for the ancillary data we ask for (TOS/traffic class, TTL/hop
-/// limit, flow label): three `CMSG_SPACE(4)` of 16 bytes each, and slack.
-const CONTROL_LEN: usize = 64;
+/// limit, flow label): three `CMSG_SPACE(4)` of 24 bytes each, and slack.
+const CONTROL_LEN: usize = 128;
 
 /// An ancillary-data buffer aligned as `struct cmsghdr` must be.
 #[derive(Clone, Copy)]
@@ -522,7 +522,7 @@ mod tests {
             hop_limit: 7,
         };
         let n = write_send_control(&mut buf, &p);
-        assert_eq!(n, 32);
+        assert_eq!(n, 48); // two CMSG_SPACE(4)
         let got: Vec<_> = cmsgs(&buf[..n]).collect();
         assert_eq!(
             got,
@@ -537,6 +537,16 @@ mod tests {
         assert_eq!(cmsgs(&bad[..n]).count(), 0);
         bad[..8].copy_from_slice(&0usize.to_ne_bytes());
         assert!(cmsgs(&bad[..n]).count() <= 2);
+    }
+
+    #[test]
+    fn the_loopback_address_is_on_lo() {
+        assert_eq!(
+            interface_of("127.0.0.1".parse().unwrap()).as_deref(),
+            Some("lo")
+        );
+        assert_eq!(interface_of("::1".parse().unwrap()).as_deref(), Some("lo"));
+        assert_eq!(interface_of("192.0.2.77".parse().unwrap()), None);
     }
 
     #[test]

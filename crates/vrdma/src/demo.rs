@@ -1,0 +1,360 @@
+//! `vrdma demo`: the README's first command. Two vrdma devices in one
+//! process, each on its own loopback address and thread, connected by an
+//! RC QP over real UDP sockets: a ping-pong, then a short bandwidth and
+//! latency table. Nothing to set up and nothing to install.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use vrdma_engine::{
+    attr::Mtu,
+    qp::QpType,
+    wc::{Wc, WcStatus},
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
+};
+use vrdma_wire::{QKey, Rkey};
+
+use crate::{
+    args::DemoArgs,
+    verbs::{ALL_ACCESS, BASE, Connect, Device, Remote, random_psn},
+};
+
+/// Memory per device: a source and a destination region of 1 MiB each
+/// and room for the receives.
+const MEM: usize = 4 << 20;
+const SRC: u64 = BASE;
+const DST: u64 = BASE + (1 << 20);
+const RECV: u64 = BASE + (2 << 20);
+/// Receives the echoing side keeps posted.
+const RECV_DEPTH: u32 = 256;
+/// Bandwidth tests keep this many WRs in flight.
+const DEPTH: u64 = 32;
+
+/// What each side tells the other before the QPs connect.
+#[derive(Clone, Copy, Debug)]
+struct Hello {
+    remote: Remote,
+    rkey: Rkey,
+}
+
+fn connect_attrs() -> Connect {
+    Connect {
+        mtu: Mtu::Mtu4096,
+        sl: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+        min_rnr_timer: 12,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        qkey: QKey(0),
+        access: ALL_ACCESS,
+    }
+}
+
+/// One side: a device with an RC QP, connected through `tx` / `rx`.
+fn side(
+    addr: IpAddr,
+    tx: &mpsc::Sender<Hello>,
+    rx: &mpsc::Receiver<Hello>,
+) -> Result<(Device, vrdma_wire::Qpn, Hello)> {
+    let mut dev = Device::open(addr, MEM, false)?;
+    ensure!(
+        dev.dev.active_mtu() == Mtu::Mtu4096,
+        "loopback should carry 4096-byte packets"
+    );
+    let c = connect_attrs();
+    let qpn = dev.create_qp(QpType::Rc, 2 * DEPTH as u32, 2 * RECV_DEPTH, 64)?;
+    dev.init_qp(qpn, &c)?;
+    let psn = random_psn();
+    tx.send(Hello {
+        remote: Remote {
+            qpn,
+            psn,
+            gid: dev.gid(),
+        },
+        rkey: dev.rkey,
+    })?;
+    let peer = rx.recv_timeout(Duration::from_secs(10))?;
+    dev.connect(qpn, psn, peer.remote, &c)?;
+    Ok((dev, qpn, peer))
+}
+
+fn post_recvs(dev: &mut Device, qpn: vrdma_wire::Qpn, n: u32, len: u32) -> Result<()> {
+    let sge = [Sge {
+        addr: RECV,
+        length: len,
+        lkey: dev.lkey,
+    }];
+    for _ in 0..n {
+        dev.dev.engine_mut().post_recv(
+            qpn,
+            &RecvWr {
+                wr_id: 0,
+                sg_list: &sge,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+fn post(
+    dev: &mut Device,
+    qpn: vrdma_wire::Qpn,
+    wr_id: u64,
+    op: SendOp,
+    addr: u64,
+    len: u32,
+) -> Result<()> {
+    let sge = [Sge {
+        addr,
+        length: len,
+        lkey: dev.lkey,
+    }];
+    let flags = if len <= 64 && matches!(op, SendOp::Send | SendOp::RdmaWrite { .. }) {
+        SendFlags::SIGNALED.with(SendFlags::INLINE)
+    } else {
+        SendFlags::SIGNALED
+    };
+    let data;
+    let payload = if flags.contains(SendFlags::INLINE) {
+        data = dev.bytes(addr, len as usize).to_vec();
+        Payload::Inline(&data)
+    } else {
+        Payload::Sges(&sge)
+    };
+    dev.dev.engine_mut().post_send(
+        qpn,
+        &SendWr {
+            wr_id,
+            op,
+            payload,
+            flags,
+            ud: None,
+        },
+    )?;
+    Ok(())
+}
+
+fn check(wc: &Wc) -> Result<()> {
+    if wc.status != WcStatus::Success {
+        bail!("completion {} failed: {:?}", wc.wr_id, wc.status);
+    }
+    Ok(())
+}
+
+/// The passive side: echoes every SEND it receives back, until `stop`.
+fn echo(
+    addr: IpAddr,
+    tx: mpsc::Sender<Hello>,
+    rx: mpsc::Receiver<Hello>,
+    stop: Arc<AtomicBool>,
+) -> Result<()> {
+    let (mut dev, qpn, _) = side(addr, &tx, &rx)?;
+    post_recvs(&mut dev, qpn, RECV_DEPTH, 4096)?;
+    let mut posted = RECV_DEPTH;
+    while !stop.load(Ordering::Relaxed) {
+        let wcs = dev.poll(Duration::from_millis(10))?.to_vec();
+        for wc in wcs {
+            check(&wc)?;
+            if wc.opcode == vrdma_engine::wc::WcOpcode::Recv {
+                posted -= 1;
+                post(&mut dev, qpn, 1, SendOp::Send, RECV, wc.byte_len)?;
+                if posted < RECV_DEPTH / 2 {
+                    post_recvs(&mut dev, qpn, RECV_DEPTH - posted, 4096)?;
+                    posted = RECV_DEPTH;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Latencies in ns, sorted: typical (median), average, 99 %, 99.9 %.
+fn percentiles(mut v: Vec<u64>) -> (f64, f64, f64, f64) {
+    v.sort_unstable();
+    let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)] as f64 / 1000.0;
+    let avg = v.iter().sum::<u64>() as f64 / v.len() as f64 / 1000.0;
+    (at(0.5), avg, at(0.99), at(0.999))
+}
+
+pub fn run(a: &DemoArgs) -> Result<()> {
+    let (a_addr, b_addr) = (IpAddr::V4(a.addr_a), IpAddr::V4(a.addr_b));
+    let (to_b, from_a) = mpsc::channel();
+    let (to_a, from_b) = mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let stop = stop.clone();
+        thread::Builder::new()
+            .name("vrdma-demo-b".into())
+            .spawn(move || echo(b_addr, to_a, from_a, stop))?
+    };
+    let result = client(a, a_addr, &to_b, &from_b);
+    stop.store(true, Ordering::Relaxed);
+    let served = server
+        .join()
+        .map_err(|_| anyhow!("the echo side panicked"))?;
+    result.and(served.context("the echo side"))
+}
+
+fn client(
+    a: &DemoArgs,
+    addr: IpAddr,
+    tx: &mpsc::Sender<Hello>,
+    rx: &mpsc::Receiver<Hello>,
+) -> Result<()> {
+    let (mut dev, qpn, peer) = side(addr, tx, rx)?;
+    println!(
+        "vrdma demo: two devices in this process, {} and {}, RC over UDP port 4791, MTU 4096, busy-polling",
+        a.addr_a, a.addr_b
+    );
+    println!(
+        "  QPN 0x{:06x} ({}) <-> QPN 0x{:06x} ({})",
+        qpn.value(),
+        a.addr_a,
+        peer.remote.qpn.value(),
+        a.addr_b
+    );
+    let limit = Duration::from_secs(10);
+
+    // Ping-pong: a 64-byte SEND each way per iteration.
+    post_recvs(&mut dev, qpn, RECV_DEPTH, 4096)?;
+    let mut posted = RECV_DEPTH;
+    dev.bytes_mut(SRC, 64).copy_from_slice(&[0x7b; 64]);
+    let mut rtts = Vec::with_capacity(a.iters as usize);
+    let start = Instant::now();
+    for i in 0..u64::from(a.iters) {
+        let t = Instant::now();
+        post(&mut dev, qpn, i, SendOp::Send, SRC, 64)?;
+        let (mut sent, mut got) = (false, false);
+        while !(sent && got) {
+            let wcs = dev.poll(limit)?.to_vec();
+            ensure!(!wcs.is_empty(), "ping-pong stalled at iteration {i}");
+            for wc in wcs {
+                check(&wc)?;
+                match wc.opcode {
+                    vrdma_engine::wc::WcOpcode::Send => sent = true,
+                    _ => {
+                        ensure!(wc.byte_len == 64, "echo of {} bytes", wc.byte_len);
+                        got = true;
+                        posted -= 1;
+                    }
+                }
+            }
+        }
+        rtts.push(t.elapsed().as_nanos() as u64 / 2);
+        if posted < RECV_DEPTH / 2 {
+            post_recvs(&mut dev, qpn, RECV_DEPTH - posted, 4096)?;
+            posted = RECV_DEPTH;
+        }
+    }
+    let total = start.elapsed();
+    ensure!(
+        dev.bytes(RECV, 64) == [0x7b; 64],
+        "the echo came back different"
+    );
+    let (typ, avg, p99, p999) = percentiles(rtts);
+    println!(
+        "pingpong: {} × 64 B SEND each way in {:.2} s = {:.2} usec/iter",
+        a.iters,
+        total.as_secs_f64(),
+        total.as_secs_f64() * 1e6 / f64::from(a.iters)
+    );
+    println!();
+    println!(
+        " {:<12} {:>8} {:>8} {:>12} {:>10} {:>13} {:>10} {:>10} {:>11}",
+        "test",
+        "bytes",
+        "iters",
+        "BW [MB/s]",
+        "BW [Gb/s]",
+        "t_typical[us]",
+        "t_avg[us]",
+        "99% [us]",
+        "99.9% [us]"
+    );
+    println!(
+        " {:<12} {:>8} {:>8} {:>12} {:>10} {:>13.2} {:>10.2} {:>10.2} {:>11.2}",
+        "send_lat", 64, a.iters, "", "", typ, avg, p99, p999
+    );
+
+    // Bandwidth: WRITE at three sizes, then READ, DEPTH WRs in flight.
+    for (name, size) in [
+        ("write_bw", 4096u32),
+        ("write_bw", 65536),
+        ("write_bw", 1 << 20),
+        ("read_bw", 65536),
+        ("read_bw", 1 << 20),
+    ] {
+        for (i, b) in dev.bytes_mut(SRC, size as usize).iter_mut().enumerate() {
+            *b = (i as u8) ^ (size >> 12) as u8;
+        }
+        let iters = (a.megabytes << 20) / u64::from(size);
+        let op = |_: u64| match name {
+            "write_bw" => SendOp::RdmaWrite {
+                remote_addr: DST,
+                rkey: peer.rkey,
+            },
+            _ => SendOp::RdmaRead {
+                remote_addr: SRC,
+                rkey: peer.rkey,
+            },
+        };
+        // READ brings the peer's source into our destination.
+        let local = if name == "write_bw" { SRC } else { DST };
+        let start = Instant::now();
+        let (mut posted, mut done) = (0u64, 0u64);
+        while done < iters {
+            while posted < iters && posted - done < DEPTH {
+                post(&mut dev, qpn, posted, op(posted), local, size)?;
+                posted += 1;
+            }
+            let wcs = dev.poll(limit)?;
+            ensure!(!wcs.is_empty(), "{name} stalled after {done} of {iters}");
+            for wc in wcs {
+                check(wc)?;
+            }
+            done += wcs.len() as u64;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let bytes = (iters * u64::from(size)) as f64;
+        println!(
+            " {:<12} {:>8} {:>8} {:>12.2} {:>10.2}",
+            name,
+            size,
+            iters,
+            bytes / secs / 1e6,
+            bytes * 8.0 / secs / 1e9
+        );
+    }
+    let s = dev.dev.stats();
+    let e = dev.dev.engine().stats();
+    println!();
+    println!(
+        "device {}: {} datagrams sent in {} sendmmsg calls, {} received in {} recvmmsg calls; {} retransmitted, {} bad ICRC",
+        a.addr_a,
+        s.tx_datagrams,
+        s.tx_calls,
+        s.rx_datagrams,
+        s.rx_calls,
+        e.tx_retransmitted,
+        s.rx_bad_icrc
+    );
+    Ok(())
+}
+
+/// Default addresses: loopback, away from 127.0.0.1 where a real service
+/// may listen.
+pub const DEFAULT_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 41);
+pub const DEFAULT_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 42);
