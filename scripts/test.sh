@@ -18,3 +18,12 @@ echo "== fuzz smoke (30 s per target)"
 scripts/fuzz.sh 30
 echo "== cargo test"
 cargo test --workspace --locked
+# Interoperability with the kernel's rxe: needs root (namespaces, TAP,
+# QEMU) and the harness beside the checkout (CI has both); about 5
+# minutes, plus 2 to build the guest image the first time.
+if [ "$(id -u)" = 0 ] && [ -x ../shared/interop/rxe-guest/start.sh ]; then
+    echo "== interop with Linux rxe"
+    scripts/interop.sh
+else
+    echo "== interop with Linux rxe: not run (needs root and ../shared/interop/rxe-guest)"
+fi

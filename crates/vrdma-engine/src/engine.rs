@@ -547,7 +547,12 @@ impl Engine {
             c
         };
         let max = self.qps.max();
-        let qp = Qp::new(QpInitAttr { cap, ..init });
+        let mut qp = Qp::new(QpInitAttr { cap, ..init });
+        if init.qp_type == QpType::Ud {
+            // A UD QP has no path MTU attribute: its messages are limited
+            // by the port's active MTU (rxe: port->mtu_cap).
+            qp.attr.path_mtu = self.port.active_mtu;
+        }
         let (h, _) = self.qps.insert(qp).ok_or(VerbsError::Exhausted {
             kind: Kind::Qp,
             max,
