@@ -399,32 +399,8 @@ fn uc_and_ud_over_loopback_udp() {
 fn rc_over_ipv6_loopback() {
     // ::1 is the only IPv6 loopback address: two QPs of one device talk
     // to each other through the socket.
-    let addr = IpAddr::V6(Ipv6Addr::LOCALHOST);
-    let mut config = Config::new(addr);
-    config.port = 4791;
-    let mut a = match UdpDevice::bind(config, VecMemory::new(BASE, MEM)) {
-        Ok(dev) => dev,
-        Err(e) => panic!("binding [::1]:4791: {e} (is IPv6 enabled on lo?)"),
-    };
-    let e = a.engine_mut();
-    let pd = e.alloc_pd().unwrap();
-    let (cq, _) = e.create_cq(64, 0).unwrap();
-    let (lkey, rkey) = e
-        .reg_mr(MrRequest {
-            pd,
-            iova: BASE,
-            length: MEM as u64,
-            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            translation: Translation::Identity,
-        })
-        .unwrap();
-    let mut end_a = End {
-        dev: a,
-        pd,
-        cq,
-        lkey,
-        rkey,
-    };
+    let mut end_a = end(IpAddr::V6(Ipv6Addr::LOCALHOST), Mtu::Mtu1024);
+    let cq = end_a.cq;
     let q1 = qp(&mut end_a, QpType::Rc);
     let q2 = qp(&mut end_a, QpType::Rc);
     let g = end_a.dev.gid();

@@ -19,7 +19,7 @@ use vrdma_engine::{
     attr::Mtu,
     qp::QpType,
     wc::{Wc, WcStatus},
-    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
+    wr::SendOp,
 };
 use vrdma_wire::{QKey, Rkey};
 
@@ -91,24 +91,7 @@ fn side(
     Ok((dev, qpn, peer))
 }
 
-fn post_recvs(dev: &mut Device, qpn: vrdma_wire::Qpn, n: u32, len: u32) -> Result<()> {
-    let sge = [Sge {
-        addr: RECV,
-        length: len,
-        lkey: dev.lkey,
-    }];
-    for _ in 0..n {
-        dev.dev.engine_mut().post_recv(
-            qpn,
-            &RecvWr {
-                wr_id: 0,
-                sg_list: &sge,
-            },
-        )?;
-    }
-    Ok(())
-}
-
+/// A signaled send; up to 64 bytes of SEND or WRITE go inline.
 fn post(
     dev: &mut Device,
     qpn: vrdma_wire::Qpn,
@@ -117,34 +100,12 @@ fn post(
     addr: u64,
     len: u32,
 ) -> Result<()> {
-    let sge = [Sge {
-        addr,
-        length: len,
-        lkey: dev.lkey,
-    }];
-    let flags = if len <= 64 && matches!(op, SendOp::Send | SendOp::RdmaWrite { .. }) {
-        SendFlags::SIGNALED.with(SendFlags::INLINE)
-    } else {
-        SendFlags::SIGNALED
-    };
-    let data;
-    let payload = if flags.contains(SendFlags::INLINE) {
-        data = dev.bytes(addr, len as usize).to_vec();
-        Payload::Inline(&data)
-    } else {
-        Payload::Sges(&sge)
-    };
-    dev.dev.engine_mut().post_send(
-        qpn,
-        &SendWr {
-            wr_id,
-            op,
-            payload,
-            flags,
-            ud: None,
-        },
-    )?;
-    Ok(())
+    let inline = len <= 64 && matches!(op, SendOp::Send | SendOp::RdmaWrite { .. });
+    dev.post_send(qpn, wr_id, op, (addr, len), inline, None)
+}
+
+fn post_recvs(dev: &mut Device, qpn: vrdma_wire::Qpn, n: u32, len: u32) -> Result<()> {
+    dev.post_recvs(qpn, 0, RECV, len, n)
 }
 
 fn check(wc: &Wc) -> Result<()> {

@@ -31,7 +31,7 @@ use vrdma_engine::{
     mr::Access,
     qp::{AhAttr, QpType},
     wc::{WcOpcode, WcStatus},
-    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
+    wr::{SendOp, UdDest},
 };
 use vrdma_wire::{Gid, Psn, QKey, Qpn};
 
@@ -207,23 +207,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
     // The C tools fill the buffer with 0x7b.
     dev.bytes_mut(BASE, buf_len).fill(0x7b);
     let recv_len = buf_len as u32;
-    let post_recvs = |dev: &mut Device, n: u32| -> Result<()> {
-        let sge = [Sge {
-            addr: BASE,
-            length: recv_len,
-            lkey: dev.lkey,
-        }];
-        for _ in 0..n {
-            dev.dev.engine_mut().post_recv(
-                qpn,
-                &RecvWr {
-                    wr_id: RECV_WRID,
-                    sg_list: &sge,
-                },
-            )?;
-        }
-        Ok(())
-    };
+    let post_recvs = |dev: &mut Device, n: u32| dev.post_recvs(qpn, RECV_WRID, BASE, recv_len, n);
     post_recvs(&mut dev, a.rx_depth)?;
     let mut routs = a.rx_depth;
     let me = Dest {
@@ -302,39 +286,20 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         .query_qp(qpn)
         .map(|(attr, init)| (attr, init.cap))?;
     let inline = cap.max_inline_data >= size;
-    let post_send = |dev: &mut Device| -> Result<()> {
-        let sge = [Sge {
-            addr: send_at,
-            length: size,
-            lkey: dev.lkey,
-        }];
-        let data;
-        let payload = if inline {
-            data = dev.bytes(send_at, size as usize).to_vec();
-            Payload::Inline(&data)
-        } else {
-            Payload::Sges(&sge)
-        };
-        let flags = if inline {
-            SendFlags::SIGNALED.with(SendFlags::INLINE)
-        } else {
-            SendFlags::SIGNALED
-        };
-        dev.dev.engine_mut().post_send(
+    let ud_dest = ah.map(|ah| UdDest {
+        ah,
+        remote_qpn: rem.qpn,
+        remote_qkey: UD_QKEY,
+    });
+    let post_send = |dev: &mut Device| {
+        dev.post_send(
             qpn,
-            &SendWr {
-                wr_id: SEND_WRID,
-                op: SendOp::Send,
-                payload,
-                flags,
-                ud: ah.map(|ah| UdDest {
-                    ah,
-                    remote_qpn: rem.qpn,
-                    remote_qkey: UD_QKEY,
-                }),
-            },
-        )?;
-        Ok(())
+            SEND_WRID,
+            SendOp::Send,
+            (send_at, size),
+            inline,
+            ud_dest,
+        )
     };
 
     let mut pending = RECV_WRID;

@@ -15,6 +15,7 @@ use vrdma_engine::{
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
     wc::Wc,
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
 use vrdma_fabric::udp::{Config, UdpDevice};
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
@@ -177,6 +178,65 @@ impl Device {
             AttrMask::STATE | required,
         )
         .with_context(|| format!("modifying the QP to {to:?}"))?;
+        Ok(())
+    }
+
+    /// Posts `n` receives of `len` bytes at `addr`.
+    pub fn post_recvs(&mut self, qpn: Qpn, wr_id: u64, addr: u64, len: u32, n: u32) -> Result<()> {
+        let sge = [Sge {
+            addr,
+            length: len,
+            lkey: self.lkey,
+        }];
+        for _ in 0..n {
+            self.dev.engine_mut().post_recv(
+                qpn,
+                &RecvWr {
+                    wr_id,
+                    sg_list: &sge,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Posts a signaled send WR of `len` bytes at `addr`; `inline` copies
+    /// the bytes into the WR (as `IBV_SEND_INLINE`).
+    pub fn post_send(
+        &mut self,
+        qpn: Qpn,
+        wr_id: u64,
+        op: SendOp,
+        at: (u64, u32),
+        inline: bool,
+        ud: Option<UdDest>,
+    ) -> Result<()> {
+        let (addr, len) = at;
+        let sge = [Sge {
+            addr,
+            length: len,
+            lkey: self.lkey,
+        }];
+        let data;
+        let (payload, flags) = if inline {
+            data = self.bytes(addr, len as usize).to_vec();
+            (
+                Payload::Inline(&data),
+                SendFlags::SIGNALED.with(SendFlags::INLINE),
+            )
+        } else {
+            (Payload::Sges(&sge), SendFlags::SIGNALED)
+        };
+        self.dev.engine_mut().post_send(
+            qpn,
+            &SendWr {
+                wr_id,
+                op,
+                payload,
+                flags,
+                ud,
+            },
+        )?;
         Ok(())
     }
 
