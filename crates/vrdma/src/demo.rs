@@ -151,6 +151,10 @@ fn percentiles(mut v: Vec<u64>) -> (f64, f64, f64, f64) {
 }
 
 pub fn run(a: &DemoArgs) -> Result<()> {
+    ensure!(
+        a.iters > 0 && a.megabytes > 0,
+        "iterations and megabytes must be positive"
+    );
     let (a_addr, b_addr) = (IpAddr::V4(a.addr_a), IpAddr::V4(a.addr_b));
     let (to_b, from_a) = mpsc::channel();
     let (to_a, from_b) = mpsc::channel();

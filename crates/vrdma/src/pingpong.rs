@@ -84,6 +84,11 @@ impl Dest {
             let f = parts
                 .next()
                 .ok_or_else(|| anyhow!("address message has no {name}"))?;
+            // from_str_radix would take a sign.
+            ensure!(
+                !f.is_empty() && f.bytes().all(|b| b.is_ascii_hexdigit()),
+                "bad {name} {f:?}"
+            );
             let v = u32::from_str_radix(f, 16).map_err(|_| anyhow!("bad {name} {f:?}"))?;
             ensure!(v <= max, "{name} {v:#x} out of range");
             Ok(v)
@@ -94,14 +99,16 @@ impl Dest {
         let g = parts
             .next()
             .ok_or_else(|| anyhow!("address message has no GID"))?;
+        // Hex digits only, checked on bytes (slicing a str of multi-byte
+        // characters could split one).
         ensure!(
-            g.len() == 32 && parts.next().is_none(),
+            g.len() == 32 && g.bytes().all(|b| b.is_ascii_hexdigit()) && parts.next().is_none(),
             "bad GID {g:?} in address message"
         );
         let mut gid = [0u8; 16];
-        for (i, b) in gid.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16)
-                .map_err(|_| anyhow!("bad GID {g:?}"))?;
+        for (b, pair) in gid.iter_mut().zip(g.as_bytes().chunks_exact(2)) {
+            let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+            *b = hex(pair[0]) << 4 | hex(pair[1]);
         }
         Ok(Dest {
             lid,
@@ -455,6 +462,9 @@ mod tests {
             b"0000:000011:3a4b5c:0000000000000000000\xffffff0a2f5b0b",
             b"0000:000011:3a4b5c:00000000000000000000ffff0a2f5b0b:1",
             b"zzzz:000011:3a4b5c:00000000000000000000ffff0a2f5b0b",
+            b"0000:+00011:3a4b5c:00000000000000000000ffff0a2f5b0b",
+            // 32 bytes of valid UTF-8 whose characters straddle the pairs.
+            "0000:000011:3a4b5c:0\u{e9}00000000000000000ffff0a2f5b0b".as_bytes(),
         ] {
             assert!(
                 Dest::parse(bad).is_err(),

@@ -265,7 +265,8 @@ impl Device {
         }
     }
 
-    /// Offset of `addr` in the device's memory.
+    /// The `len` bytes at `addr` of the device's memory (the tools' own
+    /// addresses: out of range is a bug, and panics).
     pub fn bytes_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
         let at = (addr - BASE) as usize;
         &mut self.dev.mem_mut().bytes_mut()[at..at + len]

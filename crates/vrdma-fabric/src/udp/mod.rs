@@ -127,15 +127,6 @@ pub fn active_mtu(netdev: u32) -> Mtu {
     }
 }
 
-/// The port's active MTU.
-impl<M: Memory> UdpDevice<M> {
-    pub fn active_mtu(&self) -> Mtu {
-        self.engine
-            .query_port(1)
-            .map_or(Mtu::Mtu256, |p| p.active_mtu)
-    }
-}
-
 /// Source-port sockets beyond this many are not opened (the receive socket
 /// sends instead).
 const MAX_SOURCE_SOCKETS: usize = 1024;
@@ -231,6 +222,13 @@ impl<M: Memory> UdpDevice<M> {
     /// the engine reads, for example).
     pub fn parts(&mut self) -> (&mut Engine, &mut M) {
         (&mut self.engine, &mut self.mem)
+    }
+
+    /// The port's active MTU.
+    pub fn active_mtu(&self) -> Mtu {
+        self.engine
+            .query_port(1)
+            .map_or(Mtu::Mtu256, |p| p.active_mtu)
     }
 
     /// GID 0: the bound address.
@@ -374,17 +372,25 @@ impl<M: Memory> UdpDevice<M> {
     /// The socket bound to source port `port` (opened on first use), and
     /// the port it really has: the receive socket's when binding fails.
     fn source_socket(&mut self, port: u16) -> (RawFd, u16) {
-        if !self.sources.contains_key(&port) && self.sources.len() < MAX_SOURCE_SOCKETS {
-            let s = UdpSocket::bind(SocketAddr::new(self.config.addr, port))
-                .and_then(|s| configure(&s, self.config.addr, false).map(|()| s));
-            if let Err(e) = &s {
-                tracing::warn!(port, error = %e, "cannot bind a QP source port; using the receive socket");
+        // One lookup per packet in the common case (the socket exists).
+        let fd = match self.sources.get(&port) {
+            Some(s) => s.as_ref().map(UdpSocket::as_raw_fd),
+            None if self.sources.len() < MAX_SOURCE_SOCKETS => {
+                let s = UdpSocket::bind(SocketAddr::new(self.config.addr, port))
+                    .and_then(|s| configure(&s, self.config.addr, false).map(|()| s));
+                if let Err(e) = &s {
+                    tracing::warn!(port, error = %e, "cannot bind a QP source port; using the receive socket");
+                }
+                let s = s.ok();
+                let fd = s.as_ref().map(UdpSocket::as_raw_fd);
+                self.sources.insert(port, s);
+                fd
             }
-            self.sources.insert(port, s.ok());
-        }
-        match self.sources.get(&port) {
-            Some(Some(s)) => (s.as_raw_fd(), port),
-            _ => {
+            None => None,
+        };
+        match fd {
+            Some(fd) => (fd, port),
+            None => {
                 self.stats.src_port_fallback += 1;
                 (self.socket.as_raw_fd(), self.config.port)
             }
