@@ -183,6 +183,11 @@ pub struct Stats {
     pub rx_no_qp: u64,
     /// The QP's state does not accept packets.
     pub rx_bad_state: u64,
+    /// RC/UC packets from an address other than the QP's peer, or to an
+    /// address other than the QP's own (as rxe's `check_addr`): dropped
+    /// unanswered, so a stranger who guesses a QPN and PSN can neither
+    /// execute requests nor break the connection.
+    pub rx_bad_addr: u64,
     /// P_Key or Q_Key mismatch.
     pub rx_bad_key: u64,
     /// UD or UC message with no receive WQE posted.
@@ -205,6 +210,50 @@ pub struct Stats {
     pub retry_implied_nak: u64,
     /// RC RNR NAKs received (each waits out its delay, then resends).
     pub rnr_naks: u64,
+}
+
+impl Stats {
+    /// Every counter with its name, in declaration order (for `vrdma
+    /// stat` and logs). Destructured so that a new counter cannot be
+    /// left out.
+    pub fn fields(&self) -> [(&'static str, u64); 16] {
+        let Stats {
+            rx_packets,
+            tx_packets,
+            rx_malformed,
+            rx_no_qp,
+            rx_bad_state,
+            rx_bad_addr,
+            rx_bad_key,
+            rx_no_recv,
+            rx_duplicate,
+            rx_out_of_sequence,
+            rx_too_long,
+            tx_retransmitted,
+            retry_timeout,
+            retry_seq_nak,
+            retry_implied_nak,
+            rnr_naks,
+        } = *self;
+        [
+            ("rx_packets", rx_packets),
+            ("tx_packets", tx_packets),
+            ("rx_malformed", rx_malformed),
+            ("rx_no_qp", rx_no_qp),
+            ("rx_bad_state", rx_bad_state),
+            ("rx_bad_addr", rx_bad_addr),
+            ("rx_bad_key", rx_bad_key),
+            ("rx_no_recv", rx_no_recv),
+            ("rx_duplicate", rx_duplicate),
+            ("rx_out_of_sequence", rx_out_of_sequence),
+            ("rx_too_long", rx_too_long),
+            ("tx_retransmitted", tx_retransmitted),
+            ("retry_timeout", retry_timeout),
+            ("retry_seq_nak", retry_seq_nak),
+            ("retry_implied_nak", retry_implied_nak),
+            ("rnr_naks", rnr_naks),
+        ]
+    }
 }
 
 impl Engine {
@@ -1026,6 +1075,16 @@ impl Engine {
         if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             self.stats.rx_bad_state += 1;
             return;
+        }
+        // A connection's packets come from its peer to its own address.
+        if q.init.qp_type != QpType::Ud {
+            let from_peer = q
+                .path
+                .is_some_and(|p| Gid::from(ip.src()) == p.dgid && Gid::from(ip.dst()) == p.sgid);
+            if !from_peer {
+                self.stats.rx_bad_addr += 1;
+                return;
+            }
         }
         if !r.bth.pkey.matches(self.pkey_of(q.attr.pkey_index)) {
             self.stats.rx_bad_key += 1;

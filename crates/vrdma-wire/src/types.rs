@@ -274,6 +274,16 @@ impl From<core::net::Ipv4Addr> for Gid {
     }
 }
 
+impl From<core::net::IpAddr> for Gid {
+    /// IPv4 addresses become IPv4-mapped GIDs, as RoCEv2 writes them.
+    fn from(a: core::net::IpAddr) -> Self {
+        match a {
+            core::net::IpAddr::V4(a) => a.into(),
+            core::net::IpAddr::V6(a) => a.into(),
+        }
+    }
+}
+
 impl From<Gid> for Ipv6Addr {
     fn from(g: Gid) -> Self {
         Ipv6Addr::from(g.0)

@@ -100,6 +100,38 @@ pub struct UdpStats {
     pub src_port_fallback: u64,
 }
 
+impl UdpStats {
+    /// Every counter with its name, in declaration order (for `vrdma
+    /// stat` and logs). Destructured so that a new counter cannot be
+    /// left out.
+    pub fn fields(&self) -> [(&'static str, u64); 10] {
+        let UdpStats {
+            rx_datagrams,
+            rx_bytes,
+            rx_calls,
+            rx_bad_icrc,
+            rx_malformed,
+            tx_datagrams,
+            tx_bytes,
+            tx_calls,
+            tx_failed,
+            src_port_fallback,
+        } = *self;
+        [
+            ("rx_datagrams", rx_datagrams),
+            ("rx_bytes", rx_bytes),
+            ("rx_calls", rx_calls),
+            ("rx_bad_icrc", rx_bad_icrc),
+            ("rx_malformed", rx_malformed),
+            ("tx_datagrams", tx_datagrams),
+            ("tx_bytes", tx_bytes),
+            ("tx_calls", tx_calls),
+            ("tx_failed", tx_failed),
+            ("src_port_fallback", src_port_fallback),
+        ]
+    }
+}
+
 /// What one [`UdpDevice::progress`] did.
 #[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
 pub struct Progress {
