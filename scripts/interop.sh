@@ -11,6 +11,7 @@
 #
 #   scripts/interop.sh              # every pair, MTU 1024 and 4096
 #   scripts/interop.sh 1024         # one MTU
+#   INTEROP_ONLY='^perf-read' scripts/interop.sh 1024   # pairs matching a regex
 #
 # Needs root (namespaces, TAP, QEMU). The first run builds the guest image
 # (about 2 minutes, Debian packages only). Logs and captures go to
@@ -53,6 +54,9 @@ for p in $(tshark -G heuristic-decodes 2> /dev/null | awk '$1 == "infiniband.pay
     if grep -qx -- "$p" <<< "$PROTOCOLS"; then OPAQUE+=(--disable-protocol "$p"); fi
 done
 [ ${#OPAQUE[@]} -gt 0 ] || { echo "tshark knows no RDMA payload protocols?" >&2; exit 125; }
+# Nor is the payload an Ethernet frame: the EtherType guess turns random
+# bytes into malformed VLAN or LOOP frames.
+OPAQUE+=(-o infiniband.identify_payload:FALSE)
 
 # Waits for a background guest job (exec.sh -b prefix) to finish; its rc.
 job_rc() {
@@ -88,6 +92,7 @@ check_capture() {
 # run NAME RXE_CMD VRDMA_ARGS: both roles.
 run() {
     local name=$1 rxe=$2 args=$3
+    [[ -n ${INTEROP_ONLY:-} && ! $name =~ $INTEROP_ONLY ]] && return
     for role in rxe-server vrdma-server; do
         local tag="$name.$role" ok=1
         local pcap=$OUT/$tag.pcap
@@ -147,6 +152,18 @@ for mtu in "${MTUS[@]}"; do
     done
     for size in 1 $mtu; do
         run "ud-pingpong.mtu$mtu.s$size" "ibv_ud_pingpong $g -s $size -n 100" "pingpong ud -s $size -n 100"
+    done
+    # perftest: every verb, bandwidth and latency, at the smallest size and
+    # at 1 MiB (atomics: 8 B). -F: the guest's CPU frequency varies.
+    p="-d rxe0 -x 1 -F"
+    for spec in "write_bw 1 100" "write_bw 1048576 5" "read_bw 1 100" "read_bw 1048576 5" \
+        "send_bw 1 100" "send_bw 1048576 5" "atomic_bw 8 100" \
+        "write_lat 1 100" "write_lat 1048576 5" "read_lat 1 100" "read_lat 1048576 5" \
+        "send_lat 1 100" "send_lat 1048576 5" "atomic_lat 8 100"; do
+        read -r t size n <<< "$spec"
+        s="-s $size"
+        [[ $t == atomic* ]] && s=""
+        run "perf-$t.mtu$mtu.s$size" "ib_$t $p -m $mtu $s -n $n" "perf $t -m $mtu $s -n $n"
     done
 done
 

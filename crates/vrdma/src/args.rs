@@ -37,6 +37,14 @@ pub enum Command {
     /// device binds the address the TCP connection uses, or `-d ADDR`.
     Pingpong(PingpongArgs),
 
+    /// perftest 4.5's ib_{write,read,send,atomic}_{bw,lat} on a vrdma
+    /// device: the same options, out-of-band exchange (TCP port 18515) and
+    /// output, so that either side can be the real perftest tool.
+    ///
+    /// Without SERVER it waits for a client; with it, it connects. The
+    /// device binds the address the TCP connection uses, or `-d ADDR`.
+    Perf(PerfArgs),
+
     /// Two vrdma devices in this process on loopback, connected by an RC
     /// QP over real UDP sockets: a ping-pong, then a short latency and
     /// bandwidth table. Nothing to set up.
@@ -130,6 +138,166 @@ pub struct PingpongArgs {
 
     /// Give up after this many seconds without a completion (0: never, as
     /// the C tools).
+    #[arg(long, default_value_t = 0)]
+    pub timeout: u64,
+}
+
+/// Which perftest tool.
+#[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
+pub enum PerfTest {
+    /// ib_write_bw
+    #[value(name = "write_bw", alias = "ib_write_bw")]
+    WriteBw,
+    /// ib_write_lat
+    #[value(name = "write_lat", alias = "ib_write_lat")]
+    WriteLat,
+    /// ib_read_bw
+    #[value(name = "read_bw", alias = "ib_read_bw")]
+    ReadBw,
+    /// ib_read_lat
+    #[value(name = "read_lat", alias = "ib_read_lat")]
+    ReadLat,
+    /// ib_send_bw
+    #[value(name = "send_bw", alias = "ib_send_bw")]
+    SendBw,
+    /// ib_send_lat
+    #[value(name = "send_lat", alias = "ib_send_lat")]
+    SendLat,
+    /// ib_atomic_bw
+    #[value(name = "atomic_bw", alias = "ib_atomic_bw")]
+    AtomicBw,
+    /// ib_atomic_lat
+    #[value(name = "atomic_lat", alias = "ib_atomic_lat")]
+    AtomicLat,
+}
+
+/// perftest's connection types (those a vrdma device runs these tests on).
+#[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
+pub enum Connection {
+    #[value(name = "RC")]
+    Rc,
+    /// WRITE and SEND tests only.
+    #[value(name = "UC")]
+    Uc,
+}
+
+/// perftest's `-A`.
+#[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
+pub enum AtomicType {
+    #[value(name = "FETCH_AND_ADD")]
+    FetchAndAdd,
+    #[value(name = "CMP_AND_SWAP")]
+    CmpAndSwap,
+}
+
+#[derive(Args, Debug)]
+pub struct PerfArgs {
+    /// The test: write_bw, write_lat, read_bw, read_lat, send_bw,
+    /// send_lat, atomic_bw or atomic_lat.
+    #[arg(value_enum)]
+    pub test: PerfTest,
+
+    /// The server to connect to (without it: be the server).
+    pub server: Option<String>,
+
+    /// TCP port of the exchange.
+    #[arg(short, long, default_value_t = 18515)]
+    pub port: u16,
+
+    /// The device's IP address (perftest: the device name). Default: the
+    /// address of the TCP connection.
+    #[arg(short = 'd', long = "ib-dev")]
+    pub ib_dev: Option<IpAddr>,
+
+    /// Port number (a vrdma device has one: 1).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u32,
+
+    /// GID index (a vrdma device has one GID: 0, its address).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u8>,
+
+    /// Message size (default: bw 65536, lat 2, atomic 8).
+    #[arg(short, long)]
+    pub size: Option<u64>,
+
+    /// Iterations (default: write_bw 5000, others 1000).
+    #[arg(short = 'n', long)]
+    pub iters: Option<u64>,
+
+    /// Run sizes 2 B .. 8 MiB (both sides need it).
+    #[arg(short = 'a', long)]
+    pub all: bool,
+
+    /// Number of QPs (bw tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: u32,
+
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (default: the port's active
+    /// MTU; the lower of both sides' is used).
+    #[arg(short, long)]
+    pub mtu: Option<u32>,
+
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long)]
+    pub duration: Option<u64>,
+
+    /// Accepted for perftest's command lines: vrdma measures with the
+    /// monotonic clock, never the CPU frequency.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+
+    /// Report bandwidth in Gb/s instead of MiB/s.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+
+    /// Send queue depth (default: bw 128, lat 1).
+    #[arg(short = 't', long = "tx-depth")]
+    pub tx_depth: Option<u32>,
+
+    /// Receive queue depth of send tests (default 512).
+    #[arg(short = 'r', long = "rx-depth")]
+    pub rx_depth: Option<u32>,
+
+    /// Signal one send in this many (bw tests; default 100).
+    #[arg(short = 'Q', long = "cq-mod")]
+    pub cq_mod: Option<u32>,
+
+    /// Connection type.
+    #[arg(short = 'c', long = "connection", value_enum, default_value = "RC")]
+    pub connection: Connection,
+
+    /// The atomic operation of atomic tests.
+    #[arg(
+        short = 'A',
+        long = "atomic_type",
+        value_enum,
+        default_value = "FETCH_AND_ADD"
+    )]
+    pub atomic_type: AtomicType,
+
+    /// Outstanding READs / atomics (default: the device's maximum, 128).
+    #[arg(short = 'o', long = "outs")]
+    pub outs: Option<u32>,
+
+    /// QP local ACK timeout exponent (4.096 µs × 2^N).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
+    pub qp_timeout: u8,
+
+    /// Sleep until completions arrive instead of busy-polling.
+    #[arg(short, long)]
+    pub events: bool,
+
+    /// Traffic class of the QPs' GRH (the IP header's DS field).
+    #[arg(long = "tclass", default_value_t = 0)]
+    pub tclass: u8,
+
+    /// Largest message sent inline (default 0, as perftest on rxe).
+    #[arg(short = 'I', long = "inline_size")]
+    pub inline_size: Option<u32>,
+
+    /// Give up after this many seconds without progress (0: never, as
+    /// perftest).
     #[arg(long, default_value_t = 0)]
     pub timeout: u64,
 }

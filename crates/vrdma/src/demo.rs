@@ -19,7 +19,7 @@ use vrdma_engine::{
     attr::Mtu,
     qp::QpType,
     wc::{Wc, WcStatus},
-    wr::SendOp,
+    wr::{SendFlags, SendOp},
 };
 use vrdma_wire::{QKey, Rkey};
 
@@ -101,7 +101,12 @@ fn post(
     len: u32,
 ) -> Result<()> {
     let inline = len <= 64 && matches!(op, SendOp::Send | SendOp::RdmaWrite { .. });
-    dev.post_send(qpn, wr_id, op, (addr, len), inline, None)
+    let flags = if inline {
+        SendFlags::SIGNALED.with(SendFlags::INLINE)
+    } else {
+        SendFlags::SIGNALED
+    };
+    dev.post_send(qpn, wr_id, op, (addr, len), flags, None)
 }
 
 fn post_recvs(dev: &mut Device, qpn: vrdma_wire::Qpn, n: u32, len: u32) -> Result<()> {

@@ -6,6 +6,7 @@
 //! | `capture` | reading pcap and pcapng files into link-layer frames |
 //! | `decode` | `vrdma decode`: one line (or JSON object) per RoCEv2 packet |
 //! | `demo` | `vrdma demo`: two devices on loopback, a ping-pong and a bandwidth/latency table |
+//! | `perf` | `vrdma perf`: perftest 4.5's ib_*_bw / ib_*_lat, interoperable |
 //! | `pingpong` | `vrdma pingpong rc\|uc\|ud`: rdma-core's ibv_*_pingpong, interoperable |
 //! | `verbs` | a device with a PD, CQ and MR, and the completion loop the tools share |
 
@@ -13,6 +14,7 @@ mod args;
 mod capture;
 mod decode;
 mod demo;
+mod perf;
 mod pingpong;
 mod verbs;
 
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         args::Command::Decode(a) => decode::run(&a),
         args::Command::Pingpong(a) => pingpong::run(&a).map(|()| ExitCode::SUCCESS),
+        args::Command::Perf(a) => perf::run(&a).map(|()| ExitCode::SUCCESS),
         args::Command::Demo(a) => demo::run(&a).map(|()| ExitCode::SUCCESS),
     };
     match result {

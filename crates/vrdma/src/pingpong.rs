@@ -31,7 +31,7 @@ use vrdma_engine::{
     mr::Access,
     qp::{AhAttr, QpType},
     wc::{WcOpcode, WcStatus},
-    wr::{SendOp, UdDest},
+    wr::{SendFlags, SendOp, UdDest},
 };
 use vrdma_wire::{Gid, Psn, QKey, Qpn};
 
@@ -292,7 +292,11 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         .engine()
         .query_qp(qpn)
         .map(|(attr, init)| (attr, init.cap))?;
-    let inline = cap.max_inline_data >= size;
+    let flags = if cap.max_inline_data >= size {
+        SendFlags::SIGNALED.with(SendFlags::INLINE)
+    } else {
+        SendFlags::SIGNALED
+    };
     let ud_dest = ah.map(|ah| UdDest {
         ah,
         remote_qpn: rem.qpn,
@@ -304,7 +308,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
             SEND_WRID,
             SendOp::Send,
             (send_at, size),
-            inline,
+            flags,
             ud_dest,
         )
     };

@@ -106,12 +106,17 @@ impl Device {
     /// Binds a device on `addr` with `mem_len` bytes of memory.
     /// The port's MTU comes from the interface holding `addr`.
     pub fn open(addr: IpAddr, mem_len: usize, events: bool) -> Result<Self> {
+        Self::open_with_cq(addr, mem_len, events, 4096)
+    }
+
+    /// As [`Device::open`], with a CQ of `cqe` entries.
+    pub fn open_with_cq(addr: IpAddr, mem_len: usize, events: bool, cqe: u32) -> Result<Self> {
         let config = Config::new(addr);
         let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, mem_len))
             .with_context(|| format!("binding a RoCEv2 device to {addr} port 4791"))?;
         let e = dev.engine_mut();
         let pd = e.alloc_pd()?;
-        let (cq, _) = e.create_cq(4096, 0)?;
+        let (cq, _) = e.create_cq(cqe, 0)?;
         let (lkey, rkey) = e.reg_mr(MrRequest {
             pd,
             iova: BASE,
@@ -163,9 +168,22 @@ impl Device {
     /// PSN matter), each modify naming the attributes the transition
     /// requires for the QP's type.
     pub fn connect(&mut self, qpn: Qpn, local_psn: Psn, remote: Remote, c: &Connect) -> Result<()> {
+        self.connect_rtr(qpn, local_psn, remote, c)?;
         let a = qp_attr(local_psn, Some(remote), c);
-        self.step(qpn, QpState::Init, QpState::Rtr, a)?;
         self.step(qpn, QpState::Rtr, QpState::Rts, a)
+    }
+
+    /// INIT → RTR only: a QP that answers but never requests (perftest's
+    /// bandwidth server).
+    pub fn connect_rtr(
+        &mut self,
+        qpn: Qpn,
+        local_psn: Psn,
+        remote: Remote,
+        c: &Connect,
+    ) -> Result<()> {
+        let a = qp_attr(local_psn, Some(remote), c);
+        self.step(qpn, QpState::Init, QpState::Rtr, a)
     }
 
     fn step(&mut self, qpn: Qpn, from: QpState, to: QpState, a: QpAttr) -> Result<()> {
@@ -200,15 +218,15 @@ impl Device {
         Ok(())
     }
 
-    /// Posts a signaled send WR of `len` bytes at `addr`; `inline` copies
-    /// the bytes into the WR (as `IBV_SEND_INLINE`).
+    /// Posts a send WR of `len` bytes at `addr` with `flags`; with
+    /// [`SendFlags::INLINE`] the bytes are copied into the WR.
     pub fn post_send(
         &mut self,
         qpn: Qpn,
         wr_id: u64,
         op: SendOp,
         at: (u64, u32),
-        inline: bool,
+        flags: SendFlags,
         ud: Option<UdDest>,
     ) -> Result<()> {
         let (addr, len) = at;
@@ -218,14 +236,11 @@ impl Device {
             lkey: self.lkey,
         }];
         let data;
-        let (payload, flags) = if inline {
+        let payload = if flags.contains(SendFlags::INLINE) {
             data = self.bytes(addr, len as usize).to_vec();
-            (
-                Payload::Inline(&data),
-                SendFlags::SIGNALED.with(SendFlags::INLINE),
-            )
+            Payload::Inline(&data)
         } else {
-            (Payload::Sges(&sge), SendFlags::SIGNALED)
+            Payload::Sges(&sge)
         };
         self.dev.engine_mut().post_send(
             qpn,
@@ -263,6 +278,18 @@ impl Device {
                 self.dev.wait(deadline - now)?;
             }
         }
+    }
+
+    /// One round of the device (receive, run the engine, send) without
+    /// waiting, and the completions it produced (perhaps none).
+    pub fn poll_now(&mut self) -> Result<&[Wc]> {
+        self.wcs.clear();
+        self.dev.progress()?;
+        self.dev.engine_mut().poll_cq(self.cq, 64, &mut self.wcs)?;
+        while let Some(e) = self.dev.engine_mut().poll_event() {
+            tracing::info!(event = ?e, "asynchronous event");
+        }
+        Ok(&self.wcs)
     }
 
     /// The `len` bytes at `addr` of the device's memory (the tools' own
