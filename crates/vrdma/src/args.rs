@@ -45,6 +45,13 @@ pub enum Command {
     /// device binds the address the TCP connection uses, or `-d ADDR`.
     Perf(PerfArgs),
 
+    /// Counters of the vrdma devices on this machine (those the vrdma
+    /// tools opened): datagrams and bytes each way, drops by reason (bad
+    /// ICRC, malformed, no such QP, wrong peer, bad key, out of sequence,
+    /// …), retransmissions and objects, as `rdma statistic` shows rxe's.
+    /// Counters that are 0 are left out unless --zeros.
+    Stat(StatArgs),
+
     /// Two vrdma devices in this process on loopback, connected by an RC
     /// QP over real UDP sockets: a ping-pong, then a short latency and
     /// bandwidth table. Nothing to set up.
@@ -300,6 +307,24 @@ pub struct PerfArgs {
     /// perftest).
     #[arg(long, default_value_t = 0)]
     pub timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct StatArgs {
+    /// Only these devices (their addresses).
+    pub addr: Vec<IpAddr>,
+
+    /// Include closed devices (their last counters).
+    #[arg(short, long)]
+    pub all: bool,
+
+    /// Show counters that are 0 too.
+    #[arg(short, long)]
+    pub zeros: bool,
+
+    /// One JSON object per device.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -8,6 +8,7 @@
 //! | `demo` | `vrdma demo`: two devices on loopback, a ping-pong and a bandwidth/latency table |
 //! | `perf` | `vrdma perf`: perftest 4.5's ib_*_bw / ib_*_lat, interoperable |
 //! | `pingpong` | `vrdma pingpong rc\|uc\|ud`: rdma-core's ibv_*_pingpong, interoperable |
+//! | `stat` | `vrdma stat`: the counters every device publishes in the run directory |
 //! | `verbs` | a device with a PD, CQ and MR, and the completion loop the tools share |
 
 mod args;
@@ -16,6 +17,7 @@ mod decode;
 mod demo;
 mod perf;
 mod pingpong;
+mod stat;
 mod verbs;
 
 use std::process::ExitCode;
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         args::Command::Decode(a) => decode::run(&a),
         args::Command::Pingpong(a) => pingpong::run(&a).map(|()| ExitCode::SUCCESS),
         args::Command::Perf(a) => perf::run(&a).map(|()| ExitCode::SUCCESS),
+        args::Command::Stat(a) => stat::run(&a).map(|()| ExitCode::SUCCESS),
         args::Command::Demo(a) => demo::run(&a).map(|()| ExitCode::SUCCESS),
     };
     match result {

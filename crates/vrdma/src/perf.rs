@@ -221,7 +221,7 @@ impl Oob {
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match dev.as_deref_mut() {
                     Some(d) => {
-                        let p = d.dev.progress()?;
+                        let p = d.progress()?;
                         if d.events && p.is_idle() {
                             d.dev.wait(Duration::from_millis(1))?;
                         }

@@ -17,7 +17,9 @@ use vrdma_engine::{
     wc::Wc,
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_fabric::udp::{Config, UdpDevice};
+use vrdma_fabric::udp::{Config, Progress, UdpDevice};
+
+use crate::stat::Publisher;
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 
 /// Where the device's memory starts: the virtual address the tools
@@ -43,6 +45,16 @@ pub struct Device {
     /// Sleep in `poll(2)` when idle instead of spinning.
     pub events: bool,
     wcs: Vec<Wc>,
+    /// The counters' snapshot for `vrdma stat`.
+    publisher: Option<Publisher>,
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if let Some(p) = &mut self.publisher {
+            p.publish(&self.dev, true);
+        }
+    }
 }
 
 /// The side of a connection the peer tells us about.
@@ -132,6 +144,7 @@ impl Device {
             rkey,
             events,
             wcs: Vec::with_capacity(64),
+            publisher: Publisher::new(addr),
         })
     }
 
@@ -255,13 +268,23 @@ impl Device {
         Ok(())
     }
 
+    /// One round of the device (receive, run the engine, send), and the
+    /// counters published when their period is up.
+    pub fn progress(&mut self) -> Result<Progress> {
+        let p = self.dev.progress()?;
+        if let Some(pb) = &mut self.publisher {
+            pb.publish(&self.dev, false);
+        }
+        Ok(p)
+    }
+
     /// Runs the device until at least one completion is there (or
     /// `limit` passes: then an empty slice) and returns them.
     pub fn poll(&mut self, limit: Duration) -> Result<&[Wc]> {
         let deadline = Instant::now() + limit;
         self.wcs.clear();
         loop {
-            let p = self.dev.progress()?;
+            let p = self.progress()?;
             self.dev.engine_mut().poll_cq(self.cq, 64, &mut self.wcs)?;
             if !self.wcs.is_empty() {
                 return Ok(&self.wcs);
@@ -284,7 +307,7 @@ impl Device {
     /// waiting, and the completions it produced (perhaps none).
     pub fn poll_now(&mut self) -> Result<&[Wc]> {
         self.wcs.clear();
-        self.dev.progress()?;
+        self.progress()?;
         self.dev.engine_mut().poll_cq(self.cq, 64, &mut self.wcs)?;
         while let Some(e) = self.dev.engine_mut().poll_event() {
             tracing::info!(event = ?e, "asynchronous event");
