@@ -92,7 +92,7 @@ impl Transmit {
         // front of it and the ICRC over the whole, with no second parse
         // or emit of the RoCE part (this runs for every packet a fabric
         // sends).
-        let ip = self.ip_repr(roce.len())?;
+        let ip = self.ip_repr(roce.len(), 0)?;
         let udp_at = ip.buffer_len();
         let roce_at = udp_at + vrdma_wire::udp::HEADER_LEN;
         out.clear();
@@ -116,7 +116,7 @@ impl Transmit {
     /// The IP header of this packet: IPv4 for IPv4-mapped GIDs (DF,
     /// Identification 0 — what Linux writes for DF datagrams from an
     /// unconnected UDP socket), else IPv6.
-    fn ip_repr(&self, roce_len: usize) -> Result<IpRepr, vrdma_wire::Error> {
+    fn ip_repr(&self, roce_len: usize, ident: u16) -> Result<IpRepr, vrdma_wire::Error> {
         if roce_len < packet::MIN_LEN {
             return Err(vrdma_wire::Error::Truncated {
                 header: vrdma_wire::Header::Bth,
@@ -130,7 +130,7 @@ impl Transmit {
                 src,
                 dst,
                 tos: self.traffic_class,
-                ident: 0,
+                ident,
                 dont_frag: true,
                 ttl: self.hop_limit,
                 payload_len,
@@ -153,7 +153,20 @@ impl Transmit {
     /// sets DF (IPv4 Identification 0; TOS, TTL and the checksums are
     /// masked).
     pub fn seal_for_socket(&self, roce: &mut [u8], src_port: u16) -> Result<(), vrdma_wire::Error> {
-        let ip = self.ip_repr(roce.len())?;
+        self.seal_for_socket_segment(roce, src_port, 0)
+    }
+
+    /// [`Transmit::seal_for_socket`] for segment `index` of a UDP GSO
+    /// datagram: the kernel gives the segments consecutive IPv4
+    /// Identifications from the datagram's (0), so segment `index` carries
+    /// `index` (IPv6 has no Identification).
+    pub fn seal_for_socket_segment(
+        &self,
+        roce: &mut [u8],
+        src_port: u16,
+        index: u16,
+    ) -> Result<(), vrdma_wire::Error> {
+        let ip = self.ip_repr(roce.len(), index)?;
         let mut headers = [0u8; vrdma_wire::ipv6::HEADER_LEN + vrdma_wire::udp::HEADER_LEN];
         let (ip_header, udp) = headers.split_at_mut(ip.buffer_len());
         ip.emit(ip_header)?;

@@ -61,6 +61,14 @@ pub struct Config {
     pub mtu: Option<Mtu>,
     /// Datagrams per system call (1..=64).
     pub batch: usize,
+    /// Send runs of packets to one peer as UDP GSO datagrams
+    /// (`UDP_SEGMENT`: the kernel splits them, one trip through the stack
+    /// for up to 64 packets) and receive coalesced ones (`UDP_GRO`), where
+    /// the kernel supports them. The kernel refuses GSO on sockets without
+    /// UDP checksums, so with GSO the datagrams carry a UDP checksum (the
+    /// NIC's or the kernel's; RoCEv2 receivers accept it). Without it they
+    /// carry none, as rxe sends them.
+    pub gso: bool,
 }
 
 impl Config {
@@ -72,6 +80,7 @@ impl Config {
             tos: 0,
             mtu: None,
             batch: 32,
+            gso: true,
         }
     }
 }
@@ -216,8 +225,15 @@ impl<M: Memory> UdpDevice<M> {
         });
         let engine = Engine::new(attr, port);
         let socket = UdpSocket::bind(SocketAddr::new(config.addr, config.port))?;
-        configure(&socket, config.addr, true)?;
+        let mut config = config;
+        // GSO and GRO where the kernel has them (Linux 4.18 / 5.0).
+        config.gso = config.gso
+            && sys::set_int_option(socket.as_raw_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, 0).is_ok()
+            && sys::set_int_option(socket.as_raw_fd(), libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        configure(&socket, config.addr, true, config.gso)?;
         let send_fd = socket.as_raw_fd();
+        // A coalesced (GRO) datagram holds up to 64 KiB.
+        let slot = if config.gso { 1 << 16 } else { MAX_PACKET + 64 };
         Ok(UdpDevice {
             engine,
             mem,
@@ -225,7 +241,7 @@ impl<M: Memory> UdpDevice<M> {
             socket,
             sources: HashMap::new(),
             epoch: Instant::now(),
-            recv: sys::RecvBatch::new(config.batch, MAX_PACKET + 64),
+            recv: sys::RecvBatch::new(config.batch, slot),
             send: sys::SendBatch::new(),
             send_fd,
             packet: vec![0; MAX_PACKET],
@@ -344,15 +360,30 @@ impl<M: Memory> UdpDevice<M> {
                 hop_limit: d.hop_limit,
                 flow_label: d.flow_label,
             };
-            match frame::unframe_datagram(&info, d.data) {
-                Ok(u) => self.engine.handle_packet(now, &u.ip, u.roce, &mut self.mem),
-                Err(WireError::BadIcrc { found, computed }) => {
-                    self.stats.rx_bad_icrc += 1;
-                    tracing::debug!(%src, found, computed, "bad ICRC");
-                }
-                Err(e) => {
+            if d.data.is_empty() {
+                self.stats.rx_malformed += 1;
+                continue;
+            }
+            // GRO coalesced datagrams of one size (the last may be
+            // shorter): each is a packet of its own, with its own ICRC.
+            let segment = d.segment.unwrap_or(d.data.len()).max(1);
+            self.stats.rx_datagrams += d.data.len().div_ceil(segment).saturating_sub(1) as u64;
+            for roce in d.data.chunks(segment) {
+                if roce.len() > MAX_PACKET {
                     self.stats.rx_malformed += 1;
-                    tracing::debug!(%src, error = %e, "not a RoCEv2 packet");
+                    tracing::debug!(%src, len = roce.len(), "datagram longer than any RoCEv2 packet");
+                    continue;
+                }
+                match frame::unframe_datagram(&info, roce) {
+                    Ok(u) => self.engine.handle_packet(now, &u.ip, u.roce, &mut self.mem),
+                    Err(WireError::BadIcrc { found, computed }) => {
+                        self.stats.rx_bad_icrc += 1;
+                        tracing::debug!(%src, found, computed, "bad ICRC");
+                    }
+                    Err(e) => {
+                        self.stats.rx_malformed += 1;
+                        tracing::debug!(%src, error = %e, "not a RoCEv2 packet");
+                    }
                 }
             }
         }
@@ -368,13 +399,6 @@ impl<M: Memory> UdpDevice<M> {
                 sent += self.flush();
                 self.send_fd = fd;
             }
-            let roce = &mut self.packet[..t.len];
-            if let Err(e) = t.seal_for_socket(roce, port) {
-                // The engine wrote the packet; it cannot be too short.
-                tracing::error!(error = %e, "cannot seal an engine packet");
-                self.stats.tx_failed += 1;
-                continue;
-            }
             let dst = match t.dgid.to_ipv4() {
                 Some(v4) => SocketAddr::new(IpAddr::V4(v4), ROCEV2_UDP_PORT),
                 None => SocketAddr::new(IpAddr::V6(t.dgid.into()), ROCEV2_UDP_PORT),
@@ -384,7 +408,17 @@ impl<M: Memory> UdpDevice<M> {
             } else {
                 t.traffic_class
             };
-            self.send.push(dst, roce, tos, t.hop_limit);
+            let gso = self.config.gso;
+            let index = self.send.next_index(dst, t.len, tos, t.hop_limit, gso);
+            let roce = &mut self.packet[..t.len];
+            // At most MAX_SEGMENTS (64) segments: the index fits a u16.
+            if let Err(e) = t.seal_for_socket_segment(roce, port, index as u16) {
+                // The engine wrote the packet; it cannot be too short.
+                tracing::error!(error = %e, "cannot seal an engine packet");
+                self.stats.tx_failed += 1;
+                continue;
+            }
+            self.send.push(dst, roce, tos, t.hop_limit, gso);
         }
         sent + self.flush()
     }
@@ -408,8 +442,9 @@ impl<M: Memory> UdpDevice<M> {
         let fd = match self.sources.get(&port) {
             Some(s) => s.as_ref().map(UdpSocket::as_raw_fd),
             None if self.sources.len() < MAX_SOURCE_SOCKETS => {
-                let s = UdpSocket::bind(SocketAddr::new(self.config.addr, port))
-                    .and_then(|s| configure(&s, self.config.addr, false).map(|()| s));
+                let s = UdpSocket::bind(SocketAddr::new(self.config.addr, port)).and_then(|s| {
+                    configure(&s, self.config.addr, false, self.config.gso).map(|()| s)
+                });
                 if let Err(e) = &s {
                     tracing::warn!(port, error = %e, "cannot bind a QP source port; using the receive socket");
                 }
@@ -434,7 +469,7 @@ impl<M: Memory> UdpDevice<M> {
 /// unconnected socket), zero UDP checksums as RoCEv2 sends them, and —
 /// for the receive socket — the TOS/TTL ancillary data and larger
 /// buffers.
-fn configure(s: &UdpSocket, addr: IpAddr, receive: bool) -> io::Result<()> {
+fn configure(s: &UdpSocket, addr: IpAddr, receive: bool, gso: bool) -> io::Result<()> {
     let fd = s.as_raw_fd();
     match addr {
         IpAddr::V4(_) => {
@@ -444,7 +479,9 @@ fn configure(s: &UdpSocket, addr: IpAddr, receive: bool) -> io::Result<()> {
                 libc::IP_MTU_DISCOVER,
                 libc::IP_PMTUDISC_PROBE,
             )?;
-            sys::set_int_option(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)?;
+            if !gso {
+                sys::set_int_option(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)?;
+            }
             if receive {
                 sys::set_int_option(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
                 sys::set_int_option(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;

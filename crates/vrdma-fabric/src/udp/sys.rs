@@ -16,9 +16,18 @@ use std::{
 /// Datagrams per system call, at most.
 pub(crate) const MAX_BATCH: usize = 64;
 
-/// Room for the ancillary data we ask for (TOS/traffic class, TTL/hop
-/// limit, flow label): three `CMSG_SPACE(4)` of 24 bytes each, and slack.
+/// Room for the ancillary data we ask for or give (TOS/traffic class,
+/// TTL/hop limit, flow label, GRO or GSO segment size): four
+/// `CMSG_SPACE(4)` of 24 bytes each, and slack.
 const CONTROL_LEN: usize = 128;
+
+/// Segments in one GSO datagram, at most (the kernel's `UDP_MAX_SEGMENTS`
+/// is 64 before Linux 6.8, 128 after).
+pub(crate) const MAX_SEGMENTS: usize = 64;
+
+/// UDP payload bytes in one GSO datagram, at most (an IPv4 datagram's
+/// 65535 bytes less the IPv4 and UDP headers, rounded down).
+pub(crate) const MAX_GSO_BYTES: usize = 65_000;
 
 /// An ancillary-data buffer aligned as `struct cmsghdr` must be.
 #[derive(Clone, Copy)]
@@ -208,6 +217,9 @@ pub(crate) struct Datagram<'a> {
     pub data: &'a [u8],
     /// Longer than the slot (the rest was discarded).
     pub truncated: bool,
+    /// With `UDP_GRO`: the kernel coalesced datagrams of this size (the
+    /// last may be shorter) into `data`.
+    pub segment: Option<usize>,
 }
 
 /// Buffers for up to [`MAX_BATCH`] datagrams received by one `recvmmsg`.
@@ -315,6 +327,7 @@ impl RecvBatch {
             flow_label: 0,
             data: &self.bufs[start..start + m.len.min(self.slot)],
             truncated: m.flags & libc::MSG_TRUNC != 0,
+            segment: None,
         };
         let control = &self.controls[i].0[..m.control_len.min(CONTROL_LEN)];
         for (level, ty, data) in cmsgs(control) {
@@ -336,6 +349,12 @@ impl RecvBatch {
                 (libc::IPPROTO_IPV6, libc::IPV6_FLOWINFO) => {
                     let be = data.get(..4).and_then(|b| b.try_into().ok());
                     d.flow_label = be.map_or(0, u32::from_be_bytes) & 0x000f_ffff;
+                }
+                (libc::SOL_UDP, libc::UDP_GRO) => {
+                    // A zero would make no progress: treat as unsegmented.
+                    d.segment = int()
+                        .and_then(|g| usize::try_from(g).ok())
+                        .filter(|&g| g > 0);
                 }
                 _ => {}
             }
@@ -362,7 +381,9 @@ fn cmsgs(control: &[u8]) -> impl Iterator<Item = (i32, i32, &[u8])> {
     })
 }
 
-/// One datagram queued in a [`SendBatch`].
+/// One datagram queued in a [`SendBatch`]: with GSO, a run of segments
+/// the kernel splits (all `segment` bytes long but the last, which may be
+/// shorter and then ends the run).
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     dst: SocketAddr,
@@ -370,6 +391,24 @@ struct Pending {
     len: usize,
     traffic_class: u8,
     hop_limit: u8,
+    segment: usize,
+    segments: usize,
+    /// A shorter segment ended the run.
+    closed: bool,
+}
+
+impl Pending {
+    /// Whether a packet of `len` bytes to `dst` with these header fields
+    /// can join this run.
+    fn takes(&self, dst: SocketAddr, len: usize, traffic_class: u8, hop_limit: u8) -> bool {
+        !self.closed
+            && self.dst == dst
+            && self.traffic_class == traffic_class
+            && self.hop_limit == hop_limit
+            && len <= self.segment
+            && self.segments < MAX_SEGMENTS
+            && self.len + len <= MAX_GSO_BYTES
+    }
 }
 
 /// Datagrams gathered for one `sendmmsg`, all from one socket.
@@ -406,17 +445,56 @@ impl SendBatch {
         self.pending.len() >= MAX_BATCH
     }
 
+    /// The segment index a packet of `len` bytes for `dst` would get from
+    /// [`SendBatch::push`] with `gso`: 0 when it starts a datagram of its
+    /// own. (The kernel gives the segments of a GSO datagram consecutive
+    /// IPv4 Identifications from 0, which their ICRCs must cover.)
+    pub fn next_index(
+        &self,
+        dst: SocketAddr,
+        len: usize,
+        traffic_class: u8,
+        hop_limit: u8,
+        gso: bool,
+    ) -> usize {
+        match self.pending.last() {
+            Some(p) if gso && p.takes(dst, len, traffic_class, hop_limit) => p.segments,
+            _ => 0,
+        }
+    }
+
     /// Queues `payload` for `dst` with the given TOS / traffic class and
-    /// TTL / hop limit.
-    pub fn push(&mut self, dst: SocketAddr, payload: &[u8], traffic_class: u8, hop_limit: u8) {
+    /// TTL / hop limit: with `gso`, as one more segment of the last
+    /// datagram when it can be.
+    pub fn push(
+        &mut self,
+        dst: SocketAddr,
+        payload: &[u8],
+        traffic_class: u8,
+        hop_limit: u8,
+        gso: bool,
+    ) {
         let start = self.data.len();
+        let len = payload.len();
         self.data.extend_from_slice(payload);
+        if gso
+            && let Some(p) = self.pending.last_mut()
+            && p.takes(dst, len, traffic_class, hop_limit)
+        {
+            p.len += len;
+            p.segments += 1;
+            p.closed = len < p.segment;
+            return;
+        }
         self.pending.push(Pending {
             dst,
             start,
-            len: payload.len(),
+            len,
             traffic_class,
             hop_limit,
+            segment: len,
+            segments: 1,
+            closed: false,
         });
     }
 
@@ -465,16 +543,17 @@ impl SendBatch {
                     continue;
                 }
                 // The first datagram was refused: drop it and go on.
-                tracing::debug!(dst = %self.pending[next].dst, error = %e, "send refused");
-                out.failed += 1;
+                let p = &self.pending[next];
+                tracing::debug!(dst = %p.dst, segments = p.segments, error = %e, "send refused");
+                out.failed += p.segments;
                 next += 1;
                 continue;
             }
             let r = r as usize;
             for p in &batch[..r] {
                 out.bytes += p.len;
+                out.sent += p.segments;
             }
-            out.sent += r;
             next += r;
         }
         self.pending.clear();
@@ -484,7 +563,8 @@ impl SendBatch {
 }
 
 /// Writes the TOS / traffic class and TTL / hop limit control messages
-/// for `p` into `buf`; returns their total length.
+/// for `p` into `buf`, and its GSO segment size if it has several; returns
+/// their total length.
 fn write_send_control(buf: &mut [u8; CONTROL_LEN], p: &Pending) -> usize {
     const WORD: usize = mem::size_of::<usize>();
     let header = mem::size_of::<libc::cmsghdr>();
@@ -504,6 +584,15 @@ fn write_send_control(buf: &mut [u8; CONTROL_LEN], p: &Pending) -> usize {
         buf[at + header..at + header + 4].copy_from_slice(&value.to_ne_bytes());
         at += len.next_multiple_of(WORD);
     }
+    if p.segments > 1 {
+        // UDP_SEGMENT takes a u16; `segment` is at most MAX_GSO_BYTES.
+        let len = header + 2;
+        buf[at..at + WORD].copy_from_slice(&len.to_ne_bytes());
+        buf[at + WORD..at + WORD + 4].copy_from_slice(&libc::SOL_UDP.to_ne_bytes());
+        buf[at + WORD + 4..at + WORD + 8].copy_from_slice(&libc::UDP_SEGMENT.to_ne_bytes());
+        buf[at + header..at + header + 2].copy_from_slice(&(p.segment as u16).to_ne_bytes());
+        at += len.next_multiple_of(WORD);
+    }
     at
 }
 
@@ -520,6 +609,9 @@ mod tests {
             len: 0,
             traffic_class: 0x2e << 2 | 1,
             hop_limit: 7,
+            segment: 4112,
+            segments: 1,
+            closed: false,
         };
         let n = write_send_control(&mut buf, &p);
         assert_eq!(n, 48); // two CMSG_SPACE(4)
@@ -531,12 +623,65 @@ mod tests {
                 (libc::IPPROTO_IP, libc::IP_TTL, &7i32.to_ne_bytes()[..]),
             ]
         );
+        // A GSO run adds its segment size.
+        let gso = Pending { segments: 3, ..p };
+        let n = write_send_control(&mut buf, &gso);
+        assert_eq!(n, 72);
+        assert_eq!(
+            cmsgs(&buf[..n]).nth(2),
+            Some((libc::SOL_UDP, libc::UDP_SEGMENT, &4112u16.to_ne_bytes()[..]))
+        );
         // Hostile lengths end the walk instead of reading out of bounds.
         let mut bad = buf;
         bad[..8].copy_from_slice(&usize::MAX.to_ne_bytes());
         assert_eq!(cmsgs(&bad[..n]).count(), 0);
         bad[..8].copy_from_slice(&0usize.to_ne_bytes());
         assert!(cmsgs(&bad[..n]).count() <= 2);
+    }
+
+    #[test]
+    fn gso_runs_take_equal_segments_and_one_shorter_last() {
+        let a: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let b: SocketAddr = "127.0.0.2:4791".parse().unwrap();
+        let mut s = SendBatch::new();
+        let push = |s: &mut SendBatch, dst, len: usize, tc| {
+            let k = s.next_index(dst, len, tc, 64, true);
+            s.push(dst, &vec![0u8; len], tc, 64, true);
+            k
+        };
+        // A first packet longer than the rest starts a run the others
+        // cannot join (they would be shorter than its segment, and a
+        // shorter segment ends a run).
+        assert_eq!(push(&mut s, a, 4128, 0), 0);
+        assert_eq!(push(&mut s, a, 4112, 0), 1);
+        assert_eq!(push(&mut s, a, 4112, 0), 0);
+        assert_eq!(push(&mut s, a, 4112, 0), 1);
+        assert_eq!(push(&mut s, a, 100, 0), 2);
+        // Closed by the shorter one; another address or TOS starts anew.
+        assert_eq!(push(&mut s, a, 100, 0), 0);
+        assert_eq!(push(&mut s, b, 100, 0), 0);
+        assert_eq!(push(&mut s, b, 100, 4), 0);
+        assert_eq!(s.len(), 5);
+        // Without GSO every packet is a datagram.
+        let mut plain = SendBatch::new();
+        for _ in 0..3 {
+            assert_eq!(plain.next_index(a, 64, 0, 64, false), 0);
+            plain.push(a, &[0; 64], 0, 64, false);
+        }
+        assert_eq!(plain.len(), 3);
+        // Runs stop at the segment and byte limits.
+        let mut big = SendBatch::new();
+        for i in 0..20 {
+            let k = big.next_index(a, 4112, 0, 64, true);
+            assert_eq!(k, i % 15, "{i}");
+            big.push(a, &[0; 4112], 0, 64, true);
+        }
+        let mut many = SendBatch::new();
+        for i in 0..(MAX_SEGMENTS + 1) {
+            let k = many.next_index(a, 64, 0, 64, true);
+            assert_eq!(k, i % MAX_SEGMENTS);
+            many.push(a, &[0; 64], 0, 64, true);
+        }
     }
 
     #[test]
