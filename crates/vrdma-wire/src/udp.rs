@@ -54,32 +54,50 @@ pub enum PseudoHeader {
     V6 { src: Ipv6Addr, dst: Ipv6Addr },
 }
 
+/// The pseudo-header of a UDP datagram of `len` bytes: 12 bytes over
+/// IPv4, 40 over IPv6.
+fn pseudo_header(ph: PseudoHeader, len: u32, out: &mut [u8; 40]) -> &[u8] {
+    match ph {
+        PseudoHeader::V4 { src, dst } => {
+            out[..4].copy_from_slice(&src.octets());
+            out[4..8].copy_from_slice(&dst.octets());
+            out[8] = 0;
+            out[9] = crate::ipv4::PROTO_UDP;
+            // UDP length is 16 bits over IPv4.
+            out[10..12].copy_from_slice(&(len as u16).to_be_bytes());
+            &out[..12]
+        }
+        PseudoHeader::V6 { src, dst } => {
+            out[..16].copy_from_slice(&src.octets());
+            out[16..32].copy_from_slice(&dst.octets());
+            out[32..36].copy_from_slice(&len.to_be_bytes());
+            out[36..39].fill(0);
+            out[39] = crate::ipv4::PROTO_UDP;
+            &out[..40]
+        }
+    }
+}
+
 /// UDP checksum of `datagram` (its checksum field counted as zero); a
 /// computed zero is sent as 0xffff (RFC 768).
 pub fn compute_checksum(ph: PseudoHeader, datagram: &[u8]) -> u16 {
     let len = u32::try_from(datagram.len()).unwrap_or(u32::MAX);
     let (head, tail) = datagram.split_at(datagram.len().min(field::CHECKSUM));
     let tail = tail.get(2..).unwrap_or(&[]);
-    let c = match ph {
-        PseudoHeader::V4 { src, dst } => {
-            let mut p = [0u8; 12];
-            p[..4].copy_from_slice(&src.octets());
-            p[4..8].copy_from_slice(&dst.octets());
-            p[9] = crate::ipv4::PROTO_UDP;
-            // UDP length is 16 bits over IPv4.
-            p[10..].copy_from_slice(&(len as u16).to_be_bytes());
-            checksum(&[&p, head, &[0, 0], tail])
-        }
-        PseudoHeader::V6 { src, dst } => {
-            let mut p = [0u8; 40];
-            p[..16].copy_from_slice(&src.octets());
-            p[16..32].copy_from_slice(&dst.octets());
-            p[32..36].copy_from_slice(&len.to_be_bytes());
-            p[39] = crate::ipv4::PROTO_UDP;
-            checksum(&[&p, head, &[0, 0], tail])
-        }
-    };
+    let mut p = [0u8; 40];
+    let p = pseudo_header(ph, len, &mut p);
+    let c = checksum(&[p, head, &[0, 0], tail]);
     if c == 0 { 0xffff } else { c }
+}
+
+/// What the checksum field holds before checksum offload completes it:
+/// the folded sum of the pseudo-header alone (Linux's `CHECKSUM_PARTIAL`).
+/// A capture taken on the sending host before the NIC (or a TAP device
+/// whose peer offloads) shows this value.
+pub fn offload_partial_checksum(ph: PseudoHeader, len: usize) -> u16 {
+    let mut p = [0u8; 40];
+    let p = pseudo_header(ph, u32::try_from(len).unwrap_or(u32::MAX), &mut p);
+    !checksum(&[p])
 }
 
 /// The meaning of a UDP header carrying RoCEv2. The destination port is
@@ -96,7 +114,9 @@ impl Repr {
     /// Parses a datagram that fills `p` exactly: the length field must match
     /// (the IP layer has already cut the buffer to its own length), the
     /// destination port must be 4791, a non-zero checksum must verify
-    /// against `ph` (always accepted under `cfg(fuzzing)`).
+    /// against `ph` (always accepted under `cfg(fuzzing)`) or be the
+    /// pseudo-header sum that checksum offload has yet to complete
+    /// ([`offload_partial_checksum`]: only captures show it).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>, ph: PseudoHeader) -> Result<Self> {
         p.check_len()?;
         let available = p.buffer.as_ref().len();
@@ -113,7 +133,10 @@ impl Repr {
         let found = p.checksum();
         if found != 0 {
             let computed = compute_checksum(ph, p.buffer.as_ref());
-            if computed != found && !cfg!(fuzzing) {
+            if computed != found
+                && found != offload_partial_checksum(ph, available)
+                && !cfg!(fuzzing)
+            {
                 return Err(Error::BadUdpChecksum { found, computed });
             }
         }
@@ -182,6 +205,29 @@ mod tests {
                 })
             );
         }
+    }
+
+    #[test]
+    fn offload_partial_checksums_are_accepted() {
+        // A GSO segment captured on the sending host before offload, from
+        // the interop run: 10.47.91.1 → 10.47.91.11, 1060 UDP bytes.
+        let ph = PseudoHeader::V4 {
+            src: Ipv4Addr::new(10, 47, 91, 1),
+            dst: Ipv4Addr::new(10, 47, 91, 11),
+        };
+        let partial = offload_partial_checksum(ph, 1060);
+        let mut d = vec![0u8; 1060];
+        d[..8].copy_from_slice(&[0xc0, 0x11, 0x12, 0xb7, 0x04, 0x24, 0, 0]);
+        d[6..8].copy_from_slice(&partial.to_be_bytes());
+        assert!(Repr::parse(&Packet::new_unchecked(&d[..]), ph).is_ok());
+        // The same value for another length is a wrong checksum.
+        let other = offload_partial_checksum(ph, 1061);
+        assert_ne!(other, partial);
+        d[6..8].copy_from_slice(&other.to_be_bytes());
+        assert!(matches!(
+            Repr::parse(&Packet::new_unchecked(&d[..]), ph),
+            Err(Error::BadUdpChecksum { .. })
+        ));
     }
 
     #[test]
