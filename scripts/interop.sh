@@ -136,8 +136,11 @@ for mtu in "${MTUS[@]}"; do
     [ "$mtu" = 4096 ] && netmtu=9000
     "$H/stop.sh" -i 1 > /dev/null 2>&1
     "$H/start.sh" -i 1 > "$OUT/start.log" 2>&1 || { cat "$OUT/start.log"; exit 125; }
-    # A bridge's MTU cannot exceed its ports': the TAP first.
-    ip -n $NS link set rxetap1 mtu $netmtu
+    # A bridge's MTU cannot exceed its ports': the TAP first. RoCE wants a
+    # lossless network (PFC on real fabrics); the emulated guest drains its
+    # TAP slowly, so the TAP queues a 1 MiB message whole (UC cannot
+    # recover a lost packet, and rxe's own bursts need the room too).
+    ip -n $NS link set rxetap1 mtu $netmtu txqueuelen 10000
     ip -n $NS link set rxebr0 mtu $netmtu
     "$H/exec.sh" -i 1 "ip link set eth0 mtu $netmtu" > /dev/null
     "$H/exec.sh" -i 1 "ibv_devinfo -d rxe0 | grep active_mtu" | tee "$OUT/mtu$mtu.devinfo"

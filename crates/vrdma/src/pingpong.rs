@@ -3,7 +3,8 @@
 //! with them on the wire and in the out-of-band exchange, so that either
 //! side can be the real tool.
 //!
-//! The exchange (rdma-core v44 `libibverbs/examples/*_pingpong.c`): the
+//! The exchange (rdma-core v44 `libibverbs/examples/*_pingpong.c`; the
+//! facts are written up in `docs/pingpong.md`): the
 //! client connects to TCP port 18515 and writes its address as one 52-byte
 //! message, `"%04x:%06x:%06x:%s"` (LID, QPN, PSN, the GID's 16 bytes as 32
 //! hex digits) and a NUL; the server connects its QP to it, answers with
