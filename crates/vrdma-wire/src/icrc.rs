@@ -141,8 +141,7 @@ pub fn verify_ipv4_recover_ident(
     // The bytes hashed after the Identification: the rest of the IP
     // header (14), the UDP header and the RoCE packet without its ICRC.
     let after = (crate::ipv4::HEADER_LEN - 6) + udp::HEADER_LEN + roce.len() - ICRC_LEN;
-    let shift = 32 + 8 * after as u64;
-    let id = gf2::mul(found ^ computed, gf2::x_pow_neg(shift));
+    let id = gf2::mul(found ^ computed, gf2::unshift(after));
     if id & 0xffff != 0 {
         return Err(Error::BadIcrc { found, computed });
     }
@@ -168,7 +167,7 @@ mod gf2 {
     const X_INV: u32 = (POLY << 1) | 1;
 
     /// a · b mod P.
-    pub(super) fn mul(a: u32, mut b: u32) -> u32 {
+    pub(super) const fn mul(a: u32, mut b: u32) -> u32 {
         let mut p = 0;
         let mut m = ONE;
         while m != 0 {
@@ -182,8 +181,36 @@ mod gf2 {
         p
     }
 
+    /// Packets up to this many bytes after the Identification (a 4096-byte
+    /// MTU's packets with every header) find their factor in [`UNSHIFT`].
+    const TABLE_LEN: usize = 4400;
+
+    /// `UNSHIFT[a]` = x^-(32 + 8a): what undoes the shift of a field
+    /// followed by `a` bytes and the 32-bit register. Built at compile
+    /// time, one multiplication per entry.
+    static UNSHIFT: [u32; TABLE_LEN] = {
+        let mut t = [0u32; TABLE_LEN];
+        t[0] = x_pow_neg(32);
+        let step = x_pow_neg(8);
+        let mut a = 1;
+        while a < TABLE_LEN {
+            t[a] = mul(t[a - 1], step);
+            a += 1;
+        }
+        t
+    };
+
+    /// x^-(32 + 8·after): one table lookup for packets the device can
+    /// receive, by squaring beyond.
+    pub(super) fn unshift(after: usize) -> u32 {
+        match UNSHIFT.get(after) {
+            Some(&f) => f,
+            None => x_pow_neg(32 + 8 * after as u64),
+        }
+    }
+
     /// x^-n mod P, by squaring.
-    pub(super) fn x_pow_neg(mut n: u64) -> u32 {
+    pub(super) const fn x_pow_neg(mut n: u64) -> u32 {
         let mut result = ONE;
         let mut base = X_INV;
         while n != 0 {
@@ -199,6 +226,13 @@ mod gf2 {
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        #[test]
+        fn the_table_is_the_powers() {
+            for a in [0, 1, 2, 100, TABLE_LEN - 1, TABLE_LEN, TABLE_LEN + 77] {
+                assert_eq!(unshift(a), x_pow_neg(32 + 8 * a as u64), "{a}");
+            }
+        }
 
         #[test]
         fn x_inverse_times_x_is_one() {

@@ -189,7 +189,6 @@ pub struct UdpDevice<M: Memory> {
     send: sys::SendBatch,
     /// The socket the queued datagrams leave from.
     send_fd: RawFd,
-    packet: Vec<u8>,
     stats: UdpStats,
 }
 
@@ -244,7 +243,6 @@ impl<M: Memory> UdpDevice<M> {
             recv: sys::RecvBatch::new(config.batch, slot),
             send: sys::SendBatch::new(),
             send_fd,
-            packet: vec![0; MAX_PACKET],
             stats: UdpStats::default(),
             config,
         })
@@ -390,13 +388,23 @@ impl<M: Memory> UdpDevice<M> {
         Ok(n)
     }
 
-    /// Sends every packet the engine has; the number sent.
+    /// Sends every packet the engine has; the number sent. The engine
+    /// writes each packet straight into the send batch.
     fn transmit(&mut self, now: u64) -> usize {
         let mut sent = 0;
-        while let Some(t) = self.engine.poll_transmit(now, &self.mem, &mut self.packet) {
+        loop {
+            if self.send.is_full(MAX_PACKET) {
+                sent += self.flush(0);
+            }
+            let slot = self.send.slot(MAX_PACKET);
+            let Some(t) = self.engine.poll_transmit(now, &self.mem, slot) else {
+                break;
+            };
             let (fd, port) = self.source_socket(t.udp_src_port);
-            if fd != self.send_fd || self.send.is_full() {
-                sent += self.flush();
+            if fd != self.send_fd {
+                // The batch leaves from one socket: send what it holds,
+                // this packet moving to the front of the next.
+                sent += self.flush(t.len);
                 self.send_fd = fd;
             }
             let dst = match t.dgid.to_ipv4() {
@@ -410,7 +418,7 @@ impl<M: Memory> UdpDevice<M> {
             };
             let gso = self.config.gso;
             let index = self.send.next_index(dst, t.len, tos, t.hop_limit, gso);
-            let roce = &mut self.packet[..t.len];
+            let roce = &mut self.send.slot(MAX_PACKET)[..t.len];
             // At most MAX_SEGMENTS (64) segments: the index fits a u16.
             if let Err(e) = t.seal_for_socket_segment(roce, port, index as u16) {
                 // The engine wrote the packet; it cannot be too short.
@@ -418,16 +426,19 @@ impl<M: Memory> UdpDevice<M> {
                 self.stats.tx_failed += 1;
                 continue;
             }
-            self.send.push(dst, roce, tos, t.hop_limit, gso);
+            self.send.commit(dst, t.len, tos, t.hop_limit, gso);
         }
-        sent + self.flush()
+        sent + self.flush(0)
     }
 
-    fn flush(&mut self) -> usize {
+    /// Sends the batch, keeping `tail` uncommitted bytes (see
+    /// [`sys::SendBatch::flush`]).
+    fn flush(&mut self, tail: usize) -> usize {
         if self.send.len() == 0 {
+            // Nothing committed: a tail already starts the slot.
             return 0;
         }
-        let f = self.send.flush(self.send_fd);
+        let f = self.send.flush(self.send_fd, tail);
         self.stats.tx_datagrams += f.sent as u64;
         self.stats.tx_bytes += f.bytes as u64;
         self.stats.tx_failed += f.failed as u64;

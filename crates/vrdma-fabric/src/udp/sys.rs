@@ -411,12 +411,20 @@ impl Pending {
     }
 }
 
-/// Datagrams gathered for one `sendmmsg`, all from one socket.
+/// Datagrams gathered for one `sendmmsg`, all from one socket. Packets
+/// are written straight into its buffer ([`SendBatch::slot`]), then
+/// committed ([`SendBatch::commit`]): no copy between the engine and the
+/// kernel.
 #[derive(Debug)]
 pub(crate) struct SendBatch {
+    /// Allocated (and zeroed) once; `used` bytes of it are committed.
     data: Vec<u8>,
+    used: usize,
     pending: Vec<Pending>,
 }
+
+/// Bytes a batch holds before it must be flushed.
+const BATCH_BYTES: usize = 1 << 20;
 
 /// What a [`SendBatch::flush`] did.
 #[derive(Clone, Copy, Debug, Default)]
@@ -432,7 +440,8 @@ pub(crate) struct Flushed {
 impl SendBatch {
     pub fn new() -> Self {
         SendBatch {
-            data: Vec::with_capacity(MAX_BATCH * 4200),
+            data: vec![0; BATCH_BYTES],
+            used: 0,
             pending: Vec::with_capacity(MAX_BATCH),
         }
     }
@@ -441,8 +450,15 @@ impl SendBatch {
         self.pending.len()
     }
 
-    pub fn is_full(&self) -> bool {
-        self.pending.len() >= MAX_BATCH
+    /// No room for another datagram, or for a packet of `max` bytes.
+    pub fn is_full(&self, max: usize) -> bool {
+        self.pending.len() >= MAX_BATCH || self.used + max > self.data.len()
+    }
+
+    /// Where the next packet is written: `max` bytes after the committed
+    /// ones (the caller made room with [`SendBatch::is_full`] and a flush).
+    pub fn slot(&mut self, max: usize) -> &mut [u8] {
+        &mut self.data[self.used..self.used + max]
     }
 
     /// The segment index a packet of `len` bytes for `dst` would get from
@@ -463,20 +479,20 @@ impl SendBatch {
         }
     }
 
-    /// Queues `payload` for `dst` with the given TOS / traffic class and
-    /// TTL / hop limit: with `gso`, as one more segment of the last
-    /// datagram when it can be.
-    pub fn push(
+    /// Commits the `len` bytes written at [`SendBatch::slot`] as a
+    /// datagram for `dst` with the given TOS / traffic class and TTL / hop
+    /// limit: with `gso`, as one more segment of the last datagram when it
+    /// can be.
+    pub fn commit(
         &mut self,
         dst: SocketAddr,
-        payload: &[u8],
+        len: usize,
         traffic_class: u8,
         hop_limit: u8,
         gso: bool,
     ) {
-        let start = self.data.len();
-        let len = payload.len();
-        self.data.extend_from_slice(payload);
+        let start = self.used;
+        self.used += len;
         if gso
             && let Some(p) = self.pending.last_mut()
             && p.takes(dst, len, traffic_class, hop_limit)
@@ -498,9 +514,25 @@ impl SendBatch {
         });
     }
 
-    /// Sends everything queued through `fd` (a blocking socket: a full
-    /// send buffer waits, which paces the sender).
-    pub fn flush(&mut self, fd: RawFd) -> Flushed {
+    /// Copies `payload` into the batch and commits it (tests).
+    #[cfg(test)]
+    pub fn push(
+        &mut self,
+        dst: SocketAddr,
+        payload: &[u8],
+        traffic_class: u8,
+        hop_limit: u8,
+        gso: bool,
+    ) {
+        self.slot(payload.len()).copy_from_slice(payload);
+        self.commit(dst, payload.len(), traffic_class, hop_limit, gso);
+    }
+
+    /// Sends everything committed through `fd` (a blocking socket: a full
+    /// send buffer waits, which paces the sender), keeping the `tail`
+    /// bytes written at the slot but not committed: they move to the
+    /// front, where the next slot begins.
+    pub fn flush(&mut self, fd: RawFd, tail: usize) -> Flushed {
         let mut out = Flushed::default();
         let mut next = 0;
         while next < self.pending.len() {
@@ -557,7 +589,8 @@ impl SendBatch {
             next += r;
         }
         self.pending.clear();
-        self.data.clear();
+        self.data.copy_within(self.used..self.used + tail, 0);
+        self.used = 0;
         out
     }
 }
