@@ -52,6 +52,13 @@ pub enum Command {
     /// Counters that are 0 are left out unless --zeros.
     Stat(StatArgs),
 
+    /// vrdma beside the best this machine does without it, in one run:
+    /// 1 MiB RDMA WRITE bandwidth against a raw UDP GSO/GRO stream (and
+    /// one datagram per syscall, and memcpy), 64 B RDMA WRITE latency
+    /// against a raw UDP ping-pong; as ratios. Both sides busy-poll: run
+    /// nothing else beside it.
+    Bench(BenchArgs),
+
     /// Two vrdma devices in this process on loopback, connected by an RC
     /// QP over real UDP sockets: a ping-pong, then a short latency and
     /// bandwidth table. Nothing to set up.
@@ -307,6 +314,21 @@ pub struct PerfArgs {
     /// perftest).
     #[arg(long, default_value_t = 0)]
     pub timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// MiB moved per bandwidth test.
+    #[arg(long, default_value_t = 4096)]
+    pub megabytes: u64,
+
+    /// Round trips per latency test.
+    #[arg(short = 'n', long, default_value_t = 100_000)]
+    pub iters: u32,
+
+    /// Only the bandwidth or only the latency tests.
+    #[arg(long, value_parser = ["bw", "lat"])]
+    pub only: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -1,0 +1,344 @@
+//! `vrdma bench`: vrdma beside the best this machine does without it, in
+//! one run, as ratios — the numbers `BENCHMARKS.md` records.
+//!
+//! - **Bandwidth:** 1 MiB RDMA WRITEs between two vrdma devices on
+//!   loopback (one thread each, busy-polling, RC at MTU 4096) against a
+//!   raw UDP stream of the same bytes in 4 KiB datagrams: GSO
+//!   (`UDP_SEGMENT`) send, GRO (`UDP_GRO`) receive into a destination
+//!   buffer, a CRC-32 over each datagram ([`crate::rawudp`]); and the same
+//!   stream one datagram per system call; and `memcpy`.
+//! - **Latency:** a 64-byte RDMA WRITE ping-pong (each side polls the last
+//!   byte of its buffer for the peer's write, as `ib_write_lat`) against a
+//!   raw UDP ping-pong of 64-byte datagrams, both sides busy-polling; half
+//!   round trips.
+//!
+//! Both sides of every test busy-poll on their own thread: on a 2-core
+//! machine nothing else may run beside it.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, anyhow, ensure};
+use vrdma_engine::{
+    attr::Mtu,
+    qp::QpType,
+    wc::WcStatus,
+    wr::{SendFlags, SendOp},
+};
+use vrdma_wire::{QKey, Qpn, Rkey};
+
+use crate::{
+    args::BenchArgs,
+    rawudp,
+    verbs::{ALL_ACCESS, BASE, Connect, Device, Remote, random_psn},
+};
+
+const A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 43);
+const B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 44);
+/// The raw UDP tests' port (the devices have 4791).
+const RAW_PORT: u16 = 24791;
+/// Bytes of the bandwidth tests' message.
+const MSG: u64 = 1 << 20;
+/// The latency tests' message.
+const SMALL: u32 = 64;
+/// WRITEs in flight in the bandwidth test.
+const DEPTH: u64 = 16;
+/// Each device: a 1 MiB source and a 1 MiB destination.
+const MEM: usize = 2 << 20;
+const SRC: u64 = BASE;
+const DST: u64 = BASE + MSG;
+
+fn connect_attrs() -> Connect {
+    Connect {
+        mtu: Mtu::Mtu4096,
+        sl: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+        min_rnr_timer: 12,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        qkey: QKey(0),
+        access: ALL_ACCESS,
+    }
+}
+
+/// A device with a connected RC QP; the peer's address and rkey come
+/// through the channels.
+fn side(
+    addr: Ipv4Addr,
+    tx: &mpsc::Sender<(Remote, Rkey)>,
+    rx: &mpsc::Receiver<(Remote, Rkey)>,
+) -> Result<(Device, Qpn, Rkey)> {
+    let mut dev = Device::open(IpAddr::V4(addr), MEM, false)?;
+    let c = connect_attrs();
+    let qpn = dev.create_qp(QpType::Rc, 2 * DEPTH as u32, 1, 64)?;
+    dev.init_qp(qpn, &c)?;
+    let psn = random_psn();
+    let me = Remote {
+        qpn,
+        psn,
+        gid: dev.gid(),
+    };
+    tx.send((me, dev.rkey))?;
+    let (peer, rkey) = rx.recv_timeout(Duration::from_secs(10))?;
+    dev.connect(qpn, psn, peer, &c)?;
+    Ok((dev, qpn, rkey))
+}
+
+/// A device, its QP and the peer's rkey.
+type Side = (Device, Qpn, Rkey);
+
+/// Runs `a` and `b` on two connected devices, each on its own thread;
+/// `b` runs until `a` returns.
+fn pair<T: Send + 'static>(
+    a: impl FnOnce(Side) -> Result<T> + Send + 'static,
+    b: impl FnOnce(Side, &AtomicBool) -> Result<()> + Send + 'static,
+) -> Result<T> {
+    let (to_b, from_a) = mpsc::channel();
+    let (to_a, from_b) = mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_b = stop.clone();
+    let tb = thread::Builder::new()
+        .name("bench-b".into())
+        .spawn(move || -> Result<()> {
+            rawudp::pin(1);
+            b(side(B, &to_a, &from_a)?, &stop_b)
+        })?;
+    // Side A runs on this thread: pinned for the test, then let go.
+    rawudp::pin(0);
+    let result = side(A, &to_b, &from_b).and_then(a);
+    rawudp::unpin();
+    stop.store(true, Ordering::Relaxed);
+    let rb = tb.join().map_err(|_| anyhow!("side B panicked"))?;
+    let value = result?;
+    rb.context("side B")?;
+    Ok(value)
+}
+
+/// Side B of the bandwidth test: only answers (ACKs).
+fn serve((mut dev, _, _): Side, stop: &AtomicBool) -> Result<()> {
+    while !stop.load(Ordering::Relaxed) {
+        dev.progress()?;
+    }
+    Ok(())
+}
+
+/// 1 MiB WRITEs for `total` bytes, `DEPTH` in flight; bytes per second.
+fn write_bw(total: u64) -> Result<f64> {
+    pair(
+        move |(mut dev, qpn, rkey)| {
+            let iters = total.div_ceil(MSG);
+            for (i, b) in dev.bytes_mut(SRC, MSG as usize).iter_mut().enumerate() {
+                *b = i as u8;
+            }
+            let op = SendOp::RdmaWrite {
+                remote_addr: DST,
+                rkey,
+            };
+            let limit = Duration::from_secs(10);
+            let (mut posted, mut done) = (0u64, 0u64);
+            let start = Instant::now();
+            while done < iters {
+                while posted < iters && posted - done < DEPTH {
+                    dev.post_send(
+                        qpn,
+                        posted,
+                        op,
+                        (SRC, MSG as u32),
+                        SendFlags::SIGNALED,
+                        None,
+                    )?;
+                    posted += 1;
+                }
+                let wcs = dev.poll(limit)?;
+                ensure!(!wcs.is_empty(), "WRITE stalled after {done} of {iters}");
+                for wc in wcs {
+                    ensure!(
+                        wc.status == WcStatus::Success,
+                        "WRITE failed: {:?}",
+                        wc.status
+                    );
+                }
+                done += wcs.len() as u64;
+            }
+            Ok((iters * MSG) as f64 / start.elapsed().as_secs_f64())
+        },
+        serve,
+    )
+}
+
+/// The 64-byte WRITE ping-pong: A writes a sequence number into the last
+/// byte of B's buffer, B answers in kind once it sees it; half round
+/// trips in ns, measured on A.
+fn write_lat(warmup: u32, iters: u32) -> Result<Vec<f64>> {
+    let at = |dev: &Device| dev.bytes(DST + u64::from(SMALL) - 1, 1)[0];
+    pair(
+        move |(mut dev, qpn, rkey)| {
+            let mut samples = Vec::with_capacity(iters as usize);
+            let limit = Duration::from_secs(1);
+            for i in 0..warmup + iters {
+                let seq = (i % 255 + 1) as u8;
+                dev.bytes_mut(SRC + u64::from(SMALL) - 1, 1)[0] = seq;
+                let t = Instant::now();
+                dev.post_send(
+                    qpn,
+                    0,
+                    SendOp::RdmaWrite {
+                        remote_addr: DST,
+                        rkey,
+                    },
+                    (SRC, SMALL),
+                    SendFlags::SIGNALED.with(SendFlags::INLINE),
+                    None,
+                )?;
+                let (mut acked, mut answered) = (false, false);
+                while !(acked && answered) {
+                    for wc in dev.poll_now()? {
+                        ensure!(
+                            wc.status == WcStatus::Success,
+                            "WRITE failed: {:?}",
+                            wc.status
+                        );
+                        acked = true;
+                    }
+                    answered = answered || at(&dev) == seq;
+                    ensure!(t.elapsed() < limit, "round trip {i} took over a second");
+                }
+                if i >= warmup {
+                    samples.push(t.elapsed().as_nanos() as f64 / 2.0);
+                }
+            }
+            Ok(samples)
+        },
+        move |(mut dev, qpn, rkey), stop| {
+            let mut last = 0u8;
+            while !stop.load(Ordering::Relaxed) {
+                for wc in dev.poll_now()? {
+                    ensure!(
+                        wc.status == WcStatus::Success,
+                        "WRITE failed: {:?}",
+                        wc.status
+                    );
+                }
+                let seq = at(&dev);
+                if seq != last {
+                    last = seq;
+                    dev.bytes_mut(SRC + u64::from(SMALL) - 1, 1)[0] = seq;
+                    dev.post_send(
+                        qpn,
+                        0,
+                        SendOp::RdmaWrite {
+                            remote_addr: DST,
+                            rkey,
+                        },
+                        (SRC, SMALL),
+                        SendFlags::SIGNALED.with(SendFlags::INLINE),
+                        None,
+                    )?;
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Median, 99 % and 99.9 % of samples in ns, as µs.
+fn percentiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)] / 1000.0;
+    (at(0.5), at(0.99), at(0.999))
+}
+
+pub fn run(a: &BenchArgs) -> Result<()> {
+    ensure!(
+        a.megabytes > 0 && a.iters > 0,
+        "megabytes and iterations must be positive"
+    );
+    let total = a.megabytes << 20;
+    println!(
+        "vrdma bench: {} MiB per bandwidth test, {} round trips per latency test; loopback {A} -> {B}, both sides busy-polling",
+        a.megabytes, a.iters
+    );
+    if a.only.as_deref() != Some("lat") {
+        bandwidth(total)?;
+    }
+    if a.only.as_deref() != Some("bw") {
+        latency(a.iters)?;
+    }
+    Ok(())
+}
+
+/// The bandwidth table.
+fn bandwidth(total: u64) -> Result<()> {
+    let (ia, ib) = (IpAddr::V4(A), IpAddr::V4(B));
+    println!();
+    println!(" {:<44} {:>12} {:>10}", "bandwidth", "GB/s", "vs GSO");
+
+    let memcpy = rawudp::memcpy(MSG as usize, 2000);
+    let gso = rawudp::stream(rawudp::Mode::Gso, ia, ib, RAW_PORT, total, 4096)?;
+    let gso_bw = gso.bytes_per_sec();
+    ensure!(gso_bw > 0.0, "the raw UDP stream moved nothing");
+    let single = rawudp::stream(
+        rawudp::Mode::OneDatagramPerSyscall,
+        ia,
+        ib,
+        RAW_PORT + 1,
+        total / 4,
+        4096,
+    )?;
+    let vrdma = write_bw(total)?;
+    let row = |name: &str, bw: f64| {
+        println!(
+            " {name:<44} {:>12.2} {:>9.0}%",
+            bw / 1e9,
+            bw / gso_bw * 100.0
+        );
+    };
+    row("memcpy, 1 MiB blocks", memcpy);
+    row("raw UDP, GSO 4 KiB segments + GRO + CRC-32", gso_bw);
+    row(
+        "raw UDP, one 4 KiB datagram per syscall",
+        single.bytes_per_sec(),
+    );
+    row("vrdma RC RDMA WRITE 1 MiB, MTU 4096", vrdma);
+    let lost = total.saturating_sub(gso.bytes);
+    if lost > 0 {
+        println!("   (the raw GSO stream lost {lost} bytes: UDP has no flow control)");
+    }
+    Ok(())
+}
+
+/// The latency table.
+fn latency(iters: u32) -> Result<()> {
+    let (ia, ib) = (IpAddr::V4(A), IpAddr::V4(B));
+    println!();
+    println!(
+        " {:<44} {:>12} {:>10} {:>10} {:>10}",
+        "latency (half round trip)", "typical us", "99% us", "99.9% us", "vs UDP"
+    );
+    let warmup = iters / 10;
+    let raw = rawudp::pingpong(ia, ib, RAW_PORT + 2, SMALL as usize, warmup, iters)?;
+    let (raw_t, raw_99, raw_999) = percentiles(raw);
+    let (v_t, v_99, v_999) = percentiles(write_lat(warmup, iters)?);
+    println!(
+        " {:<44} {raw_t:>12.2} {raw_99:>10.2} {raw_999:>10.2} {:>9.2}x",
+        "raw UDP ping-pong, 64 B", 1.0
+    );
+    println!(
+        " {:<44} {v_t:>12.2} {v_99:>10.2} {v_999:>10.2} {:>9.2}x",
+        "vrdma RC RDMA WRITE 64 B (polling memory)",
+        v_t / raw_t
+    );
+    Ok(())
+}
