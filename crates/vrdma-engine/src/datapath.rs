@@ -44,6 +44,9 @@ use crate::{
     wr::{SendOp, Sge},
 };
 
+/// Request packets a QP sends in a row while its responses wait.
+const REQUESTS_BEFORE_RESPONSE: u32 = 16;
+
 /// The largest RoCE packet the engine emits: BTH, the largest extension
 /// headers (RETH + ImmDt, or AtomicETH), 4096 bytes of payload, pad, ICRC.
 pub const MAX_PACKET: usize = 12 + 28 + vrdma_wire::MAX_PAYLOAD + 4;
@@ -495,8 +498,26 @@ impl Engine {
     }
 
     /// One packet from `qpn`: a pending ACK first, then requester data.
+    /// A QP's next packet. Requests go before waiting responses — a reply
+    /// the application posted on seeing a message leaves ahead of that
+    /// message's ACK, which its peer needs less urgently — but at most
+    /// [`REQUESTS_BEFORE_RESPONSE`] in a row, so that a long message never
+    /// holds back the answers to its peer's.
     fn next_packet(&mut self, qpn: Qpn, mem: &impl Memory, buf: &mut [u8]) -> Option<Transmit> {
+        let q = self.qps.get(qpn.value())?;
+        let waiting = !q.resp.out.is_empty();
+        if (!waiting || q.requests_in_a_row < REQUESTS_BEFORE_RESPONSE)
+            && let Some(t) = self.emit_request(qpn, mem, buf)
+        {
+            if let Some(q) = self.qps.get_mut(qpn.value()) {
+                q.requests_in_a_row = if waiting { q.requests_in_a_row + 1 } else { 0 };
+            }
+            return Some(t);
+        }
         if let Some(t) = self.emit_response(qpn, mem, buf) {
+            if let Some(q) = self.qps.get_mut(qpn.value()) {
+                q.requests_in_a_row = 0;
+            }
             return Some(t);
         }
         self.emit_request(qpn, mem, buf)

@@ -213,6 +213,8 @@ pub struct Qp {
     pub(crate) resp: Responder,
     /// In the engine's transmit queue.
     pub(crate) scheduled: bool,
+    /// Request packets sent in a row while responses waited.
+    pub(crate) requests_in_a_row: u32,
     /// Where the QP's own packets go (from its address vector), kept up
     /// to date by modify.
     pub(crate) path: Option<crate::datapath::Transmit>,
@@ -420,6 +422,7 @@ impl Qp {
                 ..Responder::default()
             },
             scheduled: false,
+            requests_in_a_row: 0,
             path: None,
         }
     }

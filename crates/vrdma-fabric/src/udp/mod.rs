@@ -295,11 +295,22 @@ impl<M: Memory> UdpDevice<M> {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// One round without blocking: receives what is queued (a few batches
-    /// at most, so that sending is never starved), runs due timers, and
-    /// sends everything the engine has.
+    /// One round without blocking: sends everything the engine has (what
+    /// the application posted since the last round, and the answers to
+    /// what arrived in it), receives what is queued (a few batches at
+    /// most, so that sending is never starved) and runs due timers.
+    ///
+    /// Answers to what arrives wait for the next round, after the
+    /// application had its turn: a peer that replies to a message (a
+    /// ping-pong, a write_lat) then sends the ACK and its reply in one
+    /// system call, its reply not behind a call of its own. A caller that
+    /// polls keeps the delay to one turn of its loop; [`UdpDevice::wait`]
+    /// sends before it sleeps.
     pub fn progress(&mut self) -> io::Result<Progress> {
-        let mut p = Progress::default();
+        let mut p = Progress {
+            sent: self.transmit(self.now()),
+            ..Progress::default()
+        };
         for _ in 0..4 {
             let n = self.receive_batch()?;
             p.received += n;
@@ -311,15 +322,18 @@ impl<M: Memory> UdpDevice<M> {
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
         }
-        p.sent = self.transmit(now);
         Ok(p)
     }
 
-    /// Sleeps until a datagram arrives, the engine's next deadline, or
-    /// `limit`, whichever is first (event mode; busy-polling callers never
-    /// call it).
+    /// Sends what the engine has; if there was nothing, sleeps until a
+    /// datagram arrives, the engine's next deadline, or `limit`, whichever
+    /// is first (event mode; busy-polling callers never call it).
     pub fn wait(&mut self, limit: Duration) -> io::Result<()> {
         let now = self.now();
+        // Nothing may wait to be sent while the device sleeps.
+        if self.transmit(now) > 0 {
+            return Ok(());
+        }
         let mut wait = limit;
         if let Some(t) = self.engine.poll_timeout() {
             wait = wait.min(Duration::from_nanos(t.saturating_sub(now)));
@@ -473,6 +487,17 @@ impl<M: Memory> UdpDevice<M> {
                 (self.socket.as_raw_fd(), self.config.port)
             }
         }
+    }
+}
+
+impl<M: Memory> Drop for UdpDevice<M> {
+    /// Sends what is queued: the answers to the last packets received
+    /// wait for a next round that a closing device does not have (a
+    /// peer's last message would go unacknowledged, and its sender retry
+    /// into the void).
+    fn drop(&mut self) {
+        let now = self.now();
+        self.transmit(now);
     }
 }
 

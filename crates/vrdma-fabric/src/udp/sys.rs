@@ -231,6 +231,8 @@ pub(crate) struct RecvBatch {
     names: Vec<libc::sockaddr_storage>,
     controls: Vec<Control>,
     meta: Vec<RecvMeta>,
+    /// Datagrams the last call returned.
+    last: usize,
 }
 
 impl std::fmt::Debug for RecvBatch {
@@ -252,20 +254,42 @@ impl RecvBatch {
             names: vec![zeroed_storage(); count],
             controls: vec![Control([0; CONTROL_LEN]); count],
             meta: Vec::with_capacity(count),
+            last: 0,
         }
     }
 
     /// Receives what is queued on `fd` without waiting; the number of
-    /// datagrams (0 when none).
+    /// datagrams (0 when none). After a call that found little, the next
+    /// asks for a few datagrams only (`SMALL`): a busy-polling device
+    /// calls this in a loop, and building 64 headers for each empty poll
+    /// cost more than the call.
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        const SMALL: usize = 4;
         let count = self.controls.len();
+        let n = if self.last < SMALL && count > SMALL {
+            self.recv_n::<SMALL>(fd, SMALL)?
+        } else {
+            self.recv_n::<MAX_BATCH>(fd, count)?
+        };
+        self.last = n;
+        Ok(n)
+    }
+
+    /// One `recvmmsg` of up to `count` (at most `N`) datagrams, with
+    /// headers for `N` on the stack.
+    fn recv_n<const N: usize>(&mut self, fd: RawFd, count: usize) -> io::Result<usize> {
         let mut iovs = [libc::iovec {
             iov_base: ptr::null_mut(),
             iov_len: 0,
-        }; MAX_BATCH];
+        }; N];
         // SAFETY: mmsghdr is plain old data; all-zero is valid.
-        let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
-        for (i, chunk) in self.bufs.chunks_exact_mut(self.slot).enumerate() {
+        let mut hdrs: [libc::mmsghdr; N] = unsafe { mem::zeroed() };
+        for (i, chunk) in self
+            .bufs
+            .chunks_exact_mut(self.slot)
+            .take(count)
+            .enumerate()
+        {
             iovs[i] = libc::iovec {
                 iov_base: chunk.as_mut_ptr().cast(),
                 iov_len: chunk.len(),
@@ -282,9 +306,10 @@ impl RecvBatch {
             hdrs[i].msg_hdr = h;
             hdrs[i].msg_len = 0;
         }
-        // SAFETY: `count` headers, each pointing at a live buffer, name
-        // and control area of the stated sizes, all owned by `self` or
-        // this frame and not otherwise borrowed during the call.
+        // SAFETY: `count` (<= N, <= the batch's slots) headers, each
+        // pointing at a live buffer, name and control area of the stated
+        // sizes, all owned by `self` or this frame and not otherwise
+        // borrowed during the call.
         let n = unsafe {
             libc::recvmmsg(
                 fd,
