@@ -487,7 +487,7 @@ impl SendBatch {
     }
 
     /// The segment index a packet of `len` bytes for `dst` would get from
-    /// [`SendBatch::push`] with `gso`: 0 when it starts a datagram of its
+    /// [`SendBatch::commit`] with `gso`: 0 when it starts a datagram of its
     /// own. (The kernel gives the segments of a GSO datagram consecutive
     /// IPv4 Identifications from 0, which their ICRCs must cover.)
     pub fn next_index(
