@@ -28,17 +28,15 @@ use std::{
 
 use anyhow::{Context, Result, anyhow, ensure};
 use vrdma_engine::{
-    attr::Mtu,
-    qp::QpType,
     wc::WcStatus,
     wr::{SendFlags, SendOp},
 };
-use vrdma_wire::{QKey, Qpn, Rkey};
+use vrdma_wire::{Qpn, Rkey};
 
 use crate::{
     args::BenchArgs,
     rawudp,
-    verbs::{ALL_ACCESS, BASE, Connect, Device, Remote, random_psn},
+    verbs::{BASE, Device, Hello, loopback_side},
 };
 
 const A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 43);
@@ -56,46 +54,6 @@ const MEM: usize = 2 << 20;
 const SRC: u64 = BASE;
 const DST: u64 = BASE + MSG;
 
-fn connect_attrs() -> Connect {
-    Connect {
-        mtu: Mtu::Mtu4096,
-        sl: 0,
-        hop_limit: 64,
-        traffic_class: 0,
-        min_rnr_timer: 12,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
-        qkey: QKey(0),
-        access: ALL_ACCESS,
-    }
-}
-
-/// A device with a connected RC QP; the peer's address and rkey come
-/// through the channels.
-fn side(
-    addr: Ipv4Addr,
-    tx: &mpsc::Sender<(Remote, Rkey)>,
-    rx: &mpsc::Receiver<(Remote, Rkey)>,
-) -> Result<(Device, Qpn, Rkey)> {
-    let mut dev = Device::open(IpAddr::V4(addr), MEM, false)?;
-    let c = connect_attrs();
-    let qpn = dev.create_qp(QpType::Rc, 2 * DEPTH as u32, 1, 64)?;
-    dev.init_qp(qpn, &c)?;
-    let psn = random_psn();
-    let me = Remote {
-        qpn,
-        psn,
-        gid: dev.gid(),
-    };
-    tx.send((me, dev.rkey))?;
-    let (peer, rkey) = rx.recv_timeout(Duration::from_secs(10))?;
-    dev.connect(qpn, psn, peer, &c)?;
-    Ok((dev, qpn, rkey))
-}
-
 /// A device, its QP and the peer's rkey.
 type Side = (Device, Qpn, Rkey);
 
@@ -105,6 +63,10 @@ fn pair<T: Send + 'static>(
     a: impl FnOnce(Side) -> Result<T> + Send + 'static,
     b: impl FnOnce(Side, &AtomicBool) -> Result<()> + Send + 'static,
 ) -> Result<T> {
+    let side = |addr: Ipv4Addr, tx: &mpsc::Sender<Hello>, rx: &mpsc::Receiver<Hello>| {
+        let (dev, qpn, peer) = loopback_side(IpAddr::V4(addr), MEM, (2 * DEPTH as u32, 1), tx, rx)?;
+        anyhow::Ok((dev, qpn, peer.rkey))
+    };
     let (to_b, from_a) = mpsc::channel();
     let (to_a, from_b) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));

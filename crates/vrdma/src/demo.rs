@@ -17,15 +17,13 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use vrdma_engine::{
     attr::Mtu,
-    qp::QpType,
     wc::{Wc, WcStatus},
     wr::{SendFlags, SendOp},
 };
-use vrdma_wire::{QKey, Rkey};
 
 use crate::{
     args::DemoArgs,
-    verbs::{ALL_ACCESS, BASE, Connect, Device, Remote, random_psn},
+    verbs::{BASE, Device, Hello, loopback_side},
 };
 
 /// Memory per device: a source and a destination region of 1 MiB each
@@ -39,56 +37,18 @@ const RECV_DEPTH: u32 = 256;
 /// Bandwidth tests keep this many WRs in flight.
 const DEPTH: u64 = 32;
 
-/// What each side tells the other before the QPs connect.
-#[derive(Clone, Copy, Debug)]
-struct Hello {
-    remote: Remote,
-    rkey: Rkey,
-}
-
-fn connect_attrs() -> Connect {
-    Connect {
-        mtu: Mtu::Mtu4096,
-        sl: 0,
-        hop_limit: 64,
-        traffic_class: 0,
-        min_rnr_timer: 12,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
-        qkey: QKey(0),
-        access: ALL_ACCESS,
-    }
-}
-
 /// One side: a device with an RC QP, connected through `tx` / `rx`.
 fn side(
     addr: IpAddr,
     tx: &mpsc::Sender<Hello>,
     rx: &mpsc::Receiver<Hello>,
 ) -> Result<(Device, vrdma_wire::Qpn, Hello)> {
-    let mut dev = Device::open(addr, MEM, false)?;
+    let sides = loopback_side(addr, MEM, (2 * DEPTH as u32, 2 * RECV_DEPTH), tx, rx)?;
     ensure!(
-        dev.dev.active_mtu() == Mtu::Mtu4096,
+        sides.0.dev.active_mtu() == Mtu::Mtu4096,
         "loopback should carry 4096-byte packets"
     );
-    let c = connect_attrs();
-    let qpn = dev.create_qp(QpType::Rc, 2 * DEPTH as u32, 2 * RECV_DEPTH, 64)?;
-    dev.init_qp(qpn, &c)?;
-    let psn = random_psn();
-    tx.send(Hello {
-        remote: Remote {
-            qpn,
-            psn,
-            gid: dev.gid(),
-        },
-        rkey: dev.rkey,
-    })?;
-    let peer = rx.recv_timeout(Duration::from_secs(10))?;
-    dev.connect(qpn, psn, peer.remote, &c)?;
-    Ok((dev, qpn, peer))
+    Ok(sides)
 }
 
 /// A signaled send; up to 64 bytes of SEND or WRITE go inline.

@@ -24,7 +24,7 @@
 
 use std::{
     io::{Read, Write},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream},
     time::{Duration, Instant},
 };
 
@@ -486,7 +486,7 @@ pub fn run(a: &PerfArgs) -> Result<()> {
     // The side channel decides which address the device binds.
     let (stream, local_ip) = match &a.server {
         Some(host) => {
-            let stream = connect(host, a.port)?;
+            let stream = crate::verbs::tcp_connect(host, a.port)?;
             let ip = stream.local_addr()?.ip();
             (stream, ip)
         }
@@ -784,22 +784,6 @@ fn mtu_from_bytes(n: u32) -> Option<Mtu> {
         4096 => Mtu::Mtu4096,
         _ => return None,
     })
-}
-
-fn connect(host: &str, port: u16) -> Result<TcpStream> {
-    use std::net::ToSocketAddrs;
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {host}"))?
-        .collect();
-    let mut last = None;
-    for addr in addrs {
-        match TcpStream::connect(addr) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(anyhow!("Couldn't connect to {host}:{port}: {last:?}"))
 }
 
 /// The device, its QPs and the peer's keys: what a test run needs.

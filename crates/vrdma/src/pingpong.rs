@@ -22,7 +22,7 @@
 
 use std::{
     io::{Read, Write},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream},
     time::{Duration, Instant},
 };
 
@@ -162,7 +162,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
     // The TCP exchange decides which address the device binds.
     let (mut stream, local_ip) = match &a.server {
         Some(host) => {
-            let stream = connect(host, a.port)?;
+            let stream = crate::verbs::tcp_connect(host, a.port)?;
             let ip = stream.local_addr()?.ip();
             (stream, ip)
         }
@@ -416,22 +416,6 @@ fn write_one(stream: &mut TcpStream, msg: &[u8]) -> Result<()> {
         msg.len()
     );
     Ok(())
-}
-
-fn connect(host: &str, port: u16) -> Result<TcpStream> {
-    use std::net::ToSocketAddrs;
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {host}"))?
-        .collect();
-    let mut last = None;
-    for addr in addrs {
-        match TcpStream::connect(addr) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(anyhow!("Couldn't connect to {host}:{port}: {last:?}"))
 }
 
 #[cfg(test)]
