@@ -497,16 +497,26 @@ impl Engine {
         (t != 0).then(|| 4096u64 << t.min(31))
     }
 
-    /// One packet from `qpn`: a pending ACK first, then requester data.
-    /// A QP's next packet. Requests go before waiting responses — a reply
-    /// the application posted on seeing a message leaves ahead of that
-    /// message's ACK, which its peer needs less urgently — but at most
-    /// [`REQUESTS_BEFORE_RESPONSE`] in a row, so that a long message never
-    /// holds back the answers to its peer's.
+    /// A QP's next packet. Requests go before a waiting plain ACK — a
+    /// reply the application posted on seeing a message leaves ahead of
+    /// that message's ACK, which its peer needs less urgently — but at
+    /// most [`REQUESTS_BEFORE_RESPONSE`] in a row, so that a long message
+    /// never holds back the answers to its peer's. Every other response
+    /// goes first: a NAK (a class B–D NAK also ends the QP: nothing more
+    /// may leave before it) and READ responses and atomic
+    /// acknowledgements, which the peer's requester is waiting on.
     fn next_packet(&mut self, qpn: Qpn, mem: &impl Memory, buf: &mut [u8]) -> Option<Transmit> {
         let q = self.qps.get(qpn.value())?;
         let waiting = !q.resp.out.is_empty();
-        if (!waiting || q.requests_in_a_row < REQUESTS_BEFORE_RESPONSE)
+        let plain_ack = matches!(
+            q.resp.out.front(),
+            None | Some(RespOut::Ack {
+                syndrome: Syndrome::Ack(_),
+                ..
+            })
+        );
+        if plain_ack
+            && (!waiting || q.requests_in_a_row < REQUESTS_BEFORE_RESPONSE)
             && let Some(t) = self.emit_request(qpn, mem, buf)
         {
             if let Some(q) = self.qps.get_mut(qpn.value()) {

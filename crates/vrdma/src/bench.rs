@@ -239,7 +239,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         a.megabytes > 0 && a.iters > 0,
         "megabytes and iterations must be positive"
     );
-    let total = a.megabytes << 20;
+    let total = a
+        .megabytes
+        .checked_mul(1 << 20)
+        .ok_or_else(|| anyhow!("{} MiB is too much", a.megabytes))?;
     println!(
         "vrdma bench: {} MiB per bandwidth test, {} round trips per latency test; loopback {A} -> {B}, both sides busy-polling",
         a.megabytes, a.iters

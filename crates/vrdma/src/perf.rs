@@ -204,25 +204,46 @@ struct BwReport {
 struct Oob {
     stream: TcpStream,
     client: bool,
+    /// `--timeout`: how long a read may wait for the peer.
+    timeout: Option<Duration>,
 }
 
 impl Oob {
-    fn new(stream: TcpStream, client: bool) -> Result<Self> {
+    fn new(stream: TcpStream, client: bool, timeout: Option<Duration>) -> Result<Self> {
         stream.set_nodelay(true)?;
         stream.set_nonblocking(true)?;
-        Ok(Oob { stream, client })
+        Ok(Oob {
+            stream,
+            client,
+            timeout,
+        })
     }
 
     fn read_exact(&mut self, buf: &mut [u8], mut dev: Option<&mut Device>) -> Result<()> {
         let mut got = 0;
+        // The peer may be busy with the test meanwhile: only a device
+        // that moves nothing either counts as silence.
+        let mut last = Instant::now();
         while got < buf.len() {
+            if let Some(t) = self.timeout {
+                ensure!(
+                    last.elapsed() < t,
+                    "no word from the peer and no traffic for {} s",
+                    t.as_secs()
+                );
+            }
             match self.stream.read(&mut buf[got..]) {
                 Ok(0) => bail!("the peer closed the connection"),
-                Ok(n) => got += n,
+                Ok(n) => {
+                    got += n;
+                    last = Instant::now();
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match dev.as_deref_mut() {
                     Some(d) => {
                         let p = d.progress()?;
-                        if d.events && p.is_idle() {
+                        if !p.is_idle() {
+                            last = Instant::now();
+                        } else if d.events {
                             d.dev.wait(Duration::from_millis(1))?;
                         }
                     }
@@ -506,7 +527,8 @@ pub fn run(a: &PerfArgs) -> Result<()> {
             (stream, ip)
         }
     };
-    let mut oob = Oob::new(stream, client)?;
+    let timeout = (a.timeout > 0).then(|| Duration::from_secs(a.timeout));
+    let mut oob = Oob::new(stream, client, timeout)?;
 
     // Versions, then page and cache-line sizes, then the MTU.
     let mut version = [0u8; 16];
@@ -599,7 +621,7 @@ pub fn run(a: &PerfArgs) -> Result<()> {
         region,
         no_peak,
         gbits: a.report_gbits,
-        timeout: (a.timeout > 0).then(|| Duration::from_secs(a.timeout)),
+        timeout,
     };
 
     let ty = match a.connection {
@@ -868,21 +890,26 @@ impl Tester {
 
     /// Completions now (busy-polling), or after a short sleep in event
     /// mode.
+    /// One turn of the device and the completions it brought; in event
+    /// mode a turn with none sleeps until a datagram arrives (or 1 ms):
+    /// an incoming WRITE makes no completion, so waiting for one would
+    /// miss it.
     fn completions(&mut self) -> Result<Vec<Wc>> {
-        let wcs = if self.dev.events {
-            self.dev.poll(Duration::from_millis(50))?
-        } else {
-            self.dev.poll_now()?
-        };
-        let side = if self.p.client { "client" } else { "server" };
-        for wc in wcs {
+        let events = self.dev.events;
+        let wcs = self.dev.poll_now()?.to_vec();
+        if events && wcs.is_empty() {
+            self.dev.dev.wait(Duration::from_millis(1))?;
+        }
+        let side = self.side();
+        for wc in &wcs {
             check_wc(wc, side)?;
         }
-        Ok(wcs.to_vec())
+        Ok(wcs)
     }
 
     fn op(&self, q: usize, size: u64, k: u64) -> SendOp {
-        let remote_addr = self.rem[q].vaddr + self.p.offset(size, k);
+        // The peer's address: any value it sent (its responder checks).
+        let remote_addr = self.rem[q].vaddr.wrapping_add(self.p.offset(size, k));
         let rkey = self.rem[q].rkey;
         match self.p.verb {
             Verb::Send => SendOp::Send,

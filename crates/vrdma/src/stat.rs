@@ -11,7 +11,7 @@
 use std::{
     fs,
     io::Write,
-    os::unix::fs::MetadataExt,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -54,7 +54,7 @@ impl Publisher {
     /// reason to fail.
     pub fn new(addr: std::net::IpAddr) -> Option<Self> {
         let dir = run_dir();
-        if let Err(e) = fs::create_dir_all(&dir) {
+        if let Err(e) = own_dir(&dir) {
             tracing::warn!(dir = %dir.display(), error = %e, "no run directory: counters not published");
             return None;
         }
@@ -107,9 +107,43 @@ impl Publisher {
         let tmp = self
             .path
             .with_extension(format!("tmp{}", std::process::id()));
-        fs::File::create(&tmp)?.write_all(text.as_bytes())?;
+        // A fresh file, never through a link someone planted: a leftover
+        // of a crashed run is removed (the link itself, not its target).
+        let _ = fs::remove_file(&tmp);
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&tmp)?
+            .write_all(text.as_bytes())?;
         fs::rename(&tmp, &self.path)
     }
+}
+
+/// Makes `dir` (mode 0700) or accepts it if it is a real directory of
+/// this user that nobody else may write to: in a shared place like /tmp
+/// another user could have made it first, to plant links.
+fn own_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = fs::symlink_metadata(dir)?;
+    let me = fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
+    if !m.is_dir() || m.uid() != me || m.permissions().mode() & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "not a directory of this user closed to others",
+        ));
+    }
+    Ok(())
 }
 
 /// One snapshot as read back.
@@ -165,8 +199,14 @@ pub fn run(a: &StatArgs) -> Result<()> {
         if !path.to_string_lossy().ends_with(SUFFIX) {
             continue;
         }
-        let text = fs::read_to_string(&path)?;
-        match parse(&text) {
+        // Only regular files: a FIFO named *.stat would block the read.
+        let regular = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+        let text = if regular {
+            fs::read_to_string(&path).map_err(anyhow::Error::from)
+        } else {
+            Err(anyhow::anyhow!("not a regular file"))
+        };
+        match text.and_then(|t| parse(&t)) {
             Ok(s) => snaps.push(s),
             Err(e) => tracing::warn!(path = %path.display(), error = %e, "not a snapshot"),
         }
@@ -231,6 +271,28 @@ pub fn run(a: &StatArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_directory_must_be_ours_and_closed() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("vrdma-stat-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let dir = base.join("run");
+        own_dir(&dir).unwrap();
+        assert_eq!(
+            fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        // Writable by others: refused (someone could plant links there).
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(own_dir(&dir).is_err());
+        // A link to a directory is not the directory.
+        let link = base.join("link");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(own_dir(&link).is_err());
+        fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn snapshots_read_back() {

@@ -51,6 +51,9 @@ pub struct Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        // What the device still owes goes out first, so that the last
+        // snapshot counts it (dropping the UdpDevice would send it too).
+        let _ = self.dev.send_pending();
         if let Some(p) = &mut self.publisher {
             p.publish(&self.dev, true);
         }

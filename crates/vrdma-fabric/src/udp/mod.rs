@@ -325,6 +325,14 @@ impl<M: Memory> UdpDevice<M> {
         Ok(p)
     }
 
+    /// Sends what the engine has now (answers included, which
+    /// [`UdpDevice::progress`] otherwise sends in its next round); the
+    /// number of packets sent.
+    pub fn send_pending(&mut self) -> usize {
+        let now = self.now();
+        self.transmit(now)
+    }
+
     /// Sends what the engine has; if there was nothing, sleeps until a
     /// datagram arrives, the engine's next deadline, or `limit`, whichever
     /// is first (event mode; busy-polling callers never call it).
@@ -360,11 +368,21 @@ impl<M: Memory> UdpDevice<M> {
                 self.stats.rx_malformed += 1;
                 continue;
             };
-            if d.truncated {
-                self.stats.rx_malformed += 1;
-                tracing::debug!(%src, "datagram longer than any RoCEv2 packet");
-                continue;
-            }
+            // A coalesced datagram cut by the slot keeps its whole
+            // segments; anything else cut was too long to be RoCEv2.
+            let data = match (d.truncated, d.segment) {
+                (false, _) => d.data,
+                (true, Some(g)) if g <= d.data.len() => {
+                    self.stats.rx_malformed += 1;
+                    tracing::debug!(%src, "coalesced datagram longer than a slot: its tail dropped");
+                    &d.data[..d.data.len() / g * g]
+                }
+                (true, _) => {
+                    self.stats.rx_malformed += 1;
+                    tracing::debug!(%src, "datagram longer than any RoCEv2 packet");
+                    continue;
+                }
+            };
             let info = frame::DatagramInfo {
                 src,
                 dst: self.config.addr,
@@ -372,15 +390,15 @@ impl<M: Memory> UdpDevice<M> {
                 hop_limit: d.hop_limit,
                 flow_label: d.flow_label,
             };
-            if d.data.is_empty() {
+            if data.is_empty() {
                 self.stats.rx_malformed += 1;
                 continue;
             }
             // GRO coalesced datagrams of one size (the last may be
             // shorter): each is a packet of its own, with its own ICRC.
-            let segment = d.segment.unwrap_or(d.data.len()).max(1);
-            self.stats.rx_datagrams += d.data.len().div_ceil(segment).saturating_sub(1) as u64;
-            for roce in d.data.chunks(segment) {
+            let segment = d.segment.unwrap_or(data.len()).max(1);
+            self.stats.rx_datagrams += data.len().div_ceil(segment).saturating_sub(1) as u64;
+            for roce in data.chunks(segment) {
                 if roce.len() > MAX_PACKET {
                     self.stats.rx_malformed += 1;
                     tracing::debug!(%src, len = roce.len(), "datagram longer than any RoCEv2 packet");
@@ -453,6 +471,13 @@ impl<M: Memory> UdpDevice<M> {
             return 0;
         }
         let f = self.send.flush(self.send_fd, tail);
+        if f.gso_refused && self.config.gso {
+            // The lost segments are resent by RC, one datagram each now.
+            tracing::warn!(
+                "the kernel refuses GSO datagrams here: sending one packet per datagram"
+            );
+            self.config.gso = false;
+        }
         self.stats.tx_datagrams += f.sent as u64;
         self.stats.tx_bytes += f.bytes as u64;
         self.stats.tx_failed += f.failed as u64;
@@ -496,8 +521,7 @@ impl<M: Memory> Drop for UdpDevice<M> {
     /// peer's last message would go unacknowledged, and its sender retry
     /// into the void).
     fn drop(&mut self) {
-        let now = self.now();
-        self.transmit(now);
+        self.send_pending();
     }
 }
 

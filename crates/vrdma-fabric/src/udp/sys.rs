@@ -460,6 +460,9 @@ pub(crate) struct Flushed {
     /// network would drop them; RC recovers, UC and UD lose them.
     pub failed: usize,
     pub calls: usize,
+    /// A GSO datagram was refused as such (`EINVAL`/`EIO`: a route or
+    /// device that cannot segment): the caller should stop using GSO.
+    pub gso_refused: bool,
 }
 
 impl SendBatch {
@@ -603,6 +606,8 @@ impl SendBatch {
                 let p = &self.pending[next];
                 tracing::debug!(dst = %p.dst, segments = p.segments, error = %e, "send refused");
                 out.failed += p.segments;
+                out.gso_refused |=
+                    p.segments > 1 && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO));
                 next += 1;
                 continue;
             }
