@@ -21,35 +21,35 @@
 //! waits for what they cause, and every wait has a deadline that only turns
 //! a hang into a failure.
 
+mod common;
+
 use std::{
     io::ErrorKind,
     net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
     time::{Duration, Instant},
 };
 
+use common::{BASE, End, bytes, end, fill, recv, same, send};
 use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 use vrdma_engine::{
-    VecMemory,
     attr::Mtu,
     datapath::Stats,
     event::AsyncEvent,
-    mr::{Access, MrRequest, Translation},
+    mr::Access,
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType},
     wc::{Wc, WcOpcode, WcStatus},
-    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
+    wr::SendOp,
 };
-use vrdma_fabric::udp::{Config, UdpDevice, UdpStats};
+use vrdma_fabric::udp::UdpStats;
 use vrdma_wire::{
-    Gid, Lkey, Msn, Opcode, PKey, Psn, QKey, Qpn, ROCEV2_UDP_PORT, Rkey,
+    Gid, Msn, Opcode, PKey, Psn, QKey, Qpn, ROCEV2_UDP_PORT, Rkey,
     aeth::{self, CreditCode, NakCode, Syndrome},
     bth, deth, frame, icrc, ipv4,
     packet::{self, ExtHeaders},
     reth, udp,
 };
 
-const BASE: u64 = 0x10_0000;
-const MEM: usize = 4 << 20;
 const MTU: Mtu = Mtu::Mtu1024;
 /// Every QP's first PSN: the PSN space wraps during the test.
 const PSN0: u32 = 0x00ff_fff0;
@@ -75,41 +75,8 @@ const B_RECV: u64 = BASE + 0x20_0000;
 const B_ATTACK: u64 = BASE + 0x30_0000;
 const ATTACK_LEN: usize = 0x1_0000;
 
-struct End {
-    dev: UdpDevice<VecMemory>,
-    pd: u32,
-    lkey: Lkey,
-    rkey: Rkey,
-}
-
 fn v4(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 8, last))
-}
-
-fn end(addr: IpAddr) -> End {
-    let mut config = Config::new(addr);
-    config.mtu = Some(MTU);
-    let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, MEM)).expect("bind");
-    let e = dev.engine_mut();
-    let pd = e.alloc_pd().unwrap();
-    let (lkey, rkey) = e
-        .reg_mr(MrRequest {
-            pd,
-            iova: BASE,
-            length: MEM as u64,
-            access: Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC,
-            translation: Translation::Identity,
-        })
-        .unwrap();
-    End {
-        dev,
-        pd,
-        lkey,
-        rkey,
-    }
 }
 
 /// A QP and its own CQ (send and receive), so that completions are
@@ -169,71 +136,6 @@ fn connect(e: &mut End, q: Q, dgid: Gid, dest: Qpn) {
         ..QpAttr::default()
     };
     e.dev.engine_mut().bring_up_qp(q.qpn, &a).unwrap();
-}
-
-fn fill(e: &mut End, at: u64, len: usize, seed: u8) {
-    let off = (at - BASE) as usize;
-    for (i, b) in e.dev.mem_mut().bytes_mut()[off..off + len]
-        .iter_mut()
-        .enumerate()
-    {
-        *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
-    }
-}
-
-fn bytes(e: &End, at: u64, len: usize) -> &[u8] {
-    let off = (at - BASE) as usize;
-    &e.dev.mem().bytes()[off..off + len]
-}
-
-/// Byte-exact, reporting the first difference instead of the buffers.
-fn same(got: &[u8], want: &[u8], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        panic!(
-            "{what}: byte {i} is {:#04x}, expected {:#04x}",
-            got[i], want[i]
-        );
-    }
-}
-
-fn send(e: &mut End, q: Q, wr_id: u64, op: SendOp, at: u64, len: u32) {
-    let sge = [Sge {
-        addr: at,
-        length: len,
-        lkey: e.lkey,
-    }];
-    e.dev
-        .engine_mut()
-        .post_send(
-            q.qpn,
-            &SendWr {
-                wr_id,
-                op,
-                payload: Payload::Sges(&sge),
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            },
-        )
-        .unwrap();
-}
-
-fn recv(e: &mut End, q: Q, wr_id: u64, at: u64, len: u32) {
-    let sge = [Sge {
-        addr: at,
-        length: len,
-        lkey: e.lkey,
-    }];
-    e.dev
-        .engine_mut()
-        .post_recv(
-            q.qpn,
-            &RecvWr {
-                wr_id,
-                sg_list: &sge,
-            },
-        )
-        .unwrap();
 }
 
 // ---------------------------------------------------------------------
@@ -401,8 +303,8 @@ struct Rig {
 impl Rig {
     /// A on 127.0.8.`last`, B on `last + 1`, the attacker on `last + 2`.
     fn new(last: u8) -> Rig {
-        let mut a = end(v4(last));
-        let mut b = end(v4(last + 1));
+        let mut a = end(v4(last), MTU);
+        let mut b = end(v4(last + 1), MTU);
         let attacker_addr = SocketAddr::new(v4(last + 2), ROCEV2_UDP_PORT);
         // Bound to 4791 like a RoCEv2 device: where B answers B.q3's peer.
         let attacker = UdpSocket::bind(attacker_addr).expect("attacker bind");
@@ -429,7 +331,7 @@ impl Rig {
         connect(&mut b, b3, gattacker, Qpn::from_masked(PEER_QPN));
         connect(&mut b, bud, Gid::default(), Qpn::default());
         // A receive that must survive the stranger's attack on B.q2.
-        recv(&mut b, b2, 77, B_RECV + 0x1_0000, 64);
+        recv(&mut b, b2.qpn, 77, B_RECV + 0x1_0000, 64);
         // The one event a new device raises.
         for e in [&mut a, &mut b] {
             let engine = e.dev.engine_mut();
@@ -630,15 +532,22 @@ impl Rig {
             SLEN,
             r.wrapping_mul(37).wrapping_add(5),
         );
-        recv(&mut self.b, self.b1, 100 + id, B_RECV, SLEN as u32);
+        recv(&mut self.b, self.b1.qpn, 100 + id, B_RECV, SLEN as u32);
         let write = SendOp::RdmaWrite {
             remote_addr: B_WRITE,
             rkey: self.b.rkey,
         };
-        send(&mut self.a, self.a1, 200 + id, write, A_WRITE, WLEN as u32);
         send(
             &mut self.a,
-            self.a1,
+            self.a1.qpn,
+            200 + id,
+            write,
+            A_WRITE,
+            WLEN as u32,
+        );
+        send(
+            &mut self.a,
+            self.a1.qpn,
             300 + id,
             SendOp::Send,
             A_SEND,
@@ -1249,7 +1158,7 @@ impl Rig {
             remote_addr: B_ATTACK + 0x5100,
             rkey: self.b.rkey,
         };
-        send(&mut self.a, self.a2, 5, write, A_WRITE, 64);
+        send(&mut self.a, self.a2.qpn, 5, write, A_WRITE, 64);
         let a2 = self.a2;
         self.drive(what, move |r| !Rig::wcs(&r.wcs_a, a2).is_empty());
         let wc = &Rig::wcs(&self.wcs_a, a2)[0];
@@ -1380,7 +1289,7 @@ fn garbage_during_a_long_write() {
         remote_addr: B_WRITE,
         rkey: rig.b.rkey,
     };
-    send(&mut rig.a, rig.a1, 1, write, A_WRITE, len as u32);
+    send(&mut rig.a, rig.a1.qpn, 1, write, A_WRITE, len as u32);
     let mut rng = XorShiftRng::seed_from_u64(21);
     let mut sent = 0u64;
     let a1 = rig.a1;

@@ -6,60 +6,24 @@
 //! run in parallel. Both devices progress in the test's thread; the time
 //! limit only turns a hang into a failure.
 
+mod common;
+
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     time::{Duration, Instant},
 };
 
+use common::{BASE, End, bytes, end, fill, recv, same, send};
 use vrdma_engine::{
     VecMemory,
     attr::Mtu,
-    mr::{Access, MrRequest, Translation},
+    mr::Access,
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
     wc::{Wc, WcOpcode, WcStatus},
-    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
+    wr::{Payload, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
 use vrdma_fabric::udp::{Config, UdpDevice};
-use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
-
-const BASE: u64 = 0x10_0000;
-const MEM: usize = 4 << 20;
-
-struct End {
-    dev: UdpDevice<VecMemory>,
-    pd: u32,
-    cq: u32,
-    lkey: Lkey,
-    rkey: Rkey,
-}
-
-fn end(addr: IpAddr, mtu: Mtu) -> End {
-    let mut config = Config::new(addr);
-    config.mtu = Some(mtu);
-    let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, MEM)).expect("bind");
-    let e = dev.engine_mut();
-    let pd = e.alloc_pd().unwrap();
-    let (cq, _) = e.create_cq(1024, 0).unwrap();
-    let (lkey, rkey) = e
-        .reg_mr(MrRequest {
-            pd,
-            iova: BASE,
-            length: MEM as u64,
-            access: Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC,
-            translation: Translation::Identity,
-        })
-        .unwrap();
-    End {
-        dev,
-        pd,
-        cq,
-        lkey,
-        rkey,
-    }
-}
+use vrdma_wire::{Gid, Psn, QKey, Qpn};
 
 fn qp(e: &mut End, ty: QpType) -> Qpn {
     let (qpn, _) = e
@@ -124,70 +88,6 @@ fn run_until(a: &mut End, b: &mut End, want: usize) -> Vec<Wc> {
         );
     }
     got
-}
-
-fn fill(e: &mut End, at: u64, len: usize, seed: u8) {
-    let off = (at - BASE) as usize;
-    for (i, b) in e.dev.mem_mut().bytes_mut()[off..off + len]
-        .iter_mut()
-        .enumerate()
-    {
-        *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
-    }
-}
-
-fn bytes(e: &End, at: u64, len: usize) -> &[u8] {
-    let off = (at - BASE) as usize;
-    &e.dev.mem().bytes()[off..off + len]
-}
-
-/// Byte-exact, reporting the first difference instead of the buffers.
-fn same(got: &[u8], want: &[u8], what: &str) {
-    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        panic!(
-            "{what}: byte {i} is {:#04x}, expected {:#04x}",
-            got[i], want[i]
-        );
-    }
-}
-
-fn send(e: &mut End, qpn: Qpn, wr_id: u64, op: SendOp, at: u64, len: u32) {
-    let sge = [Sge {
-        addr: at,
-        length: len,
-        lkey: e.lkey,
-    }];
-    e.dev
-        .engine_mut()
-        .post_send(
-            qpn,
-            &SendWr {
-                wr_id,
-                op,
-                payload: Payload::Sges(&sge),
-                flags: SendFlags::SIGNALED,
-                ud: None,
-            },
-        )
-        .unwrap();
-}
-
-fn recv(e: &mut End, qpn: Qpn, wr_id: u64, at: u64, len: u32) {
-    let sge = [Sge {
-        addr: at,
-        length: len,
-        lkey: e.lkey,
-    }];
-    e.dev
-        .engine_mut()
-        .post_recv(
-            qpn,
-            &RecvWr {
-                wr_id,
-                sg_list: &sge,
-            },
-        )
-        .unwrap();
 }
 
 fn v4(last: u8) -> IpAddr {

@@ -40,7 +40,7 @@ use vrdma_wire::{Gid, Psn, QKey, Qpn, Rkey};
 
 use crate::{
     args::{AtomicType, Connection, PerfArgs, PerfTest},
-    verbs::{BASE, Connect, Device, Remote, random_psn},
+    verbs::{BASE, Connect, Device, Remote, hex_field, random_psn},
 };
 
 /// The version this speaks: perftest 4.5's. Peers older than 5.70 are
@@ -157,17 +157,7 @@ impl Key {
             "key message has {} fields, not 23 and a trailing ':'",
             fields.len().saturating_sub(1)
         );
-        let num = |i: usize, name: &str, max: u64| -> Result<u64> {
-            let f = fields[i];
-            // from_str_radix would take a sign.
-            ensure!(
-                !f.is_empty() && f.len() <= 16 && f.bytes().all(|b| b.is_ascii_hexdigit()),
-                "bad {name} {f:?} in key message"
-            );
-            let v = u64::from_str_radix(f, 16).map_err(|_| anyhow!("bad {name} {f:?}"))?;
-            ensure!(v <= max, "{name} {v:#x} out of range");
-            Ok(v)
-        };
+        let num = |i: usize, name: &str, max: u64| hex_field(fields[i], name, max);
         let mut gid = [0u8; 16];
         for (k, b) in gid.iter_mut().enumerate() {
             *b = num(6 + k, "GID byte", 0xff)? as u8;

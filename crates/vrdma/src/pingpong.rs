@@ -38,7 +38,7 @@ use vrdma_wire::{Gid, Psn, QKey, Qpn};
 
 use crate::{
     args::{PingpongArgs, Transport},
-    verbs::{BASE, Connect, Device, Remote, random_psn},
+    verbs::{BASE, Connect, Device, Remote, hex_field, random_psn},
 };
 
 /// The exchange message: 51 characters and a NUL.
@@ -85,14 +85,8 @@ impl Dest {
             let f = parts
                 .next()
                 .ok_or_else(|| anyhow!("address message has no {name}"))?;
-            // from_str_radix would take a sign.
-            ensure!(
-                !f.is_empty() && f.bytes().all(|b| b.is_ascii_hexdigit()),
-                "bad {name} {f:?}"
-            );
-            let v = u32::from_str_radix(f, 16).map_err(|_| anyhow!("bad {name} {f:?}"))?;
-            ensure!(v <= max, "{name} {v:#x} out of range");
-            Ok(v)
+            // max is a u32: so is the value.
+            Ok(hex_field(f, name, u64::from(max))? as u32)
         };
         let lid = field("LID", 0xffff)? as u16;
         let qpn = Qpn::from_masked(field("QPN", 0xff_ffff)?);

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use vrdma_engine::{
     VecMemory,
     attr::Mtu,
@@ -405,6 +405,18 @@ pub fn tcp_connect(host: &str, port: u16) -> Result<std::net::TcpStream> {
     Err(anyhow::anyhow!(
         "Couldn't connect to {host}:{port}: {last:?}"
     ))
+}
+
+/// A hex field of a peer's exchange message: hex digits only (no sign,
+/// which `from_str_radix` would take), at most `max`.
+pub fn hex_field(f: &str, name: &str, max: u64) -> Result<u64> {
+    ensure!(
+        !f.is_empty() && f.len() <= 16 && f.bytes().all(|b| b.is_ascii_hexdigit()),
+        "bad {name} {f:?} in the peer's message"
+    );
+    let v = u64::from_str_radix(f, 16).map_err(|_| anyhow::anyhow!("bad {name} {f:?}"))?;
+    ensure!(v <= max, "{name} {v:#x} out of range");
+    Ok(v)
 }
 
 /// A random 24-bit PSN, as the tools pick theirs (`lrand48() & 0xffffff`).

@@ -1,0 +1,126 @@
+//! Set-up shared by the tests that run devices on real sockets: a
+//! device with a PD, a CQ and one MR over all its memory, and posting,
+//! filling and comparing that memory.
+
+#![allow(dead_code)] // each test file uses its own part
+
+use std::net::IpAddr;
+
+use vrdma_engine::{
+    VecMemory,
+    attr::Mtu,
+    mr::{Access, MrRequest, Translation},
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
+};
+use vrdma_fabric::udp::{Config, UdpDevice};
+use vrdma_wire::{Lkey, Qpn, Rkey};
+
+/// Where each device's memory starts, and how much it has.
+pub const BASE: u64 = 0x10_0000;
+pub const MEM: usize = 4 << 20;
+
+/// A device on a socket, with a PD, a CQ and an MR over all its memory.
+pub struct End {
+    pub dev: UdpDevice<VecMemory>,
+    pub pd: u32,
+    pub cq: u32,
+    pub lkey: Lkey,
+    pub rkey: Rkey,
+}
+
+/// A device bound to `addr` whose port runs at `mtu`.
+pub fn end(addr: IpAddr, mtu: Mtu) -> End {
+    let mut config = Config::new(addr);
+    config.mtu = Some(mtu);
+    let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, MEM)).expect("bind");
+    let e = dev.engine_mut();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(1024, 0).unwrap();
+    let (lkey, rkey) = e
+        .reg_mr(MrRequest {
+            pd,
+            iova: BASE,
+            length: MEM as u64,
+            access: Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+            translation: Translation::Identity,
+        })
+        .unwrap();
+    End {
+        dev,
+        pd,
+        cq,
+        lkey,
+        rkey,
+    }
+}
+
+/// A signaled send WR of `len` bytes at `at`.
+pub fn send(e: &mut End, qpn: Qpn, wr_id: u64, op: SendOp, at: u64, len: u32) {
+    let sge = [Sge {
+        addr: at,
+        length: len,
+        lkey: e.lkey,
+    }];
+    e.dev
+        .engine_mut()
+        .post_send(
+            qpn,
+            &SendWr {
+                wr_id,
+                op,
+                payload: Payload::Sges(&sge),
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            },
+        )
+        .unwrap();
+}
+
+/// A receive of `len` bytes at `at`.
+pub fn recv(e: &mut End, qpn: Qpn, wr_id: u64, at: u64, len: u32) {
+    let sge = [Sge {
+        addr: at,
+        length: len,
+        lkey: e.lkey,
+    }];
+    e.dev
+        .engine_mut()
+        .post_recv(
+            qpn,
+            &RecvWr {
+                wr_id,
+                sg_list: &sge,
+            },
+        )
+        .unwrap();
+}
+
+/// Fills `len` bytes at `at` with a pattern that depends on `seed`.
+pub fn fill(e: &mut End, at: u64, len: usize, seed: u8) {
+    let off = (at - BASE) as usize;
+    for (i, b) in e.dev.mem_mut().bytes_mut()[off..off + len]
+        .iter_mut()
+        .enumerate()
+    {
+        *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
+    }
+}
+
+pub fn bytes(e: &End, at: u64, len: usize) -> &[u8] {
+    let off = (at - BASE) as usize;
+    &e.dev.mem().bytes()[off..off + len]
+}
+
+/// Byte-exact, reporting the first difference instead of the buffers.
+pub fn same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{what}: byte {i} is {:#04x}, expected {:#04x}",
+            got[i], want[i]
+        );
+    }
+}
