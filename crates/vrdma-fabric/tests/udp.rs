@@ -295,6 +295,126 @@ fn uc_and_ud_over_loopback_udp() {
     );
 }
 
+/// Each datagram leaves with its address handle's traffic class and hop
+/// limit (the device's TOS when the class is 0), whether its source
+/// socket has them as options or they travel as ancillary data, and when
+/// one QP switches between handles (the socket's options follow a run of
+/// 64 datagrams of one kind): the receiver's GRH shows the IPv4 header.
+#[test]
+fn every_datagram_carries_its_traffic_class_and_hop_limit() {
+    let mtu = Mtu::Mtu1024;
+    let mut config = Config::new(v4(13));
+    config.mtu = Some(mtu);
+    config.tos = 0x60;
+    let mut a = common::end_with(config);
+    let mut b = end(v4(14), mtu);
+    let (da, db) = (qp(&mut a, QpType::Ud), qp(&mut b, QpType::Ud));
+    for (e, q) in [(&mut a, da), (&mut b, db)] {
+        connect(e, q, Gid::default(), Qpn::default(), mtu);
+    }
+    let gb = b.dev.gid();
+    // (traffic class, hop limit) as the handle says, and as the wire must.
+    let kinds = [
+        ((0xb9, 7), (0xb9, 7)),
+        ((0x48, 200), (0x48, 200)),
+        ((0, 64), (0x60, 64)),
+    ];
+    let ahs: Vec<u32> = kinds
+        .iter()
+        .map(|&((traffic_class, hop_limit), _)| {
+            a.dev
+                .engine_mut()
+                .create_ah(
+                    a.pd,
+                    AhAttr {
+                        dgid: gb,
+                        port_num: 1,
+                        hop_limit,
+                        traffic_class,
+                        ..AhAttr::default()
+                    },
+                )
+                .unwrap()
+        })
+        .collect();
+    // One of the first kind, a run of the second long enough to move the
+    // socket's options, then the others in turn.
+    let mut plan = vec![0];
+    plan.extend([1; 70]);
+    plan.extend([0, 2, 1, 2, 0, 0]);
+    const SLOT: u64 = 0x100;
+    const RX: u64 = BASE + 0x2_0000;
+    let mut done = 0;
+    for (round, chunk) in plan.chunks(32).enumerate() {
+        for (k, &kind) in chunk.iter().enumerate() {
+            let i = (round * 32 + k) as u64;
+            recv(&mut b, db, i, RX + i * SLOT, 40 + 16);
+            fill(&mut a, BASE + i * SLOT, 16, i as u8);
+            let sge = [Sge {
+                addr: BASE + i * SLOT,
+                length: 16,
+                lkey: a.lkey,
+            }];
+            a.dev
+                .engine_mut()
+                .post_send(
+                    da,
+                    &SendWr {
+                        wr_id: i,
+                        op: SendOp::Send,
+                        payload: Payload::Sges(&sge),
+                        flags: SendFlags::SIGNALED,
+                        ud: Some(UdDest {
+                            ah: ahs[kind],
+                            remote_qpn: db,
+                            remote_qkey: QKey(0x1111_1111),
+                        }),
+                    },
+                )
+                .unwrap();
+        }
+        let sent = run_until(&mut a, &mut b, chunk.len());
+        assert!(
+            sent.iter().all(|w| w.status == WcStatus::Success),
+            "{sent:?}"
+        );
+        let mut rx = Vec::new();
+        let limit = Instant::now() + Duration::from_secs(20);
+        while rx.len() < chunk.len() {
+            b.dev.progress().unwrap();
+            b.dev.engine_mut().poll_cq(b.cq, 64, &mut rx).unwrap();
+            assert!(
+                Instant::now() < limit,
+                "{} of {} datagrams",
+                rx.len(),
+                chunk.len()
+            );
+        }
+        for w in &rx {
+            let i = w.wr_id as usize;
+            assert_eq!(
+                (w.status, w.byte_len),
+                (WcStatus::Success, 40 + 16),
+                "datagram {i}"
+            );
+            let grh = bytes(&b, RX + i as u64 * SLOT, 40);
+            let (_, (tos, ttl)) = kinds[plan[i]];
+            assert_eq!(
+                (grh[20 + 1], grh[20 + 8]),
+                (tos, ttl),
+                "datagram {i}: TOS, TTL"
+            );
+            same(
+                bytes(&b, RX + i as u64 * SLOT + 40, 16),
+                bytes(&a, BASE + i as u64 * SLOT, 16),
+                "UD SEND",
+            );
+            done += 1;
+        }
+    }
+    assert_eq!(done, plan.len());
+}
+
 #[test]
 fn rc_over_ipv6_loopback() {
     // ::1 is the only IPv6 loopback address: two QPs of one device talk

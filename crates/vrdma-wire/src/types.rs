@@ -256,9 +256,17 @@ impl fmt::Debug for QKey {
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {
-    /// The IPv4 address when the GID is IPv4-mapped.
+    /// The IPv4 address when the GID is IPv4-mapped (`::ffff:a.b.c.d`,
+    /// as `Ipv6Addr::to_ipv4_mapped`, matched on the bytes: the fabrics
+    /// ask this for every packet they send).
+    #[inline]
     pub fn to_ipv4(self) -> Option<core::net::Ipv4Addr> {
-        Ipv6Addr::from(self.0).to_ipv4_mapped()
+        match self.0 {
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, a, b, c, d] => {
+                Some(core::net::Ipv4Addr::new(a, b, c, d))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -370,6 +378,21 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn gid_to_ipv4_is_the_standard_mapping(
+            raw in any::<[u8; 16]>(),
+            v4 in any::<[u8; 4]>(),
+            mapped in any::<bool>(),
+        ) {
+            let mut bytes = raw;
+            if mapped {
+                bytes[..10].fill(0);
+                bytes[10..12].fill(0xff);
+                bytes[12..].copy_from_slice(&v4);
+            }
+            prop_assert_eq!(Gid(bytes).to_ipv4(), Ipv6Addr::from(bytes).to_ipv4_mapped());
+        }
+
         #[test]
         fn psn_successor_is_greater(a in psn(), k in 1..Psn::HALF) {
             let b = a.wrapping_add(k);

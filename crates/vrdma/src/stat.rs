@@ -13,7 +13,7 @@ use std::{
     io::Write,
     os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result, bail};
@@ -45,7 +45,9 @@ pub fn run_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct Publisher {
     path: PathBuf,
-    next: Instant,
+    /// The device clock ([`UdpDevice::clock`]) at which the next snapshot
+    /// is due.
+    next: u64,
 }
 
 impl Publisher {
@@ -60,18 +62,19 @@ impl Publisher {
         }
         Some(Publisher {
             path: dir.join(format!("{addr}{SUFFIX}")),
-            next: Instant::now(),
+            next: 0,
         })
     }
 
-    /// Writes a snapshot if a period has passed (or `last`: the device
-    /// closes).
+    /// Writes a snapshot if a period has passed by the device's clock as
+    /// its last round read it (a busy loop calls this every round: it
+    /// reads no clock), or if `last` (the device closes).
     pub fn publish(&mut self, dev: &UdpDevice<VecMemory>, last: bool) {
-        let now = Instant::now();
+        let now = dev.clock();
         if !last && now < self.next {
             return;
         }
-        self.next = now + PERIOD;
+        self.next = now.saturating_add(PERIOD.as_nanos() as u64);
         if let Err(e) = self.write(dev, last) {
             tracing::warn!(path = %self.path.display(), error = %e, "counters not published");
         }

@@ -168,9 +168,40 @@ pub fn active_mtu(netdev: u32) -> Mtu {
     }
 }
 
+/// A round that received this many bytes sends its answers at once
+/// instead of in the next round: a stream's ACKs, which the sender's
+/// window waits for, are not held behind the receiver's next turn.
+const SEND_NOW_BYTES: u64 = 16 << 10;
+
 /// Source-port sockets beyond this many are not opened (the receive socket
 /// sends instead).
 const MAX_SOURCE_SOCKETS: usize = 1024;
+
+/// After this many packets in a row whose TOS or TTL differ from their
+/// source socket's options, the options are set to the latest packet's
+/// (a QP number used again by a QP of another traffic class).
+const PRESET_AFTER: u32 = 64;
+
+/// The source socket the last packet matched with its options (a
+/// packet that did not match clears it, so that the miss count stays
+/// exact).
+#[derive(Clone, Copy, Debug)]
+struct LastSource {
+    port: u16,
+    fd: RawFd,
+    preset: (u8, u8),
+}
+
+/// A socket bound to a QP's UDP source port.
+#[derive(Debug)]
+struct Source {
+    socket: UdpSocket,
+    /// The TOS / traffic class and TTL / hop limit set as its options:
+    /// packets with these need no ancillary data.
+    preset: Option<(u8, u8)>,
+    /// Packets in a row that did not match `preset`.
+    misses: u32,
+}
 
 /// A RoCEv2 device on a UDP socket: the engine, the memory it serves, and
 /// the sockets.
@@ -183,8 +214,11 @@ pub struct UdpDevice<M: Memory> {
     socket: UdpSocket,
     /// Sockets bound to QP source ports, by port (`None`: binding failed,
     /// the receive socket sends instead).
-    sources: HashMap<u16, Option<UdpSocket>>,
+    sources: HashMap<u16, Option<Source>>,
+    last_source: Option<LastSource>,
     epoch: Instant,
+    /// [`UdpDevice::clock`].
+    clock: u64,
     recv: sys::RecvBatch,
     send: sys::SendBatch,
     /// The socket the queued datagrams leave from.
@@ -239,7 +273,9 @@ impl<M: Memory> UdpDevice<M> {
             gid,
             socket,
             sources: HashMap::new(),
+            last_source: None,
             epoch: Instant::now(),
+            clock: 0,
             recv: sys::RecvBatch::new(config.batch, slot),
             send: sys::SendBatch::new(),
             send_fd,
@@ -295,6 +331,13 @@ impl<M: Memory> UdpDevice<M> {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// The engine's clock as the last [`UdpDevice::progress`] read it (a
+    /// caller that polls often can pace itself without reading the clock
+    /// again).
+    pub fn clock(&self) -> u64 {
+        self.clock
+    }
+
     /// One round without blocking: sends everything the engine has (what
     /// the application posted since the last round, and the answers to
     /// what arrived in it), receives what is queued (a few batches at
@@ -306,19 +349,27 @@ impl<M: Memory> UdpDevice<M> {
     /// system call, its reply not behind a call of its own. A caller that
     /// polls keeps the delay to one turn of its loop; [`UdpDevice::wait`]
     /// sends before it sleeps.
+    ///
+    /// The round reads the clock once: what arrives in it is stamped, and
+    /// the timers run, at its start ([`UdpDevice::clock`]).
     pub fn progress(&mut self) -> io::Result<Progress> {
+        let now = self.now();
+        self.clock = now;
         let mut p = Progress {
-            sent: self.transmit(self.now()),
+            sent: self.transmit(now),
             ..Progress::default()
         };
+        let before = self.stats.rx_bytes;
         for _ in 0..4 {
-            let n = self.receive_batch()?;
+            let n = self.receive_batch(now)?;
             p.received += n;
             if n < self.config.batch {
                 break;
             }
         }
-        let now = self.now();
+        if self.stats.rx_bytes - before >= SEND_NOW_BYTES {
+            p.sent += self.transmit(now);
+        }
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
         }
@@ -353,13 +404,12 @@ impl<M: Memory> UdpDevice<M> {
         Ok(())
     }
 
-    fn receive_batch(&mut self) -> io::Result<usize> {
+    fn receive_batch(&mut self, now: u64) -> io::Result<usize> {
         let n = self.recv.recv(self.socket.as_raw_fd())?;
         if n == 0 {
             return Ok(0);
         }
         self.stats.rx_calls += 1;
-        let now = self.now();
         for i in 0..n {
             let d = self.recv.get(i);
             self.stats.rx_datagrams += 1;
@@ -432,24 +482,30 @@ impl<M: Memory> UdpDevice<M> {
             let Some(t) = self.engine.poll_transmit(now, &self.mem, slot) else {
                 break;
             };
-            let (fd, port) = self.source_socket(t.udp_src_port);
+            let addr = match t.dgid.to_ipv4() {
+                Some(v4) => SocketAddr::new(IpAddr::V4(v4), ROCEV2_UDP_PORT),
+                None => SocketAddr::new(IpAddr::V6(t.dgid.into()), ROCEV2_UDP_PORT),
+            };
+            let traffic_class = if t.traffic_class == 0 {
+                self.config.tos
+            } else {
+                t.traffic_class
+            };
+            let mut dest = sys::Dest {
+                addr,
+                traffic_class,
+                hop_limit: t.hop_limit,
+                preset: false,
+            };
+            let (fd, port) = self.source_socket(t.udp_src_port, &mut dest, t.len, &mut sent);
             if fd != self.send_fd {
                 // The batch leaves from one socket: send what it holds,
                 // this packet moving to the front of the next.
                 sent += self.flush(t.len);
                 self.send_fd = fd;
             }
-            let dst = match t.dgid.to_ipv4() {
-                Some(v4) => SocketAddr::new(IpAddr::V4(v4), ROCEV2_UDP_PORT),
-                None => SocketAddr::new(IpAddr::V6(t.dgid.into()), ROCEV2_UDP_PORT),
-            };
-            let tos = if t.traffic_class == 0 {
-                self.config.tos
-            } else {
-                t.traffic_class
-            };
             let gso = self.config.gso;
-            let index = self.send.next_index(dst, t.len, tos, t.hop_limit, gso);
+            let index = self.send.next_index(&dest, t.len, gso);
             let roce = &mut self.send.slot(MAX_PACKET)[..t.len];
             // At most MAX_SEGMENTS (64) segments: the index fits a u16.
             if let Err(e) = t.seal_for_socket_segment(roce, port, index as u16) {
@@ -458,7 +514,7 @@ impl<M: Memory> UdpDevice<M> {
                 self.stats.tx_failed += 1;
                 continue;
             }
-            self.send.commit(dst, t.len, tos, t.hop_limit, gso);
+            self.send.commit(&dest, t.len, gso);
         }
         sent + self.flush(0)
     }
@@ -487,31 +543,77 @@ impl<M: Memory> UdpDevice<M> {
 
     /// The socket bound to source port `port` (opened on first use), and
     /// the port it really has: the receive socket's when binding fails.
-    fn source_socket(&mut self, port: u16) -> (RawFd, u16) {
-        // One lookup per packet in the common case (the socket exists).
-        let fd = match self.sources.get(&port) {
-            Some(s) => s.as_ref().map(UdpSocket::as_raw_fd),
-            None if self.sources.len() < MAX_SOURCE_SOCKETS => {
-                let s = UdpSocket::bind(SocketAddr::new(self.config.addr, port)).and_then(|s| {
-                    configure(&s, self.config.addr, false, self.config.gso).map(|()| s)
-                });
-                if let Err(e) = &s {
-                    tracing::warn!(port, error = %e, "cannot bind a QP source port; using the receive socket");
-                }
-                let s = s.ok();
-                let fd = s.as_ref().map(UdpSocket::as_raw_fd);
-                self.sources.insert(port, s);
-                fd
-            }
-            None => None,
-        };
-        match fd {
-            Some(fd) => (fd, port),
-            None => {
-                self.stats.src_port_fallback += 1;
-                (self.socket.as_raw_fd(), self.config.port)
-            }
+    /// Marks `dest` [`sys::Dest::preset`] when the socket's TOS and TTL
+    /// options are its own, setting them on a new socket (and on one whose
+    /// packets differed [`PRESET_AFTER`] times in a row, after sending
+    /// what the batch holds from it with the old ones: `tail` bytes are
+    /// kept, and what was sent is added to `sent`).
+    fn source_socket(
+        &mut self,
+        port: u16,
+        dest: &mut sys::Dest,
+        tail: usize,
+        sent: &mut usize,
+    ) -> (RawFd, u16) {
+        let fields = (dest.traffic_class, dest.hop_limit);
+        // A run of packets from one QP asks for the same socket: no
+        // lookup (which showed in profiles of streams).
+        if let Some(hit) = self.last_source
+            && hit.port == port
+            && hit.preset == fields
+        {
+            dest.preset = true;
+            return (hit.fd, port);
         }
+        self.last_source = None;
+        if !self.sources.contains_key(&port) && self.sources.len() < MAX_SOURCE_SOCKETS {
+            let s = UdpSocket::bind(SocketAddr::new(self.config.addr, port))
+                .and_then(|s| configure(&s, self.config.addr, false, self.config.gso).map(|()| s));
+            if let Err(e) = &s {
+                tracing::warn!(port, error = %e, "cannot bind a QP source port; using the receive socket");
+            }
+            let source = s.ok().map(|socket| Source {
+                socket,
+                preset: None,
+                misses: PRESET_AFTER,
+            });
+            self.sources.insert(port, source);
+        }
+        let Some(Some(source)) = self.sources.get_mut(&port) else {
+            self.stats.src_port_fallback += 1;
+            return (self.socket.as_raw_fd(), self.config.port);
+        };
+        let fd = source.socket.as_raw_fd();
+        if source.preset == Some(fields) {
+            source.misses = 0;
+            dest.preset = true;
+            self.last_source = Some(LastSource {
+                port,
+                fd,
+                preset: fields,
+            });
+            return (fd, port);
+        }
+        source.misses += 1;
+        if source.misses < PRESET_AFTER {
+            return (fd, port);
+        }
+        source.misses = 0;
+        source.preset = None;
+        if fd == self.send_fd {
+            // Queued datagrams from this socket count on its options.
+            *sent += self.flush(tail);
+        }
+        match sys::preset(fd, dest) {
+            Ok(()) => {
+                if let Some(Some(source)) = self.sources.get_mut(&port) {
+                    source.preset = Some(fields);
+                }
+                dest.preset = true;
+            }
+            Err(e) => tracing::debug!(port, error = %e, "cannot set a source socket's TOS/TTL"),
+        }
+        (fd, port)
     }
 }
 

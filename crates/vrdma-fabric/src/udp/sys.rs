@@ -7,7 +7,8 @@
 #![allow(unsafe_code)]
 
 use std::{
-    io, mem,
+    io,
+    mem::{self, MaybeUninit},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::RawFd,
     ptr,
@@ -259,15 +260,16 @@ impl RecvBatch {
     }
 
     /// Receives what is queued on `fd` without waiting; the number of
-    /// datagrams (0 when none). After a call that found little, the next
-    /// asks for a few datagrams only (`SMALL`): a busy-polling device
-    /// calls this in a loop, and building 64 headers for each empty poll
-    /// cost more than the call.
+    /// datagrams (0 when none). After a call that found nothing, the next
+    /// asks for one datagram: a busy-polling device calls this in a loop,
+    /// building 64 headers for each empty poll cost more than the call,
+    /// and a call for several that finds one tries the socket again in
+    /// vain — on the path of a ping-pong's every message. After a call
+    /// that found some, more may be queued: the next asks for a batch.
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        const SMALL: usize = 4;
         let count = self.controls.len();
-        let n = if self.last < SMALL && count > SMALL {
-            self.recv_n::<SMALL>(fd, SMALL)?
+        let n = if self.last == 0 {
+            self.recv_n::<1>(fd, 1)?
         } else {
             self.recv_n::<MAX_BATCH>(fd, count)?
         };
@@ -278,42 +280,42 @@ impl RecvBatch {
     /// One `recvmmsg` of up to `count` (at most `N`) datagrams, with
     /// headers for `N` on the stack.
     fn recv_n<const N: usize>(&mut self, fd: RawFd, count: usize) -> io::Result<usize> {
-        let mut iovs = [libc::iovec {
-            iov_base: ptr::null_mut(),
-            iov_len: 0,
-        }; N];
-        // SAFETY: mmsghdr is plain old data; all-zero is valid.
-        let mut hdrs: [libc::mmsghdr; N] = unsafe { mem::zeroed() };
+        let count = count.min(N).min(self.controls.len());
+        // Only the `count` headers the call uses are written (clearing all
+        // N for every poll showed in profiles).
+        let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; N];
+        let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; N];
         for (i, chunk) in self
             .bufs
             .chunks_exact_mut(self.slot)
             .take(count)
             .enumerate()
         {
-            iovs[i] = libc::iovec {
+            let iov = iovs[i].write(libc::iovec {
                 iov_base: chunk.as_mut_ptr().cast(),
                 iov_len: chunk.len(),
-            };
-        }
-        for i in 0..count {
+            });
             let mut h = zeroed_msghdr();
             h.msg_name = (&raw mut self.names[i]).cast();
             h.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &raw mut iovs[i];
+            h.msg_iov = iov;
             h.msg_iovlen = 1;
             h.msg_control = (&raw mut self.controls[i]).cast();
             h.msg_controllen = CONTROL_LEN as _;
-            hdrs[i].msg_hdr = h;
-            hdrs[i].msg_len = 0;
+            hdrs[i].write(libc::mmsghdr {
+                msg_hdr: h,
+                msg_len: 0,
+            });
         }
-        // SAFETY: `count` (<= N, <= the batch's slots) headers, each
-        // pointing at a live buffer, name and control area of the stated
-        // sizes, all owned by `self` or this frame and not otherwise
-        // borrowed during the call.
+        // SAFETY: the first `count` headers are initialized (the loop ran
+        // over `count` slots: count <= the batch's slots), each pointing at
+        // a live buffer, name and control area of the stated sizes, all
+        // owned by `self` or this frame and not otherwise borrowed during
+        // the call; the kernel reads and writes only those `count`.
         let n = unsafe {
             libc::recvmmsg(
                 fd,
-                hdrs.as_mut_ptr(),
+                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
                 count as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 ptr::null_mut(),
@@ -327,8 +329,10 @@ impl RecvBatch {
                 _ => Err(e),
             };
         }
-        let n = n as usize;
+        let n = (n as usize).min(count);
         for h in &hdrs[..n] {
+            // SAFETY: written by the loop above (n <= count).
+            let h = unsafe { h.assume_init_ref() };
             // msg_controllen is size_t in glibc, socklen_t in musl.
             #[allow(clippy::unnecessary_cast)]
             self.meta.push(RecvMeta {
@@ -406,16 +410,29 @@ fn cmsgs(control: &[u8]) -> impl Iterator<Item = (i32, i32, &[u8])> {
     })
 }
 
+/// Where a datagram goes and the IP header fields it leaves with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Dest {
+    pub addr: SocketAddr,
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+    /// The socket has this traffic class and hop limit as its options
+    /// ([`preset`]): the datagram needs no ancillary data for them, which
+    /// spares the kernel parsing it on every send. (The socket is not
+    /// connected: a connected IPv4 socket numbers its datagrams' IPv4
+    /// Identification from a random start, which the ICRC covers and a
+    /// sender cannot learn; an unconnected one with DF writes 0.)
+    pub preset: bool,
+}
+
 /// One datagram queued in a [`SendBatch`]: with GSO, a run of segments
 /// the kernel splits (all `segment` bytes long but the last, which may be
 /// shorter and then ends the run).
 #[derive(Clone, Copy, Debug)]
 struct Pending {
-    dst: SocketAddr,
+    dest: Dest,
     start: usize,
     len: usize,
-    traffic_class: u8,
-    hop_limit: u8,
     segment: usize,
     segments: usize,
     /// A shorter segment ended the run.
@@ -423,13 +440,10 @@ struct Pending {
 }
 
 impl Pending {
-    /// Whether a packet of `len` bytes to `dst` with these header fields
-    /// can join this run.
-    fn takes(&self, dst: SocketAddr, len: usize, traffic_class: u8, hop_limit: u8) -> bool {
+    /// Whether a packet of `len` bytes for `dest` can join this run.
+    fn takes(&self, dest: &Dest, len: usize) -> bool {
         !self.closed
-            && self.dst == dst
-            && self.traffic_class == traffic_class
-            && self.hop_limit == hop_limit
+            && self.dest == *dest
             && len <= self.segment
             && self.segments < MAX_SEGMENTS
             && self.len + len <= MAX_GSO_BYTES
@@ -440,12 +454,24 @@ impl Pending {
 /// are written straight into its buffer ([`SendBatch::slot`]), then
 /// committed ([`SendBatch::commit`]): no copy between the engine and the
 /// kernel.
-#[derive(Debug)]
 pub(crate) struct SendBatch {
     /// Allocated (and zeroed) once; `used` bytes of it are committed.
     data: Vec<u8>,
     used: usize,
     pending: Vec<Pending>,
+    /// Addresses and ancillary data of one call, kept between calls so
+    /// that a flush does not clear 16 KiB of stack for a datagram or two.
+    names: Vec<libc::sockaddr_storage>,
+    controls: Vec<Control>,
+}
+
+impl std::fmt::Debug for SendBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendBatch")
+            .field("used", &self.used)
+            .field("pending", &self.pending)
+            .finish()
+    }
 }
 
 /// Bytes a batch holds before it must be flushed.
@@ -471,6 +497,8 @@ impl SendBatch {
             data: vec![0; BATCH_BYTES],
             used: 0,
             pending: Vec::with_capacity(MAX_BATCH),
+            names: vec![zeroed_storage(); MAX_BATCH],
+            controls: vec![Control([0; CONTROL_LEN]); MAX_BATCH],
         }
     }
 
@@ -489,41 +517,27 @@ impl SendBatch {
         &mut self.data[self.used..self.used + max]
     }
 
-    /// The segment index a packet of `len` bytes for `dst` would get from
-    /// [`SendBatch::commit`] with `gso`: 0 when it starts a datagram of its
-    /// own. (The kernel gives the segments of a GSO datagram consecutive
-    /// IPv4 Identifications from 0, which their ICRCs must cover.)
-    pub fn next_index(
-        &self,
-        dst: SocketAddr,
-        len: usize,
-        traffic_class: u8,
-        hop_limit: u8,
-        gso: bool,
-    ) -> usize {
+    /// The segment index a packet of `len` bytes for `dest` would get
+    /// from [`SendBatch::commit`] with `gso`: 0 when it starts a datagram
+    /// of its own. (The kernel gives the segments of a GSO datagram
+    /// consecutive IPv4 Identifications from 0, which their ICRCs must
+    /// cover.)
+    pub fn next_index(&self, dest: &Dest, len: usize, gso: bool) -> usize {
         match self.pending.last() {
-            Some(p) if gso && p.takes(dst, len, traffic_class, hop_limit) => p.segments,
+            Some(p) if gso && p.takes(dest, len) => p.segments,
             _ => 0,
         }
     }
 
     /// Commits the `len` bytes written at [`SendBatch::slot`] as a
-    /// datagram for `dst` with the given TOS / traffic class and TTL / hop
-    /// limit: with `gso`, as one more segment of the last datagram when it
-    /// can be.
-    pub fn commit(
-        &mut self,
-        dst: SocketAddr,
-        len: usize,
-        traffic_class: u8,
-        hop_limit: u8,
-        gso: bool,
-    ) {
+    /// datagram for `dest`: with `gso`, as one more segment of the last
+    /// datagram when it can be.
+    pub fn commit(&mut self, dest: &Dest, len: usize, gso: bool) {
         let start = self.used;
         self.used += len;
         if gso
             && let Some(p) = self.pending.last_mut()
-            && p.takes(dst, len, traffic_class, hop_limit)
+            && p.takes(dest, len)
         {
             p.len += len;
             p.segments += 1;
@@ -531,11 +545,9 @@ impl SendBatch {
             return;
         }
         self.pending.push(Pending {
-            dst,
+            dest: *dest,
             start,
             len,
-            traffic_class,
-            hop_limit,
             segment: len,
             segments: 1,
             closed: false,
@@ -544,16 +556,9 @@ impl SendBatch {
 
     /// Copies `payload` into the batch and commits it (tests).
     #[cfg(test)]
-    pub fn push(
-        &mut self,
-        dst: SocketAddr,
-        payload: &[u8],
-        traffic_class: u8,
-        hop_limit: u8,
-        gso: bool,
-    ) {
+    pub fn push(&mut self, dest: &Dest, payload: &[u8], gso: bool) {
         self.slot(payload.len()).copy_from_slice(payload);
-        self.commit(dst, payload.len(), traffic_class, hop_limit, gso);
+        self.commit(dest, payload.len(), gso);
     }
 
     /// Sends everything committed through `fd` (a blocking socket: a full
@@ -564,55 +569,30 @@ impl SendBatch {
         let mut out = Flushed::default();
         let mut next = 0;
         while next < self.pending.len() {
-            let batch = &self.pending[next..];
-            let count = batch.len().min(MAX_BATCH);
-            let mut names = [zeroed_storage(); MAX_BATCH];
-            let mut controls = [Control([0; CONTROL_LEN]); MAX_BATCH];
-            let mut iovs = [libc::iovec {
-                iov_base: ptr::null_mut(),
-                iov_len: 0,
-            }; MAX_BATCH];
-            // SAFETY: mmsghdr is plain old data; all-zero is valid.
-            let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
-            for (i, p) in batch[..count].iter().enumerate() {
-                let (name, name_len) = to_sockaddr(p.dst);
-                names[i] = name;
-                let control_len = write_send_control(&mut controls[i].0, p);
-                iovs[i] = libc::iovec {
-                    // sendmmsg only reads through this pointer.
-                    iov_base: self.data[p.start..].as_ptr().cast_mut().cast(),
-                    iov_len: p.len,
-                };
-                let mut h = zeroed_msghdr();
-                h.msg_name = (&raw mut names[i]).cast();
-                h.msg_namelen = name_len;
-                h.msg_iov = &raw mut iovs[i];
-                h.msg_iovlen = 1;
-                h.msg_control = (&raw mut controls[i]).cast();
-                h.msg_controllen = control_len as _;
-                hdrs[i].msg_hdr = h;
-            }
-            // SAFETY: `count` headers pointing at live names, control
-            // areas and payload bytes of the stated lengths, which the
-            // kernel only reads.
-            let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), count as libc::c_uint, 0) };
+            let left = self.pending.len() - next;
+            let r = if left <= 4 {
+                self.send_n::<4>(fd, next)
+            } else {
+                self.send_n::<MAX_BATCH>(fd, next)
+            };
             out.calls += 1;
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    let p = &self.pending[next];
+                    // The first datagram was refused: drop it and go on.
+                    tracing::debug!(dst = %p.dest.addr, segments = p.segments, error = %e, "send refused");
+                    out.failed += p.segments;
+                    out.gso_refused |= p.segments > 1
+                        && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO));
+                    next += 1;
                     continue;
                 }
-                // The first datagram was refused: drop it and go on.
-                let p = &self.pending[next];
-                tracing::debug!(dst = %p.dst, segments = p.segments, error = %e, "send refused");
-                out.failed += p.segments;
-                out.gso_refused |=
-                    p.segments > 1 && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EIO));
-                next += 1;
-                continue;
-            }
-            let r = r as usize;
-            for p in &batch[..r] {
+            };
+            for p in &self.pending[next..next + r] {
                 out.bytes += p.len;
                 out.sent += p.segments;
             }
@@ -623,29 +603,81 @@ impl SendBatch {
         self.used = 0;
         out
     }
+
+    /// One `sendmmsg` of the datagrams from `first` on, at most `N` (with
+    /// headers for `N` on the stack); the number the kernel took.
+    fn send_n<const N: usize>(&mut self, fd: RawFd, first: usize) -> io::Result<usize> {
+        let batch = &self.pending[first..];
+        let count = batch.len().min(N).min(self.names.len());
+        // Only the `count` headers the call uses are written.
+        let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; N];
+        let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; N];
+        for (i, p) in batch[..count].iter().enumerate() {
+            let mut h = zeroed_msghdr();
+            let (name, name_len) = to_sockaddr(p.dest.addr);
+            self.names[i] = name;
+            h.msg_name = (&raw mut self.names[i]).cast();
+            h.msg_namelen = name_len;
+            let control_len = write_send_control(&mut self.controls[i].0, p);
+            if control_len > 0 {
+                h.msg_control = (&raw mut self.controls[i]).cast();
+                h.msg_controllen = control_len as _;
+            }
+            h.msg_iov = iovs[i].write(libc::iovec {
+                // sendmmsg only reads through this pointer.
+                iov_base: self.data[p.start..].as_ptr().cast_mut().cast(),
+                iov_len: p.len,
+            });
+            h.msg_iovlen = 1;
+            hdrs[i].write(libc::mmsghdr {
+                msg_hdr: h,
+                msg_len: 0,
+            });
+        }
+        // SAFETY: the first `count` headers are initialized by the loop,
+        // pointing at live names, control areas (owned by `self`) and
+        // payload bytes of the stated lengths, which the kernel only
+        // reads; it touches no header past `count`.
+        let r = unsafe {
+            libc::sendmmsg(
+                fd,
+                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
+                count as libc::c_uint,
+                0,
+            )
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
 }
 
-/// Writes the TOS / traffic class and TTL / hop limit control messages
-/// for `p` into `buf`, and its GSO segment size if it has several; returns
-/// their total length.
+/// Writes the control messages `p` needs into `buf` — its TOS / traffic
+/// class and TTL / hop limit unless its socket has them as options, and
+/// its GSO segment size if it has several segments — and returns their
+/// total length.
 fn write_send_control(buf: &mut [u8; CONTROL_LEN], p: &Pending) -> usize {
     const WORD: usize = mem::size_of::<usize>();
     let header = mem::size_of::<libc::cmsghdr>();
-    let (level, tos_type, ttl_type) = match p.dst {
+    let (level, tos_type, ttl_type) = match p.dest.addr {
         SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_TOS, libc::IP_TTL),
         SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, libc::IPV6_HOPLIMIT),
     };
     let mut at = 0;
-    for (ty, value) in [
-        (tos_type, i32::from(p.traffic_class)),
-        (ttl_type, i32::from(p.hop_limit.max(1))),
-    ] {
-        let len = header + 4;
-        buf[at..at + WORD].copy_from_slice(&len.to_ne_bytes());
-        buf[at + WORD..at + WORD + 4].copy_from_slice(&level.to_ne_bytes());
-        buf[at + WORD + 4..at + WORD + 8].copy_from_slice(&ty.to_ne_bytes());
-        buf[at + header..at + header + 4].copy_from_slice(&value.to_ne_bytes());
-        at += len.next_multiple_of(WORD);
+    if !p.dest.preset {
+        for (ty, value) in [
+            (tos_type, i32::from(p.dest.traffic_class)),
+            (ttl_type, i32::from(p.dest.hop_limit.max(1))),
+        ] {
+            let len = header + 4;
+            buf[at..at + WORD].copy_from_slice(&len.to_ne_bytes());
+            buf[at + WORD..at + WORD + 4].copy_from_slice(&level.to_ne_bytes());
+            buf[at + WORD + 4..at + WORD + 8].copy_from_slice(&ty.to_ne_bytes());
+            buf[at + header..at + header + 4].copy_from_slice(&value.to_ne_bytes());
+            at += len.next_multiple_of(WORD);
+        }
     }
     if p.segments > 1 {
         // UDP_SEGMENT takes a u16; `segment` is at most MAX_GSO_BYTES.
@@ -659,19 +691,57 @@ fn write_send_control(buf: &mut [u8; CONTROL_LEN], p: &Pending) -> usize {
     at
 }
 
+/// Sets `fd`'s TOS / traffic class and TTL / hop limit options to
+/// `dest`'s (see [`Dest::preset`]).
+pub(crate) fn preset(fd: RawFd, dest: &Dest) -> io::Result<()> {
+    match dest.addr {
+        SocketAddr::V4(_) => {
+            set_int_option(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_TOS,
+                i32::from(dest.traffic_class),
+            )?;
+            set_int_option(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_TTL,
+                i32::from(dest.hop_limit.max(1)),
+            )?;
+        }
+        SocketAddr::V6(_) => {
+            let tclass = i32::from(dest.traffic_class);
+            set_int_option(fd, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, tclass)?;
+            let hops = i32::from(dest.hop_limit.max(1));
+            set_int_option(fd, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, hops)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dest(addr: &str, traffic_class: u8, preset: bool) -> Dest {
+        Dest {
+            addr: addr.parse().unwrap(),
+            traffic_class,
+            hop_limit: 64,
+            preset,
+        }
+    }
 
     #[test]
     fn control_messages_round_trip_through_the_parser() {
         let mut buf = [0u8; CONTROL_LEN];
         let p = Pending {
-            dst: "127.0.0.1:4791".parse().unwrap(),
+            dest: Dest {
+                hop_limit: 7,
+                ..dest("127.0.0.1:4791", 0x2e << 2 | 1, false)
+            },
             start: 0,
             len: 0,
-            traffic_class: 0x2e << 2 | 1,
-            hop_limit: 7,
             segment: 4112,
             segments: 1,
             closed: false,
@@ -694,7 +764,27 @@ mod tests {
             cmsgs(&buf[..n]).nth(2),
             Some((libc::SOL_UDP, libc::UDP_SEGMENT, &4112u16.to_ne_bytes()[..]))
         );
+        // A socket with TOS and TTL as options: only the segment size is
+        // left, and a single datagram needs nothing.
+        let preset = Dest {
+            preset: true,
+            ..gso.dest
+        };
+        let n = write_send_control(
+            &mut buf,
+            &Pending {
+                dest: preset,
+                ..gso
+            },
+        );
+        assert_eq!(
+            cmsgs(&buf[..n]).collect::<Vec<_>>(),
+            vec![(libc::SOL_UDP, libc::UDP_SEGMENT, &4112u16.to_ne_bytes()[..])]
+        );
+        let single = Pending { dest: preset, ..p };
+        assert_eq!(write_send_control(&mut buf, &single), 0);
         // Hostile lengths end the walk instead of reading out of bounds.
+        let n = write_send_control(&mut buf, &gso);
         let mut bad = buf;
         bad[..8].copy_from_slice(&usize::MAX.to_ne_bytes());
         assert_eq!(cmsgs(&bad[..n]).count(), 0);
@@ -704,46 +794,54 @@ mod tests {
 
     #[test]
     fn gso_runs_take_equal_segments_and_one_shorter_last() {
-        let a: SocketAddr = "127.0.0.1:4791".parse().unwrap();
-        let b: SocketAddr = "127.0.0.2:4791".parse().unwrap();
+        let a = dest("127.0.0.1:4791", 0, false);
+        let b = dest("127.0.0.2:4791", 0, false);
         let mut s = SendBatch::new();
-        let push = |s: &mut SendBatch, dst, len: usize, tc| {
-            let k = s.next_index(dst, len, tc, 64, true);
-            s.push(dst, &vec![0u8; len], tc, 64, true);
+        let push = |s: &mut SendBatch, d: &Dest, len: usize| {
+            let k = s.next_index(d, len, true);
+            s.push(d, &vec![0u8; len], true);
             k
         };
         // A first packet longer than the rest starts a run the others
         // cannot join (they would be shorter than its segment, and a
         // shorter segment ends a run).
-        assert_eq!(push(&mut s, a, 4128, 0), 0);
-        assert_eq!(push(&mut s, a, 4112, 0), 1);
-        assert_eq!(push(&mut s, a, 4112, 0), 0);
-        assert_eq!(push(&mut s, a, 4112, 0), 1);
-        assert_eq!(push(&mut s, a, 100, 0), 2);
-        // Closed by the shorter one; another address or TOS starts anew.
-        assert_eq!(push(&mut s, a, 100, 0), 0);
-        assert_eq!(push(&mut s, b, 100, 0), 0);
-        assert_eq!(push(&mut s, b, 100, 4), 0);
-        assert_eq!(s.len(), 5);
+        assert_eq!(push(&mut s, &a, 4128), 0);
+        assert_eq!(push(&mut s, &a, 4112), 1);
+        assert_eq!(push(&mut s, &a, 4112), 0);
+        assert_eq!(push(&mut s, &a, 4112), 1);
+        assert_eq!(push(&mut s, &a, 100), 2);
+        // Closed by the shorter one; another address, TOS or way of
+        // sending starts anew.
+        assert_eq!(push(&mut s, &a, 100), 0);
+        assert_eq!(push(&mut s, &b, 100), 0);
+        let b4 = Dest {
+            traffic_class: 4,
+            ..b
+        };
+        assert_eq!(push(&mut s, &b4, 100), 0);
+        let b4c = Dest { preset: true, ..b4 };
+        assert_eq!(push(&mut s, &b4c, 100), 0);
+        assert_eq!(push(&mut s, &b4c, 100), 1);
+        assert_eq!(s.len(), 6);
         // Without GSO every packet is a datagram.
         let mut plain = SendBatch::new();
         for _ in 0..3 {
-            assert_eq!(plain.next_index(a, 64, 0, 64, false), 0);
-            plain.push(a, &[0; 64], 0, 64, false);
+            assert_eq!(plain.next_index(&a, 64, false), 0);
+            plain.push(&a, &[0; 64], false);
         }
         assert_eq!(plain.len(), 3);
         // Runs stop at the segment and byte limits.
         let mut big = SendBatch::new();
         for i in 0..20 {
-            let k = big.next_index(a, 4112, 0, 64, true);
+            let k = big.next_index(&a, 4112, true);
             assert_eq!(k, i % 15, "{i}");
-            big.push(a, &[0; 4112], 0, 64, true);
+            big.push(&a, &[0; 4112], true);
         }
         let mut many = SendBatch::new();
         for i in 0..(MAX_SEGMENTS + 1) {
-            let k = many.next_index(a, 64, 0, 64, true);
+            let k = many.next_index(&a, 64, true);
             assert_eq!(k, i % MAX_SEGMENTS);
-            many.push(a, &[0; 64], 0, 64, true);
+            many.push(&a, &[0; 64], true);
         }
     }
 

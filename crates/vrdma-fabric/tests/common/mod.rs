@@ -32,6 +32,11 @@ pub struct End {
 pub fn end(addr: IpAddr, mtu: Mtu) -> End {
     let mut config = Config::new(addr);
     config.mtu = Some(mtu);
+    end_with(config)
+}
+
+/// A device set up as `config` says.
+pub fn end_with(config: Config) -> End {
     let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, MEM)).expect("bind");
     let e = dev.engine_mut();
     let pd = e.alloc_pd().unwrap();
