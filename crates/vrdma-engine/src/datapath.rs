@@ -83,6 +83,23 @@ pub struct Transmit {
     pub traffic_class: u8,
     pub hop_limit: u8,
     pub flow_label: u32,
+    /// Where in the packet the payload lent by reference goes
+    /// ([`Engine::poll_transmit_gather`]): the buffer holds the packet's
+    /// bytes before it (the headers) and, from this offset on, the bytes
+    /// after it (pad and ICRC field); `len` counts them all.
+    pub payload_at: usize,
+    /// Payload bytes lent by reference ([`Engine::gathered`]), not in the
+    /// buffer; 0 when the buffer holds the whole packet.
+    pub referenced: usize,
+}
+
+/// A piece of a packet's payload that stays in memory (a gather send):
+/// `len` bytes at device address `addr`, which the engine checked against
+/// the WR's SGEs, their MRs' keys, PD, rights and bounds.
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub struct PayloadRef {
+    pub addr: u64,
+    pub len: usize,
 }
 
 impl Transmit {
@@ -169,12 +186,38 @@ impl Transmit {
         src_port: u16,
         index: u16,
     ) -> Result<(), vrdma_wire::Error> {
-        let ip = self.ip_repr(roce.len(), index)?;
+        let needed = vrdma_wire::bth::HEADER_LEN + packet::ICRC_LEN;
+        if roce.len() < needed {
+            return Err(vrdma_wire::Error::Truncated {
+                header: vrdma_wire::Header::Bth,
+                needed,
+                available: roce.len(),
+            });
+        }
+        let (head, tail) = roce.split_at_mut(roce.len() - packet::ICRC_LEN);
+        self.seal_parts(head, &[], tail, src_port, index)
+    }
+
+    /// [`Transmit::seal_for_socket_segment`] for a packet whose payload
+    /// was lent ([`Engine::poll_transmit_gather`]): `head` is the buffer's
+    /// bytes before [`Transmit::payload_at`], `payload` the lent bytes (in
+    /// [`Engine::gathered`]'s order), `tail` the buffer's bytes after them,
+    /// ending with the ICRC field this fills.
+    pub fn seal_parts(
+        &self,
+        head: &[u8],
+        payload: &[&[u8]],
+        tail: &mut [u8],
+        src_port: u16,
+        index: u16,
+    ) -> Result<(), vrdma_wire::Error> {
+        let roce_len = head.len() + payload.iter().map(|p| p.len()).sum::<usize>() + tail.len();
+        let ip = self.ip_repr(roce_len, index)?;
         let mut headers = [0u8; vrdma_wire::ipv6::HEADER_LEN + vrdma_wire::udp::HEADER_LEN];
         let (ip_header, udp) = headers.split_at_mut(ip.buffer_len());
         ip.emit(ip_header)?;
         let udp = &mut udp[..vrdma_wire::udp::HEADER_LEN];
-        let len = vrdma_wire::udp::HEADER_LEN + roce.len();
+        let len = vrdma_wire::udp::HEADER_LEN + roce_len;
         let udp_len = u16::try_from(len).map_err(|_| vrdma_wire::Error::OutOfRange {
             what: "a UDP length",
             value: len as u64,
@@ -182,8 +225,9 @@ impl Transmit {
         udp[0..2].copy_from_slice(&src_port.to_be_bytes());
         udp[2..4].copy_from_slice(&vrdma_wire::ROCEV2_UDP_PORT.to_be_bytes());
         udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
-        let crc = vrdma_wire::icrc::compute(ip_header, udp, roce)?;
-        packet::Packet::new_unchecked(roce).set_icrc(crc);
+        let crc = vrdma_wire::icrc::compute_parts(ip_header, udp, head, payload, tail)?;
+        let at = tail.len() - packet::ICRC_LEN;
+        tail[at..].copy_from_slice(&crc.to_le_bytes());
         Ok(())
     }
 }
@@ -292,6 +336,34 @@ impl Engine {
             q.scheduled = true;
             self.tx_ready.push_back(qpn);
         }
+    }
+
+    /// [`Engine::poll_transmit`] for a fabric that sends a packet from
+    /// pieces (a gather send): where the payload of a SEND or WRITE can be
+    /// read in place ([`Memory::slice`]), it is not copied into `buf` but
+    /// lent — [`Engine::gathered`] lists its pieces, and the [`Transmit`]
+    /// says where they go ([`Transmit::payload_at`],
+    /// [`Transmit::referenced`]). The pieces must be read before the
+    /// memory changes (the caller sends them before it lets the
+    /// application touch the memory again); they are valid until the next
+    /// poll.
+    pub fn poll_transmit_gather(
+        &mut self,
+        now: u64,
+        mem: &impl Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        self.lent.clear();
+        self.lend = true;
+        let t = self.poll_transmit(now, mem, buf);
+        self.lend = false;
+        t
+    }
+
+    /// The payload pieces of the packet the last
+    /// [`Engine::poll_transmit_gather`] lent, in order.
+    pub fn gathered(&self) -> &[PayloadRef] {
+        &self.lent
     }
 
     /// Writes the next packet to send into `buf` (at least [`MAX_PACKET`]
@@ -554,6 +626,8 @@ impl Engine {
             traffic_class: av.traffic_class,
             hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
             flow_label: av.flow_label,
+            payload_at: 0,
+            referenced: 0,
         })
     }
 
@@ -771,10 +845,29 @@ impl Engine {
         let out = buf.get_mut(..packet::packet_len(opcode, n_bytes))?;
         let at = packet::emit_headers(out, &bth, &ext, n_bytes).ok()?;
         let payload = &mut out[at..at + n_bytes];
+        let mut referenced = 0;
         let gathered = if w.is_inline {
             let start = offset as usize;
             payload.copy_from_slice(&w.inline[start..start + n_bytes]);
             Ok(())
+        } else if self.lend && n_bytes > 0 {
+            match lend(
+                &self.keys,
+                mem,
+                pd,
+                &w.sges,
+                offset,
+                n_bytes,
+                &mut self.lent,
+            ) {
+                Ok(true) => {
+                    referenced = n_bytes;
+                    Ok(())
+                }
+                // Memory that does not lend its bytes: copied.
+                Ok(false) => gather(&self.keys, mem, pd, &w.sges, offset, payload),
+                Err(e) => Err(e),
+            }
         } else {
             gather(&self.keys, mem, pd, &w.sges, offset, payload)
         };
@@ -785,7 +878,12 @@ impl Engine {
             return None;
         }
         let len = out.len();
-        let t = self.path(qpn, ah).map(|t| Transmit { len, ..t })?;
+        let t = self.path(qpn, ah).map(|t| Transmit {
+            len,
+            payload_at: at,
+            referenced,
+            ..t
+        })?;
 
         // Advance.
         let q = self.qps.get_mut(qpn.value())?;
@@ -2274,6 +2372,39 @@ fn emit(buf: &mut [u8], bth: bth::Repr, ext: packet::ExtHeaders) -> Option<usize
 
 /// Reads `out.len()` bytes starting `offset` bytes into the SGE list, each
 /// SGE checked against its lkey and `pd`.
+/// Lends `len` bytes starting `offset` bytes into the SGE list: checks
+/// each piece as [`gather`] does and appends its device address to `out`.
+/// False (and `out` as it was) when the memory does not lend a piece.
+fn lend(
+    keys: &Keys,
+    mem: &impl Memory,
+    pd: u32,
+    sges: &[Sge],
+    offset: u64,
+    len: usize,
+    out: &mut Vec<PayloadRef>,
+) -> Result<bool, AccessError> {
+    let start = out.len();
+    let mut lendable = true;
+    walk(sges, offset, len, |sge, at, _, n| {
+        let mr = keys.check_local(sge.lkey, pd, sge.addr + at, n as u64, Access::NONE)?;
+        mr.for_each_chunk(sge.addr + at, n as u64, |addr, n| {
+            // n <= len, which fits a usize.
+            let n = n as usize;
+            if lendable && mem.slice(addr, n).is_some() {
+                out.push(PayloadRef { addr, len: n });
+            } else {
+                lendable = false;
+            }
+            Ok(())
+        })
+    })?;
+    if !lendable {
+        out.truncate(start);
+    }
+    Ok(lendable)
+}
+
 fn gather(
     keys: &Keys,
     mem: &impl Memory,

@@ -50,6 +50,10 @@ pub struct Engine {
     /// QPs whose timers are due (`handle_timeout`'s buffer, kept to avoid
     /// an allocation per call).
     pub(crate) due: Vec<(Qpn, bool, bool)>,
+    /// Payload pieces of the packet the last gather poll lent
+    /// (`Engine::gathered`), and whether the poll running lends.
+    pub(crate) lent: Vec<crate::datapath::PayloadRef>,
+    pub(crate) lend: bool,
 }
 
 impl Engine {
@@ -73,6 +77,8 @@ impl Engine {
             stats: crate::datapath::Stats::default(),
             now: 0,
             due: Vec::new(),
+            lent: Vec::new(),
+            lend: false,
             attr,
             port,
         }

@@ -27,6 +27,15 @@ pub trait Memory {
     /// Atomically adds `add` (wrapping) to the little-endian u64 at `addr`;
     /// returns the value found.
     fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryError>;
+
+    /// The `len` bytes at `addr` in place, for a fabric that hands them to
+    /// the kernel without copying them first (a gather send). `None` when
+    /// this memory does not lend its bytes (the default: the engine copies
+    /// them with [`Memory::read`]) or the range is not there.
+    fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let _ = (addr, len);
+        None
+    }
 }
 
 /// Memory backed by a vector, mapped at `base`: for tests and tools.
@@ -102,6 +111,11 @@ impl Memory for VecMemory {
         let old = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
         w.copy_from_slice(&old.wrapping_add(add).to_le_bytes());
         Ok(old)
+    }
+
+    fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let r = self.range(addr, len).ok()?;
+        Some(&self.bytes[r])
     }
 }
 

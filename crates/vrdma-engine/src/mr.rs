@@ -224,7 +224,7 @@ impl Mr {
 
     /// Calls `f(device_address, length)` for each physically contiguous
     /// piece of `va..va + len` (bounds already checked).
-    fn for_each_chunk(
+    pub(crate) fn for_each_chunk(
         &self,
         va: u64,
         len: u64,

@@ -11,7 +11,7 @@
 
 use vrdma_wire::{Gid, frame, udp};
 
-use crate::{Engine, datapath::MAX_PACKET, memory::VecMemory};
+use crate::{Engine, datapath::MAX_PACKET, memory::Memory, memory::VecMemory};
 
 /// One attached device.
 #[derive(Debug)]
@@ -42,6 +42,9 @@ pub struct Net {
     /// When set, every packet sent (BTH through ICRC) is recorded with the
     /// index of the node that sent it.
     pub tap: Option<Vec<(usize, Vec<u8>)>>,
+    /// Poll as a gather-send fabric does ([`Engine::poll_transmit_gather`]):
+    /// a lent payload is read from the sender's memory into the packet.
+    pub gather: bool,
 }
 
 /// What stopped [`Net::run`].
@@ -66,20 +69,45 @@ impl Net {
     /// at once. Returns the number of packets moved.
     pub fn step(&mut self) -> usize {
         let mut buf = vec![0u8; MAX_PACKET];
+        let mut assembled = Vec::new();
         let mut moved = 0;
         for i in 0..self.nodes.len() {
             let node = &mut self.nodes[i];
-            let Some(t) = node.engine.poll_transmit(self.now, &node.mem, &mut buf) else {
+            let t = if self.gather {
+                node.engine
+                    .poll_transmit_gather(self.now, &node.mem, &mut buf)
+            } else {
+                node.engine.poll_transmit(self.now, &node.mem, &mut buf)
+            };
+            let Some(t) = t else {
                 continue;
+            };
+            let packet = if t.referenced > 0 {
+                let lent = node.engine.gathered();
+                assert_eq!(
+                    lent.iter().map(|r| r.len).sum::<usize>(),
+                    t.referenced,
+                    "the pieces lent are the payload"
+                );
+                assembled.clear();
+                assembled.extend_from_slice(&buf[..t.payload_at]);
+                for r in lent {
+                    let piece = node.mem.slice(r.addr, r.len);
+                    assembled.extend_from_slice(piece.expect("the engine lends what memory has"));
+                }
+                assembled.extend_from_slice(&buf[t.payload_at + t.referenced..t.len]);
+                &assembled[..]
+            } else {
+                &buf[..t.len]
             };
             moved += 1;
             let n = self.sent;
             self.sent += 1;
             if let Some(tap) = &mut self.tap {
-                tap.push((i, buf[..t.len].to_vec()));
+                tap.push((i, packet.to_vec()));
             }
             let mut bytes = Vec::new();
-            t.frame_ip(&buf[..t.len], &mut bytes)
+            t.frame_ip(packet, &mut bytes)
                 .expect("the engine emits valid packets");
             if self.drop.contains(&n) {
                 self.dropped += 1;

@@ -478,6 +478,98 @@ fn a_bad_local_sge_is_a_local_protection_error() {
     assert_eq!(net.delivered, 0, "nothing left the QP");
 }
 
+/// A gather-send fabric's poll lends a WRITE's payload piece by piece —
+/// here from an MR over scattered pages and two SGEs, so that packets
+/// cross pages and SGEs — and the peer gets every byte; a bad SGE is the
+/// same local protection error as when copied.
+#[test]
+fn lent_payloads_follow_pages_and_sges_and_keep_their_checks() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    net.gather = true;
+    // Eight 4 KiB pages of A's memory, in a scrambled order, as one MR.
+    let order = [5u64, 2, 7, 0, 3, 6, 1, 4];
+    let pages: Vec<u64> = order.iter().map(|p| BASE + 0x8000 + p * 0x1000).collect();
+    let (lkey, _) = e(&mut net, a)
+        .reg_mr(MrRequest {
+            pd: a.pd,
+            iova: 0x7000_0000,
+            length: 8 * 0x1000 - 0x123,
+            access: Access::LOCAL_WRITE,
+            translation: Translation::Pages {
+                page_shift: 12,
+                offset: 0x123,
+                pages,
+            },
+        })
+        .unwrap();
+    // The MR's bytes, in its own order.
+    let data = pattern(8 * 0x1000, 77);
+    for (i, p) in order.iter().enumerate() {
+        fill(
+            &mut net,
+            a,
+            0x8000 + p * 0x1000,
+            &data[i * 0x1000..(i + 1) * 0x1000],
+        );
+    }
+    let mr_byte = |va: u64| data[(va - 0x7000_0000 + 0x123) as usize];
+    // 10,000 bytes from the paged MR at an odd place, then 3,000 from the
+    // plain one, into B at 0x2000.
+    let (va, n1, n2) = (0x7000_0000 + 0x2f1, 10_000u32, 3_000u32);
+    let plain = pattern(n2 as usize, 3);
+    fill(&mut net, a, 0x1000, &plain);
+    let sges = [
+        Sge {
+            addr: va,
+            length: n1,
+            lkey,
+        },
+        sge(a, 0x1000, n2),
+    ];
+    let mut lent_pieces = 0;
+    let wr = SendWr {
+        wr_id: 5,
+        op: SendOp::RdmaWrite {
+            remote_addr: BASE + 0x2000,
+            rkey: b.rkey,
+        },
+        payload: Payload::Sges(&sges),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    while net.step() > 0 {
+        lent_pieces = lent_pieces.max(net.nodes[a.node].engine.gathered().len());
+    }
+    let sw = poll(&mut net, a);
+    assert_eq!((sw[0].wr_id, sw[0].status), (5, WcStatus::Success));
+    let mut want: Vec<u8> = (0..u64::from(n1)).map(|i| mr_byte(va + i)).collect();
+    want.extend(&plain);
+    assert_eq!(read(&net, b, 0x2000, want.len()), want);
+    assert!(lent_pieces >= 2, "some packet crossed a page or an SGE");
+
+    // A bad key is found as the payload is lent: nothing leaves.
+    let delivered = net.delivered;
+    let bad = [Sge {
+        addr: BASE,
+        length: 8,
+        lkey: Lkey(a.lkey.0 ^ 0x10),
+    }];
+    let wr = SendWr {
+        wr_id: 70,
+        op: SendOp::Send,
+        payload: Payload::Sges(&bad),
+        flags: SendFlags::default(),
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    net.run(100);
+    let sw = poll(&mut net, a);
+    assert_eq!((sw[0].wr_id, sw[0].status), (70, WcStatus::LocProtErr));
+    assert_eq!(qp_state(&mut net, a), QpState::Err);
+    assert_eq!(net.delivered, delivered, "nothing left the QP");
+}
+
 #[test]
 fn a_receive_half_filled_when_the_qp_fails_is_flushed_not_lost() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
@@ -1395,11 +1487,19 @@ fn messages_of_odd_lengths_at_every_path_mtu() {
     // PMTU 256, 1024 and 4096; lengths around the packet boundaries; RC
     // SEND with immediate, WRITE with immediate and READ, UC SEND and
     // WRITE. Every byte and every CQE field is checked.
-    for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
+    // Each also with the payloads lent by reference, as a gather-send
+    // fabric polls.
+    for (mtu, gather) in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096]
+        .into_iter()
+        .flat_map(|m| [(m, false), (m, true)])
+    {
         let m = mtu.bytes();
         for len in [1, m - 1, m, m + 1, 3 * m + 7] {
             for ty in [QpType::Rc, QpType::Uc] {
-                let mut net = Net::default();
+                let mut net = Net {
+                    gather,
+                    ..Net::default()
+                };
                 let a = side(&mut net, 1, ty, false);
                 let b = side(&mut net, 2, ty, false);
                 connect_mtu(&mut net, a, gid(2), b.qpn, 7, mtu);

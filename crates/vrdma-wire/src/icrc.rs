@@ -22,6 +22,22 @@ const LRH_ONES: usize = 8;
 /// version nibble), `udp_header` and `roce` (BTH through the ICRC field;
 /// the field's own four bytes are not covered).
 pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> {
+    crate::need(Header::Bth, bth::HEADER_LEN + ICRC_LEN, roce.len())?;
+    let (head, tail) = roce.split_at(roce.len() - ICRC_LEN);
+    compute_parts(ip_header, udp_header, head, &[], tail)
+}
+
+/// [`compute`] for a packet in pieces, as a gather send leaves it: `head`
+/// (the BTH and what follows it, at least the BTH), the `middle` pieces (a
+/// payload read in place), and `tail` (what remains, ending with the ICRC
+/// field).
+pub fn compute_parts(
+    ip_header: &[u8],
+    udp_header: &[u8],
+    head: &[u8],
+    middle: &[&[u8]],
+    tail: &[u8],
+) -> Result<u32> {
     let version = ip_header.first().map_or(0, |b| b >> 4);
     let ip_len = ip_header.len();
     match version {
@@ -49,7 +65,8 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> 
             available: udp_header.len(),
         });
     }
-    crate::need(Header::Bth, bth::HEADER_LEN + ICRC_LEN, roce.len())?;
+    crate::need(Header::Bth, bth::HEADER_LEN, head.len())?;
+    crate::need(Header::Bth, ICRC_LEN, tail.len())?;
 
     let mut buf = [0u8; LRH_ONES + MAX_IP_HEADER + udp::HEADER_LEN + bth::HEADER_LEN];
     buf[..LRH_ONES].fill(0xff);
@@ -78,13 +95,17 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], roce: &[u8]) -> Result<u32> 
     at += udp::HEADER_LEN;
 
     let b = &mut buf[at..at + bth::HEADER_LEN];
-    b.copy_from_slice(&roce[..bth::HEADER_LEN]);
+    b.copy_from_slice(&head[..bth::HEADER_LEN]);
     b[bth::ICRC_MASKED_BYTE] = 0xff;
     at += bth::HEADER_LEN;
 
     let mut h = crc32fast::Hasher::new();
     h.update(&buf[..at]);
-    h.update(&roce[bth::HEADER_LEN..roce.len() - ICRC_LEN]);
+    h.update(&head[bth::HEADER_LEN..]);
+    for piece in middle {
+        h.update(piece);
+    }
+    h.update(&tail[..tail.len() - ICRC_LEN]);
     Ok(h.finalize())
 }
 
@@ -280,6 +301,37 @@ mod tests {
                 found: 0xcbae_6701,
                 computed: compute(&IP, &UDP, &bad).unwrap()
             })
+        );
+    }
+
+    #[test]
+    fn a_packet_in_pieces_has_the_icrc_of_the_whole() {
+        // A WRITE-sized packet: the captured BTH, then payload and ICRC.
+        let mut roce = ROCE[..12].to_vec();
+        roce.extend((0..1000u32).map(|i| (i * 7 + 3) as u8));
+        roce.extend([0; 4]);
+        let whole = compute(&IP, &UDP, &roce).unwrap();
+        let n = roce.len();
+        for head in [12, 13, 40, 512, n - 4] {
+            for cut in [head, head + 1, (head + n - 4) / 2, n - 4] {
+                let cut = cut.min(n - 4);
+                let (a, rest) = roce.split_at(head);
+                let (b, c) = rest.split_at(cut - head);
+                // The middle as one piece, as two, or none.
+                let (b1, b2) = b.split_at(b.len() / 2);
+                assert_eq!(compute_parts(&IP, &UDP, a, &[b], c), Ok(whole));
+                assert_eq!(compute_parts(&IP, &UDP, a, &[b1, b2], c), Ok(whole));
+                if b.is_empty() {
+                    assert_eq!(compute_parts(&IP, &UDP, a, &[], c), Ok(whole));
+                }
+            }
+        }
+        // The pieces must hold a BTH in front and an ICRC behind.
+        assert!(
+            compute_parts(&IP, &UDP, &roce[..11], &[&roce[11..n - 4]], &roce[n - 4..]).is_err()
+        );
+        assert!(
+            compute_parts(&IP, &UDP, &roce[..12], &[&roce[12..n - 3]], &roce[n - 3..]).is_err()
         );
     }
 

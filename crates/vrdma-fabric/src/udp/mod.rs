@@ -40,7 +40,7 @@ use std::{
 use vrdma_engine::{
     Engine, Memory,
     attr::{DeviceAttr, Mtu, PortAttr},
-    datapath::MAX_PACKET,
+    datapath::{MAX_PACKET, PayloadRef, Transmit},
 };
 use vrdma_wire::{Error as WireError, Gid, ROCEV2_UDP_PORT, frame};
 
@@ -479,9 +479,15 @@ impl<M: Memory> UdpDevice<M> {
                 sent += self.flush(0);
             }
             let slot = self.send.slot(MAX_PACKET);
-            let Some(t) = self.engine.poll_transmit(now, &self.mem, slot) else {
+            let Some(t) = self.engine.poll_transmit_gather(now, &self.mem, slot) else {
                 break;
             };
+            // A lent payload is not in the slot: the bytes after it (pad,
+            // ICRC) move up to the headers, and the slot holds `stored`.
+            let stored = t.len - t.referenced;
+            if t.referenced > 0 {
+                slot.copy_within(t.payload_at + t.referenced..t.len, t.payload_at);
+            }
             let addr = match t.dgid.to_ipv4() {
                 Some(v4) => SocketAddr::new(IpAddr::V4(v4), ROCEV2_UDP_PORT),
                 None => SocketAddr::new(IpAddr::V6(t.dgid.into()), ROCEV2_UDP_PORT),
@@ -497,24 +503,37 @@ impl<M: Memory> UdpDevice<M> {
                 hop_limit: t.hop_limit,
                 preset: false,
             };
-            let (fd, port) = self.source_socket(t.udp_src_port, &mut dest, t.len, &mut sent);
+            let (fd, port) = self.source_socket(t.udp_src_port, &mut dest, stored, &mut sent);
             if fd != self.send_fd {
                 // The batch leaves from one socket: send what it holds,
                 // this packet moving to the front of the next.
-                sent += self.flush(t.len);
+                sent += self.flush(stored);
                 self.send_fd = fd;
             }
             let gso = self.config.gso;
-            let index = self.send.next_index(&dest, t.len, gso);
-            let roce = &mut self.send.slot(MAX_PACKET)[..t.len];
+            let lent = self.engine.gathered();
+            let pieces = if t.referenced == 0 { 1 } else { 2 + lent.len() };
+            let index = self.send.next_index(&dest, t.len, pieces, gso);
+            let roce = &mut self.send.slot(MAX_PACKET)[..stored];
             // At most MAX_SEGMENTS (64) segments: the index fits a u16.
-            if let Err(e) = t.seal_for_socket_segment(roce, port, index as u16) {
-                // The engine wrote the packet; it cannot be too short.
+            let sealed = if t.referenced == 0 {
+                t.seal_for_socket_segment(roce, port, index as u16)
+            } else {
+                let (head, tail) = roce.split_at_mut(t.payload_at);
+                seal_lent(&t, head, lent, tail, &self.mem, port, index as u16)
+            };
+            if let Err(e) = sealed {
+                // The engine wrote the packet and checked what it lent.
                 tracing::error!(error = %e, "cannot seal an engine packet");
                 self.stats.tx_failed += 1;
                 continue;
             }
-            self.send.commit(&dest, t.len, gso);
+            if t.referenced == 0 {
+                self.send.commit(&dest, stored, gso);
+            } else {
+                let tail = stored - t.payload_at;
+                self.send.commit_parts(&dest, t.payload_at, lent, tail, gso);
+            }
         }
         sent + self.flush(0)
     }
@@ -526,7 +545,7 @@ impl<M: Memory> UdpDevice<M> {
             // Nothing committed: a tail already starts the slot.
             return 0;
         }
-        let f = self.send.flush(self.send_fd, tail);
+        let f = self.send.flush(self.send_fd, tail, &self.mem);
         if f.gso_refused && self.config.gso {
             // The lost segments are resent by RC, one datagram each now.
             tracing::warn!(
@@ -615,6 +634,40 @@ impl<M: Memory> UdpDevice<M> {
         }
         (fd, port)
     }
+}
+
+/// Seals a packet whose payload the engine lent: `head` and `tail` are
+/// its bytes around the payload, `lent` the payload's pieces in `mem`.
+fn seal_lent(
+    t: &Transmit,
+    head: &[u8],
+    lent: &[PayloadRef],
+    tail: &mut [u8],
+    mem: &impl Memory,
+    port: u16,
+    index: u16,
+) -> Result<(), WireError> {
+    const ON_STACK: usize = 4;
+    let missing = || WireError::OutOfRange {
+        what: "a lent payload address",
+        value: lent.first().map_or(0, |r| r.addr),
+    };
+    // A payload is one piece (or a few, across pages): no allocation then.
+    let mut few: [&[u8]; ON_STACK] = [&[]; ON_STACK];
+    let many: Vec<&[u8]>;
+    let payload: &[&[u8]] = if lent.len() <= ON_STACK {
+        for (slot, r) in few.iter_mut().zip(lent) {
+            *slot = mem.slice(r.addr, r.len).ok_or_else(missing)?;
+        }
+        &few[..lent.len()]
+    } else {
+        many = lent
+            .iter()
+            .map(|r| mem.slice(r.addr, r.len).ok_or_else(missing))
+            .collect::<Result<_, _>>()?;
+        &many
+    };
+    t.seal_parts(head, payload, tail, port, index)
 }
 
 impl<M: Memory> Drop for UdpDevice<M> {

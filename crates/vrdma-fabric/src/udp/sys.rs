@@ -6,6 +6,8 @@
 //! unsafe code.
 #![allow(unsafe_code)]
 
+use vrdma_engine::{Memory, datapath::PayloadRef};
+
 use std::{
     io,
     mem::{self, MaybeUninit},
@@ -425,13 +427,24 @@ pub(crate) struct Dest {
     pub preset: bool,
 }
 
+/// A piece of a queued datagram: bytes of the batch's buffer, or payload
+/// bytes lent from the device's memory (a gather send), which the kernel
+/// reads in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Piece {
+    Batch { start: usize, len: usize },
+    Lent { addr: u64, len: usize },
+}
+
 /// One datagram queued in a [`SendBatch`]: with GSO, a run of segments
 /// the kernel splits (all `segment` bytes long but the last, which may be
 /// shorter and then ends the run).
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     dest: Dest,
-    start: usize,
+    /// Its pieces: `pieces` of the batch's list from `first`.
+    first: usize,
+    pieces: usize,
     len: usize,
     segment: usize,
     segments: usize,
@@ -440,25 +453,33 @@ struct Pending {
 }
 
 impl Pending {
-    /// Whether a packet of `len` bytes for `dest` can join this run.
-    fn takes(&self, dest: &Dest, len: usize) -> bool {
+    /// Whether a packet of `len` bytes for `dest`, in at most `pieces`
+    /// pieces, can join this run.
+    fn takes(&self, dest: &Dest, len: usize, pieces: usize) -> bool {
         !self.closed
             && self.dest == *dest
             && len <= self.segment
             && self.segments < MAX_SEGMENTS
             && self.len + len <= MAX_GSO_BYTES
+            && self.pieces + pieces <= MAX_PIECES
     }
 }
+
+/// Pieces (iovecs) of one datagram, at most: the kernel's `UIO_MAXIOV`.
+const MAX_PIECES: usize = 1024;
 
 /// Datagrams gathered for one `sendmmsg`, all from one socket. Packets
 /// are written straight into its buffer ([`SendBatch::slot`]), then
 /// committed ([`SendBatch::commit`]): no copy between the engine and the
-/// kernel.
+/// kernel. A packet whose payload the engine lent is committed as its
+/// headers and trailer in the buffer around the lent pieces
+/// ([`SendBatch::commit_parts`]), which the kernel reads from memory.
 pub(crate) struct SendBatch {
     /// Allocated (and zeroed) once; `used` bytes of it are committed.
     data: Vec<u8>,
     used: usize,
     pending: Vec<Pending>,
+    pieces: Vec<Piece>,
     /// Addresses and ancillary data of one call, kept between calls so
     /// that a flush does not clear 16 KiB of stack for a datagram or two.
     names: Vec<libc::sockaddr_storage>,
@@ -470,6 +491,7 @@ impl std::fmt::Debug for SendBatch {
         f.debug_struct("SendBatch")
             .field("used", &self.used)
             .field("pending", &self.pending)
+            .field("pieces", &self.pieces.len())
             .finish()
     }
 }
@@ -497,6 +519,7 @@ impl SendBatch {
             data: vec![0; BATCH_BYTES],
             used: 0,
             pending: Vec::with_capacity(MAX_BATCH),
+            pieces: Vec::with_capacity(4 * MAX_BATCH),
             names: vec![zeroed_storage(); MAX_BATCH],
             controls: vec![Control([0; CONTROL_LEN]); MAX_BATCH],
         }
@@ -517,14 +540,15 @@ impl SendBatch {
         &mut self.data[self.used..self.used + max]
     }
 
-    /// The segment index a packet of `len` bytes for `dest` would get
-    /// from [`SendBatch::commit`] with `gso`: 0 when it starts a datagram
-    /// of its own. (The kernel gives the segments of a GSO datagram
-    /// consecutive IPv4 Identifications from 0, which their ICRCs must
-    /// cover.)
-    pub fn next_index(&self, dest: &Dest, len: usize, gso: bool) -> usize {
+    /// The segment index a packet of `len` bytes for `dest`, in `pieces`
+    /// pieces (1 when whole in the buffer; 2 and its lent pieces when
+    /// lent), would get from a commit with `gso`: 0 when it starts a
+    /// datagram of its own. (The kernel gives the segments of a GSO
+    /// datagram consecutive IPv4 Identifications from 0, which their ICRCs
+    /// must cover.)
+    pub fn next_index(&self, dest: &Dest, len: usize, pieces: usize, gso: bool) -> usize {
         match self.pending.last() {
-            Some(p) if gso && p.takes(dest, len) => p.segments,
+            Some(p) if gso && p.takes(dest, len, pieces) => p.segments,
             _ => 0,
         }
     }
@@ -533,25 +557,75 @@ impl SendBatch {
     /// datagram for `dest`: with `gso`, as one more segment of the last
     /// datagram when it can be.
     pub fn commit(&mut self, dest: &Dest, len: usize, gso: bool) {
+        self.commit_parts(dest, len, &[], 0, gso);
+    }
+
+    /// Commits a packet of `head` bytes written at [`SendBatch::slot`],
+    /// then the `lent` pieces of memory, then `tail` bytes written right
+    /// after the head, as [`SendBatch::commit`] does.
+    pub fn commit_parts(
+        &mut self,
+        dest: &Dest,
+        head: usize,
+        lent: &[PayloadRef],
+        tail: usize,
+        gso: bool,
+    ) {
+        let len = head + lent.iter().map(|r| r.len).sum::<usize>() + tail;
+        let pieces = if lent.is_empty() { 1 } else { 2 + lent.len() };
+        let join = gso
+            && self
+                .pending
+                .last()
+                .is_some_and(|p| p.takes(dest, len, pieces));
+        if !join {
+            self.pending.push(Pending {
+                dest: *dest,
+                first: self.pieces.len(),
+                pieces: 0,
+                len: 0,
+                segment: len,
+                segments: 0,
+                closed: false,
+            });
+        }
         let start = self.used;
-        self.used += len;
-        if gso
-            && let Some(p) = self.pending.last_mut()
-            && p.takes(dest, len)
-        {
+        self.used += head + tail;
+        let before = self.pieces.len();
+        self.put(Piece::Batch { start, len: head });
+        for r in lent {
+            self.put(Piece::Lent {
+                addr: r.addr,
+                len: r.len,
+            });
+        }
+        self.put(Piece::Batch {
+            start: start + head,
+            len: tail,
+        });
+        let added = self.pieces.len() - before;
+        if let Some(p) = self.pending.last_mut() {
+            p.pieces += added;
             p.len += len;
             p.segments += 1;
             p.closed = len < p.segment;
-            return;
         }
-        self.pending.push(Pending {
-            dest: *dest,
-            start,
-            len,
-            segment: len,
-            segments: 1,
-            closed: false,
-        });
+    }
+
+    /// Appends `piece` to the last datagram's, merging buffer bytes that
+    /// follow the last piece's (a run of whole packets is one piece).
+    fn put(&mut self, piece: Piece) {
+        let first = self.pending.last().map_or(0, |p| p.first);
+        let ours = self.pieces.len() > first;
+        match (piece, self.pieces.last_mut()) {
+            (Piece::Batch { len: 0, .. } | Piece::Lent { len: 0, .. }, _) => {}
+            (Piece::Batch { start, len }, Some(Piece::Batch { start: s, len: l }))
+                if ours && *s + *l == start =>
+            {
+                *l += len;
+            }
+            _ => self.pieces.push(piece),
+        }
     }
 
     /// Copies `payload` into the batch and commits it (tests).
@@ -564,16 +638,18 @@ impl SendBatch {
     /// Sends everything committed through `fd` (a blocking socket: a full
     /// send buffer waits, which paces the sender), keeping the `tail`
     /// bytes written at the slot but not committed: they move to the
-    /// front, where the next slot begins.
-    pub fn flush(&mut self, fd: RawFd, tail: usize) -> Flushed {
+    /// front, where the next slot begins. Lent pieces are read from
+    /// `mem`; a datagram one of whose pieces it no longer has is dropped
+    /// (counted as failed).
+    pub fn flush(&mut self, fd: RawFd, tail: usize, mem: &impl Memory) -> Flushed {
         let mut out = Flushed::default();
         let mut next = 0;
         while next < self.pending.len() {
             let left = self.pending.len() - next;
             let r = if left <= 4 {
-                self.send_n::<4>(fd, next)
+                self.send_n::<4>(fd, next, mem)
             } else {
-                self.send_n::<MAX_BATCH>(fd, next)
+                self.send_n::<MAX_BATCH>(fd, next, mem)
             };
             out.calls += 1;
             let r = match r {
@@ -582,8 +658,8 @@ impl SendBatch {
                     if e.kind() == io::ErrorKind::Interrupted {
                         continue;
                     }
-                    let p = &self.pending[next];
                     // The first datagram was refused: drop it and go on.
+                    let p = &self.pending[next];
                     tracing::debug!(dst = %p.dest.addr, segments = p.segments, error = %e, "send refused");
                     out.failed += p.segments;
                     out.gso_refused |= p.segments > 1
@@ -599,6 +675,7 @@ impl SendBatch {
             next += r;
         }
         self.pending.clear();
+        self.pieces.clear();
         self.data.copy_within(self.used..self.used + tail, 0);
         self.used = 0;
         out
@@ -606,12 +683,51 @@ impl SendBatch {
 
     /// One `sendmmsg` of the datagrams from `first` on, at most `N` (with
     /// headers for `N` on the stack); the number the kernel took.
-    fn send_n<const N: usize>(&mut self, fd: RawFd, first: usize) -> io::Result<usize> {
+    fn send_n<const N: usize>(
+        &mut self,
+        fd: RawFd,
+        first: usize,
+        mem: &impl Memory,
+    ) -> io::Result<usize> {
         let batch = &self.pending[first..];
-        let count = batch.len().min(N).min(self.names.len());
+        let mut count = batch.len().min(N).min(self.names.len());
+        // The iovecs of all `count` datagrams, built before any header
+        // points into them (the vector does not move after).
+        let mut iovs: Vec<libc::iovec> =
+            Vec::with_capacity(batch[..count].iter().map(|p| p.pieces).sum());
+        'datagrams: for (i, p) in batch[..count].iter().enumerate() {
+            let mark = iovs.len();
+            for piece in &self.pieces[p.first..p.first + p.pieces] {
+                let bytes: &[u8] = match *piece {
+                    Piece::Batch { start, len } => &self.data[start..start + len],
+                    Piece::Lent { addr, len } => match mem.slice(addr, len) {
+                        Some(b) => b,
+                        None => {
+                            // The engine checked it; memory that is gone
+                            // since loses the datagram, as a network
+                            // would: the ones before it leave first.
+                            iovs.truncate(mark);
+                            if i == 0 {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::InvalidData,
+                                    "lent memory is gone",
+                                ));
+                            }
+                            count = i;
+                            break 'datagrams;
+                        }
+                    },
+                };
+                iovs.push(libc::iovec {
+                    // sendmmsg only reads through this pointer.
+                    iov_base: bytes.as_ptr().cast_mut().cast(),
+                    iov_len: bytes.len(),
+                });
+            }
+        }
         // Only the `count` headers the call uses are written.
-        let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; N];
         let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; N];
+        let mut at = 0;
         for (i, p) in batch[..count].iter().enumerate() {
             let mut h = zeroed_msghdr();
             let (name, name_len) = to_sockaddr(p.dest.addr);
@@ -623,21 +739,19 @@ impl SendBatch {
                 h.msg_control = (&raw mut self.controls[i]).cast();
                 h.msg_controllen = control_len as _;
             }
-            h.msg_iov = iovs[i].write(libc::iovec {
-                // sendmmsg only reads through this pointer.
-                iov_base: self.data[p.start..].as_ptr().cast_mut().cast(),
-                iov_len: p.len,
-            });
-            h.msg_iovlen = 1;
+            h.msg_iov = iovs[at..].as_mut_ptr();
+            h.msg_iovlen = p.pieces as _;
+            at += p.pieces;
             hdrs[i].write(libc::mmsghdr {
                 msg_hdr: h,
                 msg_len: 0,
             });
         }
         // SAFETY: the first `count` headers are initialized by the loop,
-        // pointing at live names, control areas (owned by `self`) and
-        // payload bytes of the stated lengths, which the kernel only
-        // reads; it touches no header past `count`.
+        // pointing at live names and control areas (owned by `self`) and at
+        // their datagrams' iovecs in `iovs`, which point at bytes of the
+        // batch or of `mem` of the stated lengths, borrowed for this call;
+        // the kernel only reads them, and touches no header past `count`.
         let r = unsafe {
             libc::sendmmsg(
                 fd,
@@ -740,7 +854,8 @@ mod tests {
                 hop_limit: 7,
                 ..dest("127.0.0.1:4791", 0x2e << 2 | 1, false)
             },
-            start: 0,
+            first: 0,
+            pieces: 1,
             len: 0,
             segment: 4112,
             segments: 1,
@@ -798,7 +913,7 @@ mod tests {
         let b = dest("127.0.0.2:4791", 0, false);
         let mut s = SendBatch::new();
         let push = |s: &mut SendBatch, d: &Dest, len: usize| {
-            let k = s.next_index(d, len, true);
+            let k = s.next_index(d, len, 1, true);
             s.push(d, &vec![0u8; len], true);
             k
         };
@@ -826,23 +941,125 @@ mod tests {
         // Without GSO every packet is a datagram.
         let mut plain = SendBatch::new();
         for _ in 0..3 {
-            assert_eq!(plain.next_index(&a, 64, false), 0);
+            assert_eq!(plain.next_index(&a, 64, 1, false), 0);
             plain.push(&a, &[0; 64], false);
         }
         assert_eq!(plain.len(), 3);
         // Runs stop at the segment and byte limits.
         let mut big = SendBatch::new();
         for i in 0..20 {
-            let k = big.next_index(&a, 4112, true);
+            let k = big.next_index(&a, 4112, 1, true);
             assert_eq!(k, i % 15, "{i}");
             big.push(&a, &[0; 4112], true);
         }
         let mut many = SendBatch::new();
         for i in 0..(MAX_SEGMENTS + 1) {
-            let k = many.next_index(&a, 64, true);
+            let k = many.next_index(&a, 64, 1, true);
             assert_eq!(k, i % MAX_SEGMENTS);
             many.push(&a, &[0; 64], true);
         }
+    }
+
+    /// Packets whose payload stays in memory leave as the bytes around it
+    /// and the memory's bytes in between, whole packets beside them; in a
+    /// GSO run each segment is one packet.
+    #[test]
+    fn lent_payloads_leave_from_memory() {
+        use std::{net::UdpSocket, os::fd::AsRawFd};
+        use vrdma_engine::VecMemory;
+        let rx = UdpSocket::bind("127.0.0.71:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let tx = UdpSocket::bind("127.0.0.72:0").unwrap();
+        let mut mem = VecMemory::new(0x1000, 0x4000);
+        for (i, b) in mem.bytes_mut().iter_mut().enumerate() {
+            *b = (i * 13 + 5) as u8;
+        }
+        let at = |addr: u64, len: usize| mem.slice(addr, len).unwrap().to_vec();
+        let mut buf = [0u8; 2048];
+        for gso in [false, true] {
+            let d = Dest {
+                addr: rx.local_addr().unwrap(),
+                traffic_class: 0,
+                hop_limit: 64,
+                preset: false,
+            };
+            let mut s = SendBatch::new();
+            let mut want = Vec::new();
+            // Three packets of 100 bytes: 20 + 76 lent (in two pieces, as
+            // across a page) + 4; 20 + 76 lent + 4; 100 whole.
+            for (k, lent) in [
+                vec![
+                    PayloadRef {
+                        addr: 0x1ff0,
+                        len: 16,
+                    },
+                    PayloadRef {
+                        addr: 0x2000,
+                        len: 60,
+                    },
+                ],
+                vec![PayloadRef {
+                    addr: 0x3003,
+                    len: 76,
+                }],
+                vec![],
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let head: Vec<u8> = (0..20).map(|i| (k * 50 + i) as u8).collect();
+                let tail: Vec<u8> = (0..4).map(|i| (k * 50 + 40 + i) as u8).collect();
+                let mut packet = head.clone();
+                for r in &lent {
+                    packet.extend(at(r.addr, r.len));
+                }
+                packet.extend(&tail);
+                if lent.is_empty() {
+                    packet.resize(100, 0xee);
+                    s.push(&d, &packet, gso);
+                } else {
+                    let slot = s.slot(128);
+                    slot[..20].copy_from_slice(&head);
+                    slot[20..24].copy_from_slice(&tail);
+                    let pieces = 2 + lent.len();
+                    assert_eq!(s.next_index(&d, 100, pieces, gso), if gso { k } else { 0 });
+                    s.commit_parts(&d, 20, &lent, 4, gso);
+                }
+                want.push(packet);
+            }
+            assert_eq!(s.len(), if gso { 1 } else { 3 });
+            let f = s.flush(tx.as_raw_fd(), 0, &mem);
+            assert_eq!((f.sent, f.failed), (3, 0));
+            for (k, w) in want.iter().enumerate() {
+                let n = rx.recv(&mut buf).unwrap();
+                assert_eq!(&buf[..n], &w[..], "packet {k}, gso {gso}");
+            }
+        }
+        // Memory that no longer holds a lent piece drops that datagram.
+        let d = Dest {
+            addr: rx.local_addr().unwrap(),
+            traffic_class: 0,
+            hop_limit: 64,
+            preset: false,
+        };
+        let mut s = SendBatch::new();
+        s.slot(8).fill(1);
+        s.commit_parts(
+            &d,
+            4,
+            &[PayloadRef {
+                addr: 0x9000,
+                len: 8,
+            }],
+            4,
+            false,
+        );
+        s.push(&d, &[2; 12], false);
+        let f = s.flush(tx.as_raw_fd(), 0, &mem);
+        assert_eq!((f.sent, f.failed), (1, 1));
+        let n = rx.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &[2; 12]);
     }
 
     #[test]
