@@ -13,7 +13,10 @@
 //!   round trips.
 //!
 //! Both sides of every test busy-poll on their own thread: on a 2-core
-//! machine nothing else may run beside it.
+//! machine nothing else may run beside it. The compared runs alternate in
+//! rounds, back to back, and each comparison is the median of the rounds'
+//! ratios: this machine has slow spells of seconds, which would otherwise
+//! land on one side of a comparison.
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -219,8 +222,10 @@ fn write_lat(warmup: u32, iters: u32) -> Result<Vec<f64>> {
     )
 }
 
-/// Bandwidth runs per line.
-const REPS: usize = 3;
+/// Runs per measurement; each line is their median. This machine has slow
+/// spells that last seconds: the runs of the lines being compared are
+/// taken in turn, back to back, so that a spell hits them alike.
+const REPS: usize = 5;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -267,16 +272,22 @@ fn bandwidth(total: u64) -> Result<()> {
         "vs GSO"
     );
 
-    // This machine's numbers vary from run to run: each line is the median
-    // of REPS runs, taken in turn so that a slow spell hits them all alike.
+    // The raw stream and vrdma run back to back in each round, and each
+    // round gives vrdma's fraction of the raw stream: their median is the
+    // comparison (medians of each line taken apart could pair a fast
+    // spell of one with a slow spell of the other).
     let mut runs: [Vec<f64>; 4] = Default::default();
+    let mut ratios = Vec::with_capacity(REPS);
     let mut lost = 0;
     for _ in 0..REPS {
-        runs[0].push(rawudp::memcpy(MSG as usize, 2000));
         let gso = rawudp::stream(rawudp::Mode::Gso, ia, ib, RAW_PORT, total, 4096)?;
         ensure!(gso.bytes > 0, "the raw UDP stream moved nothing");
         lost += total.saturating_sub(gso.bytes);
+        let vrdma = write_bw(total)?;
+        ratios.push(vrdma / gso.bytes_per_sec());
         runs[1].push(gso.bytes_per_sec());
+        runs[3].push(vrdma);
+        runs[0].push(rawudp::memcpy(MSG as usize, 2000));
         let single = rawudp::stream(
             rawudp::Mode::OneDatagramPerSyscall,
             ia,
@@ -286,20 +297,29 @@ fn bandwidth(total: u64) -> Result<()> {
             4096,
         )?;
         runs[2].push(single.bytes_per_sec());
-        runs[3].push(write_bw(total)?);
     }
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
     let [memcpy, gso_bw, single, vrdma] = runs.map(median);
-    let row = |name: &str, bw: f64| {
-        println!(
-            " {name:<44} {:>12.2} {:>9.0}%",
-            bw / 1e9,
-            bw / gso_bw * 100.0
-        );
+    let row = |name: &str, bw: f64, ratio: f64| {
+        println!(" {name:<44} {:>12.2} {:>9.0}%", bw / 1e9, ratio * 100.0);
     };
-    row("memcpy, 1 MiB blocks", memcpy);
-    row("raw UDP, GSO 4 KiB segments + GRO + CRC-32", gso_bw);
-    row("raw UDP, one 4 KiB datagram per syscall", single);
-    row("vrdma RC RDMA WRITE 1 MiB, MTU 4096", vrdma);
+    row("memcpy, 1 MiB blocks", memcpy, memcpy / gso_bw);
+    row("raw UDP, GSO 4 KiB segments + GRO + CRC-32", gso_bw, 1.0);
+    row(
+        "raw UDP, one 4 KiB datagram per syscall",
+        single,
+        single / gso_bw,
+    );
+    row("vrdma RC RDMA WRITE 1 MiB, MTU 4096", vrdma, median(ratios));
+    println!(
+        "   (vrdma / raw GSO in each round, sorted: {})",
+        sorted
+            .iter()
+            .map(|r| format!("{:.0}%", r * 100.0))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     if lost > 0 {
         println!("   (the raw GSO stream lost {lost} bytes: UDP has no flow control)");
     }
@@ -314,10 +334,22 @@ fn latency(iters: u32) -> Result<()> {
         " {:<44} {:>12} {:>10} {:>10} {:>10}",
         "latency (half round trip)", "typical us", "99% us", "99.9% us", "vs UDP"
     );
-    let warmup = iters / 10;
-    let raw = rawudp::pingpong(ia, ib, RAW_PORT + 2, SMALL as usize, warmup, iters)?;
+    // In REPS rounds, raw then vrdma back to back (as the bandwidth runs):
+    // the percentiles are over all samples, the ratio the median of the
+    // rounds' ratios of typical values.
+    let part = iters.div_ceil(REPS as u32);
+    let warmup = part / 10;
+    let (mut raw, mut vrdma) = (Vec::new(), Vec::new());
+    let mut ratios = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let r = rawudp::pingpong(ia, ib, RAW_PORT + 2, SMALL as usize, warmup, part)?;
+        let v = write_lat(warmup, part)?;
+        ratios.push(percentiles(v.clone()).0 / percentiles(r.clone()).0);
+        raw.extend(r);
+        vrdma.extend(v);
+    }
     let (raw_t, raw_99, raw_999) = percentiles(raw);
-    let (v_t, v_99, v_999) = percentiles(write_lat(warmup, iters)?);
+    let (v_t, v_99, v_999) = percentiles(vrdma);
     println!(
         " {:<44} {raw_t:>12.2} {raw_99:>10.2} {raw_999:>10.2} {:>9.2}x",
         "raw UDP ping-pong, 64 B", 1.0
@@ -325,7 +357,16 @@ fn latency(iters: u32) -> Result<()> {
     println!(
         " {:<44} {v_t:>12.2} {v_99:>10.2} {v_999:>10.2} {:>9.2}x",
         "vrdma RC RDMA WRITE 64 B (polling memory)",
-        v_t / raw_t
+        median(ratios.clone())
+    );
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "   (vrdma / raw typical in each round, sorted: {})",
+        ratios
+            .iter()
+            .map(|r| format!("{r:.2}x"))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     Ok(())
 }
