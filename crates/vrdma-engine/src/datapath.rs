@@ -38,7 +38,7 @@ use crate::{
     engine::Engine,
     event::AsyncEvent,
     memory::Memory,
-    mr::{Access, AccessError, Keys},
+    mr::{Access, AccessError, Keys, Mr},
     qp::{InMsg, QpState, QpType, Resource, RespOut},
     wc::{Wc, WcFlags, WcOpcode, WcStatus},
     wr::{SendOp, Sge},
@@ -339,8 +339,8 @@ impl Engine {
     }
 
     /// [`Engine::poll_transmit`] for a fabric that sends a packet from
-    /// pieces (a gather send): where the payload of a SEND or WRITE can be
-    /// read in place ([`Memory::slice`]), it is not copied into `buf` but
+    /// pieces (a gather send): where the payload of a SEND, a WRITE or a
+    /// READ response can be read in place ([`Memory::slice`]), it is not copied into `buf` but
     /// lent — [`Engine::gathered`] lists its pieces, and the [`Transmit`]
     /// says where they go ([`Transmit::payload_at`],
     /// [`Transmit::referenced`]). The pieces must be read before the
@@ -649,6 +649,8 @@ impl Engine {
         let pkey = self.port.pkey(q.attr.pkey_index).unwrap_or(PKey::DEFAULT);
         let pd = q.init.pd;
         let mtu = u64::from(q.attr.path_mtu.bytes());
+        // A READ response's payload lent by a gather poll.
+        let (mut payload_at, mut referenced) = (0, 0);
         let bth = |opcode, psn| bth::Repr {
             opcode,
             solicited: false,
@@ -740,9 +742,21 @@ impl Engine {
                     // (IBTA Vol1 §9.4.3).
                     Ok(())
                 } else {
+                    let lent = &mut self.lent;
+                    let lend = self.lend;
                     self.keys
                         .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ, qpn)
-                        .and_then(|mr| mr.read(mem, va + sent, &mut out[at..at + n_bytes]))
+                        .and_then(|mr| {
+                            // Lent where the memory lends it (a gather
+                            // poll), else copied.
+                            lent.clear();
+                            if lend && lend_range(mr, mem, va + sent, n, lent)? {
+                                (payload_at, referenced) = (at, n_bytes);
+                                Ok(())
+                            } else {
+                                mr.read(mem, va + sent, &mut out[at..at + n_bytes])
+                            }
+                        })
                 };
                 if read.is_err() {
                     if let Some(q) = self.qps.get_mut(qpn.value()) {
@@ -766,7 +780,12 @@ impl Engine {
                 written
             }
         };
-        self.path(qpn, None).map(|t| Transmit { len, ..t })
+        self.path(qpn, None).map(|t| Transmit {
+            len,
+            payload_at,
+            referenced,
+            ..t
+        })
     }
 
     /// The next request packet of the WQE at the requester's cursor.
@@ -851,6 +870,9 @@ impl Engine {
             payload.copy_from_slice(&w.inline[start..start + n_bytes]);
             Ok(())
         } else if self.lend && n_bytes > 0 {
+            // Pieces of an attempt that produced no packet are not this
+            // packet's.
+            self.lent.clear();
             match lend(
                 &self.keys,
                 mem,
@@ -2388,16 +2410,38 @@ fn lend(
     let mut lendable = true;
     walk(sges, offset, len, |sge, at, _, n| {
         let mr = keys.check_local(sge.lkey, pd, sge.addr + at, n as u64, Access::NONE)?;
-        mr.for_each_chunk(sge.addr + at, n as u64, |addr, n| {
-            // n <= len, which fits a usize.
-            let n = n as usize;
-            if lendable && mem.slice(addr, n).is_some() {
-                out.push(PayloadRef { addr, len: n });
-            } else {
-                lendable = false;
-            }
-            Ok(())
-        })
+        if lendable {
+            lendable = lend_range(mr, mem, sge.addr + at, n as u64, out)?;
+        }
+        Ok(())
+    })?;
+    if !lendable {
+        out.truncate(start);
+    }
+    Ok(lendable)
+}
+
+/// Appends the device addresses of `va..va + len` of the (checked) `mr`
+/// to `out` if `mem` lends every piece; else leaves `out` as it was.
+/// Whether it did.
+fn lend_range(
+    mr: &Mr,
+    mem: &impl Memory,
+    va: u64,
+    len: u64,
+    out: &mut Vec<PayloadRef>,
+) -> Result<bool, AccessError> {
+    let start = out.len();
+    let mut lendable = true;
+    mr.for_each_chunk(va, len, |addr, n| {
+        // n <= len, which is at most a packet's payload.
+        let n = n as usize;
+        if lendable && mem.slice(addr, n).is_some() {
+            out.push(PayloadRef { addr, len: n });
+        } else {
+            lendable = false;
+        }
+        Ok(())
     })?;
     if !lendable {
         out.truncate(start);
