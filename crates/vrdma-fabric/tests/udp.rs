@@ -20,7 +20,7 @@ use vrdma_engine::{
     mr::Access,
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
     wc::{Wc, WcOpcode, WcStatus},
-    wr::{Payload, SendFlags, SendOp, SendWr, Sge, UdDest},
+    wr::{SendOp, UdDest},
 };
 use vrdma_fabric::udp::{Config, UdpDevice};
 use vrdma_wire::{Gid, Psn, QKey, Qpn};
@@ -75,19 +75,57 @@ fn connect(e: &mut End, qpn: Qpn, dgid: Gid, dest: Qpn, mtu: Mtu) {
 
 /// Progresses both ends until `want` completions arrived on `a`'s CQ.
 fn run_until(a: &mut End, b: &mut End, want: usize) -> Vec<Wc> {
+    poll_until(a, Some(b), want, "completions")
+}
+
+/// Progresses `e` until `want` completions arrived on its CQ (`what`
+/// names them in the failure).
+fn receive(e: &mut End, want: usize, what: &str) -> Vec<Wc> {
+    poll_until(e, None, want, what)
+}
+
+/// Progresses `on` (and `also`) until `want` completions arrived on
+/// `on`'s CQ; the time limit only turns a hang into a failure.
+fn poll_until(on: &mut End, mut also: Option<&mut End>, want: usize, what: &str) -> Vec<Wc> {
     let limit = Instant::now() + Duration::from_secs(20);
     let mut got = Vec::new();
     while got.len() < want {
-        a.dev.progress().unwrap();
-        b.dev.progress().unwrap();
-        a.dev.engine_mut().poll_cq(a.cq, 64, &mut got).unwrap();
+        on.dev.progress().unwrap();
+        if let Some(b) = also.as_mut() {
+            b.dev.progress().unwrap();
+        }
+        on.dev.engine_mut().poll_cq(on.cq, 64, &mut got).unwrap();
         assert!(
             Instant::now() < limit,
-            "only {} of {want} completions: {got:?}",
+            "{what}: only {} of {want}: {got:?}",
             got.len()
         );
     }
     got
+}
+
+/// A signaled UD SEND of the `len` bytes at `at` through address handle
+/// `ah` to QP `to` (Q_Key 0x11111111).
+fn send_ud(e: &mut End, qpn: Qpn, wr_id: u64, at: (u64, u32), ah: u32, to: Qpn) {
+    let ud = UdDest {
+        ah,
+        remote_qpn: to,
+        remote_qkey: QKey(0x1111_1111),
+    };
+    common::send_to(e, qpn, wr_id, SendOp::Send, at, Some(ud));
+}
+
+/// An address handle on `e` for `dgid` with this traffic class and hop
+/// limit.
+fn ah(e: &mut End, dgid: Gid, traffic_class: u8, hop_limit: u8) -> u32 {
+    let attr = AhAttr {
+        dgid,
+        port_num: 1,
+        hop_limit,
+        traffic_class,
+        ..AhAttr::default()
+    };
+    e.dev.engine_mut().create_ah(e.pd, attr).unwrap()
 }
 
 fn v4(last: u8) -> IpAddr {
@@ -205,13 +243,7 @@ fn uc_and_ud_over_loopback_udp() {
     send(&mut a, ua, 11, op, BASE, 3000);
     let wcs = run_until(&mut a, &mut b, 1);
     assert_eq!((wcs[0].wr_id, wcs[0].status), (11, WcStatus::Success));
-    let mut rx = Vec::new();
-    let limit = Instant::now() + Duration::from_secs(20);
-    while rx.is_empty() {
-        b.dev.progress().unwrap();
-        b.dev.engine_mut().poll_cq(b.cq, 8, &mut rx).unwrap();
-        assert!(Instant::now() < limit, "UC WRITE_WITH_IMM never arrived");
-    }
+    let rx = receive(&mut b, 1, "UC WRITE_WITH_IMM");
     assert_eq!(rx[0].opcode, WcOpcode::RecvRdmaWithImm);
     assert_eq!((rx[0].imm_data, rx[0].byte_len), (0x1122_3344, 3000));
     same(
@@ -226,52 +258,13 @@ fn uc_and_ud_over_loopback_udp() {
     for (e, q) in [(&mut a, da), (&mut b, db)] {
         connect(e, q, Gid::default(), Qpn::default(), mtu);
     }
-    let ah = a
-        .dev
-        .engine_mut()
-        .create_ah(
-            a.pd,
-            AhAttr {
-                dgid: gb,
-                port_num: 1,
-                hop_limit: 64,
-                ..AhAttr::default()
-            },
-        )
-        .unwrap();
+    let ah = ah(&mut a, gb, 0, 64);
     recv(&mut b, db, 80, BASE + 0x2_0000, 40 + 1024);
     fill(&mut a, BASE + 0x4000, 1024, 5);
-    let sge = [Sge {
-        addr: BASE + 0x4000,
-        length: 1024,
-        lkey: a.lkey,
-    }];
-    a.dev
-        .engine_mut()
-        .post_send(
-            da,
-            &SendWr {
-                wr_id: 12,
-                op: SendOp::Send,
-                payload: Payload::Sges(&sge),
-                flags: SendFlags::SIGNALED,
-                ud: Some(UdDest {
-                    ah,
-                    remote_qpn: db,
-                    remote_qkey: QKey(0x1111_1111),
-                }),
-            },
-        )
-        .unwrap();
+    send_ud(&mut a, da, 12, (BASE + 0x4000, 1024), ah, db);
     let wcs = run_until(&mut a, &mut b, 1);
     assert_eq!((wcs[0].wr_id, wcs[0].status), (12, WcStatus::Success));
-    let mut rx = Vec::new();
-    let limit = Instant::now() + Duration::from_secs(20);
-    while rx.is_empty() {
-        b.dev.progress().unwrap();
-        b.dev.engine_mut().poll_cq(b.cq, 8, &mut rx).unwrap();
-        assert!(Instant::now() < limit, "UD datagram never arrived");
-    }
+    let rx = receive(&mut b, 1, "UD datagram");
     assert_eq!(
         (rx[0].wr_id, rx[0].byte_len, rx[0].src_qp),
         (80, 40 + 1024, da.value())
@@ -321,21 +314,7 @@ fn every_datagram_carries_its_traffic_class_and_hop_limit() {
     ];
     let ahs: Vec<u32> = kinds
         .iter()
-        .map(|&((traffic_class, hop_limit), _)| {
-            a.dev
-                .engine_mut()
-                .create_ah(
-                    a.pd,
-                    AhAttr {
-                        dgid: gb,
-                        port_num: 1,
-                        hop_limit,
-                        traffic_class,
-                        ..AhAttr::default()
-                    },
-                )
-                .unwrap()
-        })
+        .map(|&((traffic_class, hop_limit), _)| ah(&mut a, gb, traffic_class, hop_limit))
         .collect();
     // One of the first kind, a run of the second long enough to move the
     // socket's options, then the others in turn.
@@ -350,46 +329,14 @@ fn every_datagram_carries_its_traffic_class_and_hop_limit() {
             let i = (round * 32 + k) as u64;
             recv(&mut b, db, i, RX + i * SLOT, 40 + 16);
             fill(&mut a, BASE + i * SLOT, 16, i as u8);
-            let sge = [Sge {
-                addr: BASE + i * SLOT,
-                length: 16,
-                lkey: a.lkey,
-            }];
-            a.dev
-                .engine_mut()
-                .post_send(
-                    da,
-                    &SendWr {
-                        wr_id: i,
-                        op: SendOp::Send,
-                        payload: Payload::Sges(&sge),
-                        flags: SendFlags::SIGNALED,
-                        ud: Some(UdDest {
-                            ah: ahs[kind],
-                            remote_qpn: db,
-                            remote_qkey: QKey(0x1111_1111),
-                        }),
-                    },
-                )
-                .unwrap();
+            send_ud(&mut a, da, i, (BASE + i * SLOT, 16), ahs[kind], db);
         }
         let sent = run_until(&mut a, &mut b, chunk.len());
         assert!(
             sent.iter().all(|w| w.status == WcStatus::Success),
             "{sent:?}"
         );
-        let mut rx = Vec::new();
-        let limit = Instant::now() + Duration::from_secs(20);
-        while rx.len() < chunk.len() {
-            b.dev.progress().unwrap();
-            b.dev.engine_mut().poll_cq(b.cq, 64, &mut rx).unwrap();
-            assert!(
-                Instant::now() < limit,
-                "{} of {} datagrams",
-                rx.len(),
-                chunk.len()
-            );
-        }
+        let rx = receive(&mut b, chunk.len(), "UD datagrams");
         for w in &rx {
             let i = w.wr_id as usize;
             assert_eq!(

@@ -10,7 +10,7 @@ use vrdma_engine::{
     VecMemory,
     attr::Mtu,
     mr::{Access, MrRequest, Translation},
-    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
 use vrdma_fabric::udp::{Config, UdpDevice};
 use vrdma_wire::{Lkey, Qpn, Rkey};
@@ -64,6 +64,18 @@ pub fn end_with(config: Config) -> End {
 
 /// A signaled send WR of `len` bytes at `at`.
 pub fn send(e: &mut End, qpn: Qpn, wr_id: u64, op: SendOp, at: u64, len: u32) {
+    send_to(e, qpn, wr_id, op, (at, len), None);
+}
+
+/// A signaled send WR of the `len` bytes at `at`, to `ud` on a UD QP.
+pub fn send_to(
+    e: &mut End,
+    qpn: Qpn,
+    wr_id: u64,
+    op: SendOp,
+    (at, len): (u64, u32),
+    ud: Option<UdDest>,
+) {
     let sge = [Sge {
         addr: at,
         length: len,
@@ -78,7 +90,7 @@ pub fn send(e: &mut End, qpn: Qpn, wr_id: u64, op: SendOp, at: u64, len: u32) {
                 op,
                 payload: Payload::Sges(&sge),
                 flags: SendFlags::SIGNALED,
-                ud: None,
+                ud,
             },
         )
         .unwrap();
