@@ -18,9 +18,13 @@
 //! port (`0xC000 | QPN`, as the engine chooses it: ECMP entropy per QP),
 //! created on first use; the ICRC is computed for the headers the kernel
 //! writes (an unconnected socket with DF set writes IPv4 Identification
-//! 0). Consecutive packets from one socket go out in one `sendmmsg`, with
-//! the QP's traffic class (or the device's DSCP/ECN when the QP sets none)
-//! and hop limit as ancillary data.
+//! 0). Consecutive packets from one socket go out in one `sendmmsg`, runs
+//! of equal packets to one peer as GSO datagrams. The socket carries the
+//! QP's traffic class (or the device's DSCP/ECN when the QP sets none) and
+//! hop limit as options; a packet with others carries them as ancillary
+//! data. A SEND's, WRITE's or READ response's payload is not copied: the
+//! engine lends it ([`Engine::poll_transmit_gather`]) and `sendmmsg`
+//! gathers it from the memory, between the headers and the ICRC.
 //!
 //! **Time.** The engine's clock is nanoseconds since the device was
 //! created; [`UdpDevice::progress`] runs due timers, and
