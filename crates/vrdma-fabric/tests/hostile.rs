@@ -433,8 +433,10 @@ impl Rig {
         }
     }
 
-    /// Sends `datagrams` to B, at most 64 before letting B read them.
-    fn blast(&mut self, what: &str, datagrams: &[Vec<u8>]) -> u64 {
+    /// Sends `datagrams` to B, at most 64 before letting B read them, then
+    /// settles the phase that began at `before` ([`Rig::settle`]); their
+    /// number.
+    fn blast(&mut self, what: &str, before: &Snap, datagrams: &[Vec<u8>]) -> u64 {
         for chunk in datagrams.chunks(64) {
             let at = self.b.dev.stats().rx_datagrams;
             for d in chunk {
@@ -443,7 +445,25 @@ impl Rig {
             let n = chunk.len() as u64;
             self.drive(what, |r| r.b.dev.stats().rx_datagrams >= at + n);
         }
-        datagrams.len() as u64
+        let n = datagrams.len() as u64;
+        self.settle(what, before, n);
+        n
+    }
+
+    /// A phase whose datagrams were all dropped unanswered: B's counters
+    /// as [`Rig::check_b`] wants them (queues untouched), A's unchanged,
+    /// and nothing came back to the attacker.
+    fn unanswered(
+        &mut self,
+        what: &str,
+        before: &Snap,
+        fabric: (u64, u64),
+        want: Stats,
+        reached: u64,
+    ) {
+        self.check_b(what, before, fabric, want, reached, true);
+        self.check_a(what, before.a);
+        assert_eq!(self.replies(), [], "{what}: B answered the attacker");
     }
 
     /// What the attacker has received so far.
@@ -766,18 +786,8 @@ impl Rig {
             d.push((0..len).map(|_| rng.random()).collect());
             udp_malformed += 1;
         }
-        let n = self.blast(what, &d);
-        self.settle(what, &before, n);
-        self.check_b(
-            what,
-            &before,
-            (bad_icrc, udp_malformed),
-            want,
-            reached,
-            true,
-        );
-        self.check_a(what, before.a);
-        assert_eq!(self.replies(), [], "{what}: B answered the attacker");
+        self.blast(what, &before, &d);
+        self.unanswered(what, &before, (bad_icrc, udp_malformed), want, reached);
     }
 
     /// A valid RDMA WRITE ONLY cut at every length, as sent (the ICRC is
@@ -826,18 +836,8 @@ impl Rig {
             }
             d.push(v);
         }
-        let n = self.blast(what, &d);
-        self.settle(what, &before, n);
-        self.check_b(
-            what,
-            &before,
-            (bad_icrc, udp_malformed),
-            want,
-            reached,
-            true,
-        );
-        self.check_a(what, before.a);
-        assert_eq!(self.replies(), [], "{what}");
+        self.blast(what, &before, &d);
+        self.unanswered(what, &before, (bad_icrc, udp_malformed), want, reached);
         assert!(
             bytes(&self.b, B_ATTACK, ATTACK_LEN).iter().all(|&b| b == 0),
             "{what}: B's memory written"
@@ -877,17 +877,14 @@ impl Rig {
         for v in &mut d {
             self.seal(v);
         }
-        let n = self.blast(what, &d);
-        self.settle(what, &before, n);
+        let n = self.blast(what, &before, &d);
         let want = Stats {
             rx_no_qp: before.b.rx_no_qp + no_qp,
             rx_bad_key: before.b.rx_bad_key + 1,
             rx_bad_state: before.b.rx_bad_state + 1,
             ..before.b
         };
-        self.check_b(what, &before, (0, 0), want, n, true);
-        self.check_a(what, before.a);
-        assert_eq!(self.replies(), [], "{what}");
+        self.unanswered(what, &before, (0, 0), want, n);
     }
 
     /// A WRITE that B.q1 would execute (its expected PSN, B's rkey), with
@@ -909,8 +906,7 @@ impl Rig {
                 d.push(v);
             }
         }
-        let n = self.blast(what, &d);
-        self.settle(what, &before, n);
+        let n = self.blast(what, &before, &d);
         self.check_b(what, &before, (n, 0), before.b, 0, false);
         assert_eq!(self.epsn(self.b1), psn, "{what}: B.q1 moved");
         assert!(
@@ -1128,8 +1124,7 @@ impl Rig {
         for v in &mut d {
             self.seal(v);
         }
-        let n = self.blast(what, &d);
-        self.settle(what, &before, n);
+        self.blast(what, &before, &d);
         assert_eq!(self.replies(), [], "{what}: the stranger got an answer");
         assert!(
             bytes(&self.b, B_ATTACK + 0x5000, 64)
