@@ -5,7 +5,7 @@
 //!
 //! Each iteration posts a batch of WRs on A and moves every packet
 //! (requests one way, ACKs the other) until both engines are idle, then
-//! polls the completions. Throughput is reported per packet moved. A
+//! polls and checks the completions. Throughput is reported per packet moved. A
 //! second row per workload times the batch's payload copies alone, so
 //! that the engine's own cost per packet is the difference.
 
@@ -19,7 +19,7 @@ use vrdma_engine::{
     memory::VecMemory,
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
-    wc::Wc,
+    wc::{Wc, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
 };
 use vrdma_wire::{Gid, Lkey, Psn, Qpn, Rkey, frame::IpRepr, ipv4};
@@ -198,9 +198,27 @@ fn rate(c: &mut Criterion) {
                 .unwrap();
             }
             let n = exchange(a, b, buf);
+            // The batch must have worked: one successful send completion
+            // (the signaled last WR) and, for SENDs, one successful
+            // receive per message. A regression that errors the QP would
+            // otherwise look like a faster engine.
             wcs.clear();
             a.e.poll_cq(a.cq, 4096, wcs).unwrap();
+            assert!(
+                wcs.len() == 1 && wcs[0].status == WcStatus::Success && wcs[0].wr_id == BATCH - 1,
+                "send completions: {wcs:?}"
+            );
+            wcs.clear();
             b.e.poll_cq(b.cq, 4096, wcs).unwrap();
+            let expected = if write { 0 } else { BATCH as usize };
+            assert!(
+                wcs.len() == expected
+                    && wcs
+                        .iter()
+                        .all(|w| w.status == WcStatus::Success && w.byte_len == len),
+                "receive completions: {} of {expected}",
+                wcs.len()
+            );
             n
         };
         let packets = run_batch(&mut a, &mut b, &mut buf, &mut wcs);

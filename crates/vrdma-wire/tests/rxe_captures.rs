@@ -157,16 +157,17 @@ fn every_rxe_ipv6_packet_verifies_and_re_emits_identically() {
     }
 }
 
+/// The harness regenerates its captures (`prove.sh`); they must verify as
+/// the committed copies do. Needs `../shared` beside the checkout, so it
+/// is ignored by default and run by `scripts/test.sh` under CI, where a
+/// missing harness fails the run.
 #[test]
+#[ignore = "needs ../shared/interop/rxe-guest/pcaps beside the checkout (scripts/test.sh runs it under CI)"]
 fn shared_harness_captures_verify_too() {
     let dir = shared();
-    if !dir.is_dir() {
-        // Outside the project's workspace layout there is nothing to compare;
-        // the committed copies above are checked regardless.
-        eprintln!("{} absent: skipped", dir.display());
-        return;
-    }
-    for f in pcaps(&dir) {
+    let files = pcaps(&dir);
+    assert!(!files.is_empty(), "no captures in {}", dir.display());
+    for f in files {
         check_capture(&f);
     }
 }
