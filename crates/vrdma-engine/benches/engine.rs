@@ -13,7 +13,7 @@ use std::{hint::black_box, net::Ipv4Addr};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use vrdma_engine::{
-    Engine,
+    CqHandle, Engine,
     attr::{DeviceAttr, Mtu, PortAttr},
     datapath::MAX_PACKET,
     memory::VecMemory,
@@ -32,7 +32,7 @@ struct End {
     e: Engine,
     mem: VecMemory,
     qpn: Qpn,
-    cq: u32,
+    cq: CqHandle,
     lkey: Lkey,
     rkey: Rkey,
     ip: IpRepr,

@@ -37,6 +37,7 @@ use vrdma_wire::{
 use crate::{
     engine::Engine,
     event::AsyncEvent,
+    handle::{CqHandle, PdHandle},
     memory::Memory,
     mr::{Access, AccessError, Keys, Mr},
     qp::{InMsg, QpState, QpType, Resource, RespOut},
@@ -1193,8 +1194,8 @@ impl Engine {
 
     /// Adds a completion; an overflow raises the CQ error and takes the
     /// CQ's QPs to ERR.
-    pub(crate) fn post_cqe(&mut self, cq: u32, wc: Wc, solicited: bool) {
-        let Some(c) = self.cqs.get_mut(cq) else {
+    pub(crate) fn post_cqe(&mut self, cq: CqHandle, wc: Wc, solicited: bool) {
+        let Some(c) = self.cqs.get_mut(cq.0) else {
             return;
         };
         let was = c.overflowed();
@@ -1359,7 +1360,7 @@ impl Engine {
     fn peek_recv_len(&self, qpn: Qpn) -> Option<u64> {
         let q = self.qps.get(qpn.value())?;
         let rq = match q.init.srq {
-            Some(s) => &self.srqs.get(s)?.rq,
+            Some(s) => &self.srqs.get(s.0)?.rq,
             None => &q.rq,
         };
         rq.front().map(|w| w.length)
@@ -1371,7 +1372,7 @@ impl Engine {
             return false;
         };
         let src = match q.init.srq {
-            Some(s) => match self.srqs.get_mut(s) {
+            Some(s) => match self.srqs.get_mut(s.0) {
                 Some(srq) => &mut srq.rq,
                 None => return false,
             },
@@ -1391,7 +1392,7 @@ impl Engine {
         if let Some(s) = q
             .init
             .srq
-            .and_then(|s| self.srqs.get_mut(s).map(|srq| (s, srq)))
+            .and_then(|s| self.srqs.get_mut(s.0).map(|srq| (s, srq)))
             .and_then(|(h, srq)| {
                 let below = srq.attr.srq_limit != 0
                     && (srq.rq.len() as u64) < u64::from(srq.attr.srq_limit);
@@ -2258,7 +2259,7 @@ impl Engine {
 
     /// IBTA Vol1 §11.4.2.1: an overflowed CQ raises the CQ error, and the
     /// QPs that complete into it can no longer report: they enter ERR.
-    fn cq_overflowed(&mut self, cq: u32) {
+    fn cq_overflowed(&mut self, cq: CqHandle) {
         self.events.push_back(AsyncEvent::CqErr { cq });
         let users: Vec<Qpn> = self
             .qps
@@ -2400,7 +2401,7 @@ fn emit(buf: &mut [u8], bth: bth::Repr, ext: packet::ExtHeaders) -> Option<usize
 fn lend(
     keys: &Keys,
     mem: &impl Memory,
-    pd: u32,
+    pd: PdHandle,
     sges: &[Sge],
     offset: u64,
     len: usize,
@@ -2452,7 +2453,7 @@ fn lend_range(
 fn gather(
     keys: &Keys,
     mem: &impl Memory,
-    pd: u32,
+    pd: PdHandle,
     sges: &[Sge],
     offset: u64,
     out: &mut [u8],
@@ -2468,7 +2469,7 @@ fn gather(
 fn scatter(
     keys: &Keys,
     mem: &mut impl Memory,
-    pd: u32,
+    pd: PdHandle,
     sges: &[Sge],
     offset: u64,
     data: &[u8],

@@ -12,6 +12,7 @@ use crate::{
     cq::{Arm, Cq},
     error::{Kind, Result, VerbsError, within},
     event::AsyncEvent,
+    handle::{AhHandle, CqHandle, PdHandle, SrqHandle},
     mr::{Access, AccessError, Keys, Mr, MrRequest, Translation},
     objects::{Ah, Pd, Srq, SrqAttr, SrqAttrMask},
     qp::{AhAttr, AttrMask, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
@@ -41,7 +42,7 @@ pub struct Engine {
     pub(crate) ahs: Table<Ah>,
     pub(crate) events: VecDeque<AsyncEvent>,
     /// CQs with a notification due (armed CQs that got a completion).
-    pub(crate) notifications: VecDeque<u32>,
+    pub(crate) notifications: VecDeque<CqHandle>,
     /// QPs with a packet to send (requester work or a pending ACK).
     pub(crate) tx_ready: VecDeque<Qpn>,
     pub(crate) stats: crate::datapath::Stats,
@@ -101,18 +102,18 @@ impl Engine {
     }
 
     /// The next CQ whose armed notification fired (one per arming).
-    pub fn poll_notification(&mut self) -> Option<u32> {
+    pub fn poll_notification(&mut self) -> Option<CqHandle> {
         self.notifications.pop_front()
     }
 
     // ---- protection domains -------------------------------------------
 
     /// `ibv_alloc_pd`.
-    pub fn alloc_pd(&mut self) -> Result<u32> {
+    pub fn alloc_pd(&mut self) -> Result<PdHandle> {
         let max = self.pds.max();
         self.pds
             .insert(Pd)
-            .map(|(h, _)| h)
+            .map(|(h, _)| PdHandle(h))
             .ok_or(VerbsError::Exhausted {
                 kind: Kind::Pd,
                 max,
@@ -120,7 +121,7 @@ impl Engine {
     }
 
     /// `ibv_dealloc_pd`: EBUSY while MRs, QPs, SRQs or AHs use it.
-    pub fn dealloc_pd(&mut self, pd: u32) -> Result<()> {
+    pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()> {
         self.pd(pd)?;
         let users = self.keys.count_in_pd(pd)
             + count(&self.qps, |q| q.init.pd == pd)
@@ -129,18 +130,18 @@ impl Engine {
         if users > 0 {
             return Err(VerbsError::Busy {
                 kind: Kind::Pd,
-                handle: pd,
+                handle: pd.0,
                 users,
             });
         }
-        self.pds.remove(pd);
+        self.pds.remove(pd.0);
         Ok(())
     }
 
-    fn pd(&self, pd: u32) -> Result<&Pd> {
-        self.pds.get(pd).ok_or(VerbsError::NotFound {
+    fn pd(&self, pd: PdHandle) -> Result<&Pd> {
+        self.pds.get(pd.0).ok_or(VerbsError::NotFound {
             kind: Kind::Pd,
-            handle: pd,
+            handle: pd.0,
         })
     }
 
@@ -214,7 +215,7 @@ impl Engine {
     pub fn check_local(
         &self,
         lkey: Lkey,
-        pd: u32,
+        pd: PdHandle,
         va: u64,
         len: u64,
         needed: Access,
@@ -229,7 +230,7 @@ impl Engine {
     pub fn check_remote(
         &self,
         rkey: vrdma_wire::Rkey,
-        pd: u32,
+        pd: PdHandle,
         va: u64,
         len: u64,
         needed: Access,
@@ -240,7 +241,7 @@ impl Engine {
 
     /// `ib_alloc_mr` (IB_MR_TYPE_MEM_REG): an MR for fast registration,
     /// invalid until a REG_MR work request, for at most `max_pages` pages.
-    pub fn alloc_mr(&mut self, pd: u32, max_pages: u32) -> Result<Lkey> {
+    pub fn alloc_mr(&mut self, pd: PdHandle, max_pages: u32) -> Result<Lkey> {
         self.pd(pd)?;
         if max_pages == 0 {
             return Err(VerbsError::Invalid {
@@ -279,7 +280,7 @@ impl Engine {
     }
 
     /// `ibv_alloc_mw`.
-    pub fn alloc_mw(&mut self, pd: u32, ty: crate::mr::MwType) -> Result<vrdma_wire::Rkey> {
+    pub fn alloc_mw(&mut self, pd: PdHandle, ty: crate::mr::MwType) -> Result<vrdma_wire::Rkey> {
         self.pd(pd)?;
         self.keys.alloc_mw(pd, ty)
     }
@@ -297,7 +298,7 @@ impl Engine {
     // ---- completion queues --------------------------------------------
 
     /// `ibv_create_cq`: returns the handle and the capacity granted.
-    pub fn create_cq(&mut self, cqe: u32, comp_vector: u32) -> Result<(u32, u32)> {
+    pub fn create_cq(&mut self, cqe: u32, comp_vector: u32) -> Result<(CqHandle, u32)> {
         if cqe == 0 {
             return Err(VerbsError::Invalid { what: "CQ size 0" });
         }
@@ -310,11 +311,11 @@ impl Engine {
                 kind: Kind::Cq,
                 max,
             })?;
-        Ok((h, cqe))
+        Ok((CqHandle(h), cqe))
     }
 
     /// `ibv_resize_cq`: EINVAL when more completions wait than fit.
-    pub fn resize_cq(&mut self, cq: u32, cqe: u32) -> Result<u32> {
+    pub fn resize_cq(&mut self, cq: CqHandle, cqe: u32) -> Result<u32> {
         if cqe == 0 {
             return Err(VerbsError::Invalid { what: "CQ size 0" });
         }
@@ -327,22 +328,22 @@ impl Engine {
     }
 
     /// `ibv_destroy_cq`: EBUSY while a QP uses it.
-    pub fn destroy_cq(&mut self, cq: u32) -> Result<()> {
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<()> {
         self.cq(cq)?;
         let users = count(&self.qps, |q| q.init.send_cq == cq || q.init.recv_cq == cq);
         if users > 0 {
             return Err(VerbsError::Busy {
                 kind: Kind::Cq,
-                handle: cq,
+                handle: cq.0,
                 users,
             });
         }
-        self.cqs.remove(cq);
+        self.cqs.remove(cq.0);
         Ok(())
     }
 
     /// `ibv_req_notify_cq`.
-    pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) -> Result<()> {
+    pub fn req_notify_cq(&mut self, cq: CqHandle, solicited_only: bool) -> Result<()> {
         let arm = if solicited_only {
             Arm::Solicited
         } else {
@@ -353,28 +354,33 @@ impl Engine {
     }
 
     /// `ibv_poll_cq`: up to `max` completions into `out`; returns how many.
-    pub fn poll_cq(&mut self, cq: u32, max: usize, out: &mut Vec<crate::wc::Wc>) -> Result<usize> {
+    pub fn poll_cq(
+        &mut self,
+        cq: CqHandle,
+        max: usize,
+        out: &mut Vec<crate::wc::Wc>,
+    ) -> Result<usize> {
         Ok(self.cq_mut(cq)?.poll_into(max, out))
     }
 
-    fn cq(&self, cq: u32) -> Result<&Cq> {
-        self.cqs.get(cq).ok_or(VerbsError::NotFound {
+    fn cq(&self, cq: CqHandle) -> Result<&Cq> {
+        self.cqs.get(cq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Cq,
-            handle: cq,
+            handle: cq.0,
         })
     }
 
-    fn cq_mut(&mut self, cq: u32) -> Result<&mut Cq> {
-        self.cqs.get_mut(cq).ok_or(VerbsError::NotFound {
+    fn cq_mut(&mut self, cq: CqHandle) -> Result<&mut Cq> {
+        self.cqs.get_mut(cq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Cq,
-            handle: cq,
+            handle: cq.0,
         })
     }
 
     // ---- shared receive queues ----------------------------------------
 
     /// `ibv_create_srq`: returns the handle and the attributes granted.
-    pub fn create_srq(&mut self, pd: u32, attr: SrqAttr) -> Result<(u32, SrqAttr)> {
+    pub fn create_srq(&mut self, pd: PdHandle, attr: SrqAttr) -> Result<(SrqHandle, SrqAttr)> {
         self.pd(pd)?;
         if attr.max_wr == 0 {
             return Err(VerbsError::Invalid {
@@ -405,17 +411,22 @@ impl Engine {
                 kind: Kind::Srq,
                 max,
             })?;
-        Ok((h, granted))
+        Ok((SrqHandle(h), granted))
     }
 
     /// `ibv_modify_srq`: `MAX_WR` resizes the queue (never below the WRs
     /// waiting), `LIMIT` arms the limit event (at most the WRs waiting, as
     /// rxe checks; 0 disarms). Returns the attributes now in force.
-    pub fn modify_srq(&mut self, srq: u32, attr: SrqAttr, mask: SrqAttrMask) -> Result<SrqAttr> {
+    pub fn modify_srq(
+        &mut self,
+        srq: SrqHandle,
+        attr: SrqAttr,
+        mask: SrqAttrMask,
+    ) -> Result<SrqAttr> {
         let max_wr = self.attr.max_srq_wr;
-        let s = self.srqs.get_mut(srq).ok_or(VerbsError::NotFound {
+        let s = self.srqs.get_mut(srq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Srq,
-            handle: srq,
+            handle: srq.0,
         })?;
         if mask.0 & !(SrqAttrMask::MAX_WR.0 | SrqAttrMask::LIMIT.0) != 0 {
             return Err(VerbsError::Invalid {
@@ -446,44 +457,44 @@ impl Engine {
     }
 
     /// `ibv_query_srq`.
-    pub fn query_srq(&self, srq: u32) -> Result<SrqAttr> {
+    pub fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
         self.srqs
-            .get(srq)
+            .get(srq.0)
             .map(|s| s.attr)
             .ok_or(VerbsError::NotFound {
                 kind: Kind::Srq,
-                handle: srq,
+                handle: srq.0,
             })
     }
 
     /// `ibv_destroy_srq`: EBUSY while a QP uses it.
-    pub fn destroy_srq(&mut self, srq: u32) -> Result<()> {
-        self.srqs.get(srq).ok_or(VerbsError::NotFound {
+    pub fn destroy_srq(&mut self, srq: SrqHandle) -> Result<()> {
+        self.srqs.get(srq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Srq,
-            handle: srq,
+            handle: srq.0,
         })?;
         let users = count(&self.qps, |q| q.init.srq == Some(srq));
         if users > 0 {
             return Err(VerbsError::Busy {
                 kind: Kind::Srq,
-                handle: srq,
+                handle: srq.0,
                 users,
             });
         }
-        self.srqs.remove(srq);
+        self.srqs.remove(srq.0);
         Ok(())
     }
 
     // ---- address handles ----------------------------------------------
 
     /// `ibv_create_ah`.
-    pub fn create_ah(&mut self, pd: u32, attr: AhAttr) -> Result<u32> {
+    pub fn create_ah(&mut self, pd: PdHandle, attr: AhAttr) -> Result<AhHandle> {
         self.pd(pd)?;
         self.check_av(&attr)?;
         let max = self.ahs.max();
         self.ahs
             .insert(Ah { pd, attr })
-            .map(|(h, _)| h)
+            .map(|(h, _)| AhHandle(h))
             .ok_or(VerbsError::Exhausted {
                 kind: Kind::Ah,
                 max,
@@ -491,11 +502,14 @@ impl Engine {
     }
 
     /// `ibv_destroy_ah`.
-    pub fn destroy_ah(&mut self, ah: u32) -> Result<()> {
-        self.ahs.remove(ah).map(|_| ()).ok_or(VerbsError::NotFound {
-            kind: Kind::Ah,
-            handle: ah,
-        })
+    pub fn destroy_ah(&mut self, ah: AhHandle) -> Result<()> {
+        self.ahs
+            .remove(ah.0)
+            .map(|_| ())
+            .ok_or(VerbsError::NotFound {
+                kind: Kind::Ah,
+                handle: ah.0,
+            })
     }
 
     /// An address vector must name this port and a filled GID slot, and a
@@ -526,9 +540,9 @@ impl Engine {
         self.cq(init.send_cq)?;
         self.cq(init.recv_cq)?;
         if let Some(srq) = init.srq {
-            self.srqs.get(srq).ok_or(VerbsError::NotFound {
+            self.srqs.get(srq.0).ok_or(VerbsError::NotFound {
                 kind: Kind::Srq,
-                handle: srq,
+                handle: srq.0,
             })?;
         }
         let a = &self.attr;
@@ -919,9 +933,9 @@ impl Engine {
                         what: "UD send without a destination",
                     });
                 };
-                let ah = self.ahs.get(ud.ah).ok_or(VerbsError::NotFound {
+                let ah = self.ahs.get(ud.ah.0).ok_or(VerbsError::NotFound {
                     kind: Kind::Ah,
-                    handle: ud.ah,
+                    handle: ud.ah.0,
                 })?;
                 if ah.pd != q.init.pd {
                     return Err(VerbsError::Invalid {
@@ -1011,10 +1025,10 @@ impl Engine {
     }
 
     /// `ibv_post_srq_recv`.
-    pub fn post_srq_recv(&mut self, srq: u32, wr: &crate::wr::RecvWr<'_>) -> Result<()> {
-        let s = self.srqs.get_mut(srq).ok_or(VerbsError::NotFound {
+    pub fn post_srq_recv(&mut self, srq: SrqHandle, wr: &crate::wr::RecvWr<'_>) -> Result<()> {
+        let s = self.srqs.get_mut(srq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Srq,
-            handle: srq,
+            handle: srq.0,
         })?;
         within("SGE count", wr.sg_list.len() as u64, s.attr.max_sge.into())?;
         fill_recv(s.rq.next_free(), wr, s.attr.max_wr)?;

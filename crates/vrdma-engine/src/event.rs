@@ -3,11 +3,13 @@
 
 use vrdma_wire::Qpn;
 
+use crate::handle::{CqHandle, SrqHandle};
+
 /// An asynchronous event.
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub enum AsyncEvent {
     /// A CQ overflowed (IBV_EVENT_CQ_ERR); its QPs were moved to error.
-    CqErr { cq: u32 },
+    CqErr { cq: CqHandle },
     /// A QP hit an error that is not reported in a completion
     /// (IBV_EVENT_QP_FATAL: local work queue catastrophic error; on a
     /// responder, the one behind a remote operational error NAK).
@@ -24,7 +26,7 @@ pub enum AsyncEvent {
     /// The SQ of a QP in SQD drained (IBV_EVENT_SQ_DRAINED).
     SqDrained { qp: Qpn },
     /// An armed SRQ fell below its limit (IBV_EVENT_SRQ_LIMIT_REACHED).
-    SrqLimitReached { srq: u32 },
+    SrqLimitReached { srq: SrqHandle },
     /// The port became active (IBV_EVENT_PORT_ACTIVE).
     PortActive { port: u8 },
 }

@@ -16,6 +16,7 @@
 //! | [`objects`] | PDs, SRQs, AHs |
 //! | [`wr`] | work requests and the work queues that hold them |
 //! | [`event`] | asynchronous events |
+//! | [`handle`] | PD, CQ, SRQ and AH handles |
 //! | [`error`] | [`VerbsError`] and its errno |
 //! | [`testnet`] | a deterministic in-memory network of engines, for tests |
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ pub mod datapath;
 pub mod engine;
 pub mod error;
 pub mod event;
+pub mod handle;
 pub mod memory;
 pub mod mr;
 pub mod objects;
@@ -37,4 +39,5 @@ pub mod wr;
 
 pub use engine::{Counts, Engine};
 pub use error::{Kind, VerbsError};
+pub use handle::{AhHandle, CqHandle, PdHandle, SrqHandle};
 pub use memory::{Memory, VecMemory};

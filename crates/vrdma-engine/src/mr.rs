@@ -10,6 +10,7 @@ use vrdma_wire::{Lkey, Rkey};
 
 use crate::{
     error::{Kind, Result, VerbsError},
+    handle::PdHandle,
     memory::{Memory, MemoryError},
     table::Table,
 };
@@ -87,7 +88,7 @@ pub enum Translation {
 /// A registered memory region.
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct Mr {
-    pub pd: u32,
+    pub pd: PdHandle,
     /// First virtual address (0 for zero-based MRs).
     pub iova: u64,
     pub length: u64,
@@ -146,7 +147,7 @@ pub struct MwBinding {
 /// A memory window.
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub struct Mw {
-    pub pd: u32,
+    pub pd: PdHandle,
     pub ty: MwType,
     pub rkey: Rkey,
     pub binding: Option<MwBinding>,
@@ -186,8 +187,12 @@ pub enum AccessError {
     #[error("invalid key {0:#010x}")]
     InvalidKey(u32),
     /// The MR belongs to another protection domain.
-    #[error("key {key:#010x} belongs to PD {mr_pd}, not PD {pd}")]
-    WrongPd { key: u32, mr_pd: u32, pd: u32 },
+    #[error("key {key:#010x} belongs to {mr_pd}, not {pd}")]
+    WrongPd {
+        key: u32,
+        mr_pd: PdHandle,
+        pd: PdHandle,
+    },
     /// The range falls outside the MR.
     #[error("{va:#x}+{len} is outside the MR [{start:#x}, +{length})")]
     OutOfBounds {
@@ -317,7 +322,7 @@ impl Mr {
 /// passes with REG_USER_MR).
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct MrRequest {
-    pub pd: u32,
+    pub pd: PdHandle,
     pub iova: u64,
     pub length: u64,
     pub access: Access,
@@ -389,7 +394,7 @@ impl Keys {
     }
 
     /// Allocates an MR for fast registration, invalid until a REG_MR WR.
-    pub(crate) fn alloc_fast_reg(&mut self, pd: u32, max_pages: u32) -> Result<Lkey> {
+    pub(crate) fn alloc_fast_reg(&mut self, pd: PdHandle, max_pages: u32) -> Result<Lkey> {
         let mr = Mr {
             pd,
             iova: 0,
@@ -413,7 +418,7 @@ impl Keys {
     }
 
     /// Allocates an unbound memory window.
-    pub(crate) fn alloc_mw(&mut self, pd: u32, ty: MwType) -> Result<Rkey> {
+    pub(crate) fn alloc_mw(&mut self, pd: PdHandle, ty: MwType) -> Result<Rkey> {
         let mw = Mw {
             pd,
             ty,
@@ -505,7 +510,7 @@ impl Keys {
     }
 
     /// MRs and MWs in `pd`.
-    pub(crate) fn count_in_pd(&self, pd: u32) -> u32 {
+    pub(crate) fn count_in_pd(&self, pd: PdHandle) -> u32 {
         self.table
             .iter()
             .filter(|(_, o)| match o {
@@ -545,7 +550,7 @@ impl Keys {
     pub(crate) fn fast_register(
         &mut self,
         lkey: Lkey,
-        pd: u32,
+        pd: PdHandle,
         key: u8,
         iova: u64,
         length: u64,
@@ -606,7 +611,7 @@ impl Keys {
         va: u64,
         length: u64,
         access: Access,
-        qp_pd: u32,
+        qp_pd: PdHandle,
         qp: vrdma_wire::Qpn,
     ) -> core::result::Result<Rkey, KeyOpError> {
         let mw = *self.mw(mw_rkey).ok_or(KeyOpError::NoObject)?;
@@ -672,7 +677,7 @@ impl Keys {
     pub(crate) fn invalidate(
         &mut self,
         key: u32,
-        pd: u32,
+        pd: PdHandle,
         remote: Option<vrdma_wire::Qpn>,
     ) -> core::result::Result<(), KeyOpError> {
         let binding = match self.table.get_mut(key >> 8).ok_or(KeyOpError::NoObject)? {
@@ -719,7 +724,7 @@ impl Keys {
     pub(crate) fn check_local(
         &self,
         lkey: Lkey,
-        pd: u32,
+        pd: PdHandle,
         va: u64,
         len: u64,
         needed: Access,
@@ -735,7 +740,7 @@ impl Keys {
     pub(crate) fn check_remote(
         &self,
         rkey: Rkey,
-        pd: u32,
+        pd: PdHandle,
         va: u64,
         len: u64,
         needed: Access,
@@ -784,7 +789,7 @@ impl Keys {
 fn check(
     mr: &Mr,
     key: u32,
-    pd: u32,
+    pd: PdHandle,
     va: u64,
     len: u64,
     needed: Access,
@@ -810,7 +815,7 @@ mod tests {
 
     const Q: vrdma_wire::Qpn = vrdma_wire::Qpn::from_masked(17);
 
-    fn paged(pd: u32, access: Access) -> MrRequest {
+    fn paged(pd: PdHandle, access: Access) -> MrRequest {
         // 3 pages of 4 KiB, scattered, the MR starting 0x100 into the first.
         MrRequest {
             pd,
@@ -846,11 +851,11 @@ mod tests {
     #[test]
     fn keys_are_index_and_key_byte_and_stale_keys_die() {
         let mut k = Keys::new(4, 0);
-        let (l, r) = k.register(paged(1, Access::LOCAL_WRITE)).unwrap();
+        let (l, r) = k.register(paged(PdHandle(1), Access::LOCAL_WRITE)).unwrap();
         assert_eq!(l.0, r.0);
         assert_eq!(l.index(), 1);
         k.deregister(l).unwrap();
-        let (l2, _) = k.register(paged(1, Access::LOCAL_WRITE)).unwrap();
+        let (l2, _) = k.register(paged(PdHandle(1), Access::LOCAL_WRITE)).unwrap();
         assert_eq!(l2.index(), l.index());
         assert_ne!(l2.key(), l.key(), "new key byte on re-registration");
         assert!(k.by_lkey(l).is_none());
@@ -867,8 +872,8 @@ mod tests {
     #[test]
     fn the_table_limit_is_enomem() {
         let mut k = Keys::new(1, 0);
-        k.register(paged(1, Access::NONE)).unwrap();
-        let e = k.register(paged(1, Access::NONE)).unwrap_err();
+        k.register(paged(PdHandle(1), Access::NONE)).unwrap();
+        let e = k.register(paged(PdHandle(1), Access::NONE)).unwrap_err();
         assert_eq!(
             e,
             VerbsError::Exhausted {
@@ -883,21 +888,31 @@ mod tests {
     fn local_and_remote_checks() {
         let mut k = Keys::new(4, 0);
         let (l, r) = k
-            .register(paged(7, Access::LOCAL_WRITE | Access::REMOTE_READ))
+            .register(paged(
+                PdHandle(7),
+                Access::LOCAL_WRITE | Access::REMOTE_READ,
+            ))
             .unwrap();
         let va = 0x7000_0100;
-        assert!(k.check_local(l, 7, va, 16, Access::LOCAL_WRITE).is_ok());
+        assert!(
+            k.check_local(l, PdHandle(7), va, 16, Access::LOCAL_WRITE)
+                .is_ok()
+        );
         assert_eq!(
-            k.check_local(l, 8, va, 16, Access::NONE).unwrap_err(),
+            k.check_local(l, PdHandle(8), va, 16, Access::NONE)
+                .unwrap_err(),
             AccessError::WrongPd {
                 key: l.0,
-                mr_pd: 7,
-                pd: 8
+                mr_pd: PdHandle(7),
+                pd: PdHandle(8)
             }
         );
-        assert!(k.check_remote(r, 7, va, 16, Access::REMOTE_READ, Q).is_ok());
+        assert!(
+            k.check_remote(r, PdHandle(7), va, 16, Access::REMOTE_READ, Q)
+                .is_ok()
+        );
         assert_eq!(
-            k.check_remote(r, 7, va, 16, Access::REMOTE_WRITE, Q)
+            k.check_remote(r, PdHandle(7), va, 16, Access::REMOTE_WRITE, Q)
                 .unwrap_err(),
             AccessError::Denied {
                 key: r.0,
@@ -906,23 +921,23 @@ mod tests {
         );
         let end = va + 3 * 4096 - 0x100;
         assert!(
-            k.check_remote(r, 7, end - 8, 8, Access::REMOTE_READ, Q)
+            k.check_remote(r, PdHandle(7), end - 8, 8, Access::REMOTE_READ, Q)
                 .is_ok()
         );
         assert!(matches!(
-            k.check_remote(r, 7, end - 8, 9, Access::REMOTE_READ, Q),
+            k.check_remote(r, PdHandle(7), end - 8, 9, Access::REMOTE_READ, Q),
             Err(AccessError::OutOfBounds { .. })
         ));
         assert!(matches!(
-            k.check_remote(r, 7, va - 1, 1, Access::REMOTE_READ, Q),
+            k.check_remote(r, PdHandle(7), va - 1, 1, Access::REMOTE_READ, Q),
             Err(AccessError::OutOfBounds { .. })
         ));
         assert!(matches!(
-            k.check_remote(r, 7, u64::MAX, 2, Access::REMOTE_READ, Q),
+            k.check_remote(r, PdHandle(7), u64::MAX, 2, Access::REMOTE_READ, Q),
             Err(AccessError::OutOfBounds { .. })
         ));
         assert_eq!(
-            k.check_remote(Rkey(r.0 ^ 1), 7, va, 1, Access::REMOTE_READ, Q)
+            k.check_remote(Rkey(r.0 ^ 1), PdHandle(7), va, 1, Access::REMOTE_READ, Q)
                 .unwrap_err(),
             AccessError::InvalidKey(r.0 ^ 1)
         );
@@ -931,7 +946,7 @@ mod tests {
     #[test]
     fn reads_and_writes_follow_the_page_list() {
         let mut k = Keys::new(4, 0);
-        let (l, _) = k.register(paged(1, Access::LOCAL_WRITE)).unwrap();
+        let (l, _) = k.register(paged(PdHandle(1), Access::LOCAL_WRITE)).unwrap();
         let mr = k.by_lkey(l).unwrap().clone();
         let mut mem = VecMemory::new(0, 0x6000);
         // Bytes 0xf00..0x1100 of the MR straddle pages 0 and 1.

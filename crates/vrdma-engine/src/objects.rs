@@ -2,6 +2,7 @@
 //! handles.
 
 use crate::{
+    handle::PdHandle,
     qp::AhAttr,
     wr::{RecvWqe, WorkQueue},
 };
@@ -36,13 +37,13 @@ impl SrqAttrMask {
 /// A shared receive queue.
 #[derive(Clone, Debug)]
 pub struct Srq {
-    pub pd: u32,
+    pub pd: PdHandle,
     pub attr: SrqAttr,
     pub(crate) rq: WorkQueue<RecvWqe>,
 }
 
 impl Srq {
-    pub(crate) fn new(pd: u32, attr: SrqAttr) -> Self {
+    pub(crate) fn new(pd: PdHandle, attr: SrqAttr) -> Self {
         Srq {
             pd,
             attr,
@@ -85,6 +86,6 @@ impl Srq {
 /// An address handle: where UD sends go.
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub struct Ah {
-    pub pd: u32,
+    pub pd: PdHandle,
     pub attr: AhAttr,
 }

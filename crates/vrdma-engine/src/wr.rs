@@ -157,7 +157,7 @@ impl core::fmt::Debug for SendFlags {
 /// Where a UD send goes (`wr.ud`).
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub struct UdDest {
-    pub ah: u32,
+    pub ah: crate::handle::AhHandle,
     pub remote_qpn: Qpn,
     pub remote_qkey: QKey,
 }

@@ -4,7 +4,7 @@
 use std::net::Ipv4Addr;
 
 use vrdma_engine::{
-    Engine, Kind, VerbsError,
+    CqHandle, Engine, Kind, PdHandle, VerbsError,
     attr::{DeviceAttr, Mtu, PortAttr},
     error::errno::{EBUSY, EINVAL, ENOMEM, EOPNOTSUPP},
     event::AsyncEvent,
@@ -35,7 +35,7 @@ fn small() -> Engine {
     )
 }
 
-fn mr_req(pd: u32) -> MrRequest {
+fn mr_req(pd: PdHandle) -> MrRequest {
     MrRequest {
         pd,
         iova: 0x1000,
@@ -55,7 +55,7 @@ fn cap() -> QpCap {
     }
 }
 
-fn init(pd: u32, cq: u32, qp_type: QpType) -> QpInitAttr {
+fn init(pd: PdHandle, cq: CqHandle, qp_type: QpType) -> QpInitAttr {
     QpInitAttr {
         pd,
         send_cq: cq,
@@ -83,7 +83,7 @@ const CONNECTED_INIT: AttrMask = AttrMask(
 );
 
 /// An engine with a PD, a 16-entry CQ and one QP of type `ty`.
-fn with_qp(ty: QpType) -> (Engine, u32, u32, Qpn) {
+fn with_qp(ty: QpType) -> (Engine, PdHandle, CqHandle, Qpn) {
     let mut e = engine();
     let pd = e.alloc_pd().unwrap();
     let (cq, _) = e.create_cq(16, 0).unwrap();
@@ -188,7 +188,7 @@ fn a_pd_in_use_cannot_be_deallocated() {
         err,
         VerbsError::Busy {
             kind: Kind::Pd,
-            handle: pd,
+            handle: pd.0,
             users: 4
         }
     );
@@ -203,7 +203,7 @@ fn a_pd_in_use_cannot_be_deallocated() {
         e.dealloc_pd(pd),
         Err(VerbsError::NotFound {
             kind: Kind::Pd,
-            handle: pd
+            handle: pd.0
         })
     );
 }
@@ -273,7 +273,7 @@ fn limits_are_einval_and_exhaustion_is_enomem() {
             max: 0x4000
         }
     );
-    let unknown_cq = init(pd, 99, QpType::Rc);
+    let unknown_cq = init(pd, CqHandle(99), QpType::Rc);
     assert_eq!(e.create_qp(unknown_cq).unwrap_err().errno(), EINVAL);
     e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
     e.create_qp(init(pd, cq, QpType::Uc)).unwrap();
@@ -315,7 +315,7 @@ fn mr_registration_is_validated() {
         bad(
             &mut e,
             MrRequest {
-                pd: 77,
+                pd: PdHandle(77),
                 ..mr_req(pd)
             }
         ),
@@ -621,6 +621,12 @@ fn cq_arming_resize_and_polling_through_the_engine() {
     assert_eq!(e.resize_cq(cq, 0).unwrap_err().errno(), EINVAL);
     let mut out = Vec::new();
     assert_eq!(e.poll_cq(cq, 16, &mut out), Ok(0));
-    assert_eq!(e.poll_cq(99, 16, &mut out).unwrap_err().errno(), EINVAL);
-    assert_eq!(e.req_notify_cq(99, true).unwrap_err().errno(), EINVAL);
+    assert_eq!(
+        e.poll_cq(CqHandle(99), 16, &mut out).unwrap_err().errno(),
+        EINVAL
+    );
+    assert_eq!(
+        e.req_notify_cq(CqHandle(99), true).unwrap_err().errno(),
+        EINVAL
+    );
 }

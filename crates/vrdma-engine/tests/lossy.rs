@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 
 use proptest::prelude::*;
 use vrdma_engine::{
-    Engine,
+    CqHandle, Engine,
     attr::{DeviceAttr, Mtu, PortAttr},
     memory::{Memory, VecMemory},
     mr::{Access, MrRequest, Translation},
@@ -30,7 +30,7 @@ const ATOMICS: u64 = 768 * 1024;
 #[derive(Clone, Copy)]
 struct Side {
     node: usize,
-    cq: u32,
+    cq: CqHandle,
     qpn: Qpn,
     lkey: Lkey,
     rkey: Rkey,

@@ -48,7 +48,7 @@ use std::{cell::RefCell, collections::BTreeMap, net::Ipv4Addr};
 
 use proptest::prelude::*;
 use vrdma_engine::{
-    Engine,
+    AhHandle, CqHandle, Engine, PdHandle,
     attr::{DeviceAttr, Mtu, PortAttr},
     datapath::MAX_PACKET,
     event::AsyncEvent,
@@ -142,7 +142,7 @@ fn slot_len(slot: usize) -> u64 {
     if slot == PAGED { PAGED_LEN } else { REGION }
 }
 
-fn slot_request(slot: usize, pd: u32) -> MrRequest {
+fn slot_request(slot: usize, pd: PdHandle) -> MrRequest {
     let translation = if slot == PAGED {
         Translation::Pages {
             page_shift: 12,
@@ -264,7 +264,7 @@ impl Memory for Recording {
 #[derive(Clone, Debug)]
 struct ModelMr {
     lkey: Lkey,
-    pd: u32,
+    pd: PdHandle,
     access: Access,
     ranges: Vec<(u64, u64)>,
 }
@@ -324,10 +324,10 @@ struct Side {
     gid: Gid,
     /// The IP header packets from the peer arrive with.
     ip_in: IpRepr,
-    pd: u32,
-    other_pd: u32,
-    cq: u32,
-    ah: u32,
+    pd: PdHandle,
+    other_pd: PdHandle,
+    cq: CqHandle,
+    ah: AhHandle,
     qps: [Qpn; 3],
     qp_access: [Access; 3],
     mrs: [Option<ModelMr>; SLOTS],

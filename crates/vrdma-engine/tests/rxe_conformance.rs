@@ -9,7 +9,7 @@ use std::{fs, net::Ipv4Addr, path::Path};
 
 use pcap_file::pcap::PcapReader;
 use vrdma_engine::{
-    Engine,
+    Engine, PdHandle,
     attr::{DeviceAttr, Mtu, PortAttr},
     memory::VecMemory,
     mr::{Access, MrRequest, Translation},
@@ -127,7 +127,7 @@ fn split<'a>(
 }
 
 /// Two engines (RC, UC or UD), MTU 1024, P_Key 0xffff, Q_Key 0x11111111.
-fn pair(ty: QpType) -> (Net, [(Qpn, u32, vrdma_wire::Lkey, Rkey); 2]) {
+fn pair(ty: QpType) -> (Net, [(Qpn, PdHandle, vrdma_wire::Lkey, Rkey); 2]) {
     let mut net = Net {
         tap: Some(Vec::new()),
         ..Net::default()

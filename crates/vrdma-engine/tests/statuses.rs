@@ -39,7 +39,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use vrdma_engine::{
-    Engine,
+    AhHandle, CqHandle, Engine, PdHandle,
     attr::{DeviceAttr, Mtu, PortAttr},
     event::AsyncEvent,
     memory::{Memory, VecMemory},
@@ -74,13 +74,13 @@ fn gid(n: u8) -> Gid {
 struct Side {
     node: usize,
     n: u8,
-    pd: u32,
-    scq: u32,
-    rcq: u32,
+    pd: PdHandle,
+    scq: CqHandle,
+    rcq: CqHandle,
     qpn: Qpn,
     lkey: Lkey,
     rkey: Rkey,
-    ah: u32,
+    ah: AhHandle,
     ty: QpType,
 }
 
@@ -265,7 +265,7 @@ fn send_inline(net: &mut Net, s: Side, dest: Qpn, wr_id: u64, data: &[u8], signa
     );
 }
 
-fn cqes(net: &mut Net, s: Side, cq: u32) -> Vec<Wc> {
+fn cqes(net: &mut Net, s: Side, cq: CqHandle) -> Vec<Wc> {
     let mut v = Vec::new();
     e(net, s).poll_cq(cq, 64, &mut v).unwrap();
     v

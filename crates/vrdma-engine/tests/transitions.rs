@@ -40,7 +40,7 @@
 use std::net::Ipv4Addr;
 
 use vrdma_engine::{
-    Engine, VerbsError,
+    AhHandle, CqHandle, Engine, PdHandle, VerbsError,
     attr::{DeviceAttr, Mtu, PortAttr},
     error::errno::EINVAL,
     event::AsyncEvent,
@@ -265,9 +265,9 @@ fn port(last: u8) -> PortAttr {
 
 struct Fx {
     e: Engine,
-    pd: u32,
-    cq: u32,
-    ah: u32,
+    pd: PdHandle,
+    cq: CqHandle,
+    ah: AhHandle,
 }
 
 fn fx() -> Fx {
@@ -991,10 +991,10 @@ fn any_state_but_reset_to_err_flushes_every_work_request() {
 
 /// Two nodes on the test network, each with a `ty` QP in RTS aimed at the
 /// other; returns the QPNs and the CQ of each.
-fn net_pair(ty: QpType) -> (Net, [Qpn; 2], [u32; 2]) {
+fn net_pair(ty: QpType) -> (Net, [Qpn; 2], [CqHandle; 2]) {
     let mut net = Net::default();
     let mut qpns = [Qpn::default(); 2];
-    let mut cqs = [0; 2];
+    let mut cqs = [CqHandle::default(); 2];
     for (i, me) in [1u8, 2].into_iter().enumerate() {
         let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid(me)]));
         let pd = e.alloc_pd().unwrap();

@@ -4,7 +4,7 @@
 use std::net::Ipv4Addr;
 
 use vrdma_engine::{
-    Engine, VerbsError,
+    CqHandle, Engine, PdHandle, SrqHandle, VerbsError,
     attr::{DeviceAttr, Mtu, PortAttr},
     error::errno::{EINVAL, ENOMEM},
     event::AsyncEvent,
@@ -21,8 +21,8 @@ fn gid(last: u8) -> Gid {
 
 struct Setup {
     e: Engine,
-    pd: u32,
-    cq: u32,
+    pd: PdHandle,
+    cq: CqHandle,
 }
 
 fn setup(cqe: u32) -> Setup {
@@ -42,7 +42,7 @@ fn cap() -> QpCap {
     }
 }
 
-fn qp(s: &mut Setup, ty: QpType, srq: Option<u32>) -> Qpn {
+fn qp(s: &mut Setup, ty: QpType, srq: Option<SrqHandle>) -> Qpn {
     s.e.create_qp(QpInitAttr {
         pd: s.pd,
         send_cq: s.cq,
@@ -121,7 +121,7 @@ fn recv(wr_id: u64) -> RecvWr<'static> {
     }
 }
 
-fn poll(e: &mut Engine, cq: u32) -> Vec<Wc> {
+fn poll(e: &mut Engine, cq: CqHandle) -> Vec<Wc> {
     let mut v = Vec::new();
     e.poll_cq(cq, 64, &mut v).unwrap();
     v

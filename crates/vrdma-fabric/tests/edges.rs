@@ -6,7 +6,7 @@
 use std::net::Ipv4Addr;
 
 use vrdma_engine::{
-    Engine, Memory, VecMemory,
+    AhHandle, CqHandle, Engine, Memory, VecMemory,
     attr::{DeviceAttr, Mtu, PortAttr},
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType},
@@ -59,7 +59,7 @@ impl Default for Setup {
 
 #[derive(Clone, Copy)]
 struct End {
-    cq: u32,
+    cq: CqHandle,
     qpn: Qpn,
     lkey: Lkey,
     rkey: Rkey,
@@ -70,7 +70,7 @@ struct Pair {
     ends: [End; 2],
     qp_type: QpType,
     /// A's address handle for B (UD).
-    ah: u32,
+    ah: AhHandle,
 }
 
 fn gid(n: usize) -> Gid {
@@ -81,7 +81,7 @@ fn pair(s: Setup) -> Pair {
     // 25 Gb/s ports.
     let mut sim = Sim::new(7, s.link, Some(25_000_000_000 / 8));
     let mut ends = Vec::new();
-    let mut ah = 0;
+    let mut ah = AhHandle::default();
     for n in [A, B] {
         let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid(n)]));
         let pd = e.alloc_pd().unwrap();

@@ -33,6 +33,7 @@ use common::{BASE, End, bytes, end, fill, recv, same, send};
 use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 use vrdma_engine::{
+    CqHandle,
     attr::Mtu,
     datapath::Stats,
     event::AsyncEvent,
@@ -84,7 +85,7 @@ fn v4(last: u8) -> IpAddr {
 #[derive(Clone, Copy, Debug)]
 struct Q {
     qpn: Qpn,
-    cq: u32,
+    cq: CqHandle,
 }
 
 fn qp(e: &mut End, ty: QpType) -> Q {
@@ -289,8 +290,8 @@ struct Rig {
     /// The QPN of a QP B destroyed.
     stale: Qpn,
     /// Completions, per CQ, in arrival order.
-    wcs_a: Vec<(u32, Vec<Wc>)>,
-    wcs_b: Vec<(u32, Vec<Wc>)>,
+    wcs_a: Vec<(CqHandle, Vec<Wc>)>,
+    wcs_b: Vec<(CqHandle, Vec<Wc>)>,
     events_a: Vec<AsyncEvent>,
     events_b: Vec<AsyncEvent>,
     /// The valid traffic's expected completions: (wr_id, opcode, length).
@@ -392,7 +393,7 @@ impl Rig {
         e.dev.engine().query_qp(q.qpn).unwrap().0.qp_state
     }
 
-    fn wcs(list: &[(u32, Vec<Wc>)], q: Q) -> &[Wc] {
+    fn wcs(list: &[(CqHandle, Vec<Wc>)], q: Q) -> &[Wc] {
         &list.iter().find(|(cq, _)| *cq == q.cq).unwrap().1
     }
 

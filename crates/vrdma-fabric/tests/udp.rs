@@ -15,7 +15,7 @@ use std::{
 
 use common::{BASE, End, bytes, end, fill, recv, same, send};
 use vrdma_engine::{
-    VecMemory,
+    AhHandle, VecMemory,
     attr::Mtu,
     mr::Access,
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
@@ -106,7 +106,7 @@ fn poll_until(on: &mut End, mut also: Option<&mut End>, want: usize, what: &str)
 
 /// A signaled UD SEND of the `len` bytes at `at` through address handle
 /// `ah` to QP `to` (Q_Key 0x11111111).
-fn send_ud(e: &mut End, qpn: Qpn, wr_id: u64, at: (u64, u32), ah: u32, to: Qpn) {
+fn send_ud(e: &mut End, qpn: Qpn, wr_id: u64, at: (u64, u32), ah: AhHandle, to: Qpn) {
     let ud = UdDest {
         ah,
         remote_qpn: to,
@@ -117,7 +117,7 @@ fn send_ud(e: &mut End, qpn: Qpn, wr_id: u64, at: (u64, u32), ah: u32, to: Qpn) 
 
 /// An address handle on `e` for `dgid` with this traffic class and hop
 /// limit.
-fn ah(e: &mut End, dgid: Gid, traffic_class: u8, hop_limit: u8) -> u32 {
+fn ah(e: &mut End, dgid: Gid, traffic_class: u8, hop_limit: u8) -> AhHandle {
     let attr = AhAttr {
         dgid,
         port_num: 1,
@@ -312,7 +312,7 @@ fn every_datagram_carries_its_traffic_class_and_hop_limit() {
         ((0x48, 200), (0x48, 200)),
         ((0, 64), (0x60, 64)),
     ];
-    let ahs: Vec<u32> = kinds
+    let ahs: Vec<AhHandle> = kinds
         .iter()
         .map(|&((traffic_class, hop_limit), _)| ah(&mut a, gb, traffic_class, hop_limit))
         .collect();

@@ -227,7 +227,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         gid_text(me.gid)
     );
 
-    let connect_qp = |dev: &mut Device, rem: &Dest| -> Result<Option<u32>> {
+    let connect_qp = |dev: &mut Device, rem: &Dest| -> Result<Option<vrdma_engine::AhHandle>> {
         ensure!(
             rem.gid != Gid::default(),
             "the peer sent no GID: RoCE needs one (give the rdma-core tool -g)"

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, ensure};
 use vrdma_engine::{
-    VecMemory,
+    CqHandle, PdHandle, VecMemory,
     attr::Mtu,
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
@@ -38,8 +38,8 @@ pub const ALL_ACCESS: Access = Access(
 #[derive(Debug)]
 pub struct Device {
     pub dev: UdpDevice<VecMemory>,
-    pub pd: u32,
-    pub cq: u32,
+    pub pd: PdHandle,
+    pub cq: CqHandle,
     pub lkey: Lkey,
     pub rkey: Rkey,
     /// Sleep in `poll(2)` when idle instead of spinning.

@@ -95,6 +95,7 @@ use vrdma_wire::{Gid, Psn, QKey, Qpn};
 
 use crate::{
     attr::Mtu,
+    handle::{CqHandle, PdHandle, SrqHandle},
     mr::Access,
     wr::{RecvWqe, SendWqe, WorkQueue},
 };
@@ -112,11 +113,11 @@ pub struct QpCap {
 /// What `ibv_create_qp` asks for (`struct ibv_qp_init_attr`).
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub struct QpInitAttr {
-    pub pd: u32,
-    pub send_cq: u32,
-    pub recv_cq: u32,
+    pub pd: PdHandle,
+    pub send_cq: CqHandle,
+    pub recv_cq: CqHandle,
     /// Receives come from this SRQ instead of the QP's own receive queue.
-    pub srq: Option<u32>,
+    pub srq: Option<SrqHandle>,
     pub cap: QpCap,
     pub qp_type: QpType,
     /// Every send WR completes signaled, whatever its flags.

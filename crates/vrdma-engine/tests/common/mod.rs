@@ -8,7 +8,7 @@
 use std::net::Ipv4Addr;
 
 use vrdma_engine::{
-    Engine,
+    CqHandle, Engine, PdHandle,
     attr::{DeviceAttr, Mtu, PortAttr},
     memory::{Memory, VecMemory},
     mr::{Access, MrRequest, Translation},
@@ -30,8 +30,8 @@ pub fn gid(n: u8) -> Gid {
 #[derive(Clone, Copy, Debug)]
 pub struct Side {
     pub node: usize,
-    pub pd: u32,
-    pub cq: u32,
+    pub pd: PdHandle,
+    pub cq: CqHandle,
     pub qpn: Qpn,
     pub lkey: Lkey,
     pub rkey: Rkey,

@@ -387,7 +387,7 @@ impl Sim {
     pub fn poll_cq(
         &mut self,
         i: usize,
-        cq: u32,
+        cq: vrdma_engine::CqHandle,
         max: usize,
         out: &mut Vec<vrdma_engine::wc::Wc>,
     ) -> Result<usize, vrdma_engine::VerbsError> {

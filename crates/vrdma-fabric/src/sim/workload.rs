@@ -174,14 +174,14 @@ struct Posted {
 struct Ends {
     a_qpn: Qpn,
     b_qpn: Qpn,
-    a_cq: u32,
-    b_cq: u32,
+    a_cq: vrdma_engine::CqHandle,
+    b_cq: vrdma_engine::CqHandle,
     a_lkey: Lkey,
     b_lkey: Lkey,
     b_rkey: Rkey,
 }
 
-fn device(sim: &mut Sim, n: u8, mem_len: u64) -> (usize, u32, Qpn, Lkey, Rkey) {
+fn device(sim: &mut Sim, n: u8, mem_len: u64) -> (usize, vrdma_engine::CqHandle, Qpn, Lkey, Rkey) {
     let gid = Gid::from(Ipv4Addr::new(127, 0, 0, n));
     let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid]));
     let pd = e.alloc_pd().expect("PD");

@@ -7,7 +7,7 @@
 use std::net::IpAddr;
 
 use vrdma_engine::{
-    VecMemory,
+    CqHandle, PdHandle, VecMemory,
     attr::Mtu,
     mr::{Access, MrRequest, Translation},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
@@ -22,8 +22,8 @@ pub const MEM: usize = 4 << 20;
 /// A device on a socket, with a PD, a CQ and an MR over all its memory.
 pub struct End {
     pub dev: UdpDevice<VecMemory>,
-    pub pd: u32,
-    pub cq: u32,
+    pub pd: PdHandle,
+    pub cq: CqHandle,
     pub lkey: Lkey,
     pub rkey: Rkey,
 }
