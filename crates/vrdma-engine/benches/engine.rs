@@ -15,10 +15,10 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use vrdma_engine::{
     CqHandle, Engine,
     attr::{DeviceAttr, Mtu, PortAttr},
-    datapath::MAX_PACKET,
     memory::VecMemory,
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
+    transmit::MAX_PACKET,
     wc::{Wc, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
 };

@@ -3,22 +3,21 @@
 //! and destroy objects); every call validates its input and fails with the
 //! error rdma-core would return.
 
-use std::collections::VecDeque;
-
 use vrdma_wire::{Lkey, Qpn};
 
 use crate::{
     attr::{DeviceAttr, PortAttr},
+    completion,
+    context::Ctx,
     cq::{Arm, Cq},
     error::{Kind, Result, VerbsError, within},
     event::AsyncEvent,
     handle::{AhHandle, CqHandle, PdHandle, SrqHandle},
     mr::{Access, AccessError, Keys, Mr, MrRequest, Translation},
     objects::{Ah, Pd, Srq, SrqAttr, SrqAttrMask},
-    qp::{AhAttr, AttrMask, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
+    qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
+    qpc::Qp,
     table::Table,
-    wc::{Wc, WcOpcode, WcStatus},
-    wr::SendOp,
 };
 
 /// The first QPN handed out: 0 and 1 are the special QPs, and rxe starts
@@ -33,55 +32,34 @@ const PAGE_SHIFTS: core::ops::RangeInclusive<u8> = 12..=30;
 #[derive(Debug)]
 pub struct Engine {
     pub(crate) attr: DeviceAttr,
-    pub(crate) port: PortAttr,
     pub(crate) pds: Table<Pd>,
-    pub(crate) keys: Keys,
-    pub(crate) cqs: Table<Cq>,
-    pub(crate) qps: Table<Qp>,
-    pub(crate) srqs: Table<Srq>,
     pub(crate) ahs: Table<Ah>,
-    pub(crate) events: VecDeque<AsyncEvent>,
-    /// CQs with a notification due (armed CQs that got a completion).
-    pub(crate) notifications: VecDeque<CqHandle>,
-    /// QPs with a packet to send (requester work or a pending ACK).
-    pub(crate) tx_ready: VecDeque<Qpn>,
-    pub(crate) stats: crate::datapath::Stats,
-    /// The latest time the caller gave, in nanoseconds.
-    pub(crate) now: u64,
-    /// QPs whose timers are due (`handle_timeout`'s buffer, kept to avoid
-    /// an allocation per call).
-    pub(crate) due: Vec<(Qpn, bool, bool)>,
-    /// Payload pieces of the packet the last gather poll lent
-    /// (`Engine::gathered`), and whether the poll running lends.
-    pub(crate) lent: Vec<crate::datapath::PayloadRef>,
-    pub(crate) lend: bool,
+    pub(crate) qps: Table<Qp>,
+    /// Everything else, which the data path's roles share
+    /// ([`crate::context`]).
+    pub(crate) cx: Ctx,
 }
 
 impl Engine {
     /// A device with these limits and this port. Raises the port-active
     /// event when the port starts active.
     pub fn new(attr: DeviceAttr, port: PortAttr) -> Self {
-        let mut events = VecDeque::new();
-        if port.state == crate::attr::PortState::Active {
-            events.push_back(AsyncEvent::PortActive { port: PORT });
+        let active = port.state == crate::attr::PortState::Active;
+        let mut cx = Ctx::new(
+            port,
+            Keys::new(attr.max_mr, attr.max_mw),
+            Table::new(1, attr.max_cq),
+            Table::new(1, attr.max_srq),
+        );
+        if active {
+            cx.events.push_back(AsyncEvent::PortActive { port: PORT });
         }
         Engine {
             pds: Table::new(1, attr.max_pd),
-            keys: Keys::new(attr.max_mr, attr.max_mw),
-            cqs: Table::new(1, attr.max_cq),
             qps: Table::new(FIRST_QPN, attr.max_qp),
-            srqs: Table::new(1, attr.max_srq),
             ahs: Table::new(1, attr.max_ah),
-            events,
-            notifications: VecDeque::new(),
-            tx_ready: VecDeque::new(),
-            stats: crate::datapath::Stats::default(),
-            now: 0,
-            due: Vec::new(),
-            lent: Vec::new(),
-            lend: false,
+            cx,
             attr,
-            port,
         }
     }
 
@@ -93,17 +71,17 @@ impl Engine {
     /// `ibv_query_port`, with the GID and P_Key tables.
     pub fn query_port(&self, port: u8) -> Result<&PortAttr> {
         check_port(port)?;
-        Ok(&self.port)
+        Ok(&self.cx.port)
     }
 
     /// The next asynchronous event, if any.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
-        self.events.pop_front()
+        self.cx.events.pop_front()
     }
 
     /// The next CQ whose armed notification fired (one per arming).
     pub fn poll_notification(&mut self) -> Option<CqHandle> {
-        self.notifications.pop_front()
+        self.cx.notifications.pop_front()
     }
 
     // ---- protection domains -------------------------------------------
@@ -123,9 +101,9 @@ impl Engine {
     /// `ibv_dealloc_pd`: EBUSY while MRs, QPs, SRQs or AHs use it.
     pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<()> {
         self.pd(pd)?;
-        let users = self.keys.count_in_pd(pd)
+        let users = self.cx.keys.count_in_pd(pd)
             + count(&self.qps, |q| q.init.pd == pd)
-            + count(&self.srqs, |s| s.pd == pd)
+            + count(&self.cx.srqs, |s| s.pd == pd)
             + count(&self.ahs, |a| a.pd == pd);
         if users > 0 {
             return Err(VerbsError::Busy {
@@ -196,17 +174,17 @@ impl Engine {
                 }
             }
         }
-        self.keys.register(req)
+        self.cx.keys.register(req)
     }
 
     /// `ibv_dereg_mr`.
     pub fn dereg_mr(&mut self, lkey: Lkey) -> Result<()> {
-        self.keys.deregister(lkey).map(|_| ())
+        self.cx.keys.deregister(lkey).map(|_| ())
     }
 
     /// The MR an lkey names (for inspection and tests).
     pub fn mr(&self, lkey: Lkey) -> Option<&Mr> {
-        self.keys.by_lkey(lkey)
+        self.cx.keys.by_lkey(lkey)
     }
 
     /// The protection check of a local access (an SGE): the lkey names a
@@ -220,7 +198,7 @@ impl Engine {
         len: u64,
         needed: Access,
     ) -> core::result::Result<&Mr, AccessError> {
-        self.keys.check_local(lkey, pd, va, len, needed)
+        self.cx.keys.check_local(lkey, pd, va, len, needed)
     }
 
     /// The protection check of a remote access (RETH or AtomicETH) on QP
@@ -236,7 +214,7 @@ impl Engine {
         needed: Access,
         qp: Qpn,
     ) -> core::result::Result<&Mr, AccessError> {
-        self.keys.check_remote(rkey, pd, va, len, needed, qp)
+        self.cx.keys.check_remote(rkey, pd, va, len, needed, qp)
     }
 
     /// `ib_alloc_mr` (IB_MR_TYPE_MEM_REG): an MR for fast registration,
@@ -253,7 +231,7 @@ impl Engine {
             max_pages.into(),
             self.attr.max_fast_reg_page_list_len.into(),
         )?;
-        self.keys.alloc_fast_reg(pd, max_pages)
+        self.cx.keys.alloc_fast_reg(pd, max_pages)
     }
 
     /// `ib_map_mr_sg`: the page list the MR's next REG_MR work request
@@ -276,23 +254,23 @@ impl Engine {
                 });
             }
         }
-        self.keys.map_pages(lkey, translation)
+        self.cx.keys.map_pages(lkey, translation)
     }
 
     /// `ibv_alloc_mw`.
     pub fn alloc_mw(&mut self, pd: PdHandle, ty: crate::mr::MwType) -> Result<vrdma_wire::Rkey> {
         self.pd(pd)?;
-        self.keys.alloc_mw(pd, ty)
+        self.cx.keys.alloc_mw(pd, ty)
     }
 
     /// `ibv_dealloc_mw` (a bound window is unbound first).
     pub fn dealloc_mw(&mut self, rkey: vrdma_wire::Rkey) -> Result<()> {
-        self.keys.dealloc_mw(rkey)
+        self.cx.keys.dealloc_mw(rkey)
     }
 
     /// The window an rkey names (for inspection and tests).
     pub fn mw(&self, rkey: vrdma_wire::Rkey) -> Option<&crate::mr::Mw> {
-        self.keys.mw(rkey)
+        self.cx.keys.mw(rkey)
     }
 
     // ---- completion queues --------------------------------------------
@@ -303,14 +281,15 @@ impl Engine {
             return Err(VerbsError::Invalid { what: "CQ size 0" });
         }
         within("CQ size", u64::from(cqe), u64::from(self.attr.max_cqe))?;
-        let max = self.cqs.max();
-        let (h, _) = self
-            .cqs
-            .insert(Cq::new(cqe, comp_vector))
-            .ok_or(VerbsError::Exhausted {
-                kind: Kind::Cq,
-                max,
-            })?;
+        let max = self.cx.cqs.max();
+        let (h, _) =
+            self.cx
+                .cqs
+                .insert(Cq::new(cqe, comp_vector))
+                .ok_or(VerbsError::Exhausted {
+                    kind: Kind::Cq,
+                    max,
+                })?;
         Ok((CqHandle(h), cqe))
     }
 
@@ -338,7 +317,7 @@ impl Engine {
                 users,
             });
         }
-        self.cqs.remove(cq.0);
+        self.cx.cqs.remove(cq.0);
         Ok(())
     }
 
@@ -364,14 +343,14 @@ impl Engine {
     }
 
     fn cq(&self, cq: CqHandle) -> Result<&Cq> {
-        self.cqs.get(cq.0).ok_or(VerbsError::NotFound {
+        self.cx.cqs.get(cq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Cq,
             handle: cq.0,
         })
     }
 
     fn cq_mut(&mut self, cq: CqHandle) -> Result<&mut Cq> {
-        self.cqs.get_mut(cq.0).ok_or(VerbsError::NotFound {
+        self.cx.cqs.get_mut(cq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Cq,
             handle: cq.0,
         })
@@ -403,8 +382,9 @@ impl Engine {
             max_sge: attr.max_sge.max(1),
             ..attr
         };
-        let max = self.srqs.max();
+        let max = self.cx.srqs.max();
         let (h, _) = self
+            .cx
             .srqs
             .insert(Srq::new(pd, granted))
             .ok_or(VerbsError::Exhausted {
@@ -424,7 +404,7 @@ impl Engine {
         mask: SrqAttrMask,
     ) -> Result<SrqAttr> {
         let max_wr = self.attr.max_srq_wr;
-        let s = self.srqs.get_mut(srq.0).ok_or(VerbsError::NotFound {
+        let s = self.cx.srqs.get_mut(srq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Srq,
             handle: srq.0,
         })?;
@@ -458,7 +438,8 @@ impl Engine {
 
     /// `ibv_query_srq`.
     pub fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
-        self.srqs
+        self.cx
+            .srqs
             .get(srq.0)
             .map(|s| s.attr)
             .ok_or(VerbsError::NotFound {
@@ -469,7 +450,7 @@ impl Engine {
 
     /// `ibv_destroy_srq`: EBUSY while a QP uses it.
     pub fn destroy_srq(&mut self, srq: SrqHandle) -> Result<()> {
-        self.srqs.get(srq.0).ok_or(VerbsError::NotFound {
+        self.cx.srqs.get(srq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Srq,
             handle: srq.0,
         })?;
@@ -481,7 +462,7 @@ impl Engine {
                 users,
             });
         }
-        self.srqs.remove(srq.0);
+        self.cx.srqs.remove(srq.0);
         Ok(())
     }
 
@@ -516,7 +497,7 @@ impl Engine {
     /// destination GID (RoCE routes by GID).
     fn check_av(&self, av: &AhAttr) -> Result<()> {
         check_port(av.port_num)?;
-        if self.port.gid(av.sgid_index).is_none() {
+        if self.cx.port.gid(av.sgid_index).is_none() {
             return Err(VerbsError::Invalid {
                 what: "source GID index",
             });
@@ -540,7 +521,7 @@ impl Engine {
         self.cq(init.send_cq)?;
         self.cq(init.recv_cq)?;
         if let Some(srq) = init.srq {
-            self.srqs.get(srq.0).ok_or(VerbsError::NotFound {
+            self.cx.srqs.get(srq.0).ok_or(VerbsError::NotFound {
                 kind: Kind::Srq,
                 handle: srq.0,
             })?;
@@ -571,7 +552,7 @@ impl Engine {
         if init.qp_type == QpType::Ud {
             // A UD QP has no path MTU attribute: its messages are limited
             // by the port's active MTU (rxe: port->mtu_cap).
-            qp.attr.path_mtu = self.port.active_mtu;
+            qp.attr.path_mtu = self.cx.port.active_mtu;
         }
         let (h, _) = self.qps.insert(qp).ok_or(VerbsError::Exhausted {
             kind: Kind::Qp,
@@ -617,7 +598,7 @@ impl Engine {
         state::check_transition(cur, next, ty, mask)?;
         self.check_qp_attr(ty, attr, mask)?;
 
-        let q = self.qp_mut(qpn)?;
+        let q = qp_mut(&mut self.qps, qpn)?;
         let m = |bit| mask.contains(bit);
         let a = &mut q.attr;
         if m(AttrMask::ACCESS_FLAGS) {
@@ -691,31 +672,26 @@ impl Engine {
             q.req.retry_left = q.attr.retry_cnt;
             q.req.rnr_left = q.attr.rnr_retry;
             if q.sq.len() > q.req.cursor {
-                self.schedule(qpn);
+                self.cx.schedule(q);
             }
         }
         if next == QpState::Reset {
             // The QP's connection is gone: so are its type 2 windows.
-            self.keys.unbind_qp(qpn);
+            self.cx.keys.unbind_qp(qpn);
         }
         // The GID table is fixed for the engine's life, so a connected
         // QP's path only changes here.
-        let path = self.path_of(qpn, None);
-        if let Some(q) = self.qps.get_mut(qpn.value()) {
-            q.path = path;
-        }
+        q.path = q.route(&self.cx.port, q.attr.ah_attr);
         if next == QpState::Err && cur != QpState::Err {
-            self.flush_errored(qpn, true);
+            completion::enter_error(q, &mut self.cx, true);
         }
-        if let Some(q) = self.qps.get_mut(qpn.value()) {
-            // IBTA Vol1 §10.3.1: entering SQD starts the drain; it ends
-            // once no WR is in flight (at once if none is).
-            q.attr.sq_draining =
-                next == QpState::Sqd && (cur != QpState::Sqd || q.attr.sq_draining);
-        }
+        // IBTA Vol1 §10.3.1: entering SQD starts the drain; it ends once no
+        // WR is in flight (at once if none is).
+        q.attr.sq_draining = next == QpState::Sqd && (cur != QpState::Sqd || q.attr.sq_draining);
         if next == QpState::Sqd && cur != QpState::Sqd {
-            self.check_drained(qpn);
+            completion::check_drained(q, &mut self.cx);
         }
+        self.settle();
         Ok(())
     }
 
@@ -746,7 +722,7 @@ impl Engine {
         if m(AttrMask::PORT) {
             check_port(attr.port_num)?;
         }
-        if m(AttrMask::PKEY_INDEX) && self.port.pkey(attr.pkey_index).is_none() {
+        if m(AttrMask::PKEY_INDEX) && self.cx.port.pkey(attr.pkey_index).is_none() {
             return Err(VerbsError::Invalid {
                 what: "P_Key index",
             });
@@ -765,7 +741,7 @@ impl Engine {
         if m(AttrMask::AV) {
             self.check_av(&attr.ah_attr)?;
         }
-        if m(AttrMask::PATH_MTU) && attr.path_mtu > self.port.max_mtu {
+        if m(AttrMask::PATH_MTU) && attr.path_mtu > self.cx.port.max_mtu {
             return Err(VerbsError::Invalid {
                 what: "path MTU (above the port's)",
             });
@@ -955,7 +931,7 @@ impl Engine {
         let length = if wr.op.is_local() { 0 } else { length };
         let signaled = q.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
 
-        let q = self.qp_mut(qpn)?;
+        let q = qp_mut(&mut self.qps, qpn)?;
         let Some(slot) = q.sq.next_free() else {
             return Err(VerbsError::QueueFull {
                 what: "send queue",
@@ -986,11 +962,12 @@ impl Engine {
         }
         q.sq.commit();
         match state {
-            QpState::Err => self.flush_errored(qpn, false),
-            QpState::Rts => self.schedule(qpn),
+            QpState::Err => completion::enter_error(q, &mut self.cx, false),
+            QpState::Rts => self.cx.schedule(q),
             // SQD: queued until the QP is back in RTS.
             _ => {}
         }
+        self.settle();
         Ok(())
     }
 
@@ -1015,18 +992,19 @@ impl Engine {
             wr.sg_list.len() as u64,
             cap.max_recv_sge.into(),
         )?;
-        let q = self.qp_mut(qpn)?;
+        let q = qp_mut(&mut self.qps, qpn)?;
         fill_recv(q.rq.next_free(), wr, cap.max_recv_wr)?;
         q.rq.commit();
         if state == QpState::Err {
-            self.flush_errored(qpn, false);
+            completion::enter_error(q, &mut self.cx, false);
         }
+        self.settle();
         Ok(())
     }
 
     /// `ibv_post_srq_recv`.
     pub fn post_srq_recv(&mut self, srq: SrqHandle, wr: &crate::wr::RecvWr<'_>) -> Result<()> {
-        let s = self.srqs.get_mut(srq.0).ok_or(VerbsError::NotFound {
+        let s = self.cx.srqs.get_mut(srq.0).ok_or(VerbsError::NotFound {
             kind: Kind::Srq,
             handle: srq.0,
         })?;
@@ -1036,78 +1014,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Completes every WR of a QP in ERR with WR_FLUSH_ERR, in order (IBTA
-    /// Vol1 §10.3.1 / C10-26: errors always complete, signaled or not);
-    /// a QP on an SRQ gets the last-WQE-reached event instead of having the
-    /// shared queue flushed. A CQ that overflows on the way takes its other
-    /// QPs to ERR in turn ([`Engine::post_cqe`]); each QP enters ERR once,
-    /// so this ends.
-    ///
-    /// `entering` says whether `qpn` has just entered ERR (rather than
-    /// being in ERR already, when a WR is posted to it).
-    pub(crate) fn flush_errored(&mut self, qpn: Qpn, entering: bool) {
-        let Some(q) = self.qps.get_mut(qpn.value()) else {
-            return;
-        };
-        q.attr.qp_state = QpState::Err;
-        q.attr.cur_qp_state = QpState::Err;
-        // Nothing is retried, and nothing more answered, in ERR.
-        q.req.timer = None;
-        q.req.rnr_until = None;
-        q.req.cursor = 0;
-        q.req.offset = 0;
-        q.req.started = 0;
-        q.resp.out.clear();
-        if q.init.srq.is_some() && entering {
-            // IBTA Vol1 §11.6.3: a QP on an SRQ that enters ERR will
-            // consume no more of the SRQ's WQEs; raised once.
-            self.events
-                .push_back(AsyncEvent::QpLastWqeReached { qp: qpn });
-        }
-        loop {
-            let Some(q) = self.qps.get_mut(qpn.value()) else {
-                return;
-            };
-            let (cq, wc) = if q.resp.has_recv {
-                // The receive WQE the responder was filling (taken from the
-                // RQ or the SRQ) was posted and never completed.
-                q.resp.has_recv = false;
-                let wc = Wc::new(
-                    q.resp.recv.wr_id,
-                    WcStatus::WrFlushErr,
-                    WcOpcode::Recv,
-                    qpn.value(),
-                );
-                (q.init.recv_cq, wc)
-            } else if let Some(w) = q.sq.front() {
-                let op = w.op.map_or(WcOpcode::Send, SendOp::wc_opcode);
-                // A local operation that ran reports what happened (it
-                // took effect: a REG_MR's MR is registered); what never
-                // ran is flushed.
-                let status = match (w.executed, w.status) {
-                    (true, Some(e)) => e,
-                    (true, None) => WcStatus::Success,
-                    _ => WcStatus::WrFlushErr,
-                };
-                let wc = Wc::new(w.wr_id, status, op, qpn.value());
-                q.sq.pop_front();
-                (q.init.send_cq, wc)
-            } else if let Some(w) = q.rq.front() {
-                let wc = Wc::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn.value());
-                q.rq.pop_front();
-                (q.init.recv_cq, wc)
-            } else {
-                return;
-            };
-            self.post_cqe(cq, wc, false);
-        }
-    }
-
     /// `ibv_destroy_qp`. Type 2 windows bound to the QP are unbound (its
     /// QPN may name another QP next).
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<()> {
         if self.qps.get(qpn.value()).is_some() {
-            self.keys.unbind_qp(qpn);
+            self.cx.keys.unbind_qp(qpn);
         }
         self.qps
             .remove(qpn.value())
@@ -1125,21 +1036,14 @@ impl Engine {
         })
     }
 
-    fn qp_mut(&mut self, qpn: Qpn) -> Result<&mut Qp> {
-        self.qps.get_mut(qpn.value()).ok_or(VerbsError::NotFound {
-            kind: Kind::Qp,
-            handle: qpn.value(),
-        })
-    }
-
     /// Live objects per kind, for `vrdma stat` and tests.
     pub fn counts(&self) -> Counts {
         Counts {
             pds: self.pds.len(),
-            mrs: self.keys.len(),
-            cqs: self.cqs.len(),
+            mrs: self.cx.keys.len(),
+            cqs: self.cx.cqs.len(),
             qps: self.qps.len(),
-            srqs: self.srqs.len(),
+            srqs: self.cx.srqs.len(),
             ahs: self.ahs.len(),
         }
     }
@@ -1164,6 +1068,15 @@ fn check_port(port: u8) -> Result<()> {
             what: "port number",
         })
     }
+}
+
+/// The QP `qpn` names, from the table alone (so that the context stays
+/// free to borrow beside it).
+fn qp_mut(qps: &mut Table<Qp>, qpn: Qpn) -> Result<&mut Qp> {
+    qps.get_mut(qpn.value()).ok_or(VerbsError::NotFound {
+        kind: Kind::Qp,
+        handle: qpn.value(),
+    })
 }
 
 fn count<T>(t: &Table<T>, f: impl Fn(&T) -> bool) -> u32 {

@@ -7,7 +7,10 @@
 //! | module | what |
 //! |---|---|
 //! | [`engine`] | [`Engine`]: the control-path verbs |
-//! | [`datapath`] | requester, responder and completer: packets in and out |
+//! | [`datapath`] | the data path's entry points: packets in and out, time |
+//! | `scheduler`, `requester`, `responder`, `completer`, `timers`, `completion` | the data path's roles, each on one QP and the shared context (`context`) |
+//! | [`transmit`] | [`transmit::Transmit`]: where a packet goes |
+//! | [`stats`] | the data path's counters |
 //! | [`attr`] | device and port attributes, GID and P_Key tables |
 //! | [`mr`] | memory regions, address translation, protection checks |
 //! | [`memory`] | the [`Memory`] trait and [`VecMemory`] |
@@ -21,9 +24,14 @@
 //! | [`testnet`] | a deterministic in-memory network of engines, for tests |
 #![forbid(unsafe_code)]
 
+mod access;
 pub mod attr;
+mod completer;
+mod completion;
+mod context;
 pub mod cq;
 pub mod datapath;
+mod deadlines;
 pub mod engine;
 pub mod error;
 pub mod event;
@@ -32,8 +40,16 @@ pub mod memory;
 pub mod mr;
 pub mod objects;
 pub mod qp;
+mod qpc;
+mod requester;
+mod responder;
+mod scheduler;
+mod sgl;
+pub mod stats;
 mod table;
 pub mod testnet;
+mod timers;
+pub mod transmit;
 pub mod wc;
 pub mod wr;
 

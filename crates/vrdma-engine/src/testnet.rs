@@ -11,7 +11,7 @@
 
 use vrdma_wire::{Gid, frame, udp};
 
-use crate::{Engine, datapath::MAX_PACKET, memory::Memory, memory::VecMemory};
+use crate::{Engine, memory::Memory, memory::VecMemory, transmit::MAX_PACKET};
 
 /// One attached device.
 #[derive(Debug)]
@@ -130,9 +130,9 @@ impl Net {
     }
 
     /// The earliest pending timer of any node.
-    pub fn next_timer(&self) -> Option<u64> {
+    pub fn next_timer(&mut self) -> Option<u64> {
         self.nodes
-            .iter()
+            .iter_mut()
             .filter_map(|n| n.engine.poll_timeout())
             .min()
     }

@@ -103,6 +103,12 @@ impl SendOp {
         )
     }
 
+    /// True for an RDMA READ or an atomic: the requests that wait for a
+    /// response and count against max_rd_atomic.
+    pub const fn is_read_or_atomic(self) -> bool {
+        matches!(self, SendOp::RdmaRead { .. }) || self.is_atomic()
+    }
+
     /// True for the two atomics.
     pub const fn is_atomic(self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
@@ -220,6 +226,23 @@ pub(crate) struct SendWqe {
     /// front of the queue. Its status, if it failed.
     pub executed: bool,
     pub status: Option<crate::wc::WcStatus>,
+}
+
+impl SendWqe {
+    /// The PSNs the WQE takes: one per packet (an RDMA READ one per
+    /// response packet, an atomic one).
+    pub(crate) fn psn_span(&self, mtu: u32) -> u32 {
+        match self.op {
+            Some(op) if op.is_atomic() => 1,
+            // At most 2^31 bytes: fits.
+            _ => self.length.div_ceil(u64::from(mtu)).max(1) as u32,
+        }
+    }
+
+    /// The last PSN of a started WQE.
+    pub(crate) fn last_psn(&self, mtu: u32) -> vrdma_wire::Psn {
+        self.first_psn.wrapping_add(self.psn_span(mtu) - 1)
+    }
 }
 
 /// A receive WQE as the device holds it.

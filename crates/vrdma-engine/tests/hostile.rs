@@ -216,7 +216,7 @@ proptest! {
     ) {
         let (mut e, mut mem, qpn, rkey) = victim();
         let ip = ip();
-        let mut buf = vec![0u8; vrdma_engine::datapath::MAX_PACKET];
+        let mut buf = vec![0u8; vrdma_engine::transmit::MAX_PACKET];
         let mut now = 0u64;
         for p in packets.iter().chain(garbage.iter()) {
             let mut p = p.clone();

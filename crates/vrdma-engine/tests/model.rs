@@ -50,11 +50,11 @@ use proptest::prelude::*;
 use vrdma_engine::{
     AhHandle, CqHandle, Engine, PdHandle,
     attr::{DeviceAttr, Mtu, PortAttr},
-    datapath::MAX_PACKET,
     event::AsyncEvent,
     memory::{Memory, MemoryError, VecMemory},
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType},
+    transmit::MAX_PACKET,
     wc::{Wc, WcFlags, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
@@ -872,7 +872,11 @@ impl World {
                 moved += n;
                 prop_assert!(moved < 200_000, "the engines never stop sending");
             }
-            let next = self.sides.iter().filter_map(|s| s.e.poll_timeout()).min();
+            let next = self
+                .sides
+                .iter_mut()
+                .filter_map(|s| s.e.poll_timeout())
+                .min();
             match next {
                 None => return Ok(()),
                 Some(t) => self.advance(t),

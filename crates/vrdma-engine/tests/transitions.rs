@@ -1100,7 +1100,7 @@ fn an_rc_qp_moved_to_sqd_mid_message_drains_then_reports_it() {
     // The SEND's packet leaves a (and is lost: it is never delivered).
     let now = net.now;
     let node = &mut net.nodes[0];
-    let mut buf = vec![0u8; vrdma_engine::datapath::MAX_PACKET];
+    let mut buf = vec![0u8; vrdma_engine::transmit::MAX_PACKET];
     assert!(
         node.engine
             .poll_transmit(now, &node.mem, &mut buf)

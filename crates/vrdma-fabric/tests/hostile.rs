@@ -35,10 +35,10 @@ use rand_xorshift::XorShiftRng;
 use vrdma_engine::{
     CqHandle,
     attr::Mtu,
-    datapath::Stats,
     event::AsyncEvent,
     mr::Access,
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType},
+    stats::Stats,
     wc::{Wc, WcOpcode, WcStatus},
     wr::SendOp,
 };

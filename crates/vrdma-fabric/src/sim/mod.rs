@@ -33,7 +33,7 @@ use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 use vrdma_engine::{
     Engine, VecMemory,
-    datapath::{MAX_PACKET, Transmit},
+    transmit::{MAX_PACKET, Transmit},
 };
 use vrdma_wire::{Gid, frame};
 

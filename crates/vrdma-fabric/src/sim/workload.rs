@@ -121,8 +121,8 @@ pub struct Report {
     pub sim_ns: u64,
     pub stats: Stats,
     pub trace_hash: u64,
-    pub engine_a: vrdma_engine::datapath::Stats,
-    pub engine_b: vrdma_engine::datapath::Stats,
+    pub engine_a: vrdma_engine::stats::Stats,
+    pub engine_b: vrdma_engine::stats::Stats,
 }
 
 /// Why a run failed; its `Display` is the replay recipe.

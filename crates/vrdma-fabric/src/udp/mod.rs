@@ -44,7 +44,7 @@ use std::{
 use vrdma_engine::{
     Engine, Memory,
     attr::{DeviceAttr, Mtu, PortAttr},
-    datapath::{MAX_PACKET, PayloadRef, Transmit},
+    transmit::{MAX_PACKET, PayloadRef, Transmit},
 };
 use vrdma_wire::{Error as WireError, Gid, ROCEV2_UDP_PORT, frame};
 

@@ -6,7 +6,7 @@
 //! unsafe code.
 #![allow(unsafe_code)]
 
-use vrdma_engine::{Memory, datapath::PayloadRef};
+use vrdma_engine::{Memory, transmit::PayloadRef};
 
 use std::{
     io,
