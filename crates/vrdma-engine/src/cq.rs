@@ -1,7 +1,8 @@
-//! Completion queues: a bounded ring of [`Wc`]s, arming for one
-//! notification, overflow.
+//! Completion queues: a bounded ring of [`Wc`]s — the engine's own, or the
+//! consumer's, written through a [`CqSink`] — arming for one notification,
+//! overflow.
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, fmt};
 
 use crate::wc::{Wc, WcStatus};
 
@@ -28,13 +29,31 @@ pub enum Pushed {
     Overflow,
 }
 
+/// Where a CQ's completions go when its ring is the consumer's, not the
+/// engine's: a device face writes each one straight into the ring a guest
+/// polls (in guest memory), with no copy through the engine.
+pub trait CqSink: fmt::Debug + Send {
+    /// Writes `wc` into the consumer's ring; false when the ring has no
+    /// room (the completion is lost and the CQ overflows).
+    fn push(&mut self, wc: &Wc) -> bool;
+}
+
+/// Where a CQ keeps its completions.
+#[derive(Debug)]
+enum Store {
+    /// The engine's own ring, polled with [`Cq::poll_into`].
+    Queue(VecDeque<Wc>),
+    /// The consumer's ring.
+    Sink(Box<dyn CqSink>),
+}
+
 /// A completion queue.
 #[derive(Debug)]
 pub struct Cq {
-    /// Capacity the consumer asked for (`cqe`); the ring holds exactly
-    /// this many.
+    /// Capacity the consumer asked for (`cqe`); the engine's ring holds
+    /// exactly this many (a sink's ring is the consumer's to size).
     capacity: u32,
-    ring: VecDeque<Wc>,
+    store: Store,
     armed: Option<Arm>,
     overflowed: bool,
     /// Completion vector the consumer chose (which notification queue).
@@ -42,10 +61,22 @@ pub struct Cq {
 }
 
 impl Cq {
+    /// A CQ whose completions the engine keeps until polled.
     pub fn new(capacity: u32, comp_vector: u32) -> Self {
         Cq {
             capacity,
-            ring: VecDeque::with_capacity(capacity as usize),
+            store: Store::Queue(VecDeque::with_capacity(capacity as usize)),
+            armed: None,
+            overflowed: false,
+            comp_vector,
+        }
+    }
+
+    /// A CQ whose completions go to the consumer's ring through `sink`.
+    pub fn with_sink(capacity: u32, comp_vector: u32, sink: Box<dyn CqSink>) -> Self {
+        Cq {
+            capacity,
+            store: Store::Sink(sink),
             armed: None,
             overflowed: false,
             comp_vector,
@@ -56,13 +87,22 @@ impl Cq {
         self.capacity
     }
 
-    /// Completions waiting to be polled.
+    /// Completions waiting to be polled from the engine's ring (0 for a
+    /// sink: the consumer's ring holds them).
     pub fn len(&self) -> u32 {
-        self.ring.len() as u32
+        match &self.store {
+            Store::Queue(ring) => ring.len() as u32,
+            Store::Sink(_) => 0,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ring.is_empty()
+        self.len() == 0
+    }
+
+    /// True when the completions go to a sink.
+    pub fn has_sink(&self) -> bool {
+        matches!(self.store, Store::Sink(_))
     }
 
     /// True once a completion was lost to a full ring.
@@ -73,11 +113,21 @@ impl Cq {
     /// Adds a completion; `solicited` says the sender set SE (receive
     /// completions only).
     pub fn push(&mut self, wc: Wc, solicited: bool) -> Pushed {
-        if self.overflowed || self.ring.len() >= self.capacity as usize {
+        if self.overflowed {
+            return Pushed::Overflow;
+        }
+        let stored = match &mut self.store {
+            Store::Queue(ring) if ring.len() < self.capacity as usize => {
+                ring.push_back(wc);
+                true
+            }
+            Store::Queue(_) => false,
+            Store::Sink(sink) => sink.push(&wc),
+        };
+        if !stored {
             self.overflowed = true;
             return Pushed::Overflow;
         }
-        self.ring.push_back(wc);
         let due = match self.armed {
             Some(Arm::Next) => true,
             Some(Arm::Solicited) => solicited || wc.status != WcStatus::Success,
@@ -91,22 +141,31 @@ impl Cq {
         }
     }
 
-    /// Takes up to `max` completions, oldest first.
+    /// Takes up to `max` completions, oldest first (none from a sink).
     pub fn poll(&mut self, max: usize) -> impl Iterator<Item = Wc> + '_ {
-        let n = max.min(self.ring.len());
-        self.ring.drain(..n)
+        let ring = match &mut self.store {
+            Store::Queue(ring) => Some(ring),
+            Store::Sink(_) => None,
+        };
+        ring.into_iter().flat_map(move |ring| {
+            let n = max.min(ring.len());
+            ring.drain(..n)
+        })
     }
 
     /// Moves up to `max` completions, oldest first, to the end of `out`;
-    /// returns how many. (Two slice copies: extending from `poll`'s drain
-    /// goes element by element.)
+    /// returns how many (none from a sink). (Two slice copies: extending
+    /// from `poll`'s drain goes element by element.)
     pub fn poll_into(&mut self, max: usize, out: &mut Vec<Wc>) -> usize {
-        let n = max.min(self.ring.len());
-        let (a, b) = self.ring.as_slices();
+        let Store::Queue(ring) = &mut self.store else {
+            return 0;
+        };
+        let n = max.min(ring.len());
+        let (a, b) = ring.as_slices();
         let from_a = n.min(a.len());
         out.extend_from_slice(&a[..from_a]);
         out.extend_from_slice(&b[..n - from_a]);
-        self.ring.drain(..n);
+        ring.drain(..n);
         n
     }
 
@@ -126,13 +185,23 @@ impl Cq {
     /// Changes the capacity; fails (keeping the CQ as it is) when more
     /// completions are waiting than the new size holds.
     pub fn resize(&mut self, capacity: u32) -> Result<(), u32> {
-        if (self.ring.len() as u64) > u64::from(capacity) {
-            return Err(self.ring.len() as u32);
+        if let Store::Queue(ring) = &mut self.store {
+            if (ring.len() as u64) > u64::from(capacity) {
+                return Err(ring.len() as u32);
+            }
+            let extra = (capacity as usize).saturating_sub(ring.capacity());
+            ring.reserve(extra);
         }
         self.capacity = capacity;
-        let extra = (capacity as usize).saturating_sub(self.ring.capacity());
-        self.ring.reserve(extra);
         Ok(())
+    }
+
+    /// Moves the completions to a new consumer ring of `capacity` entries
+    /// (a resize of a CQ whose ring is the consumer's: the face has copied
+    /// what waited in the old ring into the new one).
+    pub fn replace_sink(&mut self, capacity: u32, sink: Box<dyn CqSink>) {
+        self.capacity = capacity;
+        self.store = Store::Sink(sink);
     }
 }
 
@@ -222,5 +291,56 @@ mod tests {
             assert_eq!(cq.push(wc(i), false), Pushed::Stored);
         }
         assert_eq!(cq.push(wc(99), false), Pushed::Overflow);
+    }
+
+    /// A consumer ring of `room` entries that records what it got.
+    #[derive(Debug)]
+    struct Ring {
+        got: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+        room: usize,
+    }
+
+    impl CqSink for Ring {
+        fn push(&mut self, wc: &Wc) -> bool {
+            let mut got = self.got.lock().unwrap();
+            if got.len() >= self.room {
+                return false;
+            }
+            got.push(wc.wr_id);
+            true
+        }
+    }
+
+    #[test]
+    fn a_sink_takes_every_completion_and_its_fullness_is_an_overflow() {
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut cq = Cq::with_sink(
+            8,
+            0,
+            Box::new(Ring {
+                got: got.clone(),
+                room: 2,
+            }),
+        );
+        cq.arm(Arm::Next);
+        assert_eq!(cq.push(wc(1), false), Pushed::Notify);
+        assert_eq!(cq.push(wc(2), false), Pushed::Stored);
+        assert!(cq.is_empty(), "nothing waits in the engine");
+        assert_eq!(cq.poll_into(8, &mut Vec::new()), 0);
+        assert_eq!(cq.push(wc(3), false), Pushed::Overflow, "the ring is full");
+        assert!(cq.overflowed());
+        assert_eq!(*got.lock().unwrap(), [1, 2]);
+        cq.replace_sink(
+            16,
+            Box::new(Ring {
+                got: got.clone(),
+                room: 16,
+            }),
+        );
+        assert_eq!(
+            cq.push(wc(4), false),
+            Pushed::Overflow,
+            "overflow is sticky"
+        );
     }
 }

@@ -9,7 +9,7 @@ use crate::{
     attr::{DeviceAttr, PortAttr},
     completion,
     context::Ctx,
-    cq::{Arm, Cq},
+    cq::{Arm, Cq, CqSink},
     error::{Kind, Result, VerbsError, within},
     event::AsyncEvent,
     handle::{AhHandle, CqHandle, PdHandle, SrqHandle},
@@ -275,22 +275,53 @@ impl Engine {
 
     // ---- completion queues --------------------------------------------
 
-    /// `ibv_create_cq`: returns the handle and the capacity granted.
+    /// `ibv_create_cq`: returns the handle and the capacity granted. The
+    /// engine keeps the completions until [`Engine::poll_cq`].
     pub fn create_cq(&mut self, cqe: u32, comp_vector: u32) -> Result<(CqHandle, u32)> {
+        self.insert_cq(cqe, |cqe| Cq::new(cqe, comp_vector))
+    }
+
+    /// A CQ whose completions are written straight into the consumer's
+    /// ring through `sink` (a device face's CQ in guest memory); `cqe` is
+    /// the ring's size. Returns the handle and the capacity granted.
+    pub fn create_cq_with_sink(
+        &mut self,
+        cqe: u32,
+        comp_vector: u32,
+        sink: Box<dyn CqSink>,
+    ) -> Result<(CqHandle, u32)> {
+        self.insert_cq(cqe, |cqe| Cq::with_sink(cqe, comp_vector, sink))
+    }
+
+    fn insert_cq(&mut self, cqe: u32, make: impl FnOnce(u32) -> Cq) -> Result<(CqHandle, u32)> {
         if cqe == 0 {
             return Err(VerbsError::Invalid { what: "CQ size 0" });
         }
         within("CQ size", u64::from(cqe), u64::from(self.attr.max_cqe))?;
         let max = self.cx.cqs.max();
-        let (h, _) =
-            self.cx
-                .cqs
-                .insert(Cq::new(cqe, comp_vector))
-                .ok_or(VerbsError::Exhausted {
-                    kind: Kind::Cq,
-                    max,
-                })?;
+        let (h, _) = self.cx.cqs.insert(make(cqe)).ok_or(VerbsError::Exhausted {
+            kind: Kind::Cq,
+            max,
+        })?;
         Ok((CqHandle(h), cqe))
+    }
+
+    /// Resizes a CQ whose ring is the consumer's: its completions go to
+    /// `sink` (a ring of `cqe` entries, into which the face moved what
+    /// waited in the old one) from now on.
+    pub fn resize_cq_sink(&mut self, cq: CqHandle, cqe: u32, sink: Box<dyn CqSink>) -> Result<u32> {
+        if cqe == 0 {
+            return Err(VerbsError::Invalid { what: "CQ size 0" });
+        }
+        within("CQ size", u64::from(cqe), u64::from(self.attr.max_cqe))?;
+        let c = self.cq_mut(cq)?;
+        if !c.has_sink() {
+            return Err(VerbsError::Invalid {
+                what: "CQ (its ring is the engine's, not a sink)",
+            });
+        }
+        c.replace_sink(cqe, sink);
+        Ok(cqe)
     }
 
     /// `ibv_resize_cq`: EINVAL when more completions wait than fit.
@@ -300,6 +331,11 @@ impl Engine {
         }
         within("CQ size", u64::from(cqe), u64::from(self.attr.max_cqe))?;
         let c = self.cq_mut(cq)?;
+        if c.has_sink() {
+            return Err(VerbsError::Invalid {
+                what: "CQ (its ring is the consumer's: resize_cq_sink)",
+            });
+        }
         c.resize(cqe).map_err(|_| VerbsError::Invalid {
             what: "CQ size (below the completions waiting)",
         })?;

@@ -21,7 +21,6 @@
 //! | [`event`] | asynchronous events |
 //! | [`handle`] | PD, CQ, SRQ and AH handles |
 //! | [`error`] | [`VerbsError`] and its errno |
-//! | [`testnet`] | a deterministic in-memory network of engines, for tests |
 #![forbid(unsafe_code)]
 
 mod access;
@@ -47,7 +46,6 @@ mod scheduler;
 mod sgl;
 pub mod stats;
 mod table;
-pub mod testnet;
 mod timers;
 pub mod transmit;
 pub mod wc;

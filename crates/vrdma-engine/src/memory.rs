@@ -1,6 +1,6 @@
 //! How the engine reaches memory: a small trait over device (bus)
-//! addresses. The virtio daemon implements it over the VMM's guest memory
-//! map; tests over a `Vec<u8>`. Bounds, keys, PDs and access rights are the
+//! addresses. The device implements it over guest memory mapped with
+//! vm-memory (volatile access only); tests over a `Vec<u8>`. Bounds, keys, PDs and access rights are the
 //! MR layer's job (`mr.rs`); an implementation only says whether an
 //! address range exists.
 
@@ -28,13 +28,15 @@ pub trait Memory {
     /// returns the value found.
     fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryError>;
 
-    /// The `len` bytes at `addr` in place, for a fabric that hands them to
-    /// the kernel without copying them first (a gather send). `None` when
-    /// this memory does not lend its bytes (the default: the engine copies
-    /// them with [`Memory::read`]) or the range is not there.
-    fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
+    /// Whether the `len` bytes at `addr` may be lent to a gather send: the
+    /// engine then names them by address ([`crate::Engine::gathered`]) and
+    /// the fabric reads them in place when it sends, through its own,
+    /// volatile view of the memory (never a Rust reference to memory
+    /// another party can write). False (the default) makes the engine copy
+    /// them into the packet with [`Memory::read`].
+    fn lends(&self, addr: u64, len: usize) -> bool {
         let _ = (addr, len);
-        None
+        false
     }
 }
 
@@ -113,9 +115,10 @@ impl Memory for VecMemory {
         Ok(old)
     }
 
-    fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
-        let r = self.range(addr, len).ok()?;
-        Some(&self.bytes[r])
+    /// A vector's bytes are lent wherever they exist (the test network
+    /// reads them with [`Memory::read`]).
+    fn lends(&self, addr: u64, len: usize) -> bool {
+        self.range(addr, len).is_ok()
     }
 }
 

@@ -52,7 +52,7 @@ pub(crate) fn lend_range(
     mr.for_each_chunk(va, len, |addr, n| {
         // n <= len, which is at most a packet's payload.
         let n = n as usize;
-        if lendable && mem.slice(addr, n).is_some() {
+        if lendable && mem.lends(addr, n) {
             out.push(PayloadRef { addr, len: n });
         } else {
             lendable = false;

@@ -9,10 +9,10 @@ use vrdma_engine::{
     memory::VecMemory,
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType},
-    testnet::{Net, Quiet},
     wc::{WcFlags, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
+use vrdma_testkit::net::{Net, Quiet};
 use vrdma_wire::{Lkey, QKey, Qpn, Rkey, frame::IpRepr, grh, packet};
 
 mod common;

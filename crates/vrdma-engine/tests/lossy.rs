@@ -12,10 +12,10 @@ use vrdma_engine::{
     memory::{Memory, VecMemory},
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
-    testnet::{Net, Quiet},
     wc::{WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
 };
+use vrdma_testkit::net::{Net, Quiet};
 use vrdma_wire::{Gid, Lkey, Psn, Qpn, Rkey};
 
 const BASE: u64 = 0x10_0000;

@@ -9,10 +9,10 @@ use common::*;
 use vrdma_engine::{
     event::AsyncEvent,
     qp::{AhAttr, QpState, QpType},
-    testnet::{Net, Quiet},
     wc::{Wc, WcFlags, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, UdDest},
 };
+use vrdma_testkit::net::{Net, Quiet};
 use vrdma_wire::{Lkey, QKey, Rkey};
 
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]

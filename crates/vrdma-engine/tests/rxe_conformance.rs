@@ -14,9 +14,9 @@ use vrdma_engine::{
     memory::VecMemory,
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
-    testnet::Net,
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
+use vrdma_testkit::net::Net;
 use vrdma_wire::{Gid, Opcode, Psn, QKey, Qpn, Rkey, frame, packet};
 
 const BASE: u64 = 0x10_0000;

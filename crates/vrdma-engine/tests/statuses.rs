@@ -45,10 +45,10 @@ use vrdma_engine::{
     memory::{Memory, VecMemory},
     mr::{Access, MrRequest, MwType, Translation},
     qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType},
-    testnet::{Net, Quiet},
     wc::{Wc, WcFlags, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
+use vrdma_testkit::net::{Net, Quiet};
 use vrdma_wire::{
     Gid, Lkey, Opcode, PKey, Psn, QKey, Qpn, Rkey,
     aeth::{self, NakCode, Syndrome},

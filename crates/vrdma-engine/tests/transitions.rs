@@ -47,10 +47,10 @@ use vrdma_engine::{
     memory::VecMemory,
     mr::Access,
     qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType, state::TransitionError},
-    testnet::{Net, Quiet},
     wc::{Wc, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
+use vrdma_testkit::net::{Net, Quiet};
 use vrdma_wire::{Gid, Lkey, PKey, Psn, QKey, Qpn};
 
 use QpState::{Err as ERR, Init as INIT, Reset as RESET, Rtr as RTR, Rts as RTS};

@@ -409,3 +409,76 @@ fn cq_overflow_raises_the_cq_error_and_takes_its_qps_to_err() {
     s.e.post_recv(b, &recv(101)).unwrap();
     assert!(poll(&mut s.e, s.cq).is_empty());
 }
+
+/// A consumer's ring of `room` entries (a device face's CQ in guest
+/// memory) that records the completions written into it.
+#[derive(Debug)]
+struct Ring {
+    got: std::sync::Arc<std::sync::Mutex<Vec<Wc>>>,
+    room: usize,
+}
+
+impl vrdma_engine::cq::CqSink for Ring {
+    fn push(&mut self, wc: &Wc) -> bool {
+        let mut got = self.got.lock().unwrap();
+        if got.len() == self.room {
+            return false;
+        }
+        got.push(*wc);
+        true
+    }
+}
+
+#[test]
+fn a_sink_cq_gets_completions_in_order_and_its_overflow_is_the_cq_error() {
+    let mut s = setup(2);
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ring = Ring {
+        got: got.clone(),
+        room: 3,
+    };
+    let (cq, n) = s.e.create_cq_with_sink(3, 0, Box::new(ring)).unwrap();
+    assert_eq!(n, 3);
+    let a =
+        s.e.create_qp(QpInitAttr {
+            pd: s.pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: cap(),
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        })
+        .unwrap()
+        .0;
+    to_rts(&mut s.e, a);
+    for i in 0..4 {
+        s.e.post_recv(a, &recv(i)).unwrap();
+    }
+    while s.e.poll_event().is_some() {}
+    assert_eq!(
+        s.e.resize_cq(cq, 8).unwrap_err().errno(),
+        EINVAL,
+        "a sink CQ is resized with its new ring"
+    );
+    to_err(&mut s.e, a);
+    let ids: Vec<u64> = got.lock().unwrap().iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [0, 1, 2], "flushed in order into the ring");
+    assert!(
+        got.lock()
+            .unwrap()
+            .iter()
+            .all(|w| w.status == WcStatus::WrFlushErr)
+    );
+    assert_eq!(
+        s.e.poll_event(),
+        Some(AsyncEvent::CqErr { cq }),
+        "the fourth did not fit"
+    );
+    let mut out = Vec::new();
+    assert_eq!(
+        s.e.poll_cq(cq, 8, &mut out).unwrap(),
+        0,
+        "nothing waits in the engine"
+    );
+}

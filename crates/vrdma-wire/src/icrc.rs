@@ -38,75 +38,106 @@ pub fn compute_parts(
     middle: &[&[u8]],
     tail: &[u8],
 ) -> Result<u32> {
-    let version = ip_header.first().map_or(0, |b| b >> 4);
-    let ip_len = ip_header.len();
-    match version {
-        4 => {
-            // The slice must be exactly the header its IHL describes.
-            let ihl = ip_header[0] & 0x0f;
-            if ihl < 5 || usize::from(ihl) * 4 != ip_len {
-                return Err(Error::BadIpv4HeaderLen(ihl));
-            }
-        }
-        6 if ip_len == ipv6::HEADER_LEN => {}
-        6 => {
-            return Err(Error::BadLength {
-                header: Header::Ipv6,
-                stated: ipv6::HEADER_LEN,
-                available: ip_len,
-            });
-        }
-        v => return Err(Error::BadIpVersion(v, 4)),
-    }
-    if udp_header.len() != udp::HEADER_LEN {
-        return Err(Error::BadLength {
-            header: Header::Udp,
-            stated: udp::HEADER_LEN,
-            available: udp_header.len(),
-        });
-    }
-    crate::need(Header::Bth, bth::HEADER_LEN, head.len())?;
-    crate::need(Header::Bth, ICRC_LEN, tail.len())?;
-
-    let mut buf = [0u8; LRH_ONES + MAX_IP_HEADER + udp::HEADER_LEN + bth::HEADER_LEN];
-    buf[..LRH_ONES].fill(0xff);
-    let mut at = LRH_ONES;
-
-    let ip = &mut buf[at..at + ip_len];
-    ip.copy_from_slice(ip_header);
-    if version == 4 {
-        ip[1] = 0xff; // type of service (DSCP + ECN)
-        ip[8] = 0xff; // TTL
-        ip[10] = 0xff; // header checksum
-        ip[11] = 0xff;
-    } else {
-        ip[0] |= 0x0f; // traffic class, high nibble
-        ip[1] = 0xff; // traffic class, low nibble; flow label
-        ip[2] = 0xff;
-        ip[3] = 0xff;
-        ip[7] = 0xff; // hop limit
-    }
-    at += ip_len;
-
-    let u = &mut buf[at..at + udp::HEADER_LEN];
-    u.copy_from_slice(udp_header);
-    u[6] = 0xff; // checksum
-    u[7] = 0xff;
-    at += udp::HEADER_LEN;
-
-    let b = &mut buf[at..at + bth::HEADER_LEN];
-    b.copy_from_slice(&head[..bth::HEADER_LEN]);
-    b[bth::ICRC_MASKED_BYTE] = 0xff;
-    at += bth::HEADER_LEN;
-
-    let mut h = crc32fast::Hasher::new();
-    h.update(&buf[..at]);
-    h.update(&head[bth::HEADER_LEN..]);
+    let mut h = Icrc::new(ip_header, udp_header, head)?;
     for piece in middle {
         h.update(piece);
     }
-    h.update(&tail[..tail.len() - ICRC_LEN]);
-    Ok(h.finalize())
+    h.finish(tail)
+}
+
+/// An ICRC computed piece by piece, for a packet whose bytes are not in one
+/// place (a payload a fabric reads from memory in chunks): [`Icrc::new`]
+/// with the headers and the packet's first bytes, [`Icrc::update`] with
+/// each piece in order, [`Icrc::finish`] with the last bytes, which end
+/// with the ICRC field.
+#[derive(Clone, Debug)]
+pub struct Icrc {
+    hasher: crc32fast::Hasher,
+}
+
+impl Icrc {
+    /// Starts the ICRC of a packet sent with `ip_header` (IPv4 or IPv6,
+    /// told apart by the version nibble) and `udp_header`, whose first
+    /// bytes are `head` (at least the BTH).
+    pub fn new(ip_header: &[u8], udp_header: &[u8], head: &[u8]) -> Result<Self> {
+        let version = ip_header.first().map_or(0, |b| b >> 4);
+        let ip_len = ip_header.len();
+        match version {
+            4 => {
+                // The slice must be exactly the header its IHL describes.
+                let ihl = ip_header[0] & 0x0f;
+                if ihl < 5 || usize::from(ihl) * 4 != ip_len {
+                    return Err(Error::BadIpv4HeaderLen(ihl));
+                }
+            }
+            6 if ip_len == ipv6::HEADER_LEN => {}
+            6 => {
+                return Err(Error::BadLength {
+                    header: Header::Ipv6,
+                    stated: ipv6::HEADER_LEN,
+                    available: ip_len,
+                });
+            }
+            v => return Err(Error::BadIpVersion(v, 4)),
+        }
+        if udp_header.len() != udp::HEADER_LEN {
+            return Err(Error::BadLength {
+                header: Header::Udp,
+                stated: udp::HEADER_LEN,
+                available: udp_header.len(),
+            });
+        }
+        crate::need(Header::Bth, bth::HEADER_LEN, head.len())?;
+
+        let mut buf = [0u8; LRH_ONES + MAX_IP_HEADER + udp::HEADER_LEN + bth::HEADER_LEN];
+        buf[..LRH_ONES].fill(0xff);
+        let mut at = LRH_ONES;
+
+        let ip = &mut buf[at..at + ip_len];
+        ip.copy_from_slice(ip_header);
+        if version == 4 {
+            ip[1] = 0xff; // type of service (DSCP + ECN)
+            ip[8] = 0xff; // TTL
+            ip[10] = 0xff; // header checksum
+            ip[11] = 0xff;
+        } else {
+            ip[0] |= 0x0f; // traffic class, high nibble
+            ip[1] = 0xff; // traffic class, low nibble; flow label
+            ip[2] = 0xff;
+            ip[3] = 0xff;
+            ip[7] = 0xff; // hop limit
+        }
+        at += ip_len;
+
+        let u = &mut buf[at..at + udp::HEADER_LEN];
+        u.copy_from_slice(udp_header);
+        u[6] = 0xff; // checksum
+        u[7] = 0xff;
+        at += udp::HEADER_LEN;
+
+        let b = &mut buf[at..at + bth::HEADER_LEN];
+        b.copy_from_slice(&head[..bth::HEADER_LEN]);
+        b[bth::ICRC_MASKED_BYTE] = 0xff;
+        at += bth::HEADER_LEN;
+
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&buf[..at]);
+        hasher.update(&head[bth::HEADER_LEN..]);
+        Ok(Icrc { hasher })
+    }
+
+    /// The next bytes of the packet.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.hasher.update(bytes);
+    }
+
+    /// The packet's last bytes, `tail`, ending with the ICRC field (not
+    /// covered): the ICRC.
+    pub fn finish(mut self, tail: &[u8]) -> Result<u32> {
+        crate::need(Header::Bth, ICRC_LEN, tail.len())?;
+        self.hasher.update(&tail[..tail.len() - ICRC_LEN]);
+        Ok(self.hasher.finalize())
+    }
 }
 
 /// Verifies the ICRC stored at the end of `roce`.

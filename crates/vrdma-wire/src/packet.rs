@@ -15,6 +15,10 @@ use crate::{
 pub const ICRC_LEN: usize = 4;
 /// The shortest possible RoCE packet: BTH and ICRC.
 pub const MIN_LEN: usize = bth::HEADER_LEN + ICRC_LEN;
+/// The longest RoCE packet of the RC, UC and UD opcodes: BTH, the longest
+/// set of extension headers (AtomicETH, 28 bytes; RETH with ImmDt is 20),
+/// a 4096-byte payload (padding is part of it), ICRC.
+pub const MAX_LEN: usize = bth::HEADER_LEN + 28 + MAX_PAYLOAD + ICRC_LEN;
 
 /// A checked view over a RoCE packet (the UDP payload).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]

@@ -152,6 +152,24 @@ impl Repr {
 
     /// Writes the header into the front of `datagram`, whose payload must
     /// already be in place when `checksum` is set.
+    /// Writes only the header of a datagram of `datagram_len` bytes (its
+    /// checksum zero): what a fabric needs to compute the ICRC of a
+    /// datagram whose header the kernel will write.
+    pub fn emit_header(&self, header: &mut [u8; HEADER_LEN], datagram_len: usize) -> Result<()> {
+        let len = u16::try_from(datagram_len)
+            .ok()
+            .filter(|&l| usize::from(l) >= HEADER_LEN)
+            .ok_or(Error::OutOfRange {
+                what: "a UDP length",
+                value: datagram_len as u64,
+            })?;
+        be::set_u16(header, field::SRC_PORT, self.src_port);
+        be::set_u16(header, field::DST_PORT, ROCEV2_UDP_PORT);
+        be::set_u16(header, field::LENGTH, len);
+        be::set_u16(header, field::CHECKSUM, 0);
+        Ok(())
+    }
+
     pub fn emit(&self, datagram: &mut [u8], ph: PseudoHeader) -> Result<()> {
         crate::need(Header::Udp, HEADER_LEN, datagram.len())?;
         let len = u16::try_from(datagram.len()).map_err(|_| Error::OutOfRange {

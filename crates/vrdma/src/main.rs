@@ -1,32 +1,11 @@
-//! `vrdma`: the command-line face of the vrdma software RDMA device.
-//!
-//! | module | what |
-//! |---|---|
-//! | `args` | the command line (clap derive) |
-//! | `bench` | `vrdma bench`: vrdma beside raw UDP and memcpy, as ratios |
-//! | `capture` | reading pcap and pcapng files into link-layer frames |
-//! | `decode` | `vrdma decode`: one line (or JSON object) per RoCEv2 packet |
-//! | `demo` | `vrdma demo`: two devices on loopback, a ping-pong and a bandwidth/latency table |
-//! | `perf` | `vrdma perf`: perftest 4.5's ib_*_bw / ib_*_lat, interoperable |
-//! | `rawudp` | the raw UDP baseline the benchmark compares against |
-//! | `pingpong` | `vrdma pingpong rc\|uc\|ud`: rdma-core's ibv_*_pingpong, interoperable |
-//! | `stat` | `vrdma stat`: the counters every device publishes in the run directory |
-//! | `verbs` | a device with a PD, CQ and MR, and the completion loop the tools share |
-
-mod args;
-mod bench;
-mod capture;
-mod decode;
-mod demo;
-mod perf;
-mod pingpong;
-mod rawudp;
-mod stat;
-mod verbs;
+//! `vrdma`: the command line of the vrdma software RDMA device — its
+//! arguments, parsed, and the exit status; the tools themselves are in
+//! `vrdma-tools`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
+use vrdma_tools::{args, bench, decode, demo, perf, pingpong, stat};
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();

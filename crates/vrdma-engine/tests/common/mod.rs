@@ -13,10 +13,10 @@ use vrdma_engine::{
     memory::{Memory, VecMemory},
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType},
-    testnet::Net,
     wc::{Wc, WcOpcode, WcStatus},
     wr::{Payload, SendFlags, SendOp, SendWr, Sge},
 };
+use vrdma_testkit::net::Net;
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 
 pub const BASE: u64 = 0x10_0000;

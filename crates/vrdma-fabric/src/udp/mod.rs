@@ -1,35 +1,33 @@
-//! RoCEv2 over UDP: an [`Engine`] behind real sockets.
+//! RoCEv2 over UDP: a port bound to one IPv4 or IPv6 address on UDP port
+//! 4791, carrying a device's packets.
 //!
-//! A [`UdpDevice`] is bound to one IPv4 or IPv6 address on UDP port 4791;
-//! its GID table holds that address (IPv4-mapped for IPv4), so a peer that
-//! knows the address knows the GID. Several devices can share a host on
-//! different addresses (127.0.0.x in the tests).
+//! A [`UdpPort`] knows sockets and the wire format, nothing of the engine:
+//! a device hands it each packet as bytes written into the port's send
+//! buffer ([`UdpPort::slot`]) plus an [`Outgoing`] that says where the
+//! packet goes and which of its payload bytes stay in memory, and takes
+//! each packet the port receives with the IP header it came in
+//! ([`UdpPort::receive`]). Several ports can share a host on different
+//! addresses (127.0.0.x in the tests).
 //!
 //! **Receive.** `recvmmsg` takes up to a batch of datagrams per call with
 //! their TOS / traffic class and TTL / hop limit. A socket does not show
 //! the IPv4 Identification the ICRC covers, so the ICRC check recovers it
-//! ([`frame::unframe_datagram`]); the packets then go to the engine.
+//! ([`frame::unframe_datagram`]); the packets then go to the device.
 //! Anything that is not a well-formed RoCEv2 packet with a good ICRC is
-//! counted ([`UdpStats`]) and dropped; what is wrong inside a good packet
-//! (unknown QPN, bad key, out-of-window PSN…) the engine counts and, where
-//! IBTA says so, NAKs.
+//! counted ([`UdpStats`]) and dropped.
 //!
-//! **Send.** Each packet leaves from a socket bound to the QP's UDP source
-//! port (`0xC000 | QPN`, as the engine chooses it: ECMP entropy per QP),
-//! created on first use; the ICRC is computed for the headers the kernel
-//! writes (an unconnected socket with DF set writes IPv4 Identification
-//! 0). Consecutive packets from one socket go out in one `sendmmsg`, runs
-//! of equal packets to one peer as GSO datagrams. The socket carries the
-//! QP's traffic class (or the device's DSCP/ECN when the QP sets none) and
-//! hop limit as options; a packet with others carries them as ancillary
-//! data. A SEND's, WRITE's or READ response's payload is not copied: the
-//! engine lends it ([`Engine::poll_transmit_gather`]) and `sendmmsg`
-//! gathers it from the memory, between the headers and the ICRC.
-//!
-//! **Time.** The engine's clock is nanoseconds since the device was
-//! created; [`UdpDevice::progress`] runs due timers, and
-//! [`UdpDevice::wait`] sleeps in `poll(2)` until a datagram arrives or the
-//! engine's next deadline. A caller that never waits busy-polls.
+//! **Send.** Each packet leaves from a socket bound to its UDP source port
+//! (per QP, chosen by the engine: ECMP entropy), created on first use; the
+//! ICRC is computed for the headers the kernel writes (an unconnected
+//! socket with DF set writes IPv4 Identification 0, and numbers a GSO
+//! datagram's segments from there). Consecutive packets from one socket
+//! go out in one `sendmmsg`, runs of equal packets to one peer as GSO
+//! datagrams. The socket carries the packet's traffic class (or the port's
+//! DSCP/ECN when the packet sets none) and hop limit as options; a packet
+//! with others carries them as ancillary data. A payload the device lends
+//! is not copied: `sendmmsg` gathers it from the memory ([`Lender`]),
+//! between the headers and the ICRC, and the ICRC is computed over a
+//! volatile copy of it, a chunk at a time.
 
 mod sys;
 
@@ -37,18 +35,23 @@ use std::{
     collections::HashMap,
     io,
     net::{IpAddr, SocketAddr, UdpSocket},
-    os::fd::{AsRawFd, RawFd},
-    time::{Duration, Instant},
+    os::fd::{AsRawFd, BorrowedFd, RawFd},
 };
 
-use vrdma_engine::{
-    Engine, Memory,
-    attr::{DeviceAttr, Mtu, PortAttr},
-    transmit::{MAX_PACKET, PayloadRef, Transmit},
+use vrdma_wire::{
+    Error as WireError, Gid, ROCEV2_UDP_PORT,
+    frame::{self, IpRepr, Route},
+    icrc::Icrc,
+    packet, udp,
 };
-use vrdma_wire::{Error as WireError, Gid, ROCEV2_UDP_PORT, frame};
 
-/// How a [`UdpDevice`] is set up.
+use crate::{Lender, Piece};
+
+/// The longest packet a port sends or accepts: what a RoCE packet can be
+/// (BTH, the longest extension headers, a 4096-byte payload, the ICRC).
+pub const MAX_PACKET: usize = packet::MAX_LEN;
+
+/// How a [`UdpPort`] is set up.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// The address to bind; the device's GID is derived from it.
@@ -56,13 +59,8 @@ pub struct Config {
     /// The UDP port to receive on: 4791 (IANA's RoCEv2 port) unless a test
     /// says otherwise.
     pub port: u16,
-    /// DSCP (6 bits) and ECN (2 bits) for packets of QPs whose traffic
-    /// class is 0.
+    /// DSCP (6 bits) and ECN (2 bits) for packets whose traffic class is 0.
     pub tos: u8,
-    /// The port's active MTU (what QPs may use as path MTU). `None`:
-    /// derived from the MTU of the interface holding `addr`, as rxe
-    /// derives it from its netdev ([`active_mtu`]).
-    pub mtu: Option<Mtu>,
     /// Datagrams per system call (1..=64).
     pub batch: usize,
     /// Send runs of packets to one peer as UDP GSO datagrams
@@ -76,21 +74,19 @@ pub struct Config {
 }
 
 impl Config {
-    /// Port 4791, TOS 0, the interface's MTU, batches of 32.
+    /// Port 4791, TOS 0, batches of 32, GSO where the kernel has it.
     pub fn new(addr: IpAddr) -> Self {
         Config {
             addr,
             port: ROCEV2_UDP_PORT,
             tos: 0,
-            mtu: None,
             batch: 32,
             gso: true,
         }
     }
 }
 
-/// What the fabric saw, beside the engine's own counters
-/// ([`Engine::stats`]).
+/// What the port saw and did.
 #[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
 pub struct UdpStats {
     pub rx_datagrams: u64,
@@ -106,9 +102,10 @@ pub struct UdpStats {
     pub tx_bytes: u64,
     /// `sendmmsg` calls.
     pub tx_calls: u64,
-    /// Datagrams the kernel refused (no route, too long): dropped.
+    /// Datagrams the kernel refused (no route, too long), or packets that
+    /// could not be sealed: dropped.
     pub tx_failed: u64,
-    /// Packets sent from the receive socket because the QP's source port
+    /// Packets sent from the receive socket because their source port
     /// could not be bound.
     pub src_port_fallback: u64,
 }
@@ -145,37 +142,33 @@ impl UdpStats {
     }
 }
 
-/// What one [`UdpDevice::progress`] did.
-#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
-pub struct Progress {
-    pub received: usize,
-    pub sent: usize,
+/// One packet for the port to send: its bytes were written at the port's
+/// [`UdpPort::slot`] — all of them, or, when the device lends the payload,
+/// the bytes before the payload (`payload_at` of them) followed by the
+/// bytes after it (pad and ICRC field).
+#[derive(Clone, Copy, Debug)]
+pub struct Outgoing<'a> {
+    /// Where it goes at the IP layer.
+    pub route: Route,
+    /// Its UDP source port (per QP: ECMP entropy).
+    pub src_port: u16,
+    /// The whole packet's length, BTH through ICRC, lent bytes included.
+    pub len: usize,
+    /// Where in the packet the lent payload goes.
+    pub payload_at: usize,
+    /// The lent payload's pieces, in order (empty: the slot holds the
+    /// whole packet).
+    pub lent: &'a [Piece],
 }
 
-impl Progress {
-    pub fn is_idle(&self) -> bool {
-        self.received == 0 && self.sent == 0
-    }
+/// The interface MTU of the interface that holds `addr`, as the kernel
+/// reports it (any 127.x address lives on the loopback device, though only
+/// 127.0.0.1 is listed on it); `None` when unknown.
+pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
+    let name = sys::interface_of(addr).or_else(|| addr.is_loopback().then(|| "lo".to_owned()))?;
+    let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?;
+    mtu.trim().parse().ok()
 }
-
-/// The largest IB MTU whose packets fit an interface MTU of `netdev`
-/// bytes with the largest headers (GRH/IP, UDP, BTH, XRC and AtomicETH
-/// extension, ICRC: 96 bytes) — the kernel's `eth_mtu_int_to_enum`, which
-/// rxe uses — and at least 256.
-pub fn active_mtu(netdev: u32) -> Mtu {
-    match netdev.saturating_sub(40 + 8 + 12 + 4 + 28 + 4) {
-        4096.. => Mtu::Mtu4096,
-        2048.. => Mtu::Mtu2048,
-        1024.. => Mtu::Mtu1024,
-        512.. => Mtu::Mtu512,
-        _ => Mtu::Mtu256,
-    }
-}
-
-/// A round that received this many bytes sends its answers at once
-/// instead of in the next round: a stream's ACKs, which the sender's
-/// window waits for, are not held behind the receiver's next turn.
-const SEND_NOW_BYTES: u64 = 16 << 10;
 
 /// Source-port sockets beyond this many are not opened (the receive socket
 /// sends instead).
@@ -207,22 +200,17 @@ struct Source {
     misses: u32,
 }
 
-/// A RoCEv2 device on a UDP socket: the engine, the memory it serves, and
-/// the sockets.
+/// A RoCEv2 port on UDP sockets: the receive socket bound to the port's
+/// address, the per-source-port send sockets, and the batches.
 #[derive(Debug)]
-pub struct UdpDevice<M: Memory> {
-    engine: Engine,
-    mem: M,
+pub struct UdpPort {
     config: Config,
     gid: Gid,
     socket: UdpSocket,
-    /// Sockets bound to QP source ports, by port (`None`: binding failed,
-    /// the receive socket sends instead).
+    /// Sockets bound to packets' source ports, by port (`None`: binding
+    /// failed, the receive socket sends instead).
     sources: HashMap<u16, Option<Source>>,
     last_source: Option<LastSource>,
-    epoch: Instant,
-    /// [`UdpDevice::clock`].
-    clock: u64,
     recv: sys::RecvBatch,
     send: sys::SendBatch,
     /// The socket the queued datagrams leave from.
@@ -230,37 +218,13 @@ pub struct UdpDevice<M: Memory> {
     stats: UdpStats,
 }
 
-impl<M: Memory> UdpDevice<M> {
-    /// Binds `config.addr:config.port` and creates an engine with the
-    /// default device limits whose GID 0 is the address.
-    pub fn bind(config: Config, mem: M) -> io::Result<Self> {
+impl UdpPort {
+    /// Binds `config.addr:config.port`.
+    pub fn bind(config: Config) -> io::Result<Self> {
         let gid = match config.addr {
             IpAddr::V4(a) => Gid::from(a),
             IpAddr::V6(a) => Gid::from(a),
         };
-        let mut attr = DeviceAttr::default();
-        // A GUID per address, so that devices on one host differ (rxe
-        // derives it from the MAC address).
-        let guid = match config.addr {
-            IpAddr::V4(a) => 0x0200_0000_0000_0000 | u64::from(u32::from(a)),
-            IpAddr::V6(a) => 0x0200_0000_0000_0000 | (u128::from(a) as u64 & 0x00ff_ffff_ffff_ffff),
-        };
-        attr.node_guid = guid;
-        attr.sys_image_guid = guid;
-        let mut port = PortAttr::with_gids(&[gid]);
-        port.active_mtu = config.mtu.unwrap_or_else(|| {
-            // Any 127.x address lives on the loopback device, though only
-            // 127.0.0.1 is listed on it.
-            let name = sys::interface_of(config.addr)
-                .or_else(|| config.addr.is_loopback().then(|| "lo".to_owned()));
-            let netdev = name.and_then(|name| {
-                let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?;
-                mtu.trim().parse().ok()
-            });
-            // Unknown: what rxe reports on a 1500-byte Ethernet.
-            active_mtu(netdev.unwrap_or(1500))
-        });
-        let engine = Engine::new(attr, port);
         let socket = UdpSocket::bind(SocketAddr::new(config.addr, config.port))?;
         let mut config = config;
         // GSO and GRO where the kernel has them (Linux 4.18 / 5.0).
@@ -271,15 +235,11 @@ impl<M: Memory> UdpDevice<M> {
         let send_fd = socket.as_raw_fd();
         // A coalesced (GRO) datagram holds up to 64 KiB.
         let slot = if config.gso { 1 << 16 } else { MAX_PACKET + 64 };
-        Ok(UdpDevice {
-            engine,
-            mem,
+        Ok(UdpPort {
             gid,
             socket,
             sources: HashMap::new(),
             last_source: None,
-            epoch: Instant::now(),
-            clock: 0,
             recv: sys::RecvBatch::new(config.batch, slot),
             send: sys::SendBatch::new(),
             send_fd,
@@ -288,38 +248,14 @@ impl<M: Memory> UdpDevice<M> {
         })
     }
 
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    pub fn engine_mut(&mut self) -> &mut Engine {
-        &mut self.engine
-    }
-
-    pub fn mem(&self) -> &M {
-        &self.mem
-    }
-
-    pub fn mem_mut(&mut self) -> &mut M {
-        &mut self.mem
-    }
-
-    /// The engine and the memory together (to post work that names memory
-    /// the engine reads, for example).
-    pub fn parts(&mut self) -> (&mut Engine, &mut M) {
-        (&mut self.engine, &mut self.mem)
-    }
-
-    /// The port's active MTU.
-    pub fn active_mtu(&self) -> Mtu {
-        self.engine
-            .query_port(1)
-            .map_or(Mtu::Mtu256, |p| p.active_mtu)
-    }
-
-    /// GID 0: the bound address.
+    /// The bound address as a GID (IPv4-mapped for IPv4).
     pub fn gid(&self) -> Gid {
         self.gid
+    }
+
+    /// The address the port was asked to bind.
+    pub fn addr(&self) -> IpAddr {
+        self.config.addr
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -330,85 +266,27 @@ impl<M: Memory> UdpDevice<M> {
         self.stats
     }
 
-    /// The engine's clock: nanoseconds since the device was bound.
-    pub fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    /// Datagrams per receive call.
+    pub fn batch(&self) -> usize {
+        self.config.batch
     }
 
-    /// The engine's clock as the last [`UdpDevice::progress`] read it (a
-    /// caller that polls often can pace itself without reading the clock
-    /// again).
-    pub fn clock(&self) -> u64 {
-        self.clock
+    /// The receive socket, to wait on.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.socket)
     }
 
-    /// One round without blocking: sends everything the engine has (what
-    /// the application posted since the last round, and the answers to
-    /// what arrived in it), receives what is queued (a few batches at
-    /// most, so that sending is never starved) and runs due timers.
-    ///
-    /// Answers to what arrives wait for the next round, after the
-    /// application had its turn: a peer that replies to a message (a
-    /// ping-pong, a write_lat) then sends the ACK and its reply in one
-    /// system call, its reply not behind a call of its own. A caller that
-    /// polls keeps the delay to one turn of its loop; [`UdpDevice::wait`]
-    /// sends before it sleeps.
-    ///
-    /// The round reads the clock once: what arrives in it is stamped, and
-    /// the timers run, at its start ([`UdpDevice::clock`]).
-    pub fn progress(&mut self) -> io::Result<Progress> {
-        let now = self.now();
-        self.clock = now;
-        let mut p = Progress {
-            sent: self.transmit(now),
-            ..Progress::default()
-        };
-        let before = self.stats.rx_bytes;
-        for _ in 0..4 {
-            let n = self.receive_batch(now)?;
-            p.received += n;
-            if n < self.config.batch {
-                break;
-            }
-        }
-        if self.stats.rx_bytes - before >= SEND_NOW_BYTES {
-            p.sent += self.transmit(now);
-        }
-        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
-            self.engine.handle_timeout(now);
-        }
-        Ok(p)
+    /// Waits until a datagram arrives or `timeout_ms` passes (negative:
+    /// forever).
+    pub fn wait_readable(&self, timeout_ms: i32) -> io::Result<bool> {
+        sys::wait_readable(self.socket.as_raw_fd(), timeout_ms)
     }
 
-    /// Sends what the engine has now (answers included, which
-    /// [`UdpDevice::progress`] otherwise sends in its next round); the
-    /// number of packets sent.
-    pub fn send_pending(&mut self) -> usize {
-        let now = self.now();
-        self.transmit(now)
-    }
-
-    /// Sends what the engine has; if there was nothing, sleeps until a
-    /// datagram arrives, the engine's next deadline, or `limit`, whichever
-    /// is first (event mode; busy-polling callers never call it).
-    pub fn wait(&mut self, limit: Duration) -> io::Result<()> {
-        let now = self.now();
-        // Nothing may wait to be sent while the device sleeps.
-        if self.transmit(now) > 0 {
-            return Ok(());
-        }
-        let mut wait = limit;
-        if let Some(t) = self.engine.poll_timeout() {
-            wait = wait.min(Duration::from_nanos(t.saturating_sub(now)));
-        }
-        // poll(2) counts milliseconds: round up so that a deadline is not
-        // missed by a busy loop of zero-length waits.
-        let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-        sys::wait_readable(self.socket.as_raw_fd(), ms)?;
-        Ok(())
-    }
-
-    fn receive_batch(&mut self, now: u64) -> io::Result<usize> {
+    /// One receive call without blocking: each RoCEv2 packet among the
+    /// datagrams it returns whose ICRC verifies goes to `deliver` with the
+    /// IP header it came in (rebuilt from what the socket reports); the
+    /// number of datagrams received (0 when none was waiting).
+    pub fn receive(&mut self, mut deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize> {
         let n = self.recv.recv(self.socket.as_raw_fd())?;
         if n == 0 {
             return Ok(0);
@@ -459,7 +337,7 @@ impl<M: Memory> UdpDevice<M> {
                     continue;
                 }
                 match frame::unframe_datagram(&info, roce) {
-                    Ok(u) => self.engine.handle_packet(now, &u.ip, u.roce, &mut self.mem),
+                    Ok(u) => deliver(&u.ip, u.roce),
                     Err(WireError::BadIcrc { found, computed }) => {
                         self.stats.rx_bad_icrc += 1;
                         tracing::debug!(%src, found, computed, "bad ICRC");
@@ -474,82 +352,89 @@ impl<M: Memory> UdpDevice<M> {
         Ok(n)
     }
 
-    /// Sends every packet the engine has; the number sent. The engine
-    /// writes each packet straight into the send batch.
-    fn transmit(&mut self, now: u64) -> usize {
-        let mut sent = 0;
-        loop {
-            if self.send.is_full(MAX_PACKET) {
-                sent += self.flush(0);
-            }
-            let slot = self.send.slot(MAX_PACKET);
-            let Some(t) = self.engine.poll_transmit_gather(now, &self.mem, slot) else {
-                break;
-            };
-            // A lent payload is not in the slot: the bytes after it (pad,
-            // ICRC) move up to the headers, and the slot holds `stored`.
-            let stored = t.len - t.referenced;
-            if t.referenced > 0 {
-                slot.copy_within(t.payload_at + t.referenced..t.len, t.payload_at);
-            }
-            let addr = match t.dgid.to_ipv4() {
-                Some(v4) => SocketAddr::new(IpAddr::V4(v4), ROCEV2_UDP_PORT),
-                None => SocketAddr::new(IpAddr::V6(t.dgid.into()), ROCEV2_UDP_PORT),
-            };
-            let traffic_class = if t.traffic_class == 0 {
-                self.config.tos
-            } else {
-                t.traffic_class
-            };
-            let mut dest = sys::Dest {
-                addr,
-                traffic_class,
-                hop_limit: t.hop_limit,
-                preset: false,
-            };
-            let (fd, port) = self.source_socket(t.udp_src_port, &mut dest, stored, &mut sent);
-            if fd != self.send_fd {
-                // The batch leaves from one socket: send what it holds,
-                // this packet moving to the front of the next.
-                sent += self.flush(stored);
-                self.send_fd = fd;
-            }
-            let gso = self.config.gso;
-            let lent = self.engine.gathered();
-            let pieces = if t.referenced == 0 { 1 } else { 2 + lent.len() };
-            let index = self.send.next_index(&dest, t.len, pieces, gso);
-            let roce = &mut self.send.slot(MAX_PACKET)[..stored];
-            // At most MAX_SEGMENTS (64) segments: the index fits a u16.
-            let sealed = if t.referenced == 0 {
-                t.seal_for_socket_segment(roce, port, index as u16)
-            } else {
-                let (head, tail) = roce.split_at_mut(t.payload_at);
-                seal_lent(&t, head, lent, tail, &self.mem, port, index as u16)
-            };
-            if let Err(e) = sealed {
-                // The engine wrote the packet and checked what it lent.
-                tracing::error!(error = %e, "cannot seal an engine packet");
-                self.stats.tx_failed += 1;
-                continue;
-            }
-            if t.referenced == 0 {
-                self.send.commit(&dest, stored, gso);
-            } else {
-                let tail = stored - t.payload_at;
-                self.send.commit_parts(&dest, t.payload_at, lent, tail, gso);
-            }
+    /// Where the next packet is written: [`MAX_PACKET`] bytes of the send
+    /// batch (sending what the batch holds first if it is full; lent
+    /// pieces are read from `mem`).
+    pub fn slot(&mut self, mem: &impl Lender) -> &mut [u8] {
+        if self.send.is_full(MAX_PACKET) {
+            self.flush(mem);
         }
-        sent + self.flush(0)
+        self.send.slot(MAX_PACKET)
+    }
+
+    /// Queues the packet written at [`UdpPort::slot`]: seals its ICRC for
+    /// the headers the kernel will write (reading the lent payload from
+    /// `mem`) and adds it to the batch, sending the batch first when the
+    /// packet leaves from another socket. A packet that cannot be sealed
+    /// (its lent memory gone) is dropped and counted.
+    pub fn queue(&mut self, out: &Outgoing<'_>, mem: &impl Lender) {
+        let referenced: usize = out.lent.iter().map(|p| p.len).sum();
+        // A lent payload is not in the slot: the bytes after it (pad, ICRC)
+        // follow the headers there, and the slot holds `stored`.
+        let Some(stored) = out.len.checked_sub(referenced) else {
+            self.stats.tx_failed += 1;
+            return;
+        };
+        let dst = match out.route.dst.to_ipv4() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(out.route.dst.into()),
+        };
+        let traffic_class = if out.route.traffic_class == 0 {
+            self.config.tos
+        } else {
+            out.route.traffic_class
+        };
+        let mut dest = sys::Dest {
+            addr: SocketAddr::new(dst, ROCEV2_UDP_PORT),
+            traffic_class,
+            hop_limit: out.route.hop_limit,
+            preset: false,
+        };
+        let mut sent = 0;
+        let (fd, port) = self.source_socket(out.src_port, &mut dest, stored, &mut sent, mem);
+        if fd != self.send_fd {
+            // The batch leaves from one socket: send what it holds, this
+            // packet moving to the front of the next.
+            self.flush_keeping(stored, mem);
+            self.send_fd = fd;
+        }
+        let gso = self.config.gso;
+        let pieces = if out.lent.is_empty() {
+            1
+        } else {
+            2 + out.lent.len()
+        };
+        let index = self.send.next_index(&dest, out.len, pieces, gso);
+        let roce = &mut self.send.slot(MAX_PACKET)[..stored];
+        // At most MAX_SEGMENTS (64) segments: the index fits a u16.
+        let sealed = seal(&out.route, port, index as u16, roce, out, mem);
+        if let Err(e) = sealed {
+            tracing::debug!(error = %e, "cannot seal a packet: dropped");
+            self.stats.tx_failed += 1;
+            return;
+        }
+        if out.lent.is_empty() {
+            self.send.commit(&dest, stored, gso);
+        } else {
+            let tail = stored - out.payload_at;
+            self.send
+                .commit_parts(&dest, out.payload_at, out.lent, tail, gso);
+        }
+    }
+
+    /// Sends what is queued; the number of packets sent.
+    pub fn flush(&mut self, mem: &impl Lender) -> usize {
+        self.flush_keeping(0, mem)
     }
 
     /// Sends the batch, keeping `tail` uncommitted bytes (see
     /// [`sys::SendBatch::flush`]).
-    fn flush(&mut self, tail: usize) -> usize {
+    fn flush_keeping(&mut self, tail: usize, mem: &impl Lender) -> usize {
         if self.send.len() == 0 {
             // Nothing committed: a tail already starts the slot.
             return 0;
         }
-        let f = self.send.flush(self.send_fd, tail, &self.mem);
+        let f = self.send.flush(self.send_fd, tail, mem);
         if f.gso_refused && self.config.gso {
             // The lost segments are resent by RC, one datagram each now.
             tracing::warn!(
@@ -577,6 +462,7 @@ impl<M: Memory> UdpDevice<M> {
         dest: &mut sys::Dest,
         tail: usize,
         sent: &mut usize,
+        mem: &impl Lender,
     ) -> (RawFd, u16) {
         let fields = (dest.traffic_class, dest.hop_limit);
         // A run of packets from one QP asks for the same socket: no
@@ -593,7 +479,7 @@ impl<M: Memory> UdpDevice<M> {
             let s = UdpSocket::bind(SocketAddr::new(self.config.addr, port))
                 .and_then(|s| configure(&s, self.config.addr, false, self.config.gso).map(|()| s));
             if let Err(e) = &s {
-                tracing::warn!(port, error = %e, "cannot bind a QP source port; using the receive socket");
+                tracing::warn!(port, error = %e, "cannot bind a source port; using the receive socket");
             }
             let source = s.ok().map(|socket| Source {
                 socket,
@@ -625,7 +511,7 @@ impl<M: Memory> UdpDevice<M> {
         source.preset = None;
         if fd == self.send_fd {
             // Queued datagrams from this socket count on its options.
-            *sent += self.flush(tail);
+            *sent += self.flush_keeping(tail, mem);
         }
         match sys::preset(fd, dest) {
             Ok(()) => {
@@ -640,48 +526,71 @@ impl<M: Memory> UdpDevice<M> {
     }
 }
 
-/// Seals a packet whose payload the engine lent: `head` and `tail` are
-/// its bytes around the payload, `lent` the payload's pieces in `mem`.
-fn seal_lent(
-    t: &Transmit,
-    head: &[u8],
-    lent: &[PayloadRef],
-    tail: &mut [u8],
-    mem: &impl Memory,
-    port: u16,
+/// Stores the ICRC of a packet sent as segment `index` of a UDP datagram
+/// from `src_port` (the kernel gives a GSO datagram's segments consecutive
+/// IPv4 Identifications from 0; IPv6 has none): `roce` is what the slot
+/// holds of it — the whole packet, or the bytes around a lent payload,
+/// which is read from `mem` a chunk at a time into a buffer of ours (a
+/// volatile copy: the bytes may be changing under a guest's hand, and a
+/// Rust reference to them would be unsound).
+fn seal(
+    route: &Route,
+    src_port: u16,
     index: u16,
+    roce: &mut [u8],
+    out: &Outgoing<'_>,
+    mem: &impl Lender,
 ) -> Result<(), WireError> {
-    const ON_STACK: usize = 4;
-    let missing = || WireError::OutOfRange {
-        what: "a lent payload address",
-        value: lent.first().map_or(0, |r| r.addr),
-    };
-    // A payload is one piece (or a few, across pages): no allocation then.
-    let mut few: [&[u8]; ON_STACK] = [&[]; ON_STACK];
-    let many: Vec<&[u8]>;
-    let payload: &[&[u8]] = if lent.len() <= ON_STACK {
-        for (slot, r) in few.iter_mut().zip(lent) {
-            *slot = mem.slice(r.addr, r.len).ok_or_else(missing)?;
-        }
-        &few[..lent.len()]
-    } else {
-        many = lent
-            .iter()
-            .map(|r| mem.slice(r.addr, r.len).ok_or_else(missing))
-            .collect::<Result<_, _>>()?;
-        &many
-    };
-    t.seal_parts(head, payload, tail, port, index)
-}
-
-impl<M: Memory> Drop for UdpDevice<M> {
-    /// Sends what is queued: the answers to the last packets received
-    /// wait for a next round that a closing device does not have (a
-    /// peer's last message would go unacknowledged, and its sender retry
-    /// into the void).
-    fn drop(&mut self) {
-        self.send_pending();
+    let ip = route.ip(out.len, index)?;
+    let mut ip_header = [0u8; vrdma_wire::ipv6::HEADER_LEN];
+    let ip_header = &mut ip_header[..ip.buffer_len()];
+    ip.emit(ip_header)?;
+    let mut udp_header = [0u8; udp::HEADER_LEN];
+    udp::Repr {
+        src_port,
+        checksum: false,
     }
+    .emit_header(&mut udp_header, udp::HEADER_LEN + out.len)?;
+    let head_len = if out.lent.is_empty() {
+        roce.len()
+    } else {
+        out.payload_at
+    };
+    if head_len > roce.len() || roce.len() < packet::ICRC_LEN {
+        return Err(WireError::OutOfRange {
+            what: "a packet's head",
+            value: head_len as u64,
+        });
+    }
+    let (head, tail) = roce.split_at_mut(head_len);
+    // A whole packet: its last four bytes are the ICRC field.
+    let (head, tail) = if out.lent.is_empty() {
+        let (h, t) = head.split_at_mut(head.len() - packet::ICRC_LEN);
+        (&*h, t)
+    } else {
+        (&*head, tail)
+    };
+    let mut crc = Icrc::new(ip_header, &udp_header, head)?;
+    let mut chunk = [0u8; 1024];
+    for piece in out.lent {
+        let missing = || WireError::OutOfRange {
+            what: "a lent payload address",
+            value: piece.addr,
+        };
+        let slice = mem.lend(piece.addr, piece.len).ok_or_else(missing)?;
+        let mut done = 0;
+        while done < piece.len {
+            let n = (piece.len - done).min(chunk.len());
+            let part = slice.subslice(done, n).map_err(|_| missing())?;
+            part.copy_to(&mut chunk[..n]);
+            crc.update(&chunk[..n]);
+            done += n;
+        }
+    }
+    let value = crc.finish(tail)?;
+    let at = tail.len() - packet::ICRC_LEN;
+    tail[at..].copy_from_slice(&value.to_le_bytes());
+    Ok(())
 }
 
 /// Socket options: DF without path-MTU state (IPv4 Identification 0 on an

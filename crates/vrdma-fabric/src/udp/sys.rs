@@ -6,7 +6,9 @@
 //! unsafe code.
 #![allow(unsafe_code)]
 
-use vrdma_engine::{Memory, transmit::PayloadRef};
+use vm_memory::volatile_memory::PtrGuard;
+
+use crate::{Lender, Piece as Lent};
 
 use std::{
     io,
@@ -477,6 +479,9 @@ const MAX_PIECES: usize = 1024;
 pub(crate) struct SendBatch {
     /// Allocated (and zeroed) once; `used` bytes of it are committed.
     data: Vec<u8>,
+    /// Guards of the lent pieces' pointers during one call (kept between
+    /// calls for their allocation).
+    guards: Vec<PtrGuard>,
     used: usize,
     pending: Vec<Pending>,
     pieces: Vec<Piece>,
@@ -517,6 +522,7 @@ impl SendBatch {
     pub fn new() -> Self {
         SendBatch {
             data: vec![0; BATCH_BYTES],
+            guards: Vec::with_capacity(4 * MAX_BATCH),
             used: 0,
             pending: Vec::with_capacity(MAX_BATCH),
             pieces: Vec::with_capacity(4 * MAX_BATCH),
@@ -567,7 +573,7 @@ impl SendBatch {
         &mut self,
         dest: &Dest,
         head: usize,
-        lent: &[PayloadRef],
+        lent: &[Lent],
         tail: usize,
         gso: bool,
     ) {
@@ -641,7 +647,7 @@ impl SendBatch {
     /// front, where the next slot begins. Lent pieces are read from
     /// `mem`; a datagram one of whose pieces it no longer has is dropped
     /// (counted as failed).
-    pub fn flush(&mut self, fd: RawFd, tail: usize, mem: &impl Memory) -> Flushed {
+    pub fn flush(&mut self, fd: RawFd, tail: usize, mem: &impl Lender) -> Flushed {
         let mut out = Flushed::default();
         let mut next = 0;
         while next < self.pending.len() {
@@ -687,7 +693,7 @@ impl SendBatch {
         &mut self,
         fd: RawFd,
         first: usize,
-        mem: &impl Memory,
+        mem: &impl Lender,
     ) -> io::Result<usize> {
         let batch = &self.pending[first..];
         let mut count = batch.len().min(N).min(self.names.len());
@@ -695,14 +701,26 @@ impl SendBatch {
         // points into them (the vector does not move after).
         let mut iovs: Vec<libc::iovec> =
             Vec::with_capacity(batch[..count].iter().map(|p| p.pieces).sum());
+        // Lent pieces are handed to the kernel by pointer, from volatile
+        // slices of the memory (never a reference to bytes another party
+        // may be writing); their guards live until the call returns.
+        self.guards.clear();
         'datagrams: for (i, p) in batch[..count].iter().enumerate() {
             let mark = iovs.len();
             for piece in &self.pieces[p.first..p.first + p.pieces] {
-                let bytes: &[u8] = match *piece {
-                    Piece::Batch { start, len } => &self.data[start..start + len],
-                    Piece::Lent { addr, len } => match mem.slice(addr, len) {
-                        Some(b) => b,
-                        None => {
+                let (base, len) = match *piece {
+                    Piece::Batch { start, len } => {
+                        let bytes = &self.data[start..start + len];
+                        (bytes.as_ptr(), bytes.len())
+                    }
+                    Piece::Lent { addr, len } => match mem.lend(addr, len) {
+                        Some(slice) if slice.len() == len => {
+                            let guard = slice.ptr_guard();
+                            let ptr = guard.as_ptr();
+                            self.guards.push(guard);
+                            (ptr, len)
+                        }
+                        _ => {
                             // The engine checked it; memory that is gone
                             // since loses the datagram, as a network
                             // would: the ones before it leave first.
@@ -720,8 +738,8 @@ impl SendBatch {
                 };
                 iovs.push(libc::iovec {
                     // sendmmsg only reads through this pointer.
-                    iov_base: bytes.as_ptr().cast_mut().cast(),
-                    iov_len: bytes.len(),
+                    iov_base: base.cast_mut().cast(),
+                    iov_len: len,
                 });
             }
         }
@@ -750,7 +768,8 @@ impl SendBatch {
         // SAFETY: the first `count` headers are initialized by the loop,
         // pointing at live names and control areas (owned by `self`) and at
         // their datagrams' iovecs in `iovs`, which point at bytes of the
-        // batch or of `mem` of the stated lengths, borrowed for this call;
+        // batch, or of `mem` through volatile slices whose guards are held
+        // in `self.guards`, of the stated lengths, borrowed for this call;
         // the kernel only reads them, and touches no header past `count`.
         let r = unsafe {
             libc::sendmmsg(
@@ -760,6 +779,7 @@ impl SendBatch {
                 0,
             )
         };
+        self.guards.clear();
         if r < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -966,16 +986,20 @@ mod tests {
     #[test]
     fn lent_payloads_leave_from_memory() {
         use std::{net::UdpSocket, os::fd::AsRawFd};
-        use vrdma_engine::VecMemory;
+
+        use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
         let rx = UdpSocket::bind("127.0.0.71:0").unwrap();
         rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
             .unwrap();
         let tx = UdpSocket::bind("127.0.0.72:0").unwrap();
-        let mut mem = VecMemory::new(0x1000, 0x4000);
-        for (i, b) in mem.bytes_mut().iter_mut().enumerate() {
-            *b = (i * 13 + 5) as u8;
-        }
-        let at = |addr: u64, len: usize| mem.slice(addr, len).unwrap().to_vec();
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x1000), 0x4000)]).unwrap();
+        let pattern: Vec<u8> = (0..0x4000).map(|i| (i * 13 + 5) as u8).collect();
+        mem.write_slice(&pattern, GuestAddress(0x1000)).unwrap();
+        let at = |addr: u64, len: usize| {
+            let mut v = vec![0; len];
+            mem.read_slice(&mut v, GuestAddress(addr)).unwrap();
+            v
+        };
         let mut buf = [0u8; 2048];
         for gso in [false, true] {
             let d = Dest {
@@ -990,16 +1014,16 @@ mod tests {
             // across a page) + 4; 20 + 76 lent + 4; 100 whole.
             for (k, lent) in [
                 vec![
-                    PayloadRef {
+                    Lent {
                         addr: 0x1ff0,
                         len: 16,
                     },
-                    PayloadRef {
+                    Lent {
                         addr: 0x2000,
                         len: 60,
                     },
                 ],
-                vec![PayloadRef {
+                vec![Lent {
                     addr: 0x3003,
                     len: 76,
                 }],
@@ -1048,7 +1072,7 @@ mod tests {
         s.commit_parts(
             &d,
             4,
-            &[PayloadRef {
+            &[Lent {
                 addr: 0x9000,
                 len: 8,
             }],

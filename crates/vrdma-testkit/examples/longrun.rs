@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use vrdma_fabric::sim::workload::{self, Config};
+use vrdma_testkit::sim::workload::{self, Config};
 
 fn main() {
     let mut args = std::env::args().skip(1).map(|a| {

@@ -6,13 +6,14 @@
 
 use std::net::IpAddr;
 
+use vrdma_device::{GuestMem, UdpDevice, udp_device};
 use vrdma_engine::{
-    CqHandle, PdHandle, VecMemory,
-    attr::Mtu,
+    CqHandle, Memory, PdHandle,
+    attr::{DeviceAttr, Mtu},
     mr::{Access, MrRequest, Translation},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_fabric::udp::{Config, UdpDevice};
+use vrdma_fabric::udp::Config;
 use vrdma_wire::{Lkey, Qpn, Rkey};
 
 /// Where each device's memory starts, and how much it has.
@@ -21,7 +22,7 @@ pub const MEM: usize = 4 << 20;
 
 /// A device on a socket, with a PD, a CQ and an MR over all its memory.
 pub struct End {
-    pub dev: UdpDevice<VecMemory>,
+    pub dev: UdpDevice<GuestMem>,
     pub pd: PdHandle,
     pub cq: CqHandle,
     pub lkey: Lkey,
@@ -30,14 +31,14 @@ pub struct End {
 
 /// A device bound to `addr` whose port runs at `mtu`.
 pub fn end(addr: IpAddr, mtu: Mtu) -> End {
-    let mut config = Config::new(addr);
-    config.mtu = Some(mtu);
-    end_with(config)
+    end_with(Config::new(addr), Some(mtu))
 }
 
-/// A device set up as `config` says.
-pub fn end_with(config: Config) -> End {
-    let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, MEM)).expect("bind");
+/// A device set up as `config` says, its port at `mtu` (`None`: the
+/// interface's).
+pub fn end_with(config: Config, mtu: Option<Mtu>) -> End {
+    let mem = GuestMem::anonymous(BASE, MEM).expect("memory");
+    let mut dev = udp_device(config, DeviceAttr::default(), mtu, mem).expect("bind");
     let e = dev.engine_mut();
     let pd = e.alloc_pd().unwrap();
     let (cq, _) = e.create_cq(1024, 0).unwrap();
@@ -117,22 +118,28 @@ pub fn recv(e: &mut End, qpn: Qpn, wr_id: u64, at: u64, len: u32) {
 
 /// Fills `len` bytes at `at` with a pattern that depends on `seed`.
 pub fn fill(e: &mut End, at: u64, len: usize, seed: u8) {
-    let off = (at - BASE) as usize;
-    for (i, b) in e.dev.mem_mut().bytes_mut()[off..off + len]
-        .iter_mut()
-        .enumerate()
-    {
-        *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
-    }
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    e.dev
+        .mem_mut()
+        .write(at, &data)
+        .expect("in the device's memory");
 }
 
-pub fn bytes(e: &End, at: u64, len: usize) -> &[u8] {
-    let off = (at - BASE) as usize;
-    &e.dev.mem().bytes()[off..off + len]
+/// A copy of the `len` bytes at `at`.
+pub fn bytes(e: &End, at: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    e.dev
+        .mem()
+        .read(at, &mut v)
+        .expect("in the device's memory");
+    v
 }
 
 /// Byte-exact, reporting the first difference instead of the buffers.
-pub fn same(got: &[u8], want: &[u8], what: &str) {
+pub fn same(got: impl AsRef<[u8]>, want: impl AsRef<[u8]>, what: &str) {
+    let (got, want) = (got.as_ref(), want.as_ref());
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
         panic!(

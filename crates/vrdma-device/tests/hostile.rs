@@ -320,7 +320,7 @@ impl Rig {
         let breset = qp(&mut b, QpType::Rc);
         let stale = qp(&mut b, QpType::Rc).qpn;
         b.dev.engine_mut().destroy_qp(stale).unwrap();
-        let (ga, gb) = (a.dev.gid(), b.dev.gid());
+        let (ga, gb) = (a.dev.transport().gid(), b.dev.transport().gid());
         connect(&mut a, a1, gb, b1.qpn);
         connect(&mut b, b1, ga, a1.qpn);
         connect(&mut a, a2, gb, b2.qpn);
@@ -348,7 +348,10 @@ impl Rig {
                 .iter()
                 .map(|q| (q.cq, Vec::new()))
                 .collect(),
-            victim: SocketAddr::new(b.dev.gid().to_ipv4().unwrap().into(), ROCEV2_UDP_PORT),
+            victim: SocketAddr::new(
+                b.dev.transport().gid().to_ipv4().unwrap().into(),
+                ROCEV2_UDP_PORT,
+            ),
             a,
             b,
             attacker,
@@ -381,7 +384,7 @@ impl Rig {
         Snap {
             a: self.a.dev.engine().stats(),
             b: self.b.dev.engine().stats(),
-            ub: self.b.dev.stats(),
+            ub: self.b.dev.transport().stats(),
         }
     }
 
@@ -428,8 +431,8 @@ impl Rig {
                 "{what}: not done in time\nA {:?}\nB {:?}\nA {:?}\nB {:?}",
                 self.a.dev.engine().stats(),
                 self.b.dev.engine().stats(),
-                self.a.dev.stats(),
-                self.b.dev.stats()
+                self.a.dev.transport().stats(),
+                self.b.dev.transport().stats()
             );
         }
     }
@@ -439,12 +442,12 @@ impl Rig {
     /// number.
     fn blast(&mut self, what: &str, before: &Snap, datagrams: &[Vec<u8>]) -> u64 {
         for chunk in datagrams.chunks(64) {
-            let at = self.b.dev.stats().rx_datagrams;
+            let at = self.b.dev.transport().stats().rx_datagrams;
             for d in chunk {
                 self.attacker.send_to(d, self.victim).unwrap();
             }
             let n = chunk.len() as u64;
-            self.drive(what, |r| r.b.dev.stats().rx_datagrams >= at + n);
+            self.drive(what, |r| r.b.dev.transport().stats().rx_datagrams >= at + n);
         }
         let n = datagrams.len() as u64;
         self.settle(what, before, n);
@@ -629,13 +632,13 @@ impl Rig {
         let valid = if self.valid_pending { VALID_PACKETS } else { 0 };
         let want_rx = before.ub.rx_datagrams + valid + hostile;
         self.drive(what, |r| {
-            r.valid_done() && r.b.dev.stats().rx_datagrams >= want_rx
+            r.valid_done() && r.b.dev.transport().stats().rx_datagrams >= want_rx
         });
         if self.valid_pending {
             self.check_valid(what);
             self.valid_pending = false;
         }
-        let (ub, eb) = (self.b.dev.stats(), self.b.dev.engine().stats());
+        let (ub, eb) = (self.b.dev.transport().stats(), self.b.dev.engine().stats());
         assert_eq!(ub.rx_datagrams, want_rx, "{what}: datagrams B read");
         assert_eq!(
             ub.rx_datagrams - before.ub.rx_datagrams,
@@ -645,7 +648,7 @@ impl Rig {
             "{what}: every datagram counted once\n{ub:?}\n{eb:?}"
         );
         // A saw nothing hostile.
-        let ua = self.a.dev.stats();
+        let ua = self.a.dev.transport().stats();
         assert_eq!((ua.rx_bad_icrc, ua.rx_malformed), (0, 0), "{what}: {ua:?}");
         for s in [ua, ub] {
             assert_eq!((s.tx_failed, s.src_port_fallback), (0, 0), "{what}: {s:?}");
@@ -664,7 +667,7 @@ impl Rig {
         reached: u64,
         valid: bool,
     ) {
-        let (ub, eb) = (self.b.dev.stats(), self.b.dev.engine().stats());
+        let (ub, eb) = (self.b.dev.transport().stats(), self.b.dev.engine().stats());
         assert_eq!(
             (
                 ub.rx_bad_icrc - before.ub.rx_bad_icrc,
@@ -942,7 +945,7 @@ impl Rig {
             move |r| r.epsn(r.b3) == psn(p1),
         );
         assert_eq!(r, [self.ack(p0, ok, 1)], "{what}: in order");
-        same(bytes(&self.b, B_ATTACK + 0x1000, 64), &data1, what);
+        same(bytes(&self.b, B_ATTACK + 0x1000, 64), data1, what);
 
         // Ahead of the expected PSN, as far as half the PSN space: out of
         // sequence, NAKed once (with the expected PSN), never executed.
@@ -998,7 +1001,7 @@ impl Rig {
         }
         same(
             bytes(&self.b, B_ATTACK + 0x1000, 64),
-            &data1,
+            data1,
             "duplicates executed",
         );
         assert!(
@@ -1019,7 +1022,7 @@ impl Rig {
             move |r| r.epsn(r.b3) == psn(p2),
         );
         assert_eq!(r, [self.ack(p1, ok, 2)], "{what}: in order again");
-        same(bytes(&self.b, B_ATTACK + 0x3000, 64), &data2, what);
+        same(bytes(&self.b, B_ATTACK + 0x3000, 64), data2, what);
         let r = self.exchange(
             what,
             read_request(b3, psn(p2), B_ATTACK + 0x1000, rkey, 64),

@@ -6,7 +6,7 @@
 //!
 //! `cargo run --release -p vrdma-fabric --example goodput -- [messages] [seed]`
 
-use vrdma_fabric::sim::{
+use vrdma_testkit::sim::{
     Link,
     workload::{self, Config},
 };

@@ -11,7 +11,7 @@
 
 use vrdma_wire::{Gid, frame, udp};
 
-use crate::{Engine, memory::Memory, memory::VecMemory, transmit::MAX_PACKET};
+use vrdma_engine::{Engine, memory::Memory, memory::VecMemory, transmit::MAX_PACKET};
 
 /// One attached device.
 #[derive(Debug)]
@@ -92,8 +92,11 @@ impl Net {
                 assembled.clear();
                 assembled.extend_from_slice(&buf[..t.payload_at]);
                 for r in lent {
-                    let piece = node.mem.slice(r.addr, r.len);
-                    assembled.extend_from_slice(piece.expect("the engine lends what memory has"));
+                    let at = assembled.len();
+                    assembled.resize(at + r.len, 0);
+                    node.mem
+                        .read(r.addr, &mut assembled[at..])
+                        .expect("the engine lends what memory has");
                 }
                 assembled.extend_from_slice(&buf[t.payload_at + t.referenced..t.len]);
                 &assembled[..]
@@ -107,7 +110,8 @@ impl Net {
                 tap.push((i, packet.to_vec()));
             }
             let mut bytes = Vec::new();
-            t.frame_ip(packet, &mut bytes)
+            let ip = t.route().ip(packet.len(), 0);
+            ip.and_then(|ip| frame::emit_ip_packet(&ip, t.udp_src_port, packet, &mut bytes))
                 .expect("the engine emits valid packets");
             if self.drop.contains(&n) {
                 self.dropped += 1;

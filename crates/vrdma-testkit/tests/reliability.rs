@@ -3,7 +3,7 @@
 //! 1 % corruption) over a thousand seeds. The long run of a million
 //! messages is `cargo run --release -p vrdma-fabric --example longrun`.
 
-use vrdma_fabric::sim::{
+use vrdma_testkit::sim::{
     Link,
     workload::{self, Config},
 };

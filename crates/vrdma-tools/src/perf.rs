@@ -28,7 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use vrdma_engine::{
     attr::Mtu,
     mr::Access,
@@ -38,9 +38,11 @@ use vrdma_engine::{
 };
 use vrdma_wire::{Gid, Psn, QKey, Qpn, Rkey};
 
+use vrdma_device::verbs::{BASE, Connect, Context, Remote};
+
 use crate::{
     args::{AtomicType, Connection, PerfArgs, PerfTest},
-    verbs::{BASE, Connect, Device, Remote, hex_field, random_psn},
+    common::{hex_field, random_psn},
 };
 
 /// The version this speaks: perftest 4.5's. Peers older than 5.70 are
@@ -209,7 +211,7 @@ impl Oob {
         })
     }
 
-    fn read_exact(&mut self, buf: &mut [u8], mut dev: Option<&mut Device>) -> Result<()> {
+    fn read_exact(&mut self, buf: &mut [u8], mut dev: Option<&mut Context>) -> Result<()> {
         let mut got = 0;
         // The peer may be busy with the test meanwhile: only a device
         // that moves nothing either counts as silence.
@@ -273,7 +275,7 @@ impl Oob {
         }
     }
 
-    fn xchg(&mut self, mine: &[u8], theirs: &mut [u8], dev: Option<&mut Device>) -> Result<()> {
+    fn xchg(&mut self, mine: &[u8], theirs: &mut [u8], dev: Option<&mut Context>) -> Result<()> {
         if self.client {
             self.write_one(mine)?;
             self.read_exact(theirs, dev)
@@ -287,7 +289,7 @@ impl Oob {
     }
 
     /// One `ctx_hand_shake`, the device running meanwhile.
-    fn key(&mut self, my: &Key, dev: &mut Device) -> Result<Key> {
+    fn key(&mut self, my: &Key, dev: &mut Context) -> Result<Key> {
         let mut b = [0u8; KEY_LEN];
         self.xchg(&my.to_wire(), &mut b, Some(dev))?;
         Key::parse(&b)
@@ -295,7 +297,7 @@ impl Oob {
 
     /// `xchg_bw_reports`: size, iterations, peak, average, message rate,
     /// each an 8-byte big-endian number in its own message.
-    fn reports(&mut self, mine: BwReport, dev: &mut Device) -> Result<BwReport> {
+    fn reports(&mut self, mine: BwReport, dev: &mut Context) -> Result<BwReport> {
         let mut x = |v: [u8; 8]| -> Result<[u8; 8]> {
             let mut b = [0u8; 8];
             self.xchg(&v, &mut b, Some(&mut *dev))
@@ -318,7 +320,7 @@ impl Oob {
 
     /// `ctx_close_connection`: one more key message, then `"done"` (which
     /// nobody reads).
-    fn close(mut self, my: &Key, dev: &mut Device) -> Result<()> {
+    fn close(mut self, my: &Key, dev: &mut Context) -> Result<()> {
         self.key(my, dev)?;
         let _ = self.stream.write(b"done\0");
         Ok(())
@@ -497,7 +499,7 @@ pub fn run(a: &PerfArgs) -> Result<()> {
     // The side channel decides which address the device binds.
     let (stream, local_ip) = match &a.server {
         Some(host) => {
-            let stream = crate::verbs::tcp_connect(host, a.port)?;
+            let stream = crate::common::tcp_connect(host, a.port)?;
             let ip = stream.local_addr()?.ip();
             (stream, ip)
         }
@@ -557,9 +559,9 @@ pub fn run(a: &PerfArgs) -> Result<()> {
         cqe <= 32767,
         "{qps} QPs × (tx depth {tx_depth} + rx depth {rx_depth}) exceed the CQ's 32767 entries"
     );
-    let mut dev = Device::open_with_cq(ip, mem as usize, a.events, cqe.max(64) as u32)?;
+    let mut dev = Context::open_with_cq(ip, mem as usize, a.events, cqe.max(64) as u32)?;
 
-    let active = dev.dev.active_mtu();
+    let active = dev.active_mtu();
     let mut mtu = match a.mtu {
         None => active,
         Some(m) => match mtu_from_bytes(m) {
@@ -778,7 +780,7 @@ pub fn run(a: &PerfArgs) -> Result<()> {
             oob.close(&my[0], &mut t.dev)?;
         }
     }
-    let s = t.dev.dev.stats();
+    let s = t.dev.dev.transport().stats();
     tracing::debug!(?s, engine = ?t.dev.dev.engine().stats(), "device counters");
     Ok(())
 }
@@ -800,7 +802,7 @@ fn mtu_from_bytes(n: u32) -> Option<Mtu> {
 
 /// The device, its QPs and the peer's keys: what a test run needs.
 struct Tester {
-    dev: Device,
+    dev: Context,
     qps: Vec<Qpn>,
     rem: Vec<Key>,
     p: Params,
@@ -1124,7 +1126,7 @@ impl Tester {
             if rcnt < iters && (self.p.client || scnt >= 1) {
                 rcnt += 1;
                 let want = rcnt as u8;
-                while self.dev.bytes(poll_at, 1)[0] != want {
+                while self.dev.byte(poll_at)? != want {
                     let now = Instant::now();
                     if clock.over(now) {
                         return Ok(s);
@@ -1138,7 +1140,7 @@ impl Tester {
                 let now = Instant::now();
                 s.posted(&clock, now);
                 scnt += 1;
-                self.dev.bytes_mut(post_at + size - 1, 1)[0] = scnt as u8;
+                self.dev.write(post_at + size - 1, &[scnt as u8])?;
                 let op = self.op(0, size, 0);
                 let flags = self.flags(size, true);
                 self.dev
@@ -1468,7 +1470,7 @@ fn print_key(side: &str, verb: Verb, k: &Key) {
     println!(" GID: {}", gid.join(":"));
 }
 
-fn print_info(a: &PerfArgs, p: &Params, dev: &Device, mtu: Mtu) {
+fn print_info(a: &PerfArgs, p: &Params, dev: &Context, mtu: Mtu) {
     let mut title = format!("{} ", p.verb.title());
     if p.verb == Verb::Atomic {
         title.push_str(match p.atomic {
@@ -1483,6 +1485,7 @@ fn print_info(a: &PerfArgs, p: &Params, dev: &Device, mtu: Mtu) {
     };
     let name = dev
         .dev
+        .transport()
         .local_addr()
         .map_or_else(|_| "vrdma".into(), |a| format!("vrdma({})", a.ip()));
     println!("{RESULT_LINE}");

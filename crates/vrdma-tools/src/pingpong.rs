@@ -26,7 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use vrdma_engine::{
     attr::Mtu,
     mr::Access,
@@ -36,9 +36,11 @@ use vrdma_engine::{
 };
 use vrdma_wire::{Gid, Psn, QKey, Qpn};
 
+use vrdma_device::verbs::{BASE, Connect, Context, Remote};
+
 use crate::{
     args::{PingpongArgs, Transport},
-    verbs::{BASE, Connect, Device, Remote, hex_field, random_psn},
+    common::{hex_field, random_psn},
 };
 
 /// The exchange message: 51 characters and a NUL.
@@ -156,7 +158,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
     // The TCP exchange decides which address the device binds.
     let (mut stream, local_ip) = match &a.server {
         Some(host) => {
-            let stream = crate::verbs::tcp_connect(host, a.port)?;
+            let stream = crate::common::tcp_connect(host, a.port)?;
             let ip = stream.local_addr()?.ip();
             (stream, ip)
         }
@@ -175,8 +177,8 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
     let ip = a.ib_dev.unwrap_or(local_ip);
     let buf_len = size as usize + if ud { GRH_LEN } else { 0 };
     let mem = buf_len.next_multiple_of(4096).max(4096);
-    let mut dev = Device::open(ip, mem, a.events)?;
-    let port_mtu = dev.dev.active_mtu();
+    let mut dev = Context::open(ip, mem, a.events)?;
+    let port_mtu = dev.active_mtu();
     if ud {
         // ibv_ud_pingpong's limit: the port's active MTU.
         ensure!(
@@ -207,9 +209,9 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
     };
     dev.init_qp(qpn, &c)?;
     // The C tools fill the buffer with 0x7b.
-    dev.bytes_mut(BASE, buf_len).fill(0x7b);
+    dev.write(BASE, &vec![0x7b; buf_len])?;
     let recv_len = buf_len as u32;
-    let post_recvs = |dev: &mut Device, n: u32| dev.post_recvs(qpn, RECV_WRID, BASE, recv_len, n);
+    let post_recvs = |dev: &mut Context, n: u32| dev.post_recvs(qpn, RECV_WRID, BASE, recv_len, n);
     post_recvs(&mut dev, a.rx_depth)?;
     let mut routs = a.rx_depth;
     let me = Dest {
@@ -227,7 +229,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         gid_text(me.gid)
     );
 
-    let connect_qp = |dev: &mut Device, rem: &Dest| -> Result<Option<vrdma_engine::AhHandle>> {
+    let connect_qp = |dev: &mut Context, rem: &Dest| -> Result<Option<vrdma_engine::AhHandle>> {
         ensure!(
             rem.gid != Gid::default(),
             "the peer sent no GID: RoCE needs one (give the rdma-core tool -g)"
@@ -297,7 +299,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         remote_qpn: rem.qpn,
         remote_qkey: UD_QKEY,
     });
-    let post_send = |dev: &mut Device| {
+    let post_send = |dev: &mut Context| {
         dev.post_send(
             qpn,
             SEND_WRID,
@@ -313,7 +315,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         if a.chk {
             // The C client zeroes the first byte of each page once.
             for off in (0..size as usize).step_by(4096) {
-                dev.bytes_mut(send_at + off as u64, 1)[0] = 0;
+                dev.write(send_at + off as u64, &[0])?;
             }
         }
         post_send(&mut dev)?;
@@ -379,12 +381,12 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
     if a.chk && a.server.is_none() {
         let recv_at = if ud { BASE + GRH_LEN as u64 } else { BASE };
         for (page, off) in (0..size as usize).step_by(4096).enumerate() {
-            if dev.bytes(recv_at + off as u64, 1)[0] != 0 {
+            if dev.byte(recv_at + off as u64)? != 0 {
                 println!("invalid data in page {page}");
             }
         }
     }
-    let s = dev.dev.stats();
+    let s = dev.dev.transport().stats();
     tracing::debug!(?s, engine = ?dev.dev.engine().stats(), "device counters");
     Ok(())
 }

@@ -1,26 +1,69 @@
-//! The tools' view of a device: one [`UdpDevice`] with a PD, one CQ and
-//! one MR over all of its memory, and a completion loop that busy-polls or
-//! sleeps until something happens (the `-e` / event mode of the rdma-core
-//! examples and perftest).
+//! The in-process verbs front end the tools (and tests) use: one device on
+//! a UDP port with a PD, one CQ and one MR over all of its memory, QPs
+//! brought up as rdma-core's examples and perftest do, and a completion
+//! loop that busy-polls or sleeps until something happens (the `-e` /
+//! event mode of those tools). Its counters are published for `vrdma
+//! stat` ([`crate::publish`]).
 
 use std::{
+    io,
     net::IpAddr,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, ensure};
 use vrdma_engine::{
-    CqHandle, PdHandle, VecMemory,
-    attr::Mtu,
+    CqHandle, Memory, PdHandle, VerbsError,
+    attr::{DeviceAttr, Mtu},
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
     wc::Wc,
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_fabric::udp::{Config, Progress, UdpDevice};
+use vrdma_fabric::udp::Config;
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 
-use crate::stat::Publisher;
+use crate::{
+    device::{Progress, UdpDevice, udp_device},
+    memory::GuestMem,
+    publish::Publisher,
+};
+
+/// Why a verbs front-end call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The UDP port could not be bound.
+    #[error("binding a RoCEv2 device to {addr} port 4791")]
+    Bind {
+        addr: IpAddr,
+        #[source]
+        source: io::Error,
+    },
+    /// The device's memory could not be mapped.
+    #[error("mapping {len} bytes of device memory")]
+    Map {
+        len: usize,
+        #[source]
+        source: io::Error,
+    },
+    /// A verbs call of the engine failed.
+    #[error("{what}")]
+    Verbs {
+        what: &'static str,
+        #[source]
+        source: VerbsError,
+    },
+    /// The transport failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Results of the front end.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Attaches what was being done to an engine error.
+fn verbs<T>(what: &'static str, r: std::result::Result<T, VerbsError>) -> Result<T> {
+    r.map_err(|source| Error::Verbs { what, source })
+}
 
 /// Where the device's memory starts: the virtual address the tools
 /// register and tell peers.
@@ -34,10 +77,11 @@ pub const ALL_ACCESS: Access = Access(
         | Access::REMOTE_ATOMIC.0,
 );
 
-/// A device with a PD, a CQ and an MR over its whole memory.
+/// An opened device (as rdma-core's `ibv_context` is): a device on a UDP
+/// port with a PD, a CQ and an MR over its whole memory.
 #[derive(Debug)]
-pub struct Device {
-    pub dev: UdpDevice<VecMemory>,
+pub struct Context {
+    pub dev: UdpDevice<GuestMem>,
     pub pd: PdHandle,
     pub cq: CqHandle,
     pub lkey: Lkey,
@@ -47,15 +91,18 @@ pub struct Device {
     wcs: Vec<Wc>,
     /// The counters' snapshot for `vrdma stat`.
     publisher: Option<Publisher>,
+    /// Bytes of an inline send, copied out of memory (kept for its
+    /// allocation).
+    inline: Vec<u8>,
 }
 
-impl Drop for Device {
+impl Drop for Context {
     fn drop(&mut self) {
         // What the device still owes goes out first, so that the last
-        // snapshot counts it (dropping the UdpDevice would send it too).
+        // snapshot counts it (dropping the device would send it too).
         let _ = self.dev.send_pending();
         if let Some(p) = &mut self.publisher {
-            p.publish(&self.dev, true);
+            p.publish(self.dev.clock(), &self.dev.counters(), true);
         }
     }
 }
@@ -117,29 +164,33 @@ fn qp_attr(local_psn: Psn, remote: Option<Remote>, c: &Connect) -> QpAttr {
     }
 }
 
-impl Device {
+impl Context {
     /// Binds a device on `addr` with `mem_len` bytes of memory.
     /// The port's MTU comes from the interface holding `addr`.
     pub fn open(addr: IpAddr, mem_len: usize, events: bool) -> Result<Self> {
         Self::open_with_cq(addr, mem_len, events, 4096)
     }
 
-    /// As [`Device::open`], with a CQ of `cqe` entries.
+    /// As [`Context::open`], with a CQ of `cqe` entries.
     pub fn open_with_cq(addr: IpAddr, mem_len: usize, events: bool, cqe: u32) -> Result<Self> {
-        let config = Config::new(addr);
-        let mut dev = UdpDevice::bind(config, VecMemory::new(BASE, mem_len))
-            .with_context(|| format!("binding a RoCEv2 device to {addr} port 4791"))?;
+        let mem = GuestMem::anonymous(BASE, mem_len).map_err(|source| Error::Map {
+            len: mem_len,
+            source,
+        })?;
+        let mut dev = udp_device(Config::new(addr), DeviceAttr::default(), None, mem)
+            .map_err(|source| Error::Bind { addr, source })?;
         let e = dev.engine_mut();
-        let pd = e.alloc_pd()?;
-        let (cq, _) = e.create_cq(cqe, 0)?;
-        let (lkey, rkey) = e.reg_mr(MrRequest {
+        let pd = verbs("allocating a PD", e.alloc_pd())?;
+        let (cq, _) = verbs("creating a CQ", e.create_cq(cqe, 0))?;
+        let mr = e.reg_mr(MrRequest {
             pd,
             iova: BASE,
             length: mem_len as u64,
             access: ALL_ACCESS,
             translation: Translation::Identity,
-        })?;
-        Ok(Device {
+        });
+        let (lkey, rkey) = verbs("registering the MR", mr)?;
+        Ok(Context {
             dev,
             pd,
             cq,
@@ -147,16 +198,17 @@ impl Device {
             rkey,
             events,
             wcs: Vec::with_capacity(64),
-            publisher: Publisher::new(addr),
+            publisher: Publisher::new(&addr.to_string()),
+            inline: Vec::new(),
         })
     }
 
     pub fn gid(&self) -> Gid {
-        self.dev.gid()
+        self.dev.transport().gid()
     }
 
     pub fn create_qp(&mut self, ty: QpType, send: u32, recv: u32, inline: u32) -> Result<Qpn> {
-        let (qpn, _) = self.dev.engine_mut().create_qp(QpInitAttr {
+        let created = self.dev.engine_mut().create_qp(QpInitAttr {
             pd: self.pd,
             send_cq: self.cq,
             recv_cq: self.cq,
@@ -170,8 +222,8 @@ impl Device {
             },
             qp_type: ty,
             sq_sig_all: false,
-        })?;
-        Ok(qpn)
+        });
+        Ok(verbs("creating a QP", created)?.0)
     }
 
     /// RESET → INIT (receives may be posted from INIT on).
@@ -204,15 +256,24 @@ impl Device {
 
     fn step(&mut self, qpn: Qpn, from: QpState, to: QpState, a: QpAttr) -> Result<()> {
         let e = self.dev.engine_mut();
-        let ty = e.query_qp(qpn)?.1.qp_type;
-        let required = state::required(from, to, ty).context("QP transition")?;
-        e.modify_qp(
+        let ty = verbs("querying the QP", e.query_qp(qpn))?.1.qp_type;
+        let required = state::required(from, to, ty).ok_or(Error::Verbs {
+            what: "bringing a QP up",
+            source: VerbsError::Invalid {
+                what: "QP state transition",
+            },
+        })?;
+        let what = match to {
+            QpState::Init => "modifying the QP to INIT",
+            QpState::Rtr => "modifying the QP to RTR",
+            _ => "modifying the QP to RTS",
+        };
+        let r = e.modify_qp(
             qpn,
             &QpAttr { qp_state: to, ..a },
             AttrMask::STATE | required,
-        )
-        .with_context(|| format!("modifying the QP to {to:?}"))?;
-        Ok(())
+        );
+        verbs(what, r)
     }
 
     /// Posts `n` receives of `len` bytes at `addr`.
@@ -223,13 +284,14 @@ impl Device {
             lkey: self.lkey,
         }];
         for _ in 0..n {
-            self.dev.engine_mut().post_recv(
+            let r = self.dev.engine_mut().post_recv(
                 qpn,
                 &RecvWr {
                     wr_id,
                     sg_list: &sge,
                 },
-            )?;
+            );
+            verbs("posting a receive", r)?;
         }
         Ok(())
     }
@@ -253,13 +315,21 @@ impl Device {
         }];
         let (engine, mem) = self.dev.parts();
         let payload = if flags.contains(SendFlags::INLINE) {
-            // The tools' own addresses: out of range is a bug, and panics.
-            let at = (addr - BASE) as usize;
-            Payload::Inline(&mem.bytes()[at..at + len as usize])
+            // Inline data is copied out of memory at post, as a provider
+            // library copies it into the WQE.
+            self.inline.resize(len as usize, 0);
+            let read = mem.read(addr, &mut self.inline);
+            verbs(
+                "reading inline data",
+                read.map_err(|_| VerbsError::Invalid {
+                    what: "inline data address",
+                }),
+            )?;
+            Payload::Inline(&self.inline)
         } else {
             Payload::Sges(&sge)
         };
-        engine.post_send(
+        let r = engine.post_send(
             qpn,
             &SendWr {
                 wr_id,
@@ -268,8 +338,8 @@ impl Device {
                 flags,
                 ud,
             },
-        )?;
-        Ok(())
+        );
+        verbs("posting a send", r)
     }
 
     /// One round of the device (receive, run the engine, send), and the
@@ -277,7 +347,7 @@ impl Device {
     pub fn progress(&mut self) -> Result<Progress> {
         let p = self.dev.progress()?;
         if let Some(pb) = &mut self.publisher {
-            pb.publish(&self.dev, false);
+            pb.publish(self.dev.clock(), &self.dev.counters(), false);
         }
         Ok(p)
     }
@@ -289,7 +359,8 @@ impl Device {
         self.wcs.clear();
         loop {
             let p = self.progress()?;
-            self.dev.engine_mut().poll_cq(self.cq, 64, &mut self.wcs)?;
+            let polled = self.dev.engine_mut().poll_cq(self.cq, 64, &mut self.wcs);
+            verbs("polling the CQ", polled)?;
             if !self.wcs.is_empty() {
                 return Ok(&self.wcs);
             }
@@ -312,122 +383,38 @@ impl Device {
     pub fn poll_now(&mut self) -> Result<&[Wc]> {
         self.wcs.clear();
         self.progress()?;
-        self.dev.engine_mut().poll_cq(self.cq, 64, &mut self.wcs)?;
+        let polled = self.dev.engine_mut().poll_cq(self.cq, 64, &mut self.wcs);
+        verbs("polling the CQ", polled)?;
         while let Some(e) = self.dev.engine_mut().poll_event() {
             tracing::info!(event = ?e, "asynchronous event");
         }
         Ok(&self.wcs)
     }
 
-    /// The `len` bytes at `addr` of the device's memory (the tools' own
-    /// addresses: out of range is a bug, and panics).
-    pub fn bytes_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
-        let at = (addr - BASE) as usize;
-        &mut self.dev.mem_mut().bytes_mut()[at..at + len]
+    /// The port's active MTU.
+    pub fn active_mtu(&self) -> Mtu {
+        self.dev
+            .engine()
+            .query_port(1)
+            .map_or(Mtu::Mtu256, |p| p.active_mtu)
     }
 
-    pub fn bytes(&self, addr: u64, len: usize) -> &[u8] {
-        let at = (addr - BASE) as usize;
-        &self.dev.mem().bytes()[at..at + len]
+    /// Copies `data` into the device's memory at `addr`.
+    pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<()> {
+        let r = self.dev.mem_mut().write(addr, data);
+        r.map_err(|e| Error::Io(io::Error::other(e)))
     }
-}
 
-/// What two devices of one process tell each other before their QPs
-/// connect.
-#[derive(Clone, Copy, Debug)]
-pub struct Hello {
-    pub remote: Remote,
-    pub rkey: Rkey,
-}
-
-/// How the in-process tools (`demo`, `bench`) connect: RC at MTU 4096,
-/// every access, 16 READs/atomics each way.
-pub fn loopback_connect() -> Connect {
-    Connect {
-        mtu: Mtu::Mtu4096,
-        sl: 0,
-        hop_limit: 64,
-        traffic_class: 0,
-        min_rnr_timer: 12,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
-        qkey: QKey(0),
-        access: ALL_ACCESS,
+    /// Copies `buf.len()` bytes of the device's memory at `addr` out.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let r = self.dev.mem().read(addr, buf);
+        r.map_err(|e| Error::Io(io::Error::other(e)))
     }
-}
 
-/// One side of an in-process RC connection: a device on `addr` with
-/// `mem` bytes and an RC QP (`send` / `recv` deep, 64 bytes inline),
-/// connected to the peer whose [`Hello`] comes through `rx`; the peer's
-/// hello is returned.
-pub fn loopback_side(
-    addr: IpAddr,
-    mem: usize,
-    (send, recv): (u32, u32),
-    tx: &std::sync::mpsc::Sender<Hello>,
-    rx: &std::sync::mpsc::Receiver<Hello>,
-) -> Result<(Device, Qpn, Hello)> {
-    let mut dev = Device::open(addr, mem, false)?;
-    let c = loopback_connect();
-    let qpn = dev.create_qp(QpType::Rc, send, recv, 64)?;
-    dev.init_qp(qpn, &c)?;
-    let psn = random_psn();
-    tx.send(Hello {
-        remote: Remote {
-            qpn,
-            psn,
-            gid: dev.gid(),
-        },
-        rkey: dev.rkey,
-    })?;
-    let peer = rx.recv_timeout(Duration::from_secs(10))?;
-    dev.connect(qpn, psn, peer.remote, &c)?;
-    Ok((dev, qpn, peer))
-}
-
-/// Connects to the tools' TCP side channel at `host:port`, trying each
-/// address the name resolves to.
-pub fn tcp_connect(host: &str, port: u16) -> Result<std::net::TcpStream> {
-    use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {host}"))?
-        .collect();
-    let mut last = None;
-    for addr in addrs {
-        match TcpStream::connect(addr) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
+    /// The byte at `addr` of the device's memory.
+    pub fn byte(&self, addr: u64) -> Result<u8> {
+        let mut b = [0u8];
+        self.read(addr, &mut b)?;
+        Ok(b[0])
     }
-    Err(anyhow::anyhow!(
-        "Couldn't connect to {host}:{port}: {last:?}"
-    ))
-}
-
-/// A hex field of a peer's exchange message: hex digits only (no sign,
-/// which `from_str_radix` would take), at most `max`.
-pub fn hex_field(f: &str, name: &str, max: u64) -> Result<u64> {
-    ensure!(
-        !f.is_empty() && f.len() <= 16 && f.bytes().all(|b| b.is_ascii_hexdigit()),
-        "bad {name} {f:?} in the peer's message"
-    );
-    let v = u64::from_str_radix(f, 16).map_err(|_| anyhow::anyhow!("bad {name} {f:?}"))?;
-    ensure!(v <= max, "{name} {v:#x} out of range");
-    Ok(v)
-}
-
-/// A random 24-bit PSN, as the tools pick theirs (`lrand48() & 0xffffff`).
-pub fn random_psn() -> Psn {
-    Psn::from_masked(random_u32())
-}
-
-/// A random number from the OS (no generator crate for one draw).
-pub fn random_u32() -> u32 {
-    use std::hash::{BuildHasher, RandomState};
-    // RandomState is seeded from the OS's randomness per process.
-    RandomState::new().hash_one(Instant::now()) as u32
 }

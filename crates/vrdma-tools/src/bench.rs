@@ -29,17 +29,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context as _, Result, anyhow, ensure};
 use vrdma_engine::{
     wc::WcStatus,
     wr::{SendFlags, SendOp},
 };
 use vrdma_wire::{Qpn, Rkey};
 
+use vrdma_device::verbs::{BASE, Context};
+
 use crate::{
     args::BenchArgs,
+    common::{Hello, loopback_side},
     rawudp,
-    verbs::{BASE, Device, Hello, loopback_side},
 };
 
 const A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 43);
@@ -58,7 +60,7 @@ const SRC: u64 = BASE;
 const DST: u64 = BASE + MSG;
 
 /// A device, its QP and the peer's rkey.
-type Side = (Device, Qpn, Rkey);
+type Side = (Context, Qpn, Rkey);
 
 /// Runs `a` and `b` on two connected devices, each on its own thread;
 /// `b` runs until `a` returns.
@@ -104,9 +106,8 @@ fn write_bw(total: u64) -> Result<f64> {
     pair(
         move |(mut dev, qpn, rkey)| {
             let iters = total.div_ceil(MSG);
-            for (i, b) in dev.bytes_mut(SRC, MSG as usize).iter_mut().enumerate() {
-                *b = i as u8;
-            }
+            let fill: Vec<u8> = (0..MSG).map(|i| i as u8).collect();
+            dev.write(SRC, &fill)?;
             let op = SendOp::RdmaWrite {
                 remote_addr: DST,
                 rkey,
@@ -150,10 +151,10 @@ fn write_bw(total: u64) -> Result<f64> {
 /// iteration, so the ACK of the WRITE just posted is not waited for).
 /// Half round trips in ns, measured on A.
 fn write_lat(warmup: u32, iters: u32) -> Result<Vec<f64>> {
-    let seen = |dev: &Device| dev.bytes(DST + u64::from(SMALL) - 1, 1)[0];
-    let write = |dev: &mut Device, qpn, rkey, seq: u8| -> Result<()> {
-        dev.bytes_mut(SRC + u64::from(SMALL) - 1, 1)[0] = seq;
-        dev.post_send(
+    let seen = |dev: &Context| dev.byte(DST + u64::from(SMALL) - 1).unwrap_or(0);
+    let write = |dev: &mut Context, qpn, rkey, seq: u8| -> Result<()> {
+        dev.write(SRC + u64::from(SMALL) - 1, &[seq])?;
+        Ok(dev.post_send(
             qpn,
             0,
             SendOp::RdmaWrite {
@@ -163,10 +164,10 @@ fn write_lat(warmup: u32, iters: u32) -> Result<Vec<f64>> {
             (SRC, SMALL),
             SendFlags::SIGNALED.with(SendFlags::INLINE),
             None,
-        )
+        )?)
     };
     // Completions reaped; a side never has more than DEPTH WRITEs out.
-    let reap = |dev: &mut Device, out: &mut u64| -> Result<()> {
+    let reap = |dev: &mut Context, out: &mut u64| -> Result<()> {
         for wc in dev.poll_now()? {
             ensure!(
                 wc.status == WcStatus::Success,

@@ -14,16 +14,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use vrdma_engine::{
     attr::Mtu,
     wc::{Wc, WcStatus},
     wr::{SendFlags, SendOp},
 };
 
+use vrdma_device::verbs::{BASE, Context};
+
 use crate::{
     args::DemoArgs,
-    verbs::{BASE, Device, Hello, loopback_side},
+    common::{Hello, loopback_side},
 };
 
 /// Memory per device: a source and a destination region of 1 MiB each
@@ -42,10 +44,10 @@ fn side(
     addr: IpAddr,
     tx: &mpsc::Sender<Hello>,
     rx: &mpsc::Receiver<Hello>,
-) -> Result<(Device, vrdma_wire::Qpn, Hello)> {
+) -> Result<(Context, vrdma_wire::Qpn, Hello)> {
     let sides = loopback_side(addr, MEM, (2 * DEPTH as u32, 2 * RECV_DEPTH), tx, rx)?;
     ensure!(
-        sides.0.dev.active_mtu() == Mtu::Mtu4096,
+        sides.0.active_mtu() == Mtu::Mtu4096,
         "loopback should carry 4096-byte packets"
     );
     Ok(sides)
@@ -53,7 +55,7 @@ fn side(
 
 /// A signaled send; up to 64 bytes of SEND or WRITE go inline.
 fn post(
-    dev: &mut Device,
+    dev: &mut Context,
     qpn: vrdma_wire::Qpn,
     wr_id: u64,
     op: SendOp,
@@ -66,11 +68,11 @@ fn post(
     } else {
         SendFlags::SIGNALED
     };
-    dev.post_send(qpn, wr_id, op, (addr, len), flags, None)
+    Ok(dev.post_send(qpn, wr_id, op, (addr, len), flags, None)?)
 }
 
-fn post_recvs(dev: &mut Device, qpn: vrdma_wire::Qpn, n: u32, len: u32) -> Result<()> {
-    dev.post_recvs(qpn, 0, RECV, len, n)
+fn post_recvs(dev: &mut Context, qpn: vrdma_wire::Qpn, n: u32, len: u32) -> Result<()> {
+    Ok(dev.post_recvs(qpn, 0, RECV, len, n)?)
 }
 
 fn check(wc: &Wc) -> Result<()> {
@@ -161,7 +163,7 @@ fn client(
     // Ping-pong: a 64-byte SEND each way per iteration.
     post_recvs(&mut dev, qpn, RECV_DEPTH, 4096)?;
     let mut posted = RECV_DEPTH;
-    dev.bytes_mut(SRC, 64).copy_from_slice(&[0x7b; 64]);
+    dev.write(SRC, &[0x7b; 64])?;
     let mut rtts = Vec::with_capacity(a.iters as usize);
     let start = Instant::now();
     for i in 0..u64::from(a.iters) {
@@ -191,7 +193,11 @@ fn client(
     }
     let total = start.elapsed();
     ensure!(
-        dev.bytes(RECV, 64) == [0x7b; 64],
+        {
+            let mut got = [0u8; 64];
+            dev.read(RECV, &mut got)?;
+            got == [0x7b; 64]
+        },
         "the echo came back different"
     );
     let (typ, avg, p99, p999) = percentiles(rtts);
@@ -227,9 +233,10 @@ fn client(
         ("read_bw", 65536),
         ("read_bw", 1 << 20),
     ] {
-        for (i, b) in dev.bytes_mut(SRC, size as usize).iter_mut().enumerate() {
-            *b = (i as u8) ^ (size >> 12) as u8;
-        }
+        let fill: Vec<u8> = (0..size as usize)
+            .map(|i| (i as u8) ^ (size >> 12) as u8)
+            .collect();
+        dev.write(SRC, &fill)?;
         let iters = (a.megabytes << 20) / u64::from(size);
         let op = |_: u64| match name {
             "write_bw" => SendOp::RdmaWrite {
@@ -268,7 +275,7 @@ fn client(
             bytes * 8.0 / secs / 1e9
         );
     }
-    let s = dev.dev.stats();
+    let s = dev.dev.transport().stats();
     let e = dev.dev.engine().stats();
     println!();
     println!(

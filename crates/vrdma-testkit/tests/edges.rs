@@ -13,7 +13,7 @@ use vrdma_engine::{
     wc::{Wc, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_fabric::sim::{DropRule, EventKind, Link, Quiet, Sim};
+use vrdma_testkit::sim::{DropRule, EventKind, Link, Quiet, Sim};
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 
 const BASE: u64 = 0x10_0000;

@@ -542,7 +542,10 @@ impl Sim {
             let mut bytes = self.pool.pop().unwrap_or_default();
             // The engine emits only packets that parse: checked, not
             // assumed, since a framing failure would silently lose data.
-            t.frame_ip(&self.buf[..t.len], &mut bytes)
+            let roce = &self.buf[..t.len];
+            t.route()
+                .ip(roce.len(), 0)
+                .and_then(|ip| frame::emit_ip_packet(&ip, t.udp_src_port, roce, &mut bytes))
                 .expect("the engine emitted a malformed packet");
             if let Some(bw) = self.bandwidth {
                 // Serialization: the port is busy for the frame's bits.

@@ -14,15 +14,16 @@ use std::{
 };
 
 use common::{BASE, End, bytes, end, fill, recv, same, send};
+use vrdma_device::{GuestMem, udp_device};
 use vrdma_engine::{
-    AhHandle, VecMemory,
-    attr::Mtu,
+    AhHandle, Memory,
+    attr::{DeviceAttr, Mtu},
     mr::Access,
     qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
     wc::{Wc, WcOpcode, WcStatus},
     wr::{SendOp, UdDest},
 };
-use vrdma_fabric::udp::{Config, UdpDevice};
+use vrdma_fabric::udp::Config;
 use vrdma_wire::{Gid, Psn, QKey, Qpn};
 
 fn qp(e: &mut End, ty: QpType) -> Qpn {
@@ -140,7 +141,7 @@ fn rc_every_operation_over_loopback_udp() {
         let mut b = end(v4(last + 1), mtu);
         let qa = qp(&mut a, QpType::Rc);
         let qb = qp(&mut b, QpType::Rc);
-        let (ga, gb) = (a.dev.gid(), b.dev.gid());
+        let (ga, gb) = (a.dev.transport().gid(), b.dev.transport().gid());
         connect(&mut a, qa, gb, qb, mtu);
         connect(&mut b, qb, ga, qa, mtu);
 
@@ -166,7 +167,10 @@ fn rc_every_operation_over_loopback_udp() {
         send(&mut a, qa, 3, read, BASE + 0x38_0000, 65536);
         // FETCH_ADD on a word of B.
         let word = BASE + 0x3f_0000;
-        b.dev.mem_mut().bytes_mut()[0x3f_0000..0x3f_0008].copy_from_slice(&40u64.to_le_bytes());
+        b.dev
+            .mem_mut()
+            .write(BASE + 0x3f_0000, &40u64.to_le_bytes())
+            .unwrap();
         let fa = SendOp::FetchAdd {
             remote_addr: word,
             rkey: b.rkey,
@@ -205,7 +209,7 @@ fn rc_every_operation_over_loopback_udp() {
         // Every packet was a good RoCEv2 packet; each QP sent from its
         // own source port.
         for e in [&a, &b] {
-            let s = e.dev.stats();
+            let s = e.dev.transport().stats();
             assert_eq!(
                 (s.rx_bad_icrc, s.rx_malformed, s.tx_failed),
                 (0, 0, 0),
@@ -216,8 +220,8 @@ fn rc_every_operation_over_loopback_udp() {
             assert!(s.tx_calls < s.tx_datagrams, "no batching: {s:?}");
         }
         assert_eq!(
-            a.dev.stats().tx_datagrams,
-            b.dev.stats().rx_datagrams,
+            a.dev.transport().stats().tx_datagrams,
+            b.dev.transport().stats().rx_datagrams,
             "loopback lost nothing"
         );
     }
@@ -230,7 +234,7 @@ fn uc_and_ud_over_loopback_udp() {
     let mut b = end(v4(6), mtu);
     // UC: a 3-packet WRITE with immediate, which consumes a receive.
     let (ua, ub) = (qp(&mut a, QpType::Uc), qp(&mut b, QpType::Uc));
-    let (ga, gb) = (a.dev.gid(), b.dev.gid());
+    let (ga, gb) = (a.dev.transport().gid(), b.dev.transport().gid());
     connect(&mut a, ua, gb, ub, mtu);
     connect(&mut b, ub, ga, ua, mtu);
     fill(&mut a, BASE, 3000, 9);
@@ -297,15 +301,14 @@ fn uc_and_ud_over_loopback_udp() {
 fn every_datagram_carries_its_traffic_class_and_hop_limit() {
     let mtu = Mtu::Mtu1024;
     let mut config = Config::new(v4(13));
-    config.mtu = Some(mtu);
     config.tos = 0x60;
-    let mut a = common::end_with(config);
+    let mut a = common::end_with(config, Some(mtu));
     let mut b = end(v4(14), mtu);
     let (da, db) = (qp(&mut a, QpType::Ud), qp(&mut b, QpType::Ud));
     for (e, q) in [(&mut a, da), (&mut b, db)] {
         connect(e, q, Gid::default(), Qpn::default(), mtu);
     }
-    let gb = b.dev.gid();
+    let gb = b.dev.transport().gid();
     // (traffic class, hop limit) as the handle says, and as the wire must.
     let kinds = [
         ((0xb9, 7), (0xb9, 7)),
@@ -370,7 +373,7 @@ fn rc_over_ipv6_loopback() {
     let cq = end_a.cq;
     let q1 = qp(&mut end_a, QpType::Rc);
     let q2 = qp(&mut end_a, QpType::Rc);
-    let g = end_a.dev.gid();
+    let g = end_a.dev.transport().gid();
     connect(&mut end_a, q1, g, q2, Mtu::Mtu1024);
     connect(&mut end_a, q2, g, q1, Mtu::Mtu1024);
     fill(&mut end_a, BASE, 5000, 4);
@@ -392,21 +395,16 @@ fn rc_over_ipv6_loopback() {
         bytes(&end_a, BASE, 5000),
         "IPv6 WRITE",
     );
-    let s = end_a.dev.stats();
+    let s = end_a.dev.transport().stats();
     assert_eq!((s.rx_bad_icrc, s.rx_malformed), (0, 0), "{s:?}");
 }
 
 #[test]
-fn active_mtu_follows_the_interface() {
-    use vrdma_fabric::udp::active_mtu;
-    assert_eq!(active_mtu(1500), Mtu::Mtu1024);
-    assert_eq!(active_mtu(9000), Mtu::Mtu4096);
-    assert_eq!(active_mtu(4096 + 95), Mtu::Mtu2048);
-    assert_eq!(active_mtu(4096 + 96), Mtu::Mtu4096);
-    assert_eq!(active_mtu(0), Mtu::Mtu256);
+fn the_port_mtu_follows_the_interface() {
     // Loopback's MTU is 65536.
-    let dev = UdpDevice::bind(Config::new(v4(12)), VecMemory::new(BASE, 4096)).unwrap();
-    assert_eq!(dev.active_mtu(), Mtu::Mtu4096);
+    let mem = GuestMem::anonymous(BASE, 4096).unwrap();
+    let dev = udp_device(Config::new(v4(12)), DeviceAttr::default(), None, mem).unwrap();
+    assert_eq!(dev.engine().query_port(1).unwrap().active_mtu, Mtu::Mtu4096);
 }
 
 #[test]
@@ -415,7 +413,7 @@ fn garbage_datagrams_are_counted_and_dropped() {
     let mut a = end(v4(9), mtu);
     let mut b = end(v4(10), mtu);
     let (qa, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
-    let (ga, gb) = (a.dev.gid(), b.dev.gid());
+    let (ga, gb) = (a.dev.transport().gid(), b.dev.transport().gid());
     connect(&mut a, qa, gb, qb, mtu);
     connect(&mut b, qb, ga, qa, mtu);
 
@@ -439,7 +437,7 @@ fn garbage_datagrams_are_counted_and_dropped() {
     recv(&mut b, qb, 1, BASE + 0x100, 64);
     send(&mut a, qa, 2, SendOp::Send, BASE, 64);
     run_until(&mut a, &mut b, 1);
-    let s = b.dev.stats();
+    let s = b.dev.transport().stats();
     assert_eq!(s.rx_bad_icrc, 1, "{s:?}"); // the 32-byte one
     // Empty, 10 bytes, and 9000 bytes (longer than any RoCEv2 packet).
     assert_eq!(s.rx_malformed, 3, "{s:?}");

@@ -1,0 +1,148 @@
+//! The device's memory: address ranges mapped into this process with
+//! rust-vmm's `vm-memory` — a guest's RAM that the VMM shares (file-backed
+//! regions), or anonymous memory for a device in a process of its own —
+//! and reached only through volatile slices: never a Rust reference to
+//! bytes a guest may be writing at the same moment.
+//!
+//! It serves the engine ([`Memory`]: copies in and out, atomics) and the
+//! fabric ([`Lender`]: payload pieces a gather send reads in place).
+//! Atomics are the CPU's own on the mapped word (`lock cmpxchg` /
+//! `lock xadd` on x86), so they stay atomic against another process that
+//! maps the same memory.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileMemory,
+    VolatileSlice,
+};
+use vrdma_engine::memory::{Memory, MemoryError};
+use vrdma_fabric::Lender;
+
+/// Device memory over a `vm-memory` map.
+#[derive(Clone, Debug, Default)]
+pub struct GuestMem {
+    map: GuestMemoryMmap<()>,
+}
+
+impl GuestMem {
+    /// `len` bytes of anonymous memory at device addresses `base..base +
+    /// len` (a device of the process's own).
+    pub fn anonymous(base: u64, len: usize) -> std::io::Result<Self> {
+        let map = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(base), len)])
+            .map_err(std::io::Error::other)?;
+        Ok(GuestMem { map })
+    }
+
+    /// Memory over an existing map (a guest's regions).
+    pub fn from_map(map: GuestMemoryMmap<()>) -> Self {
+        GuestMem { map }
+    }
+
+    /// The map, to add or remove regions (a new map replaces the old one
+    /// with [`GuestMem::from_map`]).
+    pub fn map(&self) -> &GuestMemoryMmap<()> {
+        &self.map
+    }
+
+    /// Bytes mapped, over all regions.
+    pub fn size(&self) -> u64 {
+        self.map.iter().map(|r| r.len()).sum()
+    }
+
+    /// Runs `f` on the 8 bytes at `addr` as an atomic word: they must lie
+    /// in one region, 8-byte aligned.
+    fn with_word<R>(&self, addr: u64, f: impl FnOnce(&AtomicU64) -> R) -> Result<R, MemoryError> {
+        let err = MemoryError { addr, len: 8 };
+        let slice = self.map.get_slice(GuestAddress(addr), 8).map_err(|_| err)?;
+        let word = slice.get_atomic_ref::<AtomicU64>(0).map_err(|_| err)?;
+        Ok(f(word))
+    }
+}
+
+impl Memory for GuestMem {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        self.map
+            .read_slice(buf, GuestAddress(addr))
+            .map_err(|_| MemoryError {
+                addr,
+                len: buf.len() as u64,
+            })
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.map
+            .write_slice(data, GuestAddress(addr))
+            .map_err(|_| MemoryError {
+                addr,
+                len: data.len() as u64,
+            })
+    }
+
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        // The word is little-endian in memory, as the engine defines a
+        // responder's atomics (and as x86 and Arm hosts store it).
+        self.with_word(addr, |w| {
+            let found = match w.compare_exchange(
+                compare.to_le(),
+                swap.to_le(),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(v) | Err(v) => v,
+            };
+            u64::from_le(found)
+        })
+    }
+
+    fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        self.with_word(addr, |w| {
+            if cfg!(target_endian = "little") {
+                return w.fetch_add(add, Ordering::SeqCst);
+            }
+            // A big-endian host adds to the little-endian word in a loop.
+            let mut cur = w.load(Ordering::SeqCst);
+            loop {
+                let next = u64::from_le(cur).wrapping_add(add).to_le();
+                match w.compare_exchange_weak(cur, next, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => return u64::from_le(cur),
+                    Err(v) => cur = v,
+                }
+            }
+        })
+    }
+
+    fn lends(&self, addr: u64, len: usize) -> bool {
+        self.lend(addr, len).is_some()
+    }
+}
+
+impl Lender for GuestMem {
+    fn lend(&self, addr: u64, len: usize) -> Option<VolatileSlice<'_>> {
+        self.map.lend(addr, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_and_atomics_stay_in_bounds_and_are_little_endian() {
+        let mut m = GuestMem::anonymous(0x1000, 0x2000).unwrap();
+        m.write(0x1ff8, &5u64.to_le_bytes()).unwrap();
+        assert_eq!(m.fetch_add(0x1ff8, 3), Ok(5));
+        assert_eq!(m.compare_swap(0x1ff8, 7, 1), Ok(8), "no swap on mismatch");
+        assert_eq!(m.compare_swap(0x1ff8, 8, 1), Ok(8));
+        let mut b = [0u8; 8];
+        m.read(0x1ff8, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), 1);
+        assert!(m.read(0x2ffc, &mut [0; 8]).is_err(), "past the end");
+        assert!(m.write(0xfff, &[0]).is_err(), "before the start");
+        assert!(m.fetch_add(0x1ffc, 1).is_err(), "unaligned");
+        assert!(m.fetch_add(0x2ffc, 1).is_err(), "past the end");
+        assert!(m.lends(0x2000, 0x1000));
+        assert!(!m.lends(0x2001, 0x1000));
+        assert_eq!(m.size(), 0x2000);
+    }
+}

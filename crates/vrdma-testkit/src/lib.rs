@@ -1,0 +1,13 @@
+//! vrdma's test kit (a dev-only crate): what the engine's, the device's and
+//! the tools' tests share.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`net`] | engines on a deterministic in-order network that loses exactly the packets a test names |
+//! | [`sim`] | a seeded simulated network with every fault a real one has, on a virtual clock; [`sim::workload`], an RC workload whose checker proves exactly-once, in-order delivery |
+//! | [`setup`] | builders for the set-ups tests repeat: an engine with a PD, CQ and MR, QPs brought up and connected |
+#![forbid(unsafe_code)]
+
+pub mod net;
+pub mod setup;
+pub mod sim;

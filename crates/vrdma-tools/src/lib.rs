@@ -1,0 +1,27 @@
+//! vrdma's tools: what the `vrdma` command runs.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`args`] | the command line (clap derive) |
+//! | [`bench`] | `vrdma bench`: vrdma beside raw UDP and memcpy, as ratios |
+//! | [`capture`] | reading pcap and pcapng files into link-layer frames |
+//! | [`common`] | the in-process RC set-up, the TCP side channel, random PSNs |
+//! | [`decode`] | `vrdma decode`: one line (or JSON object) per RoCEv2 packet |
+//! | [`demo`] | `vrdma demo`: two devices on loopback, a ping-pong and a bandwidth/latency table |
+//! | [`perf`] | `vrdma perf`: perftest 4.5's ib_*_bw / ib_*_lat, interoperable |
+//! | [`pingpong`] | `vrdma pingpong rc\|uc\|ud`: rdma-core's ibv_*_pingpong, interoperable |
+//! | [`rawudp`] | the raw UDP baseline the benchmark compares against |
+//! | [`stat`] | `vrdma stat`: the counters every device publishes in the run directory |
+//!
+//! Each device they open is a `vrdma_device::verbs::Context`.
+
+pub mod args;
+pub mod bench;
+pub mod capture;
+pub mod common;
+pub mod decode;
+pub mod demo;
+pub mod perf;
+pub mod pingpong;
+pub mod rawudp;
+pub mod stat;
