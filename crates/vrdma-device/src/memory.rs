@@ -145,4 +145,47 @@ mod tests {
         assert!(!m.lends(0x2001, 0x1000));
         assert_eq!(m.size(), 0x2000);
     }
+
+    /// Two mappings of one file (as a guest's RAM is mapped by QEMU and by
+    /// the daemon): atomics through either stay atomic against the other.
+    /// A read-modify-write through copies would lose increments here.
+    #[test]
+    fn atomics_stay_atomic_across_two_mappings_of_one_memory() {
+        use vm_memory::FileOffset;
+        let path = std::env::temp_dir().join(format!("vrdma-atomics-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file.set_len(4096).unwrap();
+        let file = std::sync::Arc::new(file);
+        let map = |base: u64| {
+            GuestMem::from_map(
+                GuestMemoryMmap::<()>::from_ranges_with_files([(
+                    GuestAddress(base),
+                    4096,
+                    Some(FileOffset::from_arc(file.clone(), 0)),
+                )])
+                .unwrap(),
+            )
+        };
+        let (one, two) = (map(0x1_0000), map(0x8_0000));
+        const N: u64 = 200_000;
+        let run = |mut m: GuestMem, addr: u64| {
+            std::thread::spawn(move || {
+                for _ in 0..N {
+                    m.fetch_add(addr, 1).unwrap();
+                }
+            })
+        };
+        let (a, b) = (run(one.clone(), 0x1_0008), run(two, 0x8_0008));
+        a.join().unwrap();
+        b.join().unwrap();
+        let mut word = [0u8; 8];
+        one.read(0x1_0008, &mut word).unwrap();
+        assert_eq!(u64::from_le_bytes(word), 2 * N);
+    }
 }

@@ -71,15 +71,16 @@ impl Publisher {
         })
     }
 
-    /// Writes `counters` if a period has passed by the device clock `now`
-    /// (a busy loop calls this every round: it reads no clock of its own),
-    /// or if `last` (the device closes).
-    pub fn publish(&mut self, now: u64, counters: &[(String, u64)], last: bool) {
+    /// Writes the counters `counters` gives if a period has passed by the
+    /// device clock `now`, or if `last` (the device closes). A busy loop
+    /// calls this every round: it reads no clock of its own, and asks for
+    /// the counters only when it writes them.
+    pub fn publish(&mut self, now: u64, counters: impl FnOnce() -> Vec<(String, u64)>, last: bool) {
         if !last && now < self.next {
             return;
         }
         self.next = now.saturating_add(PERIOD.as_nanos() as u64);
-        if let Err(e) = self.write(counters, last) {
+        if let Err(e) = self.write(&counters(), last) {
             tracing::warn!(path = %self.path.display(), error = %e, "counters not published");
         }
     }

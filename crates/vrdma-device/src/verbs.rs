@@ -102,7 +102,7 @@ impl Drop for Context {
         // snapshot counts it (dropping the device would send it too).
         let _ = self.dev.send_pending();
         if let Some(p) = &mut self.publisher {
-            p.publish(self.dev.clock(), &self.dev.counters(), true);
+            p.publish(self.dev.clock(), || self.dev.counters(), true);
         }
     }
 }
@@ -347,7 +347,8 @@ impl Context {
     pub fn progress(&mut self) -> Result<Progress> {
         let p = self.dev.progress()?;
         if let Some(pb) = &mut self.publisher {
-            pb.publish(self.dev.clock(), &self.dev.counters(), false);
+            let dev = &self.dev;
+            pb.publish(dev.clock(), || dev.counters(), false);
         }
         Ok(p)
     }

@@ -36,13 +36,13 @@ use vrdma_engine::{
     CqHandle,
     attr::Mtu,
     event::AsyncEvent,
-    mr::Access,
-    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType},
+    qp::{QpCap, QpInitAttr, QpState, QpType},
     stats::Stats,
     wc::{Wc, WcOpcode, WcStatus},
     wr::SendOp,
 };
 use vrdma_fabric::udp::UdpStats;
+use vrdma_testkit::setup::Connection;
 use vrdma_wire::{
     Gid, Msn, Opcode, PKey, Psn, QKey, Qpn, ROCEV2_UDP_PORT, Rkey,
     aeth::{self, CreditCode, NakCode, Syndrome},
@@ -115,28 +115,16 @@ fn qp(e: &mut End, ty: QpType) -> Q {
 /// loopback loses nothing, and a resend would make B's duplicate count
 /// depend on timing.
 fn connect(e: &mut End, q: Q, dgid: Gid, dest: Qpn) {
-    let a = QpAttr {
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        ah_attr: AhAttr {
-            dgid,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: MTU,
-        dest_qp_num: dest,
-        qkey: QKEY,
-        rq_psn: Psn::from_masked(PSN0),
-        sq_psn: Psn::from_masked(PSN0),
+    Connection {
+        mtu: MTU,
+        psn: Psn::from_masked(PSN0),
         timeout: 0,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        min_rnr_timer: 12,
         max_rd_atomic: 16,
         max_dest_rd_atomic: 16,
-        ..QpAttr::default()
-    };
-    e.dev.engine_mut().bring_up_qp(q.qpn, &a).unwrap();
+        qkey: QKEY,
+        ..Connection::default()
+    }
+    .join(e.dev.engine_mut(), q.qpn, dgid, dest);
 }
 
 // ---------------------------------------------------------------------

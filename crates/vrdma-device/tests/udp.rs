@@ -18,12 +18,12 @@ use vrdma_device::{GuestMem, udp_device};
 use vrdma_engine::{
     AhHandle, Memory,
     attr::{DeviceAttr, Mtu},
-    mr::Access,
-    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
+    qp::{AhAttr, QpCap, QpInitAttr, QpType},
     wc::{Wc, WcOpcode, WcStatus},
     wr::{SendOp, UdDest},
 };
 use vrdma_fabric::udp::Config;
+use vrdma_testkit::setup::Connection;
 use vrdma_wire::{Gid, Psn, QKey, Qpn};
 
 fn qp(e: &mut End, ty: QpType) -> Qpn {
@@ -50,28 +50,14 @@ fn qp(e: &mut End, ty: QpType) -> Qpn {
 }
 
 fn connect(e: &mut End, qpn: Qpn, dgid: Gid, dest: Qpn, mtu: Mtu) {
-    let a = QpAttr {
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        ah_attr: AhAttr {
-            dgid,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: mtu,
-        dest_qp_num: dest,
-        qkey: QKey(0x1111_1111),
-        rq_psn: Psn::from_masked(0x00ff_fff0),
-        sq_psn: Psn::from_masked(0x00ff_fff0),
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        min_rnr_timer: 12,
+    Connection {
+        mtu,
+        psn: Psn::from_masked(0x00ff_fff0),
         max_rd_atomic: 16,
         max_dest_rd_atomic: 16,
-        ..QpAttr::default()
-    };
-    e.dev.engine_mut().bring_up_qp(qpn, &a).unwrap();
+        ..Connection::default()
+    }
+    .join(e.dev.engine_mut(), qpn, dgid, dest);
 }
 
 /// Progresses both ends until `want` completions arrived on `a`'s CQ.

@@ -14,17 +14,15 @@ use std::{hint::black_box, net::Ipv4Addr};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use vrdma_engine::{
     CqHandle, Engine,
-    attr::{DeviceAttr, Mtu, PortAttr},
+    attr::Mtu,
     memory::VecMemory,
-    mr::{Access, MrRequest, Translation},
-    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
     transmit::MAX_PACKET,
     wc::{Wc, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
 };
-use vrdma_wire::{Gid, Lkey, Psn, Qpn, Rkey, frame::IpRepr, ipv4};
+use vrdma_testkit::setup::{BASE, Connection, Side, gid};
+use vrdma_wire::{Lkey, Psn, Qpn, Rkey, frame::IpRepr, ipv4};
 
-const BASE: u64 = 0x10_0000;
 const MEM: usize = 1 << 20;
 const BATCH: u64 = 64;
 
@@ -39,37 +37,7 @@ struct End {
 }
 
 fn end(n: u8) -> End {
-    let gid = Gid::from(Ipv4Addr::new(127, 0, 0, n));
-    let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid]));
-    let pd = e.alloc_pd().unwrap();
-    let (cq, _) = e.create_cq(4096, 0).unwrap();
-    let (lkey, rkey) = e
-        .reg_mr(MrRequest {
-            pd,
-            iova: BASE,
-            length: MEM as u64,
-            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            translation: Translation::Identity,
-        })
-        .unwrap();
-    let cap = QpCap {
-        max_send_wr: 1024,
-        max_recv_wr: 1024,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let (qpn, _) = e
-        .create_qp(QpInitAttr {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap,
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let (e, mem, ids) = Side::new(n).mem(MEM).cqe(4096).depth(1024).build();
     let ip = IpRepr::V4(ipv4::Repr {
         src: Ipv4Addr::new(127, 0, 0, 3 - n),
         dst: Ipv4Addr::new(127, 0, 0, n),
@@ -81,36 +49,22 @@ fn end(n: u8) -> End {
     });
     End {
         e,
-        mem: VecMemory::new(BASE, MEM),
-        qpn,
-        cq,
-        lkey,
-        rkey,
+        mem,
+        qpn: ids.qpn,
+        cq: ids.cq,
+        lkey: ids.lkey,
+        rkey: ids.rkey,
         ip,
     }
 }
 
-fn connect(x: &mut End, peer_gid: u8, dest: Qpn, mtu: Mtu) {
-    let a = QpAttr {
-        port_num: 1,
-        qp_access_flags: Access::REMOTE_WRITE,
-        ah_attr: AhAttr {
-            dgid: Gid::from(Ipv4Addr::new(127, 0, 0, peer_gid)),
-            port_num: 1,
-            ..AhAttr::default()
-        },
-        path_mtu: mtu,
-        dest_qp_num: dest,
-        rq_psn: Psn::from_masked(1),
-        sq_psn: Psn::from_masked(1),
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 1,
-        max_dest_rd_atomic: 1,
-        ..QpAttr::default()
-    };
-    x.e.bring_up_qp(x.qpn, &a).unwrap();
+fn connect(x: &mut End, peer: u8, dest: Qpn, mtu: Mtu) {
+    Connection {
+        mtu,
+        psn: Psn::from_masked(1),
+        ..Connection::default()
+    }
+    .join(&mut x.e, x.qpn, gid(peer), dest);
 }
 
 /// Moves packets between `a` and `b` until both are quiet; returns how many.

@@ -6,12 +6,12 @@
 //!
 //! | module | role |
 //! |---|---|
-//! | [`crate::scheduler`] | which QP and which of its packets goes next |
-//! | [`crate::requester`] | send WQEs into request packets; local operations |
-//! | [`crate::responder`] | requests executed; ACKs, NAKs, READ responses, atomic acks |
-//! | [`crate::completer`] | ACKs and responses retire send WQEs; retries |
-//! | [`crate::timers`] | retransmit timeouts and the end of RNR waits |
-//! | [`crate::completion`] | WQEs completed; the error state's flush |
+//! | `scheduler` | which QP and which of its packets goes next |
+//! | `requester` | send WQEs into request packets; local operations |
+//! | `responder` | requests executed; ACKs, NAKs, READ responses, atomic acks |
+//! | `completer` | ACKs and responses retire send WQEs; retries |
+//! | `timers` | retransmit timeouts and the end of RNR waits |
+//! | `completion` | WQEs completed; the error state's flush |
 //!
 //! Sans-IO: a packet is written into the caller's buffer (BTH through a
 //! zeroed ICRC, which the fabric fills in because it covers the IP and UDP
@@ -25,7 +25,7 @@
 //! duplicate detection with re-ACK, one PSN-sequence NAK per gap with
 //! go-back-N resend, RNR NAK when no receive is posted, and the remote
 //! access / invalid request NAKs that move both sides to ERR; a send window
-//! of [`MAX_UNACKED_PSNS`](crate::requester::MAX_UNACKED_PSNS), forward
+//! of [`MAX_UNACKED_PSNS`], forward
 //! progress (the oldest unacknowledged PSN moving) restarting the retry
 //! budgets and the timer, one retry at a time, a timeout's first resent
 //! packet sent twice; the local ACK timeout (retry_cnt) and the RNR delay

@@ -881,6 +881,7 @@ fn receives_come_from_an_srq_and_its_limit_event_fires_once() {
     let node = net.add(eb, VecMemory::new(BASE, MEM), gid(2));
     let b = Side {
         node,
+        gid: gid(2),
         pd,
         cq,
         qpn,

@@ -3,22 +3,18 @@
 //! message is delivered exactly once, in order, and every signaled WR
 //! completes exactly once, in order, with the data intact.
 
-use std::net::Ipv4Addr;
-
 use proptest::prelude::*;
 use vrdma_engine::{
-    CqHandle, Engine,
-    attr::{DeviceAttr, Mtu, PortAttr},
-    memory::{Memory, VecMemory},
-    mr::{Access, MrRequest, Translation},
-    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
+    memory::Memory,
     wc::{WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
 };
-use vrdma_testkit::net::{Net, Quiet};
-use vrdma_wire::{Gid, Lkey, Psn, Qpn, Rkey};
+use vrdma_testkit::{
+    net::{Net, Quiet},
+    setup::{self, BASE, Connection, Ids},
+};
+use vrdma_wire::Psn;
 
-const BASE: u64 = 0x10_0000;
 const MEM: usize = 1024 * 1024;
 // Layout, 8 KiB per operation: a's sources at 0, a's READ/atomic results
 // at RESULTS; b's SEND/WRITE targets at 0, b's READ sources at READS, b's
@@ -27,82 +23,29 @@ const RESULTS: u64 = 256 * 1024;
 const READS: u64 = 512 * 1024;
 const ATOMICS: u64 = 768 * 1024;
 
-#[derive(Clone, Copy)]
-struct Side {
-    node: usize,
-    cq: CqHandle,
-    qpn: Qpn,
-    lkey: Lkey,
-    rkey: Rkey,
+/// An engine with 1 MiB of memory and an RC QP 32 deep, every WR
+/// signaled.
+fn side(net: &mut Net, n: u8) -> Ids {
+    setup::Side::new(n)
+        .mem(MEM)
+        .cqe(256)
+        .depth(32)
+        .sig_all(true)
+        .add_to(net)
 }
 
-fn side(net: &mut Net, n: u8) -> Side {
-    let gid = Gid::from(Ipv4Addr::new(127, 0, 0, n));
-    let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid]));
-    let pd = e.alloc_pd().unwrap();
-    let (cq, _) = e.create_cq(256, 0).unwrap();
-    let (lkey, rkey) = e
-        .reg_mr(MrRequest {
-            pd,
-            iova: BASE,
-            length: MEM as u64,
-            access: Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC,
-            translation: Translation::Identity,
-        })
-        .unwrap();
-    let cap = QpCap {
-        max_send_wr: 32,
-        max_recv_wr: 32,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let (qpn, _) = e
-        .create_qp(QpInitAttr {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap,
-            qp_type: QpType::Rc,
-            sq_sig_all: true,
-        })
-        .unwrap();
-    let node = net.add(e, VecMemory::new(BASE, MEM), gid);
-    Side {
-        node,
-        cq,
-        qpn,
-        lkey,
-        rkey,
-    }
-}
-
-fn connect(net: &mut Net, s: Side, peer: Side) {
-    let a = QpAttr {
-        port_num: 1,
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        ah_attr: AhAttr {
-            dgid: net.nodes[peer.node].gid,
-            port_num: 1,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: peer.qpn,
-        rq_psn: Psn::from_masked(0xff_fff0),
-        sq_psn: Psn::from_masked(0xff_fff0),
+/// Connects the two sides: a short timeout, PSNs that wrap early, four
+/// READs/atomics in flight each way.
+fn connect(net: &mut Net, a: Ids, b: Ids) {
+    Connection {
+        psn: Psn::from_masked(0xff_fff0),
         timeout: 8,
-        retry_cnt: 7,
-        rnr_retry: 7,
         min_rnr_timer: 1,
         max_rd_atomic: 4,
         max_dest_rd_atomic: 4,
-        ..QpAttr::default()
-    };
-    net.nodes[s.node].engine.bring_up_qp(s.qpn, &a).unwrap();
+        ..Connection::default()
+    }
+    .pair(net, a, b);
 }
 
 /// One operation of the workload: kind 0 SEND, 1 WRITE, 2 READ, 3 FETCH_ADD.
@@ -122,7 +65,6 @@ proptest! {
         let a = side(&mut net, 1);
         let b = side(&mut net, 2);
         connect(&mut net, a, b);
-        connect(&mut net, b, a);
         net.drop = drops;
         // Source data on a, slots of 8 KiB per operation.
         let src: Vec<u8> = (0..256 * 1024).map(|i| (i * 7 + 3) as u8).collect();

@@ -5,21 +5,18 @@
 //! fields that do not depend on addresses or keys), payload lengths, PSN
 //! steps and MSNs. QPNs, PSN bases, addresses and keys differ by nature.
 
-use std::{fs, net::Ipv4Addr, path::Path};
+use std::{fs, path::Path};
 
 use pcap_file::pcap::PcapReader;
 use vrdma_engine::{
-    Engine, PdHandle,
-    attr::{DeviceAttr, Mtu, PortAttr},
-    memory::VecMemory,
-    mr::{Access, MrRequest, Translation},
-    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
+    qp::{AhAttr, QpType},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_testkit::net::Net;
-use vrdma_wire::{Gid, Opcode, Psn, QKey, Qpn, Rkey, frame, packet};
-
-const BASE: u64 = 0x10_0000;
+use vrdma_testkit::{
+    net::Net,
+    setup::{self, BASE, Connection, Ids},
+};
+use vrdma_wire::{Opcode, Psn, QKey, Rkey, frame, packet};
 
 /// What must agree between rxe and vrdma for one packet.
 #[derive(Clone, Debug, Eq, PartialEq)]
@@ -126,84 +123,31 @@ fn split<'a>(
     (req, resp)
 }
 
-/// Two engines (RC, UC or UD), MTU 1024, P_Key 0xffff, Q_Key 0x11111111.
-fn pair(ty: QpType) -> (Net, [(Qpn, PdHandle, vrdma_wire::Lkey, Rkey); 2]) {
+/// Two engines (RC, UC or UD), MTU 1024, P_Key 0xffff, Q_Key 0x11111111,
+/// connected to each other as perftest connects (timeout 14, retries 7,
+/// four READs/atomics each way).
+fn pair(ty: QpType) -> (Net, [Ids; 2]) {
     let mut net = Net {
         tap: Some(Vec::new()),
         ..Net::default()
     };
-    let mut ends = Vec::new();
-    for n in [1u8, 2] {
-        let gid = Gid::from(Ipv4Addr::new(127, 0, 0, n));
-        let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid]));
-        let pd = e.alloc_pd().unwrap();
-        let (cq, _) = e.create_cq(64, 0).unwrap();
-        let (l, r) = e
-            .reg_mr(MrRequest {
-                pd,
-                iova: BASE,
-                length: 1 << 16,
-                access: Access::LOCAL_WRITE
-                    | Access::REMOTE_WRITE
-                    | Access::REMOTE_READ
-                    | Access::REMOTE_ATOMIC,
-                translation: Translation::Identity,
-            })
-            .unwrap();
-        let cap = QpCap {
-            max_send_wr: 8,
-            max_recv_wr: 8,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let (qpn, _) = e
-            .create_qp(QpInitAttr {
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                cap,
-                qp_type: ty,
-                sq_sig_all: false,
-            })
-            .unwrap();
-        net.add(e, VecMemory::new(BASE, 1 << 16), gid);
-        ends.push((qpn, pd, l, r));
+    let ends = [1, 2].map(|n| setup::Side::new(n).qp_type(ty).depth(8).add_to(&mut net));
+    Connection {
+        psn: Psn::from_masked(0x10_0000),
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
+        ..Connection::default()
     }
-    for (me, peer) in [(0usize, 1usize), (1, 0)] {
-        let a = QpAttr {
-            port_num: 1,
-            qkey: QKey(0x1111_1111),
-            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            ah_attr: AhAttr {
-                dgid: net.nodes[peer].gid,
-                port_num: 1,
-                hop_limit: 64,
-                ..AhAttr::default()
-            },
-            path_mtu: Mtu::Mtu1024,
-            dest_qp_num: ends[peer].0,
-            rq_psn: Psn::from_masked(0x10_0000),
-            sq_psn: Psn::from_masked(0x10_0000),
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 12,
-            ..QpAttr::default()
-        };
-        net.nodes[me].engine.bring_up_qp(ends[me].0, &a).unwrap();
-    }
-    (net, [ends[0], ends[1]])
+    .pair(&mut net, ends[0], ends[1]);
+    (net, ends)
 }
 
 /// Runs one WR from node 0 (with a receive posted at node 1) and returns
 /// the signatures of node 0's and node 1's packets.
 fn vrdma(ty: QpType, op: impl Fn(Rkey) -> SendOp, len: u32) -> (Vec<Sig>, Vec<Sig>) {
-    let (mut net, ends) = pair(ty);
-    let [(qa, pda, la, _), (qb, _, lb, rb)] = ends;
+    let (mut net, [a, b]) = pair(ty);
+    let (qa, pda, la) = (a.qpn, a.pd, a.lkey);
+    let (qb, lb, rb) = (b.qpn, b.lkey, b.rkey);
     let rsge = [Sge {
         addr: BASE + 0x8000,
         length: 8192,

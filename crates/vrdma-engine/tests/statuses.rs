@@ -40,7 +40,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use vrdma_engine::{
     AhHandle, CqHandle, Engine, PdHandle,
-    attr::{DeviceAttr, Mtu, PortAttr},
+    attr::{DeviceAttr, PortAttr},
     event::AsyncEvent,
     memory::{Memory, VecMemory},
     mr::{Access, MrRequest, MwType, Translation},
@@ -48,7 +48,10 @@ use vrdma_engine::{
     wc::{Wc, WcFlags, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_testkit::net::{Net, Quiet};
+use vrdma_testkit::{
+    net::{Net, Quiet},
+    setup::Connection,
+};
 use vrdma_wire::{
     Gid, Lkey, Opcode, PKey, Psn, QKey, Qpn, Rkey,
     aeth::{self, NakCode, Syndrome},
@@ -152,29 +155,15 @@ fn e(net: &mut Net, s: Side) -> &mut Engine {
 /// Brings `s` to RTS aimed at `dgid` / `dest`: MTU 1024, retry_cnt 2,
 /// rnr_retry 7, every remote right.
 fn connect(net: &mut Net, s: Side, dgid: Gid, dest: Qpn) {
-    let a = QpAttr {
-        port_num: 1,
-        qkey: QKEY,
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        ah_attr: AhAttr {
-            dgid,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: dest,
-        rq_psn: Psn::from_masked(0x0000_0100),
-        sq_psn: Psn::from_masked(0x0000_0100),
+    Connection {
+        psn: Psn::from_masked(0x0000_0100),
         timeout: 10,
         retry_cnt: 2,
-        rnr_retry: 7,
         min_rnr_timer: 1,
-        max_rd_atomic: 1,
-        max_dest_rd_atomic: 1,
-        ..QpAttr::default()
-    };
-    e(net, s).bring_up_qp(s.qpn, &a).unwrap();
+        qkey: QKEY,
+        ..Connection::default()
+    }
+    .join(e(net, s), s.qpn, dgid, dest);
 }
 
 /// Two connected sides, `a` (node 1) and `b` (node 2).

@@ -109,9 +109,15 @@ impl Side {
         self
     }
 
-    /// `len` bytes of memory at [`BASE`].
+    /// `len` bytes of memory (at [`BASE`] unless [`Side::base`] says).
     pub fn mem(mut self, len: usize) -> Self {
         self.mem = len;
+        self
+    }
+
+    /// The memory starts at `base` (the MR's start too).
+    pub fn base(mut self, base: u64) -> Self {
+        self.base = base;
         self
     }
 

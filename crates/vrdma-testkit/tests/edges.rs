@@ -3,20 +3,17 @@
 //! arrived, a duplicate atomic, RNR forever, partitions; and UC and UD,
 //! which do not recover.
 
-use std::net::Ipv4Addr;
-
 use vrdma_engine::{
-    AhHandle, CqHandle, Engine, Memory, VecMemory,
-    attr::{DeviceAttr, Mtu, PortAttr},
-    mr::{Access, MrRequest, Translation},
-    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType},
+    AhHandle, Memory,
+    qp::{AhAttr, QpState, QpType},
     wc::{Wc, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_testkit::sim::{DropRule, EventKind, Link, Quiet, Sim};
-use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
-
-const BASE: u64 = 0x10_0000;
+use vrdma_testkit::{
+    setup::{self, BASE, Connection, Ids},
+    sim::{DropRule, EventKind, Link, Quiet, Sim},
+};
+use vrdma_wire::{Psn, QKey};
 const MEM: u64 = 1 << 20;
 /// Each side's layout: sources at 0, targets at TARGET, atomics at WORD.
 const TARGET: u64 = 512 * 1024;
@@ -57,117 +54,56 @@ impl Default for Setup {
     }
 }
 
-#[derive(Clone, Copy)]
-struct End {
-    cq: CqHandle,
-    qpn: Qpn,
-    lkey: Lkey,
-    rkey: Rkey,
-}
-
 struct Pair {
     sim: Sim,
-    ends: [End; 2],
+    ends: [Ids; 2],
     qp_type: QpType,
     /// A's address handle for B (UD).
     ah: AhHandle,
 }
 
-fn gid(n: usize) -> Gid {
-    Gid::from(Ipv4Addr::new(127, 0, 0, n as u8 + 1))
-}
-
 fn pair(s: Setup) -> Pair {
     // 25 Gb/s ports.
     let mut sim = Sim::new(7, s.link, Some(25_000_000_000 / 8));
-    let mut ends = Vec::new();
-    let mut ah = AhHandle::default();
-    for n in [A, B] {
-        let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid(n)]));
-        let pd = e.alloc_pd().unwrap();
+    let ends = [A, B].map(|n| {
+        let (mut e, mut mem, ids) = setup::Side::new(n as u8 + 1)
+            .mem(MEM as usize)
+            .depth(16)
+            .qp_type(s.qp_type)
+            .build();
+        let pattern: Vec<u8> = (0..TARGET).map(|i| (i * 7 + n as u64 * 13) as u8).collect();
+        mem.write(BASE, &pattern).unwrap();
         if n == A {
-            ah = e
+            // The first AH of a fresh engine: handle 1.
+            let ah = e
                 .create_ah(
-                    pd,
+                    ids.pd,
                     AhAttr {
-                        dgid: gid(B),
+                        dgid: setup::gid(B as u8 + 1),
                         port_num: 1,
                         hop_limit: 64,
                         ..AhAttr::default()
                     },
                 )
                 .unwrap();
+            assert_eq!(ah, AhHandle(1));
         }
-        let (cq, _) = e.create_cq(64, 0).unwrap();
-        let (lkey, rkey) = e
-            .reg_mr(MrRequest {
-                pd,
-                iova: BASE,
-                length: MEM,
-                access: Access::LOCAL_WRITE
-                    | Access::REMOTE_WRITE
-                    | Access::REMOTE_READ
-                    | Access::REMOTE_ATOMIC,
-                translation: Translation::Identity,
-            })
-            .unwrap();
-        let cap = QpCap {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let (qpn, _) = e
-            .create_qp(QpInitAttr {
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                cap,
-                qp_type: s.qp_type,
-                sq_sig_all: false,
-            })
-            .unwrap();
-        let mut mem = VecMemory::new(BASE, MEM as usize);
-        let pattern: Vec<u8> = (0..TARGET).map(|i| (i * 7 + n as u64 * 13) as u8).collect();
-        mem.write(BASE, &pattern).unwrap();
-        sim.add(e, mem, gid(n));
-        ends.push(End {
-            cq,
-            qpn,
-            lkey,
-            rkey,
-        });
-    }
-    let ends = [ends[0], ends[1]];
-    for n in [A, B] {
-        let peer = 1 - n;
-        let rc = s.qp_type == QpType::Rc;
-        let a = QpAttr {
-            port_num: 1,
-            qkey: QKey(0x1111_1111),
-            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            ah_attr: AhAttr {
-                dgid: gid(peer),
-                port_num: 1,
-                hop_limit: 64,
-                ..AhAttr::default()
-            },
-            path_mtu: Mtu::Mtu1024,
-            dest_qp_num: ends[peer].qpn,
-            rq_psn: Psn::from_masked(s.psn),
-            sq_psn: Psn::from_masked(s.psn),
-            timeout: if rc { s.timeout } else { 0 },
-            retry_cnt: if rc { s.retry_cnt } else { 0 },
-            rnr_retry: if rc { s.rnr_retry } else { 0 },
-            min_rnr_timer: if rc { s.min_rnr_timer } else { 0 },
-            max_rd_atomic: if rc { 4 } else { 0 },
-            max_dest_rd_atomic: if rc { 4 } else { 0 },
-            ..QpAttr::default()
-        };
-        sim.node_mut(n).engine.bring_up_qp(ends[n].qpn, &a).unwrap();
-    }
+        let node = sim.add(e, mem, ids.gid);
+        Ids { node, ..ids }
+    });
+    let ah = AhHandle(1);
+    let rc = s.qp_type == QpType::Rc;
+    let c = Connection {
+        psn: Psn::from_masked(s.psn),
+        timeout: if rc { s.timeout } else { 0 },
+        retry_cnt: if rc { s.retry_cnt } else { 0 },
+        rnr_retry: if rc { s.rnr_retry } else { 0 },
+        min_rnr_timer: if rc { s.min_rnr_timer } else { 0 },
+        max_rd_atomic: if rc { 4 } else { 0 },
+        max_dest_rd_atomic: if rc { 4 } else { 0 },
+        ..Connection::default()
+    };
+    c.pair_in_sim(&mut sim, ends[A], ends[B]);
     // Each engine starts with a port-active event; nothing else is
     // expected.
     for n in [A, B] {

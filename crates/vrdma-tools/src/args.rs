@@ -55,8 +55,9 @@ pub enum Command {
     /// vrdma beside the best this machine does without it, in one run:
     /// 1 MiB RDMA WRITE bandwidth against a raw UDP GSO/GRO stream (and
     /// one datagram per syscall, and memcpy), 64 B RDMA WRITE latency
-    /// against a raw UDP ping-pong; as ratios. Both sides busy-poll: run
-    /// nothing else beside it.
+    /// against a raw UDP ping-pong, and a 64 B SEND message rate with
+    /// 16 384 QPs per device against one; as ratios. Both sides
+    /// busy-poll: run nothing else beside it.
     Bench(BenchArgs),
 
     /// Two vrdma devices in this process on loopback, connected by an RC
@@ -326,9 +327,14 @@ pub struct BenchArgs {
     #[arg(short = 'n', long, default_value_t = 100_000)]
     pub iters: u32,
 
-    /// Only the bandwidth or only the latency tests.
-    #[arg(long, value_parser = ["bw", "lat"])]
+    /// Only the bandwidth, the latency or the scale tests.
+    #[arg(long, value_parser = ["bw", "lat", "scale"])]
     pub only: Option<String>,
+
+    /// QPs per device in the scale test (all brought up to RTS, one
+    /// active), against one.
+    #[arg(long, default_value_t = 16_384)]
+    pub qps: u32,
 }
 
 #[derive(Args, Debug)]

@@ -31,16 +31,17 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, ensure};
 use vrdma_engine::{
+    qp::QpType,
     wc::WcStatus,
     wr::{SendFlags, SendOp},
 };
 use vrdma_wire::{Qpn, Rkey};
 
-use vrdma_device::verbs::{BASE, Context};
+use vrdma_device::verbs::{BASE, Context, Remote};
 
 use crate::{
     args::BenchArgs,
-    common::{Hello, loopback_side},
+    common::{loopback_connect, random_psn},
     rawudp,
 };
 
@@ -59,19 +60,74 @@ const MEM: usize = 2 << 20;
 const SRC: u64 = BASE;
 const DST: u64 = BASE + MSG;
 
-/// A device, its QP and the peer's rkey.
+/// A device, its active QP and the peer's rkey.
 type Side = (Context, Qpn, Rkey);
+
+/// What one device tells the other before their QPs connect: every QP
+/// (the active one first) and the rkey of its memory.
+type Hello = (Vec<Remote>, Rkey);
+
+/// How many QPs each device has and how deep the active one's queues are.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    qps: u32,
+    send: u32,
+    recv: u32,
+}
+
+impl Shape {
+    /// One QP, as the bandwidth and latency tests use.
+    const ONE: Shape = Shape {
+        qps: 1,
+        send: 2 * DEPTH as u32,
+        recv: 1,
+    };
+}
+
+/// One device of a pair: `shape.qps` RC QPs, all brought up to RTS and
+/// connected to the peer's, QP i to QP i; the first is the active one,
+/// the rest idle (4 deep).
+fn side(
+    addr: Ipv4Addr,
+    shape: Shape,
+    tx: &mpsc::Sender<Hello>,
+    rx: &mpsc::Receiver<Hello>,
+) -> Result<Side> {
+    let mut dev = Context::open_with_cq(IpAddr::V4(addr), MEM, false, 4096)?;
+    let c = loopback_connect();
+    let mut mine = Vec::with_capacity(shape.qps as usize);
+    for i in 0..shape.qps {
+        let qpn = if i == 0 {
+            dev.create_qp(QpType::Rc, shape.send, shape.recv, 64)?
+        } else {
+            dev.create_qp(QpType::Rc, 4, 4, 0)?
+        };
+        dev.init_qp(qpn, &c)?;
+        mine.push(Remote {
+            qpn,
+            psn: random_psn(),
+            gid: dev.gid(),
+        });
+    }
+    tx.send((mine.clone(), dev.rkey))?;
+    let (peers, rkey) = rx.recv_timeout(Duration::from_secs(60))?;
+    ensure!(
+        peers.len() == mine.len(),
+        "the peer has another number of QPs"
+    );
+    for (m, p) in mine.iter().zip(&peers) {
+        dev.connect(m.qpn, m.psn, *p, &c)?;
+    }
+    Ok((dev, mine[0].qpn, rkey))
+}
 
 /// Runs `a` and `b` on two connected devices, each on its own thread;
 /// `b` runs until `a` returns.
 fn pair<T: Send + 'static>(
+    shape: Shape,
     a: impl FnOnce(Side) -> Result<T> + Send + 'static,
     b: impl FnOnce(Side, &AtomicBool) -> Result<()> + Send + 'static,
 ) -> Result<T> {
-    let side = |addr: Ipv4Addr, tx: &mpsc::Sender<Hello>, rx: &mpsc::Receiver<Hello>| {
-        let (dev, qpn, peer) = loopback_side(IpAddr::V4(addr), MEM, (2 * DEPTH as u32, 1), tx, rx)?;
-        anyhow::Ok((dev, qpn, peer.rkey))
-    };
     let (to_b, from_a) = mpsc::channel();
     let (to_a, from_b) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
@@ -80,11 +136,11 @@ fn pair<T: Send + 'static>(
         .name("bench-b".into())
         .spawn(move || -> Result<()> {
             rawudp::pin(1);
-            b(side(B, &to_a, &from_a)?, &stop_b)
+            b(side(B, shape, &to_a, &from_a)?, &stop_b)
         })?;
     // Side A runs on this thread: pinned for the test, then let go.
     rawudp::pin(0);
-    let result = side(A, &to_b, &from_b).and_then(a);
+    let result = side(A, shape, &to_b, &from_b).and_then(a);
     rawudp::unpin();
     stop.store(true, Ordering::Relaxed);
     let rb = tb.join().map_err(|_| anyhow!("side B panicked"))?;
@@ -104,6 +160,7 @@ fn serve((mut dev, _, _): Side, stop: &AtomicBool) -> Result<()> {
 /// 1 MiB WRITEs for `total` bytes, `DEPTH` in flight; bytes per second.
 fn write_bw(total: u64) -> Result<f64> {
     pair(
+        Shape::ONE,
         move |(mut dev, qpn, rkey)| {
             let iters = total.div_ceil(MSG);
             let fill: Vec<u8> = (0..MSG).map(|i| i as u8).collect();
@@ -179,6 +236,7 @@ fn write_lat(warmup: u32, iters: u32) -> Result<Vec<f64>> {
         Ok(())
     };
     pair(
+        Shape::ONE,
         move |(mut dev, qpn, rkey)| {
             let mut samples = Vec::with_capacity(iters as usize);
             let limit = Duration::from_secs(1);
@@ -228,6 +286,70 @@ fn write_lat(warmup: u32, iters: u32) -> Result<Vec<f64>> {
 /// taken in turn, back to back, so that a spell hits them alike.
 const REPS: usize = 5;
 
+/// SENDs in flight in the message-rate test, and how often one is
+/// signaled.
+const SEND_DEPTH: u64 = 64;
+const SIGNAL_EVERY: u64 = 16;
+/// Receives the message-rate test's receiver keeps posted.
+const RECV_DEPTH: u32 = 512;
+
+/// 64-byte SENDs on the active QP of two devices with `qps` QPs each (the
+/// rest idle, all in RTS), `SEND_DEPTH` in flight, one in `SIGNAL_EVERY`
+/// signaled, the receiver reposting each receive as it completes;
+/// messages per second.
+fn send_rate(qps: u32, msgs: u64) -> Result<f64> {
+    let shape = Shape {
+        qps,
+        send: SEND_DEPTH as u32,
+        recv: RECV_DEPTH,
+    };
+    pair(
+        shape,
+        move |(mut dev, qpn, _)| {
+            let limit = Duration::from_secs(10);
+            let (mut posted, mut done) = (0u64, 0u64);
+            let start = Instant::now();
+            while done < msgs {
+                while posted < msgs && posted - done < SEND_DEPTH {
+                    posted += 1;
+                    let flags = if posted % SIGNAL_EVERY == 0 || posted == msgs {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::default()
+                    };
+                    dev.post_send(qpn, posted, SendOp::Send, (SRC, SMALL), flags, None)?;
+                }
+                let wcs = dev.poll(limit)?;
+                ensure!(!wcs.is_empty(), "SEND stalled after {done} of {msgs}");
+                for wc in wcs {
+                    ensure!(
+                        wc.status == WcStatus::Success,
+                        "SEND failed: {:?}",
+                        wc.status
+                    );
+                    // A signaled WR completes every unsignaled one before it.
+                    done = wc.wr_id;
+                }
+            }
+            Ok(msgs as f64 / start.elapsed().as_secs_f64())
+        },
+        |(mut dev, qpn, _), stop| {
+            dev.post_recvs(qpn, 0, DST, SMALL, RECV_DEPTH)?;
+            while !stop.load(Ordering::Relaxed) {
+                let wcs = dev.poll_now()?;
+                let n = wcs.len() as u32;
+                if let Some(bad) = wcs.iter().find(|w| w.status != WcStatus::Success) {
+                    return Err(anyhow!("receive failed: {:?}", bad.status));
+                }
+                if n > 0 {
+                    dev.post_recvs(qpn, 0, DST, SMALL, n)?;
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -253,12 +375,59 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         "vrdma bench: {} MiB per bandwidth test, {} round trips per latency test; loopback {A} -> {B}, both sides busy-polling",
         a.megabytes, a.iters
     );
-    if a.only.as_deref() != Some("lat") {
+    if a.only.is_none() || a.only.as_deref() == Some("bw") {
         bandwidth(total)?;
     }
-    if a.only.as_deref() != Some("bw") {
+    if a.only.is_none() || a.only.as_deref() == Some("lat") {
         latency(a.iters)?;
     }
+    if a.only.is_none() || a.only.as_deref() == Some("scale") {
+        scale(a.qps)?;
+    }
+    Ok(())
+}
+
+/// The scale table: the active QP's message rate with `qps` QPs per device
+/// against one.
+fn scale(qps: u32) -> Result<()> {
+    const MSGS: u64 = 300_000;
+    println!();
+    println!(
+        " {:<44} {:>12} {:>10}",
+        format!("64 B SEND message rate (median of {REPS})"),
+        "Mmsg/s",
+        "vs 1 QP"
+    );
+    let (mut one, mut many) = (Vec::new(), Vec::new());
+    let mut ratios = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let r1 = send_rate(1, MSGS)?;
+        let rn = send_rate(qps, MSGS)?;
+        ratios.push(rn / r1);
+        one.push(r1);
+        many.push(rn);
+    }
+    println!(
+        " {:<44} {:>12.2} {:>9.0}%",
+        "1 QP per device",
+        median(one) / 1e6,
+        100.0
+    );
+    println!(
+        " {:<44} {:>12.2} {:>9.0}%",
+        format!("{qps} QPs per device (all RTS), one active"),
+        median(many) / 1e6,
+        100.0 * median(ratios.clone())
+    );
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "   ({qps} QPs / 1 QP in each round, sorted: {})",
+        ratios
+            .iter()
+            .map(|r| format!("{:.0}%", r * 100.0))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`args`] | the command line (clap derive) |
-//! | [`bench`] | `vrdma bench`: vrdma beside raw UDP and memcpy, as ratios |
+//! | [`mod@bench`] | `vrdma bench`: vrdma beside raw UDP and memcpy, as ratios |
 //! | [`capture`] | reading pcap and pcapng files into link-layer frames |
 //! | [`common`] | the in-process RC set-up, the TCP side channel, random PSNs |
 //! | [`decode`] | `vrdma decode`: one line (or JSON object) per RoCEv2 packet |

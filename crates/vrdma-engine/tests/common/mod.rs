@@ -5,80 +5,32 @@
 // Each test file uses its own subset of these helpers.
 #![allow(dead_code)]
 
-use std::net::Ipv4Addr;
-
 use vrdma_engine::{
-    CqHandle, Engine, PdHandle,
-    attr::{DeviceAttr, Mtu, PortAttr},
-    memory::{Memory, VecMemory},
-    mr::{Access, MrRequest, Translation},
-    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType},
+    Engine,
+    attr::Mtu,
+    memory::Memory,
+    mr::{Access, Translation},
+    qp::{QpState, QpType},
     wc::{Wc, WcOpcode, WcStatus},
     wr::{Payload, SendFlags, SendOp, SendWr, Sge},
 };
-use vrdma_testkit::net::Net;
-use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
+use vrdma_testkit::{
+    net::Net,
+    setup::{self, Connection, Ids},
+};
+use vrdma_wire::{Gid, Lkey, Psn, Qpn};
 
-pub const BASE: u64 = 0x10_0000;
+pub use vrdma_testkit::setup::{BASE, gid};
+
+/// The engines' memory: the kit's default.
 pub const MEM: usize = 64 * 1024;
 
-pub fn gid(n: u8) -> Gid {
-    Gid::from(Ipv4Addr::new(127, 0, 0, n))
-}
-
 /// One side: its node index, PD, CQ, QP and the MR over all its memory.
-#[derive(Clone, Copy, Debug)]
-pub struct Side {
-    pub node: usize,
-    pub pd: PdHandle,
-    pub cq: CqHandle,
-    pub qpn: Qpn,
-    pub lkey: Lkey,
-    pub rkey: Rkey,
-}
+pub type Side = Ids;
 
+/// An engine (GID 127.0.0.n) with a QP of type `ty` on the network.
 pub fn side(net: &mut Net, n: u8, ty: QpType, sig_all: bool) -> Side {
-    let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid(n)]));
-    let pd = e.alloc_pd().unwrap();
-    let (cq, _) = e.create_cq(64, 0).unwrap();
-    let (lkey, rkey) = e
-        .reg_mr(MrRequest {
-            pd,
-            iova: BASE,
-            length: MEM as u64,
-            access: Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC,
-            translation: Translation::Identity,
-        })
-        .unwrap();
-    let (qpn, _) = e
-        .create_qp(QpInitAttr {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap: QpCap {
-                max_send_wr: 16,
-                max_recv_wr: 16,
-                max_send_sge: 4,
-                max_recv_sge: 4,
-                max_inline_data: 64,
-            },
-            qp_type: ty,
-            sq_sig_all: sig_all,
-        })
-        .unwrap();
-    let node = net.add(e, VecMemory::new(BASE, MEM), gid(n));
-    Side {
-        node,
-        pd,
-        cq,
-        qpn,
-        lkey,
-        rkey,
-    }
+    setup::Side::new(n).qp_type(ty).sig_all(sig_all).add_to(net)
 }
 
 pub fn e(net: &mut Net, s: Side) -> &mut Engine {
@@ -87,8 +39,7 @@ pub fn e(net: &mut Net, s: Side) -> &mut Engine {
 
 /// Brings `s` to RTS, connected to `peer` (UD: QKey 0x11111111).
 pub fn connect(net: &mut Net, s: Side, peer: Side, rnr_retry: u8) {
-    let dgid = net.nodes[peer.node].gid;
-    connect_to(net, s, dgid, peer.qpn, rnr_retry);
+    connect_to(net, s, peer.gid, peer.qpn, rnr_retry);
 }
 
 /// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`, MTU 1024.
@@ -96,31 +47,23 @@ pub fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u
     connect_mtu(net, s, dgid, dest_qpn, rnr_retry, Mtu::Mtu1024);
 }
 
-/// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`.
-pub fn connect_mtu(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8, mtu: Mtu) {
-    let a = QpAttr {
-        port_num: 1,
-        qkey: QKey(0x1111_1111),
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        ah_attr: AhAttr {
-            dgid,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: mtu,
-        dest_qp_num: dest_qpn,
-        rq_psn: Psn::from_masked(0x00ff_fffe),
-        sq_psn: Psn::from_masked(0x00ff_fffe),
+/// How these tests connect: short timers, two retries, PSNs that wrap
+/// after two packets.
+pub fn conn(rnr_retry: u8, mtu: Mtu) -> Connection {
+    Connection {
+        mtu,
+        psn: Psn::from_masked(0x00ff_fffe),
         timeout: 10,
         retry_cnt: 2,
         rnr_retry,
         min_rnr_timer: 1,
-        max_rd_atomic: 1,
-        max_dest_rd_atomic: 1,
-        ..QpAttr::default()
-    };
-    e(net, s).bring_up_qp(s.qpn, &a).unwrap();
+        ..Connection::default()
+    }
+}
+
+/// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`.
+pub fn connect_mtu(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8, mtu: Mtu) {
+    conn(rnr_retry, mtu).join(e(net, s), s.qpn, dgid, dest_qpn);
 }
 
 pub fn pair(ty: QpType, rnr_retry: u8) -> (Net, Side, Side) {

@@ -20,21 +20,20 @@
 //! A failure returns a [`Failure`] that names the seed and the last
 //! network events, so the run can be replayed exactly.
 
-use std::{fmt, net::Ipv4Addr};
+use std::fmt;
 
 use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 use vrdma_engine::{
-    Engine, Memory, VecMemory,
-    attr::{DeviceAttr, Mtu, PortAttr},
-    mr::{Access, MrRequest, Translation},
-    qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpType},
+    Memory,
+    attr::Mtu,
     wc::{Wc, WcOpcode, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
 };
-use vrdma_wire::{Gid, Lkey, Psn, Qpn, Rkey};
+use vrdma_wire::{Lkey, Psn, Qpn, Rkey};
 
 use super::{Event, Link, Sim, Stats};
+use crate::setup::{Connection, Ids, Side};
 
 /// What to run.
 #[derive(Clone, Copy, Debug)]
@@ -181,81 +180,43 @@ struct Ends {
     b_rkey: Rkey,
 }
 
-fn device(sim: &mut Sim, n: u8, mem_len: u64) -> (usize, vrdma_engine::CqHandle, Qpn, Lkey, Rkey) {
-    let gid = Gid::from(Ipv4Addr::new(127, 0, 0, n));
-    let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid]));
-    let pd = e.alloc_pd().expect("PD");
-    let (cq, _) = e.create_cq(4 * SLOTS, 0).expect("CQ");
-    let (lkey, rkey) = e
-        .reg_mr(MrRequest {
-            pd,
-            iova: BASE,
-            length: mem_len,
-            access: Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC,
-            translation: Translation::Identity,
-        })
-        .expect("MR");
-    let cap = QpCap {
-        max_send_wr: SLOTS,
-        max_recv_wr: SLOTS,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let (qpn, _) = e
-        .create_qp(QpInitAttr {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap,
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-        })
-        .expect("QP");
-    let node = sim.add(e, VecMemory::new(BASE, mem_len as usize), gid);
-    (node, cq, qpn, lkey, rkey)
+/// Engine `n` of the workload: an RC QP with a slot per message in
+/// flight, its CQ room for every completion of them.
+fn device(sim: &mut Sim, n: u8, mem_len: u64) -> Ids {
+    Side::new(n)
+        .base(BASE)
+        .mem(mem_len as usize)
+        .cqe(4 * SLOTS)
+        .depth(SLOTS)
+        .add_to_sim(sim)
 }
 
-fn connect(sim: &mut Sim, node: usize, qpn: Qpn, peer: u8, dest: Qpn, c: &Config) {
-    let a = QpAttr {
-        port_num: 1,
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        ah_attr: AhAttr {
-            dgid: Gid::from(Ipv4Addr::new(127, 0, 0, peer)),
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: c.mtu,
-        dest_qp_num: dest,
-        // Start near the top of the PSN space so that long runs wrap.
-        rq_psn: Psn::from_masked(0x00ff_ff00),
-        sq_psn: Psn::from_masked(0x00ff_ff00),
+/// How the two QPs connect: the run's MTU and timers, 16 READs/atomics in
+/// flight, PSNs starting near the top of their space so that long runs
+/// wrap.
+fn connection(c: &Config) -> Connection {
+    Connection {
+        mtu: c.mtu,
+        psn: Psn::from_masked(0x00ff_ff00),
         timeout: c.timeout,
         retry_cnt: c.retry_cnt,
         rnr_retry: 7,
         min_rnr_timer: 1,
         max_rd_atomic: 16,
         max_dest_rd_atomic: 16,
-        ..QpAttr::default()
-    };
-    sim.node_mut(node)
-        .engine
-        .bring_up_qp(qpn, &a)
-        .expect("bring-up");
+        ..Connection::default()
+    }
 }
 
 /// Runs the workload; `Ok` only if every check held.
 pub fn run(c: &Config) -> Result<Report, Failure> {
     let mut sim = Sim::new(c.seed, c.link, c.bandwidth);
-    let (a, a_cq, a_qpn, a_lkey, _) = device(&mut sim, 1, A_MEM);
-    let (b, b_cq, b_qpn, b_lkey, b_rkey) = device(&mut sim, 2, B_MEM);
-    connect(&mut sim, a, a_qpn, 2, b_qpn, c);
-    connect(&mut sim, b, b_qpn, 1, a_qpn, c);
+    let a = device(&mut sim, 1, A_MEM);
+    let b = device(&mut sim, 2, B_MEM);
+    connection(c).pair_in_sim(&mut sim, a, b);
+    let (a_cq, a_qpn, a_lkey) = (a.cq, a.qpn, a.lkey);
+    let (b_cq, b_qpn, b_lkey, b_rkey) = (b.cq, b.qpn, b.lkey, b.rkey);
+    let (a, b) = (a.node, b.node);
     let ends = Ends {
         a_qpn,
         b_qpn,
