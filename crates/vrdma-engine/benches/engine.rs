@@ -9,53 +9,26 @@
 //! second row per workload times the batch's payload copies alone, so
 //! that the engine's own cost per packet is the difference.
 
-use std::{hint::black_box, net::Ipv4Addr};
+use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use vrdma_engine::{
-    CqHandle, Engine,
     attr::Mtu,
-    memory::VecMemory,
     transmit::MAX_PACKET,
     wc::{Wc, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
 };
-use vrdma_testkit::setup::{BASE, Connection, Side, gid};
-use vrdma_wire::{Lkey, Psn, Qpn, Rkey, frame::IpRepr, ipv4};
+use vrdma_testkit::{
+    direct::{End, exchange},
+    setup::{BASE, Connection, Side, gid},
+};
+use vrdma_wire::{Psn, Qpn};
 
 const MEM: usize = 1 << 20;
 const BATCH: u64 = 64;
 
-struct End {
-    e: Engine,
-    mem: VecMemory,
-    qpn: Qpn,
-    cq: CqHandle,
-    lkey: Lkey,
-    rkey: Rkey,
-    ip: IpRepr,
-}
-
 fn end(n: u8) -> End {
-    let (e, mem, ids) = Side::new(n).mem(MEM).cqe(4096).depth(1024).build();
-    let ip = IpRepr::V4(ipv4::Repr {
-        src: Ipv4Addr::new(127, 0, 0, 3 - n),
-        dst: Ipv4Addr::new(127, 0, 0, n),
-        tos: 0,
-        ident: 0,
-        dont_frag: true,
-        ttl: 64,
-        payload_len: 0,
-    });
-    End {
-        e,
-        mem,
-        qpn: ids.qpn,
-        cq: ids.cq,
-        lkey: ids.lkey,
-        rkey: ids.rkey,
-        ip,
-    }
+    End::new(&Side::new(n).mem(MEM).cqe(4096).depth(1024), n)
 }
 
 fn connect(x: &mut End, peer: u8, dest: Qpn, mtu: Mtu) {
@@ -64,28 +37,7 @@ fn connect(x: &mut End, peer: u8, dest: Qpn, mtu: Mtu) {
         psn: Psn::from_masked(1),
         ..Connection::default()
     }
-    .join(&mut x.e, x.qpn, gid(peer), dest);
-}
-
-/// Moves packets between `a` and `b` until both are quiet; returns how many.
-fn exchange(a: &mut End, b: &mut End, buf: &mut [u8]) -> u64 {
-    let mut n = 0;
-    loop {
-        let mut moved = false;
-        if let Some(t) = a.e.poll_transmit(0, &a.mem, buf) {
-            b.e.handle_packet(0, &b.ip, &buf[..t.len], &mut b.mem);
-            n += 1;
-            moved = true;
-        }
-        if let Some(t) = b.e.poll_transmit(0, &b.mem, buf) {
-            a.e.handle_packet(0, &a.ip, &buf[..t.len], &mut a.mem);
-            n += 1;
-            moved = true;
-        }
-        if !moved {
-            return n;
-        }
-    }
+    .join(&mut x.engine, x.ids.qpn, gid(peer), dest);
 }
 
 fn rate(c: &mut Criterion) {
@@ -96,7 +48,7 @@ fn rate(c: &mut Criterion) {
     ] {
         let mut a = end(1);
         let mut b = end(2);
-        let (aq, bq) = (a.qpn, b.qpn);
+        let (aq, bq) = (a.ids.qpn, b.ids.qpn);
         connect(&mut a, 2, bq, Mtu::Mtu4096);
         connect(&mut b, 1, aq, Mtu::Mtu4096);
         let mut buf = vec![0u8; MAX_PACKET];
@@ -109,26 +61,27 @@ fn rate(c: &mut Criterion) {
                     let r = [Sge {
                         addr: BASE + 0x8_0000,
                         length: len,
-                        lkey: b.lkey,
+                        lkey: b.ids.lkey,
                     }];
-                    b.e.post_recv(
-                        b.qpn,
-                        &RecvWr {
-                            wr_id: i,
-                            sg_list: &r,
-                        },
-                    )
-                    .unwrap();
+                    b.engine
+                        .post_recv(
+                            b.ids.qpn,
+                            &RecvWr {
+                                wr_id: i,
+                                sg_list: &r,
+                            },
+                        )
+                        .unwrap();
                 }
                 let s = [Sge {
                     addr: BASE,
                     length: len,
-                    lkey: a.lkey,
+                    lkey: a.ids.lkey,
                 }];
                 let op = if write {
                     SendOp::RdmaWrite {
                         remote_addr: BASE + 0x8_0000,
-                        rkey: b.rkey,
+                        rkey: b.ids.rkey,
                     }
                 } else {
                     SendOp::Send
@@ -139,17 +92,18 @@ fn rate(c: &mut Criterion) {
                 } else {
                     SendFlags::default()
                 };
-                a.e.post_send(
-                    a.qpn,
-                    &SendWr {
-                        wr_id: i,
-                        op,
-                        payload: Payload::Sges(&s),
-                        flags,
-                        ud: None,
-                    },
-                )
-                .unwrap();
+                a.engine
+                    .post_send(
+                        a.ids.qpn,
+                        &SendWr {
+                            wr_id: i,
+                            op,
+                            payload: Payload::Sges(&s),
+                            flags,
+                            ud: None,
+                        },
+                    )
+                    .unwrap();
             }
             let n = exchange(a, b, buf);
             // The batch must have worked: one successful send completion
@@ -157,13 +111,13 @@ fn rate(c: &mut Criterion) {
             // receive per message. A regression that errors the QP would
             // otherwise look like a faster engine.
             wcs.clear();
-            a.e.poll_cq(a.cq, 4096, wcs).unwrap();
+            a.engine.poll_cq(a.ids.cq, 4096, wcs).unwrap();
             assert!(
                 wcs.len() == 1 && wcs[0].status == WcStatus::Success && wcs[0].wr_id == BATCH - 1,
                 "send completions: {wcs:?}"
             );
             wcs.clear();
-            b.e.poll_cq(b.cq, 4096, wcs).unwrap();
+            b.engine.poll_cq(b.ids.cq, 4096, wcs).unwrap();
             let expected = if write { 0 } else { BATCH as usize };
             assert!(
                 wcs.len() == expected

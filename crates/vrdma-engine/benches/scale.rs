@@ -15,46 +15,31 @@
 //! Run: `cargo bench -p vrdma-engine --bench scale` (about a minute; it
 //! prints a Markdown table).
 
-use std::{hint::black_box, net::Ipv4Addr, time::Instant};
+use std::{hint::black_box, time::Instant};
 use vrdma_engine::{
-    Engine, VecMemory,
     transmit::MAX_PACKET,
     wc::{Wc, WcStatus},
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
 };
-use vrdma_testkit::setup::{BASE, Connection, Ids, Side, gid};
-use vrdma_wire::{Qpn, frame::IpRepr, ipv4};
+use vrdma_testkit::{
+    direct::{End, exchange},
+    setup::{BASE, Connection, Side, gid},
+};
+use vrdma_wire::Qpn;
 
 const BATCH: u64 = 64;
 const SIZES: [u32; 5] = [1, 16, 256, 4096, 16_384];
 
-struct End {
-    e: Engine,
-    mem: VecMemory,
-    ids: Ids,
-    ip: IpRepr,
-}
-
 /// Engine `n` with `qps` RC QPs; the first is the active one (64 deep),
 /// the rest idle (4 deep), all on one CQ.
 fn end(n: u8, qps: u32) -> (End, Vec<Qpn>) {
-    let side = Side::new(n).cqe(4096).depth(64);
-    let (mut e, mem, ids) = side.build();
-    let idle = Side::new(n).depth(4).qp_init(ids.pd, ids.cq);
-    let mut all = vec![ids.qpn];
+    let mut end = End::new(&Side::new(n).cqe(4096).depth(64), n);
+    let idle = Side::new(n).depth(4).qp_init(end.ids.pd, end.ids.cq);
+    let mut all = vec![end.ids.qpn];
     for _ in 1..qps {
-        all.push(e.create_qp(idle).expect("within max_qp").0);
+        all.push(end.engine.create_qp(idle).expect("within max_qp").0);
     }
-    let ip = IpRepr::V4(ipv4::Repr {
-        src: Ipv4Addr::new(127, 0, 0, 3 - n),
-        dst: Ipv4Addr::new(127, 0, 0, n),
-        tos: 0,
-        ident: 0,
-        dont_frag: true,
-        ttl: 64,
-        payload_len: 0,
-    });
-    (End { e, mem, ids, ip }, all)
+    (end, all)
 }
 
 /// Two engines with `qps` QPs each, QP i of one connected to QP i of the
@@ -64,31 +49,10 @@ fn pair(qps: u32) -> (End, End) {
     let (mut b, qb) = end(2, qps);
     let c = Connection::default();
     for (x, y) in qa.iter().zip(&qb) {
-        c.join(&mut a.e, *x, gid(2), *y);
-        c.join(&mut b.e, *y, gid(1), *x);
+        c.join(&mut a.engine, *x, gid(2), *y);
+        c.join(&mut b.engine, *y, gid(1), *x);
     }
     (a, b)
-}
-
-/// Moves packets between `a` and `b` until both are quiet.
-fn exchange(a: &mut End, b: &mut End, buf: &mut [u8]) -> u64 {
-    let mut n = 0;
-    loop {
-        let mut moved = false;
-        if let Some(t) = a.e.poll_transmit(0, &a.mem, buf) {
-            b.e.handle_packet(0, &b.ip, &buf[..t.len], &mut b.mem);
-            n += 1;
-            moved = true;
-        }
-        if let Some(t) = b.e.poll_transmit(0, &b.mem, buf) {
-            a.e.handle_packet(0, &a.ip, &buf[..t.len], &mut a.mem);
-            n += 1;
-            moved = true;
-        }
-        if !moved {
-            return n;
-        }
-    }
 }
 
 /// One batch of 64 B SENDs on the active QPs, checked.
@@ -103,7 +67,7 @@ fn batch(a: &mut End, b: &mut End, buf: &mut [u8], wcs: &mut Vec<Wc>) {
             wr_id: i,
             sg_list: &r,
         };
-        b.e.post_recv(b.ids.qpn, &recv).unwrap();
+        b.engine.post_recv(b.ids.qpn, &recv).unwrap();
         let s = [Sge {
             addr: BASE,
             length: 64,
@@ -121,17 +85,17 @@ fn batch(a: &mut End, b: &mut End, buf: &mut [u8], wcs: &mut Vec<Wc>) {
             flags,
             ud: None,
         };
-        a.e.post_send(a.ids.qpn, &send).unwrap();
+        a.engine.post_send(a.ids.qpn, &send).unwrap();
     }
     exchange(a, b, buf);
     wcs.clear();
-    a.e.poll_cq(a.ids.cq, 4096, wcs).unwrap();
+    a.engine.poll_cq(a.ids.cq, 4096, wcs).unwrap();
     assert!(
         wcs.len() == 1 && wcs[0].status == WcStatus::Success,
         "send completions: {wcs:?}"
     );
     wcs.clear();
-    b.e.poll_cq(b.ids.cq, 4096, wcs).unwrap();
+    b.engine.poll_cq(b.ids.cq, 4096, wcs).unwrap();
     assert!(
         wcs.len() == BATCH as usize && wcs.iter().all(|w| w.status == WcStatus::Success),
         "receive completions: {}",
@@ -195,19 +159,19 @@ fn main() {
             flags: SendFlags::SIGNALED,
             ud: None,
         };
-        a.e.post_send(a.ids.qpn, &send).unwrap();
-        assert!(a.e.poll_transmit(0, &a.mem, &mut buf).is_some());
-        armed.push(a.e.poll_timeout().expect("the retransmit timer"));
+        a.engine.post_send(a.ids.qpn, &send).unwrap();
+        assert!(a.engine.poll_transmit(0, &a.mem, &mut buf).is_some());
+        armed.push(a.engine.poll_timeout().expect("the retransmit timer"));
     }
     for _ in 0..ROUNDS {
         for (i, (a, _)) in pairs.iter_mut().enumerate() {
             let due = armed[i];
             let ns = time(2_000_000, || {
-                black_box(a.e.poll_timeout());
-                a.e.handle_timeout(black_box(due - 1));
+                black_box(a.engine.poll_timeout());
+                a.engine.handle_timeout(black_box(due - 1));
             });
             timer[i].push(ns);
-            assert_eq!(a.e.poll_timeout(), Some(due), "nothing fired");
+            assert_eq!(a.engine.poll_timeout(), Some(due), "nothing fired");
         }
     }
     println!("engine with N RC QPs (all in RTS, one active), median of {ROUNDS} rounds");

@@ -3,11 +3,13 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`direct`] | two engines joined with no network, for benchmarks of the engine alone |
 //! | [`net`] | engines on a deterministic in-order network that loses exactly the packets a test names |
 //! | [`sim`] | a seeded simulated network with every fault a real one has, on a virtual clock; [`sim::workload`], an RC workload whose checker proves exactly-once, in-order delivery |
 //! | [`setup`] | builders for the set-ups tests repeat: an engine with a PD, CQ and MR, QPs brought up and connected |
 #![forbid(unsafe_code)]
 
+pub mod direct;
 pub mod net;
 pub mod setup;
 pub mod sim;
