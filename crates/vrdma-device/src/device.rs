@@ -233,8 +233,10 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
     /// writes each packet straight into the transport's send buffer; a
     /// payload it lends stays in memory.
     fn transmit(&mut self, now: u64) -> usize {
+        let mut sent = 0;
         loop {
-            let slot = self.transport.slot(&self.mem);
+            let (slot, flushed) = self.transport.slot(&self.mem);
+            sent += flushed;
             let Some(t) = self.engine.poll_transmit_gather(now, &self.mem, slot) else {
                 break;
             };
@@ -249,9 +251,9 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
                         len: r.len,
                     }));
             }
-            self.transport.queue(&t, &self.pieces, &self.mem);
+            sent += self.transport.queue(&t, &self.pieces, &self.mem);
         }
-        self.transport.flush(&self.mem)
+        sent + self.transport.flush(&self.mem)
     }
 }
 

@@ -28,13 +28,15 @@ pub trait Transport {
     fn rx_bytes(&self) -> u64;
 
     /// The buffer the engine writes the next packet into (at least
-    /// [`vrdma_engine::transmit::MAX_PACKET`] bytes).
-    fn slot(&mut self, mem: &impl Lender) -> &mut [u8];
+    /// [`vrdma_engine::transmit::MAX_PACKET`] bytes); the packets sent to
+    /// make room for it.
+    fn slot(&mut self, mem: &impl Lender) -> (&mut [u8], usize);
 
     /// Queues the packet the engine wrote into the slot: `t` says where it
     /// goes; `lent` are its payload's pieces left in memory (the slot then
     /// holds the bytes before the payload followed by those after it).
-    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender);
+    /// Returns the packets sent on the way.
+    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize;
 
     /// Sends what is queued; the number of packets sent.
     fn flush(&mut self, mem: &impl Lender) -> usize;
@@ -60,11 +62,12 @@ impl Transport for UdpPort {
         self.stats().rx_bytes
     }
 
-    fn slot(&mut self, mem: &impl Lender) -> &mut [u8] {
-        UdpPort::slot(self, mem)
+    fn slot(&mut self, mem: &impl Lender) -> (&mut [u8], usize) {
+        let sent = if self.is_full() { self.flush(mem) } else { 0 };
+        (UdpPort::slot(self), sent)
     }
 
-    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) {
+    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize {
         let out = Outgoing {
             route: t.route(),
             src_port: t.udp_src_port,
@@ -72,7 +75,7 @@ impl Transport for UdpPort {
             payload_at: t.payload_at,
             lent,
         };
-        UdpPort::queue(self, &out, mem);
+        UdpPort::queue(self, &out, mem)
     }
 
     fn flush(&mut self, mem: &impl Lender) -> usize {

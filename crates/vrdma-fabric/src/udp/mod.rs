@@ -352,13 +352,15 @@ impl UdpPort {
         Ok(n)
     }
 
+    /// Whether the send batch has no room for another packet: the caller
+    /// flushes before it asks for a [`UdpPort::slot`].
+    pub fn is_full(&self) -> bool {
+        self.send.is_full(MAX_PACKET)
+    }
+
     /// Where the next packet is written: [`MAX_PACKET`] bytes of the send
-    /// batch (sending what the batch holds first if it is full; lent
-    /// pieces are read from `mem`).
-    pub fn slot(&mut self, mem: &impl Lender) -> &mut [u8] {
-        if self.send.is_full(MAX_PACKET) {
-            self.flush(mem);
-        }
+    /// batch, which has room for it ([`UdpPort::is_full`] was flushed).
+    pub fn slot(&mut self) -> &mut [u8] {
         self.send.slot(MAX_PACKET)
     }
 
@@ -366,14 +368,15 @@ impl UdpPort {
     /// the headers the kernel will write (reading the lent payload from
     /// `mem`) and adds it to the batch, sending the batch first when the
     /// packet leaves from another socket. A packet that cannot be sealed
-    /// (its lent memory gone) is dropped and counted.
-    pub fn queue(&mut self, out: &Outgoing<'_>, mem: &impl Lender) {
+    /// (its lent memory gone) is dropped and counted. Returns the packets
+    /// the batch sent on the way (0 unless it had to be sent first).
+    pub fn queue(&mut self, out: &Outgoing<'_>, mem: &impl Lender) -> usize {
         let referenced: usize = out.lent.iter().map(|p| p.len).sum();
         // A lent payload is not in the slot: the bytes after it (pad, ICRC)
         // follow the headers there, and the slot holds `stored`.
         let Some(stored) = out.len.checked_sub(referenced) else {
             self.stats.tx_failed += 1;
-            return;
+            return 0;
         };
         let dst = match out.route.dst.to_ipv4() {
             Some(v4) => IpAddr::V4(v4),
@@ -395,7 +398,7 @@ impl UdpPort {
         if fd != self.send_fd {
             // The batch leaves from one socket: send what it holds, this
             // packet moving to the front of the next.
-            self.flush_keeping(stored, mem);
+            sent += self.flush_keeping(stored, mem);
             self.send_fd = fd;
         }
         let gso = self.config.gso;
@@ -411,7 +414,7 @@ impl UdpPort {
         if let Err(e) = sealed {
             tracing::debug!(error = %e, "cannot seal a packet: dropped");
             self.stats.tx_failed += 1;
-            return;
+            return sent;
         }
         if out.lent.is_empty() {
             self.send.commit(&dest, stored, gso);
@@ -420,6 +423,7 @@ impl UdpPort {
             self.send
                 .commit_parts(&dest, out.payload_at, out.lent, tail, gso);
         }
+        sent
     }
 
     /// Sends what is queued; the number of packets sent.
