@@ -48,17 +48,17 @@ pub(crate) fn recv_read_response(
     // Only a response to something outstanding counts: a stale or forged
     // one must not acknowledge anything.
     if !outstanding(q, psn) {
-        cx.stats.rx_duplicate += 1;
+        stale(q, cx);
         return;
     }
     // A response acknowledges every earlier request.
     implicit_ack(q, cx, psn);
     let Some(w) = q.sq.front() else {
-        cx.stats.rx_duplicate += 1;
+        stale(q, cx);
         return;
     };
     if q.req.started == 0 || !matches!(w.op, Some(SendOp::RdmaRead { .. })) {
-        cx.stats.rx_duplicate += 1;
+        stale(q, cx);
         return;
     }
     let mtu = u64::from(q.attr.path_mtu.bytes());
@@ -66,11 +66,15 @@ pub(crate) fn recv_read_response(
     if psn != expected {
         if expected.precedes(psn) {
             // A response was lost: ask for the rest again (an implied NAK,
-            // counted like one).
+            // counted like one). The responses after it that are still
+            // coming, possibly a long queue of them, are dropped, but they
+            // show the responder working.
             cx.stats.rx_out_of_sequence += 1;
             retry_from_unacked(q, cx, Retry::ImpliedNak);
+            responder_alive(q, cx);
         } else {
-            cx.stats.rx_duplicate += 1;
+            // The answer to a READ asked again from an earlier point.
+            stale(q, cx);
         }
         return;
     }
@@ -114,7 +118,7 @@ pub(crate) fn recv_atomic_ack(
 ) {
     let psn = r.bth.psn;
     if !outstanding(q, psn) {
-        cx.stats.rx_duplicate += 1;
+        stale(q, cx);
         return;
     }
     implicit_ack(q, cx, psn);
@@ -123,7 +127,7 @@ pub(crate) fn recv_atomic_ack(
         return;
     };
     if q.req.started == 0 || !w.op.is_some_and(SendOp::is_atomic) || w.first_psn != psn {
-        cx.stats.rx_duplicate += 1;
+        stale(q, cx);
         return;
     }
     // The value found goes to the local buffer in host byte order.
@@ -176,11 +180,10 @@ pub(crate) fn recv_ack(q: &mut Qp, cx: &mut Ctx, r: &packet::Repr<'_>) {
         return;
     };
     let psn = r.bth.psn;
-    // ACKs and NAKs only count for what is outstanding; a stale or forged
-    // one is ignored (it must not stop the retransmit timer or spend
-    // retries).
+    // ACKs and NAKs only count for what is outstanding; a stale one
+    // acknowledges nothing and spends no retries.
     if !outstanding(q, psn) {
-        cx.stats.rx_duplicate += 1;
+        stale(q, cx);
         return;
     }
     match a.syndrome {
@@ -321,6 +324,31 @@ fn retry_from_unacked(q: &mut Qp, cx: &mut Ctx, why: Retry) {
     q.req.retry_left -= 1;
     let unacked = q.req.unacked;
     let _ = seek(q, cx, unacked);
+}
+
+/// A response for nothing outstanding: the answer to a duplicate, or one
+/// overtaken on the wire. It acknowledges nothing and spends no retries,
+/// but the responder sent it (see [`responder_alive`]).
+fn stale(q: &mut Qp, cx: &mut Ctx) {
+    cx.stats.rx_duplicate += 1;
+    responder_alive(q, cx);
+}
+
+/// A response that acknowledged nothing new still shows that the responder
+/// is alive and working through what it was sent: while requests are
+/// outstanding and the retransmit timer runs, the timer starts again (as
+/// rxe's completer re-arms its timer after every response it takes in). A
+/// responder slower than the wire, answering a backlog of duplicates that
+/// earlier resends queued up, then is neither given up on after retry_cnt
+/// timeouts its own backlog caused nor sent yet another window of
+/// duplicates each time; one that answers nothing still times out as
+/// before. The retry budget is refilled only by progress.
+fn responder_alive(q: &mut Qp, cx: &mut Ctx) {
+    // Not while an RNR wait holds the requester (its timer is stopped),
+    // nor outside RTS and SQD.
+    if q.req.timer.is_some() && matches!(q.attr.qp_state, QpState::Rts | QpState::Sqd) {
+        restart_timer(q, cx);
+    }
 }
 
 /// True when `psn` belongs to a request sent and not yet acknowledged (from

@@ -5,10 +5,12 @@
 //! port of a given bandwidth. A packet the engine transmits is framed into
 //! an IP/UDP datagram with `vrdma-wire` (lengths, checksums, ICRC), leaves
 //! the port after the packets before it (serialization at line rate), and
-//! crosses a directed link that may lose it, duplicate it, delay it (fixed
-//! delay plus uniform jitter), hold it back past later packets (bounded
-//! reordering), flip one of its bits (which the receiver's ICRC or IP
-//! checksum must catch), or drop everything while the link is partitioned.
+//! crosses a directed link that may queue it behind earlier packets (a link
+//! slower than the port: a bottleneck or a slow receiver), lose it,
+//! duplicate it, delay it (fixed delay plus uniform jitter), hold it back
+//! past later packets (bounded reordering), flip one of its bits (which the
+//! receiver's ICRC or IP checksum must catch), or drop everything while the
+//! link is partitioned.
 //! The receiver parses the frame, verifies the ICRC and hands the RoCE
 //! packet to its engine.
 //!
@@ -55,6 +57,13 @@ pub struct Link {
     pub reorder_delay: u64,
     /// One bit flipped somewhere in the frame.
     pub corrupt: f64,
+    /// The link's own rate, bytes per second (0: as fast as the sending
+    /// port). Frames queue behind one another and leave one at a time, so
+    /// a rate below the port's is a bottleneck with an unbounded queue: a
+    /// congested hop, or a receiver that takes its packets in slower than
+    /// they come (the kernel's rxe in a TCG guest handles some thousand
+    /// 4 KiB packets a second).
+    pub rate: u64,
 }
 
 impl Link {
@@ -67,6 +76,7 @@ impl Link {
         reorder: 0.0,
         reorder_delay: 0,
         corrupt: 0.0,
+        rate: 0,
     };
 }
 
@@ -246,6 +256,9 @@ pub struct Sim {
     drops: Vec<DropRule>,
     /// Per directed link, the latest in-order arrival so far.
     fifo: BTreeMap<(usize, usize), u64>,
+    /// Per directed link with a rate of its own, when it has finished
+    /// passing on the frames queued so far.
+    drained_at: BTreeMap<(usize, usize), u64>,
     flights: BinaryHeap<Reverse<Flight>>,
     seq: u64,
     /// Frame buffers to reuse.
@@ -292,6 +305,7 @@ impl Sim {
             cut: BTreeSet::new(),
             drops: Vec::new(),
             fifo: BTreeMap::new(),
+            drained_at: BTreeMap::new(),
             flights: BinaryHeap::new(),
             seq: 0,
             pool: Vec::new(),
@@ -617,18 +631,27 @@ impl Sim {
             let mut copy = self.pool.pop().unwrap_or_default();
             copy.clear();
             copy.extend_from_slice(&bytes);
-            let at = self.arrival(from, to, &link);
+            let at = self.arrival(from, to, &link, copy.len());
             self.fly(at, to, corrupted, copy);
         }
-        let at = self.arrival(from, to, &link);
+        let at = self.arrival(from, to, &link, bytes.len());
         self.fly(at, to, corrupted, bytes);
     }
 
-    /// When a packet sent now from `from` to `to` over `link` arrives. A
-    /// link is FIFO: jitter delays a packet and those behind it, never lets
-    /// them pass; only a packet held back (`reorder`) is overtaken.
-    fn arrival(&mut self, from: usize, to: usize, link: &Link) -> u64 {
-        let mut at = self.now + link.delay;
+    /// When a packet of `len` bytes sent now from `from` to `to` over
+    /// `link` arrives. A link is FIFO: a rate-limited link passes it on
+    /// after the packets queued before it, and jitter delays a packet and
+    /// those behind it, never lets them pass; only a packet held back
+    /// (`reorder`) is overtaken.
+    fn arrival(&mut self, from: usize, to: usize, link: &Link, len: usize) -> u64 {
+        let mut start = self.now;
+        if link.rate > 0 {
+            let drained = self.drained_at.entry((from, to)).or_insert(0);
+            let ns = (len as u64 * 1_000_000_000).div_ceil(link.rate);
+            *drained = (*drained).max(start) + ns;
+            start = *drained;
+        }
+        let mut at = start + link.delay;
         if link.jitter > 0 {
             at += self.rng.random_range(0..=link.jitter);
         }

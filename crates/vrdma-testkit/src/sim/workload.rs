@@ -78,6 +78,7 @@ impl Config {
                 reorder: 0.10,
                 reorder_delay: 10_000,
                 corrupt: 0.01,
+                rate: 0,
             },
             // 25 Gb/s.
             bandwidth: Some(25_000_000_000 / 8),
