@@ -95,7 +95,7 @@ fn poll_until(on: &mut End, mut also: Option<&mut End>, want: usize, what: &str)
 /// `ah` to QP `to` (Q_Key 0x11111111).
 fn send_ud(e: &mut End, qpn: Qpn, wr_id: u64, at: (u64, u32), ah: AhHandle, to: Qpn) {
     let ud = UdDest {
-        ah,
+        av: vrdma_engine::wr::Av::Handle(ah),
         remote_qpn: to,
         remote_qkey: QKey(0x1111_1111),
     };

@@ -222,7 +222,7 @@ impl Engine {
             (q.init.qp_type, r.bth.opcode.service()),
             (QpType::Rc, ServiceType::Rc)
                 | (QpType::Uc, ServiceType::Uc)
-                | (QpType::Ud, ServiceType::Ud)
+                | (QpType::Ud | QpType::Gsi, ServiceType::Ud)
         );
         if !matches {
             cx.stats.rx_no_qp += 1;
@@ -234,7 +234,7 @@ impl Engine {
             return;
         }
         // A connection's packets come from its peer to its own address.
-        if q.init.qp_type != QpType::Ud && !responder::from_peer(q, ip) {
+        if !q.init.qp_type.is_datagram() && !responder::from_peer(q, ip) {
             cx.stats.rx_bad_addr += 1;
             return;
         }
@@ -258,7 +258,7 @@ impl Engine {
             return;
         }
         match (q.init.qp_type, op) {
-            (QpType::Ud, _) => responder::recv_ud(q, cx, ip, &r, mem),
+            (QpType::Ud | QpType::Gsi, _) => responder::recv_ud(q, cx, ip, &r, mem),
             (QpType::Rc, Operation::Acknowledge) => completer::recv_ack(q, cx, &r),
             (QpType::Rc | QpType::Uc, Operation::Send | Operation::RdmaWrite) => {
                 responder::recv_request(q, cx, &r, mem)

@@ -6,7 +6,7 @@
 use vrdma_wire::{Lkey, Qpn};
 
 use crate::{
-    attr::{DeviceAttr, PortAttr},
+    attr::{DeviceAttr, GidEntry, PortAttr},
     completion,
     context::Ctx,
     cq::{Arm, Cq, CqSink},
@@ -56,7 +56,8 @@ impl Engine {
         }
         Engine {
             pds: Table::new(1, attr.max_pd),
-            qps: Table::new(FIRST_QPN, attr.max_qp),
+            // QPNs 1 to 16 are kept for the special QPs (1: GSI).
+            qps: Table::with_reserved(1, FIRST_QPN - 1, attr.max_qp),
             ahs: Table::new(1, attr.max_ah),
             cx,
             attr,
@@ -585,10 +586,21 @@ impl Engine {
         };
         let max = self.qps.max();
         let mut qp = Qp::new(QpInitAttr { cap, ..init });
-        if init.qp_type == QpType::Ud {
+        if init.qp_type.is_datagram() {
             // A UD QP has no path MTU attribute: its messages are limited
             // by the port's active MTU (rxe: port->mtu_cap).
             qp.attr.path_mtu = self.cx.port.active_mtu;
+        }
+        if init.qp_type == QpType::Gsi {
+            // QP1, once.
+            qp.qpn = Qpn::GSI;
+            qp.attr.port_num = PORT;
+            self.qps
+                .insert_at(Qpn::GSI.value(), qp)
+                .ok_or(VerbsError::Invalid {
+                    what: "GSI QP (the device has one already)",
+                })?;
+            return Ok((Qpn::GSI, cap));
         }
         let (h, _) = self.qps.insert(qp).ok_or(VerbsError::Exhausted {
             kind: Kind::Qp,
@@ -715,8 +727,8 @@ impl Engine {
             // The QP's connection is gone: so are its type 2 windows.
             self.cx.keys.unbind_qp(qpn);
         }
-        // The GID table is fixed for the engine's life, so a connected
-        // QP's path only changes here.
+        // A connected QP's path changes here, and when the GID table does
+        // (Engine::set_gid).
         q.path = q.route(&self.cx.port, q.attr.ah_attr);
         if next == QpState::Err && cur != QpState::Err {
             completion::enter_error(q, &mut self.cx, true);
@@ -863,14 +875,16 @@ impl Engine {
         }
         let ty = q.init.qp_type;
         let allowed = match (ty, wr.op) {
+            // A malformed WQE completes in error on any QP.
+            (_, SendOp::Malformed { .. }) => true,
             (
-                QpType::Ud,
+                QpType::Ud | QpType::Gsi,
                 SendOp::Send
                 | SendOp::SendWithImm { .. }
                 | SendOp::LocalInv { .. }
                 | SendOp::RegMr { .. },
             ) => true,
-            (QpType::Ud, _) => false,
+            (QpType::Ud | QpType::Gsi, _) => false,
             (
                 QpType::Uc,
                 SendOp::Send
@@ -889,7 +903,7 @@ impl Engine {
         // QP; local operations carry no payload.
         let bad = match wr.op {
             SendOp::SendWithInv { .. } => ty != QpType::Rc,
-            SendOp::BindMw { .. } => ty == QpType::Ud,
+            SendOp::BindMw { .. } => ty.is_datagram(),
             _ => false,
         };
         if bad {
@@ -939,22 +953,29 @@ impl Engine {
         }
         let mut ud_av = None;
         match ty {
-            QpType::Ud => {
+            // Local operations go nowhere.
+            _ if wr.op.is_local() => {}
+            QpType::Ud | QpType::Gsi => {
                 let Some(ud) = wr.ud else {
                     return Err(VerbsError::Invalid {
                         what: "UD send without a destination",
                     });
                 };
-                let ah = self.ahs.get(ud.ah.0).ok_or(VerbsError::NotFound {
-                    kind: Kind::Ah,
-                    handle: ud.ah.0,
-                })?;
-                if ah.pd != q.init.pd {
-                    return Err(VerbsError::Invalid {
-                        what: "address handle of another PD",
-                    });
-                }
-                ud_av = Some(ah.attr);
+                ud_av = Some(match ud.av {
+                    crate::wr::Av::Handle(h) => {
+                        let ah = self.ahs.get(h.0).ok_or(VerbsError::NotFound {
+                            kind: Kind::Ah,
+                            handle: h.0,
+                        })?;
+                        if ah.pd != q.init.pd {
+                            return Err(VerbsError::Invalid {
+                                what: "address handle of another PD",
+                            });
+                        }
+                        ah.attr
+                    }
+                    crate::wr::Av::Inline(attr) => attr,
+                });
                 // A UD message is one packet.
                 within("UD message", length, q.attr.path_mtu.bytes().into())?;
             }
@@ -1063,6 +1084,87 @@ impl Engine {
                 kind: Kind::Qp,
                 handle: qpn.value(),
             })
+    }
+
+    // ---- what a device face needs ----------------------------------------
+
+    /// Sets GID table entry `index` (a face binds its guest's addresses as
+    /// they come and go). Connected QPs' paths follow; a QP whose source
+    /// GID went away sends nothing until it is set again.
+    pub fn set_gid(&mut self, index: u8, entry: Option<GidEntry>) -> Result<()> {
+        let slot = self
+            .cx
+            .port
+            .gids
+            .get_mut(usize::from(index))
+            .ok_or(VerbsError::Invalid { what: "GID index" })?;
+        *slot = entry;
+        let port = &self.cx.port;
+        for (_, q) in self.qps.iter_mut() {
+            q.path = q.route(port, q.attr.ah_attr);
+        }
+        Ok(())
+    }
+
+    /// A DMA MR (`ib_get_dma_mr`): every device address, as is, with
+    /// `access` (a face's kernel consumers put bus addresses in their
+    /// SGEs). Not bounded by `max_mr_size`.
+    pub fn reg_dma_mr(&mut self, pd: PdHandle, access: Access) -> Result<(Lkey, vrdma_wire::Rkey)> {
+        self.pd(pd)?;
+        access.validate_for_mr()?;
+        if access.contains(Access::ZERO_BASED) {
+            return Err(VerbsError::Invalid {
+                what: "zero-based DMA MR",
+            });
+        }
+        self.cx.keys.register(MrRequest {
+            pd,
+            iova: 0,
+            length: u64::MAX,
+            access,
+            translation: Translation::Identity,
+        })
+    }
+
+    /// The current key of the MR at key index `index` (the key byte
+    /// changes with each fast registration; a face names the MR by its
+    /// index).
+    pub fn current_lkey(&self, index: u32) -> Option<Lkey> {
+        self.cx.keys.lkey_at(index)
+    }
+
+    /// Send WQEs a QP holds (posted and not yet retired).
+    pub fn sq_len(&self, qpn: Qpn) -> Option<u32> {
+        self.qps.get(qpn.value()).map(|q| q.sq.len() as u32)
+    }
+
+    /// Receive WQEs a QP holds.
+    pub fn rq_len(&self, qpn: Qpn) -> Option<u32> {
+        self.qps.get(qpn.value()).map(|q| q.rq.len() as u32)
+    }
+
+    /// Receive WQEs an SRQ holds.
+    pub fn srq_len(&self, srq: SrqHandle) -> Option<u32> {
+        self.cx.srqs.get(srq.0).map(|s| s.rq.len() as u32)
+    }
+
+    /// The QP failed outside any completion (a face found its rings broken,
+    /// or a WQE it could not take): it enters ERR, flushing its WRs, and a
+    /// QP_FATAL event is raised (IBTA Vol1 §11.6.3, local work queue
+    /// catastrophic error).
+    pub fn qp_fatal(&mut self, qpn: Qpn) -> Result<()> {
+        let q = qp_mut(&mut self.qps, qpn)?;
+        if q.attr.qp_state == QpState::Reset {
+            return Err(VerbsError::Invalid {
+                what: "QP state (RESET)",
+            });
+        }
+        if q.attr.qp_state != QpState::Err {
+            completion::enter_error(q, &mut self.cx, true);
+        }
+        self.cx.events.push_back(AsyncEvent::QpFatal { qp: qpn });
+        self.settle();
+        Ok(())
     }
 
     fn qp(&self, qpn: Qpn) -> Result<&Qp> {

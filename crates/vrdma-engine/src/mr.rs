@@ -410,6 +410,14 @@ impl Keys {
         }
     }
 
+    /// The current lkey of the MR at `index`, valid or not.
+    pub(crate) fn lkey_at(&self, index: u32) -> Option<Lkey> {
+        match self.table.get(index)? {
+            KeyObj::Mr(mr) => Some(mr.lkey),
+            KeyObj::Mw(_) => None,
+        }
+    }
+
     /// The valid MR an lkey names (key byte checked).
     pub(crate) fn by_lkey(&self, lkey: Lkey) -> Option<&Mr> {
         self.mr_any(lkey.0).filter(|mr| mr.valid)

@@ -274,6 +274,7 @@ impl Qp {
             traffic_class: av.traffic_class,
             hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
             flow_label: av.flow_label,
+            dmac: av.dmac,
             payload_at: 0,
             referenced: 0,
         })

@@ -115,7 +115,7 @@ pub(crate) fn emit_request(
     };
     let qpn = q.qpn;
     let (opcode, ext, dest_qp, ah) = match (ty, op) {
-        (QpType::Ud, SendOp::Send | SendOp::SendWithImm { .. }) => {
+        (QpType::Ud | QpType::Gsi, SendOp::Send | SendOp::SendWithImm { .. }) => {
             let ud = w.ud?;
             // IBTA Vol1 §10.2.5: a WR Q_Key with the high bit set means
             // "use the QP's own Q_Key".
@@ -191,12 +191,16 @@ pub(crate) fn emit_request(
         return None;
     }
     let len = out.len();
-    let t = path(q, cx, ah).map(|t| Transmit {
+    let Some(t) = path(q, cx, ah) else {
+        no_route(q, cx);
+        return None;
+    };
+    let t = Transmit {
         len,
         payload_at: at,
         referenced,
         ..t
-    })?;
+    };
 
     // Advance.
     if q.req.send_twice.take() == Some(psn) {
@@ -311,7 +315,11 @@ fn emit_read_or_atomic(
         psn,
     };
     let len = emit_bare(buf, bth, ext)?;
-    let t = path(q, cx, None).map(|t| Transmit { len, ..t })?;
+    let Some(t) = path(q, cx, None) else {
+        no_route(q, cx);
+        return None;
+    };
+    let t = Transmit { len, ..t };
     let due = q.ack_timeout().map(|d| cx.now.saturating_add(d));
     if q.req.send_twice.take() == Some(psn) {
         cx.stats.tx_retransmitted += 1;
@@ -389,6 +397,7 @@ fn run_local_ops(q: &mut Qp, cx: &mut Ctx) {
                 .keys
                 .fast_register(mr, pd, key, iova, length, access)
                 .map_err(|_| WcStatus::LocQpOpErr),
+            SendOp::Malformed { status } => Err(status),
             _ => Ok(()),
         };
         if let Some(w) = q.sq.get_mut(cursor) {
@@ -446,6 +455,15 @@ pub(crate) fn seek(q: &mut Qp, cx: &mut Ctx, psn: Psn) -> bool {
 
 /// Where `q`'s packets go: the UD WR's address vector, else the QP's own
 /// (kept up to date by modify).
+/// The QP's address vector names a source GID the port does not have
+/// (unbound since, or a consumer's vector with a bad index): nothing can
+/// be sent. As rxe does, the WQE fails with a local QP operation error and
+/// the QP enters ERR, rather than waiting for a GID that may never come.
+fn no_route(q: &mut Qp, cx: &mut Ctx) {
+    cx.lent.clear();
+    complete_front_with_error(q, cx, WcStatus::LocQpOpErr);
+}
+
 pub(crate) fn path(q: &Qp, cx: &Ctx, ud: Option<crate::qp::AhAttr>) -> Option<Transmit> {
     match ud {
         None => q.path,

@@ -26,7 +26,7 @@ use crate::{
     requester::path,
     sgl::{lend_range, scatter},
     transmit::{Transmit, emit_bare},
-    wc::{Wc, WcFlags, WcOpcode, WcStatus},
+    wc::{NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus},
 };
 
 /// Why an incoming request could not be executed.
@@ -95,6 +95,10 @@ pub(crate) fn recv_ud(
         wc.byte_len = total as u32;
         wc.src_qp = deth.src_qp.value();
         wc.wc_flags = WcFlags::GRH;
+        wc.network_hdr = Some(match ip {
+            IpRepr::V4(_) => NetworkHdr::Ipv4,
+            IpRepr::V6(_) => NetworkHdr::Ipv6,
+        });
         if let Some(i) = r.ext.immdt {
             wc.imm_data = i.imm;
             wc.wc_flags = wc.wc_flags.with(WcFlags::WITH_IMM);

@@ -15,6 +15,9 @@ pub(crate) struct Table<T> {
     base: u32,
     max: u32,
     len: u32,
+    /// Slots below this index are never handed out by [`Table::insert`],
+    /// only filled by [`Table::insert_at`] (the special QPs).
+    reserved: u32,
 }
 
 #[derive(Debug)]
@@ -26,13 +29,42 @@ struct Slot<T> {
 impl<T> Table<T> {
     /// A table whose handles run from `base` to `base + max - 1`.
     pub(crate) fn new(base: u32, max: u32) -> Self {
+        Self::with_reserved(base, 0, max)
+    }
+
+    /// A table whose first `reserved` handles (from `base`) are kept for
+    /// [`Table::insert_at`]; [`Table::insert`] hands out the rest, at most
+    /// `max` of them.
+    pub(crate) fn with_reserved(base: u32, reserved: u32, max: u32) -> Self {
         Table {
-            slots: Vec::new(),
+            slots: (0..reserved)
+                .map(|_| Slot {
+                    value: None,
+                    generation: 0,
+                })
+                .collect(),
             free: Vec::new(),
             base,
             max,
             len: 0,
+            reserved,
         }
+    }
+
+    /// Stores `value` at a reserved `handle`, if that slot is empty;
+    /// reserved slots do not count against `max`.
+    pub(crate) fn insert_at(&mut self, handle: u32, value: T) -> Option<u8> {
+        let i = self.index(handle)?;
+        if i >= self.reserved as usize {
+            return None;
+        }
+        let slot = self.slots.get_mut(i)?;
+        if slot.value.is_some() {
+            return None;
+        }
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.value = Some(value);
+        Some(slot.generation)
     }
 
     /// Stores `value`, returning its handle and the slot's new generation,
@@ -89,6 +121,9 @@ impl<T> Table<T> {
     pub(crate) fn remove(&mut self, handle: u32) -> Option<T> {
         let i = self.index(handle)?;
         let v = self.slots.get_mut(i)?.value.take()?;
+        if i < self.reserved as usize {
+            return Some(v);
+        }
         self.len -= 1;
         // Keep `free` sorted high-to-low so the lowest index is reused first.
         let i = i as u32;
@@ -139,6 +174,26 @@ mod tests {
         assert_eq!(t.insert('d').unwrap().0, 17);
         assert_eq!(t.insert('e').unwrap().0, 18);
         assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn reserved_handles_are_filled_only_by_name_and_never_handed_out() {
+        let mut t = Table::with_reserved(1, 16, 2);
+        assert_eq!(t.insert('a').unwrap().0, 17, "past the reserved 1..=16");
+        assert!(t.insert_at(1, 'g').is_some());
+        assert!(t.insert_at(1, 'h').is_none(), "taken");
+        assert!(t.insert_at(17, 'x').is_none(), "not reserved");
+        assert!(t.insert_at(0, 'x').is_none(), "below the base");
+        assert_eq!(t.insert('b').unwrap().0, 18, "reserved slots do not count");
+        assert_eq!(t.insert('c'), None);
+        assert_eq!(t.remove(1), Some('g'));
+        assert_eq!(t.len(), 2);
+        assert!(
+            t.insert('c').is_none(),
+            "a freed reserved slot is not reused"
+        );
+        assert!(t.insert_at(1, 'g').is_some());
+        assert_eq!(t.iter().map(|(h, _)| h).collect::<Vec<_>>(), [1, 17, 18]);
     }
 
     #[test]

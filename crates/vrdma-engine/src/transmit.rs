@@ -22,6 +22,9 @@ pub struct Transmit {
     pub traffic_class: u8,
     pub hop_limit: u8,
     pub flow_label: u32,
+    /// The next hop's Ethernet address, from the address vector (a
+    /// transport that frames Ethernet needs it; UDP does not).
+    pub dmac: Option<[u8; 6]>,
     /// Where in the packet the payload lent by reference goes
     /// ([`crate::Engine::poll_transmit_gather`]): the buffer holds the packet's
     /// bytes before it (the headers) and, from this offset on, the bytes

@@ -89,6 +89,17 @@ pub struct Wc {
     pub slid: u16,
     pub sl: u8,
     pub dlid_path_bits: u8,
+    /// UD: the network header the datagram came with (which tells a
+    /// consumer how to read the 40 bytes of GRH before the payload: an
+    /// IPv4 header sits in their last 20).
+    pub network_hdr: Option<NetworkHdr>,
+}
+
+/// A received datagram's network header (`enum rdma_network_type`).
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub enum NetworkHdr {
+    Ipv4,
+    Ipv6,
 }
 
 impl Wc {
@@ -105,6 +116,7 @@ impl Wc {
             src_qp: 0,
             wc_flags: WcFlags(0),
             pkey_index: 0,
+            network_hdr: None,
             slid: 0,
             sl: 0,
             dlid_path_bits: 0,

@@ -76,6 +76,13 @@ pub enum SendOp {
         length: u64,
         access: crate::mr::Access,
     },
+    /// A work request a device face could not decode from its guest's
+    /// queue (an opcode the QP has no use for, too many SGEs): it completes
+    /// in its turn with `status` and takes the QP to ERR, as a malformed
+    /// descriptor does on a hardware device.
+    Malformed {
+        status: crate::wc::WcStatus,
+    },
 }
 
 impl SendOp {
@@ -92,6 +99,7 @@ impl SendOp {
             SendOp::LocalInv { .. } => WcOpcode::LocalInv,
             SendOp::BindMw { .. } => WcOpcode::BindMw,
             SendOp::RegMr { .. } => WcOpcode::RegMr,
+            SendOp::Malformed { .. } => WcOpcode::Send,
         }
     }
 
@@ -99,7 +107,10 @@ impl SendOp {
     pub const fn is_local(self) -> bool {
         matches!(
             self,
-            SendOp::LocalInv { .. } | SendOp::BindMw { .. } | SendOp::RegMr { .. }
+            SendOp::LocalInv { .. }
+                | SendOp::BindMw { .. }
+                | SendOp::RegMr { .. }
+                | SendOp::Malformed { .. }
         )
     }
 
@@ -163,9 +174,20 @@ impl core::fmt::Debug for SendFlags {
 /// Where a UD send goes (`wr.ud`).
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
 pub struct UdDest {
-    pub ah: crate::handle::AhHandle,
+    pub av: Av,
     pub remote_qpn: Qpn,
     pub remote_qkey: QKey,
+}
+
+/// The address vector of a UD send.
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub enum Av {
+    /// An address handle (`ibv_create_ah`), of the QP's PD.
+    Handle(crate::handle::AhHandle),
+    /// The vector itself, carried in the work request (a device face's
+    /// guests build their address vectors in their own memory; the face
+    /// checked the PD).
+    Inline(crate::qp::AhAttr),
 }
 
 /// The data of a send: gathered from memory, or carried inline (copied

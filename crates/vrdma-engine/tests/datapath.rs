@@ -51,7 +51,7 @@ fn ud_send_with_immediate_delivers_grh_source_qp_and_data() {
         payload: Payload::Sges(&ssge),
         flags: SendFlags::SIGNALED | SendFlags::SOLICITED,
         ud: Some(UdDest {
-            ah,
+            av: vrdma_engine::wr::Av::Handle(ah),
             remote_qpn: b.qpn,
             remote_qkey: QKey(0x1111_1111),
         }),
@@ -109,7 +109,7 @@ fn ud_with_a_wrong_qkey_is_dropped_and_counted() {
         payload: Payload::Sges(&ssge),
         flags: SendFlags::default(),
         ud: Some(UdDest {
-            ah,
+            av: vrdma_engine::wr::Av::Handle(ah),
             remote_qpn: b.qpn,
             remote_qkey: QKey(0x2222),
         }),

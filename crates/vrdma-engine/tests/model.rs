@@ -1294,7 +1294,7 @@ impl World {
             }
         }
         let ud = (k == UD).then(|| UdDest {
-            ah: side.ah,
+            av: vrdma_engine::wr::Av::Handle(side.ah),
             remote_qpn: if spec.ud_qpn_ok {
                 peer.qps[UD]
             } else {

@@ -42,7 +42,7 @@ const OPS: [Op; 8] = [
 /// and writes, RC everything.
 fn valid(ty: QpType, op: Op) -> bool {
     match ty {
-        QpType::Ud => matches!(op, Op::Send | Op::SendImm),
+        QpType::Ud | QpType::Gsi => matches!(op, Op::Send | Op::SendImm),
         QpType::Uc => matches!(op, Op::Send | Op::SendImm | Op::Write | Op::WriteImm),
         QpType::Rc => true,
     }
@@ -213,7 +213,7 @@ fn run(c: &Case) {
             payload,
             flags,
             ud: ah.map(|ah| UdDest {
-                ah,
+                av: vrdma_engine::wr::Av::Handle(ah),
                 remote_qpn: b.qpn,
                 remote_qkey: QKey(0x1111_1111),
             }),
@@ -241,6 +241,8 @@ fn run(c: &Case) {
             if ud {
                 w.src_qp = a.qpn.value();
                 w.wc_flags = WcFlags::GRH;
+                // The engines talk IPv4 (127.0.0.x).
+                w.network_hdr = Some(vrdma_engine::wc::NetworkHdr::Ipv4);
             }
             match c.op {
                 Op::SendImm | Op::WriteImm => {
@@ -368,7 +370,7 @@ fn send_one(net: &mut Net, a: Side, b: Side, ty: QpType, op: SendOp, solicited: 
             )
             .unwrap();
         UdDest {
-            ah,
+            av: vrdma_engine::wr::Av::Handle(ah),
             remote_qpn: b.qpn,
             remote_qkey: QKey(0x1111_1111),
         }

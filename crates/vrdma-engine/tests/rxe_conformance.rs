@@ -178,7 +178,7 @@ fn vrdma(ty: QpType, op: impl Fn(Rkey) -> SendOp, len: u32) -> (Vec<Sig>, Vec<Si
             )
             .unwrap();
         Some(UdDest {
-            ah,
+            av: vrdma_engine::wr::Av::Handle(ah),
             remote_qpn: qb,
             remote_qkey: QKey(0x1111_1111),
         })

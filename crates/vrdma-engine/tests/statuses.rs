@@ -218,7 +218,7 @@ fn send(
     flags: SendFlags,
 ) {
     let ud = (s.ty == QpType::Ud).then_some(UdDest {
-        ah: s.ah,
+        av: vrdma_engine::wr::Av::Handle(s.ah),
         remote_qpn: dest,
         remote_qkey: QKEY,
     });
@@ -305,6 +305,7 @@ fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, s: Side) -> Wc {
         slid: 0,
         sl: 0,
         dlid_path_bits: 0,
+        network_hdr: None,
     }
 }
 
@@ -625,6 +626,7 @@ fn message_longer_than_the_receive(ty: QpType) {
             byte_len: GRH + 4,
             src_qp: a.qpn.value(),
             wc_flags: WcFlags::GRH,
+            network_hdr: Some(vrdma_engine::wc::NetworkHdr::Ipv4),
             ..wc(50, WcStatus::Success, WcOpcode::Recv, b)
         }
     } else {

@@ -84,18 +84,18 @@ const RATE_LIMIT: u32 = 1 << 25;
 /// Automatic path migration attributes (see the module docs).
 const APM: u32 = ALT_PATH | PATH_MIG_STATE;
 
-// ---- the kernel's table, RC / UC / UD columns only ----------------------
+// ---- the kernel's table, RC / UC / UD / GSI columns only ----------------
 
 /// One permitted transition: `(from, to, required, optional)`, each mask
-/// given per type as `[RC, UC, UD]`. A pair that is not listed is not a
+/// given per type as `[RC, UC, UD, GSI]`. A pair that is not listed is not a
 /// transition. STATE itself is never listed: it is always allowed.
-type Row = (QpState, QpState, [u32; 3], [u32; 3]);
+type Row = (QpState, QpState, [u32; 4], [u32; 4]);
 
-const NONE3: [u32; 3] = [0, 0, 0];
+const NONE4: [u32; 4] = [0, 0, 0, 0];
 
 const KERNEL_TABLE: &[Row] = &[
     // [IB_QPS_RESET]
-    (RESET, RESET, NONE3, NONE3),
+    (RESET, RESET, NONE4, NONE4),
     (
         RESET,
         INIT,
@@ -103,20 +103,22 @@ const KERNEL_TABLE: &[Row] = &[
             PKEY_INDEX | PORT | ACCESS_FLAGS,
             PKEY_INDEX | PORT | ACCESS_FLAGS,
             PKEY_INDEX | PORT | QKEY,
+            PKEY_INDEX | QKEY,
         ],
-        NONE3,
+        NONE4,
     ),
     // [IB_QPS_INIT]
-    (INIT, RESET, NONE3, NONE3),
-    (INIT, ERR, NONE3, NONE3),
+    (INIT, RESET, NONE4, NONE4),
+    (INIT, ERR, NONE4, NONE4),
     (
         INIT,
         INIT,
-        NONE3,
+        NONE4,
         [
             PKEY_INDEX | PORT | ACCESS_FLAGS,
             PKEY_INDEX | PORT | ACCESS_FLAGS,
             PKEY_INDEX | PORT | QKEY,
+            PKEY_INDEX | QKEY,
         ],
     ),
     (
@@ -126,16 +128,18 @@ const KERNEL_TABLE: &[Row] = &[
             AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
             AV | PATH_MTU | DEST_QPN | RQ_PSN,
             0,
+            0,
         ],
         [
             ALT_PATH | ACCESS_FLAGS | PKEY_INDEX,
             ALT_PATH | ACCESS_FLAGS | PKEY_INDEX,
             PKEY_INDEX | QKEY,
+            PKEY_INDEX | QKEY,
         ],
     ),
     // [IB_QPS_RTR]
-    (RTR, RESET, NONE3, NONE3),
-    (RTR, ERR, NONE3, NONE3),
+    (RTR, RESET, NONE4, NONE4),
+    (RTR, ERR, NONE4, NONE4),
     (
         RTR,
         RTS,
@@ -143,53 +147,58 @@ const KERNEL_TABLE: &[Row] = &[
             TIMEOUT | RETRY_CNT | RNR_RETRY | SQ_PSN | MAX_QP_RD_ATOMIC,
             SQ_PSN,
             SQ_PSN,
+            SQ_PSN,
         ],
         [
             CUR_STATE | ALT_PATH | ACCESS_FLAGS | MIN_RNR_TIMER | PATH_MIG_STATE,
             CUR_STATE | ALT_PATH | ACCESS_FLAGS | PATH_MIG_STATE,
             CUR_STATE | QKEY,
+            CUR_STATE | QKEY,
         ],
     ),
     // [IB_QPS_RTS]
-    (RTS, RESET, NONE3, NONE3),
-    (RTS, ERR, NONE3, NONE3),
+    (RTS, RESET, NONE4, NONE4),
+    (RTS, ERR, NONE4, NONE4),
     (
         RTS,
         RTS,
-        NONE3,
+        NONE4,
         [
             CUR_STATE | ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE | MIN_RNR_TIMER,
             CUR_STATE | ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE,
+            CUR_STATE | QKEY,
             CUR_STATE | QKEY,
         ],
     ),
     (
         RTS,
         SQD,
-        NONE3,
+        NONE4,
         [
+            EN_SQD_ASYNC_NOTIFY,
             EN_SQD_ASYNC_NOTIFY,
             EN_SQD_ASYNC_NOTIFY,
             EN_SQD_ASYNC_NOTIFY,
         ],
     ),
     // [IB_QPS_SQD]
-    (SQD, RESET, NONE3, NONE3),
-    (SQD, ERR, NONE3, NONE3),
+    (SQD, RESET, NONE4, NONE4),
+    (SQD, ERR, NONE4, NONE4),
     (
         SQD,
         RTS,
-        NONE3,
+        NONE4,
         [
             CUR_STATE | ALT_PATH | ACCESS_FLAGS | MIN_RNR_TIMER | PATH_MIG_STATE,
             CUR_STATE | ALT_PATH | ACCESS_FLAGS | PATH_MIG_STATE,
+            CUR_STATE | QKEY,
             CUR_STATE | QKEY,
         ],
     ),
     (
         SQD,
         SQD,
-        NONE3,
+        NONE4,
         [
             PORT | AV
                 | TIMEOUT
@@ -204,33 +213,40 @@ const KERNEL_TABLE: &[Row] = &[
                 | PATH_MIG_STATE,
             AV | ALT_PATH | ACCESS_FLAGS | PKEY_INDEX | PATH_MIG_STATE,
             PKEY_INDEX | QKEY,
+            PKEY_INDEX | QKEY,
         ],
     ),
     // [IB_QPS_SQE]: valid for every type; the kernel lists optional
     // attributes for UC and UD only.
-    (SQE, RESET, NONE3, NONE3),
-    (SQE, ERR, NONE3, NONE3),
+    (SQE, RESET, NONE4, NONE4),
+    (SQE, ERR, NONE4, NONE4),
     (
         SQE,
         RTS,
-        NONE3,
-        [0, CUR_STATE | ACCESS_FLAGS, CUR_STATE | QKEY],
+        NONE4,
+        [
+            0,
+            CUR_STATE | ACCESS_FLAGS,
+            CUR_STATE | QKEY,
+            CUR_STATE | QKEY,
+        ],
     ),
     // [IB_QPS_ERR]
-    (ERR, RESET, NONE3, NONE3),
-    (ERR, ERR, NONE3, NONE3),
+    (ERR, RESET, NONE4, NONE4),
+    (ERR, ERR, NONE4, NONE4),
 ];
 
 const STATES: [QpState; 7] = [RESET, INIT, RTR, RTS, SQD, SQE, ERR];
 /// The states a test can put a QP in (see the module docs on SQE).
 const REACHABLE: [QpState; 6] = [RESET, INIT, RTR, RTS, SQD, ERR];
-const TYPES: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
+const TYPES: [QpType; 4] = [QpType::Rc, QpType::Uc, QpType::Ud, QpType::Gsi];
 
 fn column(ty: QpType) -> usize {
     match ty {
         QpType::Rc => 0,
         QpType::Uc => 1,
         QpType::Ud => 2,
+        QpType::Gsi => 3,
     }
 }
 
@@ -290,6 +306,10 @@ fn fx() -> Fx {
 }
 
 fn create(f: &mut Fx, ty: QpType) -> Qpn {
+    if ty == QpType::Gsi {
+        // A device has one GSI QP: a test's next one replaces it.
+        let _ = f.e.destroy_qp(Qpn::GSI);
+    }
     f.e.create_qp(QpInitAttr {
         pd: f.pd,
         send_cq: f.cq,
@@ -356,6 +376,7 @@ fn probe(from: QpState, to: QpState) -> QpAttr {
             traffic_class: 8,
             sl: 0,
             port_num: 1,
+            dmac: None,
         },
         path_mtu: Mtu::Mtu2048,
         dest_qp_num: Qpn::from_masked(0x43),
@@ -876,8 +897,8 @@ fn post_what_fits(f: &mut Fx, q: Qpn, ty: QpType, state: QpState) -> (Vec<u64>, 
         recvs.push(20);
     }
     if matches!(state, RTS | SQD) {
-        let ud = (ty == QpType::Ud).then_some(UdDest {
-            ah: f.ah,
+        let ud = ty.is_datagram().then_some(UdDest {
+            av: vrdma_engine::wr::Av::Handle(f.ah),
             remote_qpn: Qpn::from_masked(0x42),
             remote_qkey: QKey(0x1111),
         });

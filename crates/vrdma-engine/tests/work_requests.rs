@@ -236,7 +236,7 @@ fn operations_are_checked_against_the_qp_type() {
     let other_pd = s.e.alloc_pd().unwrap();
     let foreign = s.e.create_ah(other_pd, av()).unwrap();
     let dest = |ah| UdDest {
-        ah,
+        av: vrdma_engine::wr::Av::Handle(ah),
         remote_qpn: Qpn::from_masked(5),
         remote_qkey: QKey(0x1111),
     };

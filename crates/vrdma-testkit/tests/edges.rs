@@ -126,7 +126,7 @@ impl Pair {
             lkey: e.lkey,
         }];
         let ud = (self.qp_type == QpType::Ud).then_some(UdDest {
-            ah: self.ah,
+            av: vrdma_engine::wr::Av::Handle(self.ah),
             remote_qpn: self.ends[B].qpn,
             remote_qkey: QKey(0x1111_1111),
         });

@@ -295,7 +295,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         SendFlags::SIGNALED
     };
     let ud_dest = ah.map(|ah| UdDest {
-        ah,
+        av: vrdma_engine::wr::Av::Handle(ah),
         remote_qpn: rem.qpn,
         remote_qkey: UD_QKEY,
     });

@@ -8,6 +8,17 @@ pub enum QpType {
     Rc,
     Uc,
     Ud,
+    /// The general services QP (QP1, which carries management datagrams:
+    /// a guest kernel's connection manager): UD on the wire, always QPN 1,
+    /// at most one per device, no port attribute in its transitions.
+    Gsi,
+}
+
+impl QpType {
+    /// UD or GSI: datagrams, one packet per message, a DETH on each.
+    pub const fn is_datagram(self) -> bool {
+        matches!(self, QpType::Ud | QpType::Gsi)
+    }
 }
 
 /// QP states (IBTA Vol1 §10.3.1; `enum ibv_qp_state`).
@@ -134,6 +145,10 @@ pub struct AhAttr {
     pub traffic_class: u8,
     pub sl: u8,
     pub port_num: u8,
+    /// The destination's Ethernet address, as the consumer resolved it
+    /// (a RoCE device on a shared Ethernet port frames with it; over UDP
+    /// it is not needed).
+    pub dmac: Option<[u8; 6]>,
 }
 
 /// QP attributes (`struct ibv_qp_attr`, the fields RoCE uses). Which are

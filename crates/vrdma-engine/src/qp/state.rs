@@ -45,6 +45,9 @@ impl PerType {
             QpType::Rc => self.rc,
             QpType::Uc => self.uc,
             QpType::Ud => self.ud,
+            // As UD, without the port (Linux's table: the GSI QP is bound
+            // to its port when created).
+            QpType::Gsi => self.ud.without(AttrMask::PORT),
         }
     }
 }
