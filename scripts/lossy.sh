@@ -12,6 +12,8 @@
 #   scripts/lossy.sh                  # the suite: loss 0.1, 1 and 5 % (about 40 minutes)
 #   scripts/lossy.sh --quick          # CI's subset: 1 %, vrdma <-> rxe only (about 3 minutes)
 #   LOSSY_LOSS="1 5" LOSSY_ONLY='^read' scripts/lossy.sh   # some losses, pairs matching a regex
+#   LOSSY_REPEAT=3 scripts/lossy.sh   # each run three times: medians (the emulated guests
+#                                     # vary by tens of percent from run to run)
 #
 # Each loss rate comes with 1 % duplication, 1 % reordering and 1 ms of delay each
 # way (LOSSY_DUP, LOSSY_REORDER, LOSSY_DELAY override them). Workloads, at rxe's
@@ -114,109 +116,150 @@ now() { date +%s.%N; }
 
 failed=()
 TABLE=$OUT/table.md
-{
-    echo "| workload | loss | role | completed | time (s) | goodput | requester retries | sent / needed |"
-    echo "|---|---|---|---|---|---|---|---|"
-} > "$TABLE"
+RESULTS=$OUT/results.tsv
+: > "$RESULTS"
+REPEAT=${LOSSY_REPEAT:-1}
 
 # run NAME LOSS RXE_SERVER RXE_CLIENT VRDMA_ARGS BYTES NEEDED DATA [OPS]: one workload
-# in every role. DATA says which side sends the data: "requester", "responder" or
-# "both"; OPS, for atomics, the operations (goodput is then operations a second).
+# in every role, LOSSY_REPEAT times (the roles take turns within each repetition).
+# DATA says which side sends the data: "requester", "responder" or "both"; OPS, for
+# atomics, the operations (goodput is then operations a second).
 run() {
-    local name=$1 loss=$2 server=$3 client=$4 args=$5 bytes=$6 needed=$7 data=$8 ops=${9:-0}
+    local name=$1
     [[ -n ${LOSSY_ONLY:-} && ! $name =~ $LOSSY_ONLY ]] && return
-    for role in $ROLES; do
-        local tag="$name.loss$loss.$role" ok=1 start end rc job pid
-        local dir=$OUT/run-$tag
-        rm -rf "$dir"
-        local pcap=$OUT/$tag.pcap
-        "$H/capture.sh" start "$pcap" rxetap1 > /dev/null 2>&1
-        local c1 c2 d1 d2
-        c1=$(rxe_counters 1)
-        case $role in
-            rxe-server)
-                job=$("$H/exec.sh" -i 1 -b "timeout $LIMIT $server" | tail -1)
-                "$H/exec.sh" -i 1 -t 30 'wait-listen 18515' > /dev/null
-                start=$(now)
-                VRDMA_RUN_DIR=$dir timeout "$LIMIT" ip netns exec $NS "$VRDMA" $args --timeout 60 $G1 \
-                    > "$OUT/$tag.vrdma" 2>&1 || ok=0
-                end=$(now)
-                rc=$(job_rc "$job" "$LIMIT")
-                cat "$job.stdout" "$job.stderr" > "$OUT/$tag.rxe" 2> /dev/null
-                [ "$rc" = 0 ] || ok=0
-                ;;
-            vrdma-server)
-                VRDMA_RUN_DIR=$dir timeout "$LIMIT" ip netns exec $NS "$VRDMA" $args --timeout 60 \
-                    > "$OUT/$tag.vrdma" 2>&1 &
-                pid=$!
-                for _ in $(seq 1 50); do
-                    ip netns exec $NS ss -ltn 2> /dev/null | grep -q ':18515 ' && break
-                    sleep 0.1
-                done
-                start=$(now)
-                "$H/exec.sh" -i 1 -t "$LIMIT" "timeout $LIMIT $client host" > "$OUT/$tag.rxe" 2>&1 || ok=0
-                end=$(now)
-                wait $pid || ok=0
-                ;;
-            rxe-rxe)
-                d1=$(rxe_counters 2)
-                job=$("$H/exec.sh" -i 1 -b "timeout $LIMIT $server" | tail -1)
-                "$H/exec.sh" -i 1 -t 30 'wait-listen 18515' > /dev/null
-                start=$(now)
-                "$H/exec.sh" -i 2 -t "$LIMIT" "timeout $LIMIT $client g1" > "$OUT/$tag.rxe-client" 2>&1 || ok=0
-                end=$(now)
-                rc=$(job_rc "$job" "$LIMIT")
-                cat "$job.stdout" "$job.stderr" > "$OUT/$tag.rxe" 2> /dev/null
-                [ "$rc" = 0 ] || ok=0
-                d2=$(rxe_counters 2)
-                ;;
-        esac
-        c2=$(rxe_counters 1)
-        "$H/capture.sh" stop "$pcap" > /dev/null 2>&1
-        # The requester is the client; the data's sender is the requester
-        # (WRITE, SEND, atomics, the pingpong's both sides) or the responder
-        # (READ). Counters as deltas over the run.
-        local g1sent g1retry vsent=0 vretry=0 g2sent=0 g2retry=0
-        read -r g1sent g1retry <<< "$(paste -d' ' <(echo "$c2") <(echo "$c1") |
-            awk '{ print $1 - $3, $2 - $4 }')"
-        if [ "$role" = rxe-rxe ]; then
-            read -r g2sent g2retry <<< "$(paste -d' ' <(echo "$d2") <(echo "$d1") |
-                awk '{ print $1 - $3, $2 - $4 }')"
-        else
-            read -r vsent vretry <<< "$(vrdma_counters "$dir")"
-        fi
-        local req_sent req_retry resp_sent resp_retry
-        case $role in
-            rxe-server) req_sent=$vsent req_retry=$vretry resp_sent=$g1sent resp_retry=$g1retry ;;
-            vrdma-server) req_sent=$g1sent req_retry=$g1retry resp_sent=$vsent resp_retry=$vretry ;;
-            rxe-rxe) req_sent=$g2sent req_retry=$g2retry resp_sent=$g1sent resp_retry=$g1retry ;;
-        esac
-        local sent=$req_sent
-        [ "$data" = responder ] && sent=$resp_sent
-        if [ "$data" = both ]; then
-            # Both sides send requests: both sides' retries count.
-            sent=$((req_sent + resp_sent))
-            req_retry=$((req_retry + resp_retry))
-        fi
-        local secs goodput ratio status=yes
-        secs=$(echo "$end $start" | awk '{ printf "%.1f", $1 - $2 }')
-        if [ "$name" = atomic_bw ]; then
-            goodput=$(echo "$ops $end $start" | awk '{ printf "%.0f op/s", $1 / ($2 - $3) }')
-        else
-            goodput=$(echo "$bytes $end $start" | awk '{ printf "%.2f MB/s", $1 / ($2 - $3) / 1e6 }')
-        fi
-        ratio=$(echo "$sent $needed" | awk '{ printf "%.2f", $1 / $2 }')
-        if [ $ok = 1 ]; then
-            [ -n "${LOSSY_KEEP:-}" ] || rm -f "$pcap"
-            echo "ok    $tag  ${secs} s  retries $req_retry  sent/needed $ratio"
-        else
-            status=no
-            goodput=-
-            [ "$role" = rxe-rxe ] || failed+=("$tag")
-            echo "FAIL  $tag  ${secs} s (logs and capture: $OUT/$tag.*)"
-        fi
-        echo "| $name | $loss % | $role | $status | $secs | $goodput | $req_retry | $ratio |" >> "$TABLE"
+    for rep in $(seq 1 "$REPEAT"); do
+        for role in $ROLES; do
+            once "$role" "$rep" "$@"
+        done
     done
+}
+
+once() {
+    local role=$1 rep=$2 name=$3 loss=$4 server=$5 client=$6 args=$7 bytes=$8 needed=$9
+    local data=${10} ops=${11:-0}
+    local tag="$name.loss$loss.$role" ok=1 start end rc job pid
+    [ "$REPEAT" -gt 1 ] && tag="$tag.$rep"
+    local dir=$OUT/run-$tag
+    rm -rf "$dir"
+    local pcap=$OUT/$tag.pcap
+    "$H/capture.sh" start "$pcap" rxetap1 > /dev/null 2>&1
+    local c1 c2 d1 d2
+    c1=$(rxe_counters 1)
+    case $role in
+        rxe-server)
+            job=$("$H/exec.sh" -i 1 -b "timeout $LIMIT $server" | tail -1)
+            "$H/exec.sh" -i 1 -t 30 'wait-listen 18515' > /dev/null
+            start=$(now)
+            VRDMA_RUN_DIR=$dir timeout "$LIMIT" ip netns exec $NS "$VRDMA" $args --timeout 60 $G1 \
+                > "$OUT/$tag.vrdma" 2>&1 || ok=0
+            end=$(now)
+            rc=$(job_rc "$job" "$LIMIT")
+            cat "$job.stdout" "$job.stderr" > "$OUT/$tag.rxe" 2> /dev/null
+            [ "$rc" = 0 ] || ok=0
+            ;;
+        vrdma-server)
+            VRDMA_RUN_DIR=$dir timeout "$LIMIT" ip netns exec $NS "$VRDMA" $args --timeout 60 \
+                > "$OUT/$tag.vrdma" 2>&1 &
+            pid=$!
+            for _ in $(seq 1 50); do
+                ip netns exec $NS ss -ltn 2> /dev/null | grep -q ':18515 ' && break
+                sleep 0.1
+            done
+            start=$(now)
+            "$H/exec.sh" -i 1 -t "$LIMIT" "timeout $LIMIT $client host" > "$OUT/$tag.rxe" 2>&1 || ok=0
+            end=$(now)
+            wait $pid || ok=0
+            ;;
+        rxe-rxe)
+            d1=$(rxe_counters 2)
+            job=$("$H/exec.sh" -i 1 -b "timeout $LIMIT $server" | tail -1)
+            "$H/exec.sh" -i 1 -t 30 'wait-listen 18515' > /dev/null
+            start=$(now)
+            "$H/exec.sh" -i 2 -t "$LIMIT" "timeout $LIMIT $client g1" > "$OUT/$tag.rxe-client" 2>&1 || ok=0
+            end=$(now)
+            rc=$(job_rc "$job" "$LIMIT")
+            cat "$job.stdout" "$job.stderr" > "$OUT/$tag.rxe" 2> /dev/null
+            [ "$rc" = 0 ] || ok=0
+            d2=$(rxe_counters 2)
+            ;;
+    esac
+    c2=$(rxe_counters 1)
+    "$H/capture.sh" stop "$pcap" > /dev/null 2>&1
+    # The requester is the client; the data's sender is the requester (WRITE,
+    # SEND, atomics, the pingpong's both sides) or the responder (READ).
+    # Counters as deltas over the run.
+    local g1sent g1retry vsent=0 vretry=0 g2sent=0 g2retry=0
+    read -r g1sent g1retry <<< "$(paste -d' ' <(echo "$c2") <(echo "$c1") |
+        awk '{ print $1 - $3, $2 - $4 }')"
+    if [ "$role" = rxe-rxe ]; then
+        read -r g2sent g2retry <<< "$(paste -d' ' <(echo "$d2") <(echo "$d1") |
+            awk '{ print $1 - $3, $2 - $4 }')"
+    else
+        read -r vsent vretry <<< "$(vrdma_counters "$dir")"
+    fi
+    local req_sent req_retry resp_sent resp_retry
+    case $role in
+        rxe-server) req_sent=$vsent req_retry=$vretry resp_sent=$g1sent resp_retry=$g1retry ;;
+        vrdma-server) req_sent=$g1sent req_retry=$g1retry resp_sent=$vsent resp_retry=$vretry ;;
+        rxe-rxe) req_sent=$g2sent req_retry=$g2retry resp_sent=$g1sent resp_retry=$g1retry ;;
+    esac
+    local sent=$req_sent
+    [ "$data" = responder ] && sent=$resp_sent
+    if [ "$data" = both ]; then
+        # Both sides send requests: both sides' retries count.
+        sent=$((req_sent + resp_sent))
+        req_retry=$((req_retry + resp_retry))
+    fi
+    local secs rate unit ratio
+    secs=$(echo "$end $start" | awk '{ printf "%.1f", $1 - $2 }')
+    if [ "$name" = atomic_bw ]; then
+        rate=$(echo "$ops $end $start" | awk '{ printf "%.0f", $1 / ($2 - $3) }')
+        unit=op/s
+    else
+        rate=$(echo "$bytes $end $start" | awk '{ printf "%.2f", $1 / ($2 - $3) / 1e6 }')
+        unit=MB/s
+    fi
+    ratio=$(echo "$sent $needed" | awk '{ printf "%.2f", $1 / $2 }')
+    if [ $ok = 1 ]; then
+        [ -n "${LOSSY_KEEP:-}" ] || rm -f "$pcap"
+        echo "ok    $tag  ${secs} s  retries $req_retry  sent/needed $ratio"
+    else
+        [ "$role" = rxe-rxe ] || failed+=("$tag")
+        echo "FAIL  $tag  ${secs} s (logs and capture: $OUT/$tag.*)"
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$loss" "$role" "$ok" "$secs" \
+        "$rate" "$unit" "$req_retry" "$ratio" >> "$RESULTS"
+}
+
+# The table: per workload, loss and role, the runs that completed and the medians
+# of those runs' time, goodput, retries and packets sent per packet needed.
+table() {
+    echo "| workload | loss | role | completed | time (s) | goodput | requester retries | sent / needed |"
+    echo "|---|---|---|---|---|---|---|---|"
+    awk -F'\t' '
+        function median(list,   n, a, i, j, t) {
+            n = split(list, a, " ")
+            if (n == 0) return "-"
+            for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
+                if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+            return (n % 2) ? a[(n + 1) / 2] : sprintf("%.3g", (a[n / 2] + a[n / 2 + 1]) / 2)
+        }
+        {
+            k = $1 SUBSEP $2 SUBSEP $3
+            if (!(k in runs)) { order[++keys] = k; name[k] = $1; loss[k] = $2; role[k] = $3 }
+            runs[k]++
+            unit[k] = $7
+            if ($4 == 1) { done[k]++; secs[k] = secs[k] " " $5; rate[k] = rate[k] " " $6
+                retry[k] = retry[k] " " $8; ratio[k] = ratio[k] " " $9 }
+        }
+        END {
+            for (i = 1; i <= keys; i++) {
+                k = order[i]
+                r = median(rate[k]); if (r != "-") r = r " " unit[k]
+                printf "| %s | %s %% | %s | %d/%d | %s | %s | %s | %s |\n", name[k], loss[k], role[k],
+                    done[k], runs[k], median(secs[k]), r, median(retry[k]), median(ratio[k])
+            }
+        }' "$RESULTS"
 }
 
 for loss in $LOSSES; do
@@ -239,6 +282,7 @@ for loss in $LOSSES; do
         "perf atomic_bw -m $MTU -n 1000" $((1000 * 8)) 1000 requester 1000
 done
 
+table > "$TABLE"
 echo
 cat "$TABLE"
 echo

@@ -22,7 +22,7 @@ cargo test --workspace --locked
 # need root (namespaces, TAP, QEMU) and the harness beside the checkout.
 # Under CI (CI=true) both are required: a missing prerequisite fails the
 # run. Elsewhere they run when they can and say so when they cannot.
-# About 5 minutes, plus 2 to build the guest image the first time.
+# About 8 minutes, plus 2 to build the guest image the first time.
 harness=../shared/interop/rxe-guest
 if [ "${CI:-}" = true ]; then
     [ "$(id -u)" = 0 ] || { echo "CI: interop needs root" >&2; exit 1; }
@@ -37,6 +37,11 @@ fi
 if [ "$(id -u)" = 0 ] && [ -x "$harness/start.sh" ]; then
     echo "== interop with Linux rxe"
     scripts/interop.sh
+    # RC against rxe over a lossy link (1 % loss, duplication, reordering,
+    # delay), vrdma in both roles: about 3 minutes. The whole matrix, with
+    # rxe <-> rxe as the control, is scripts/lossy.sh (README).
+    echo "== RC over a lossy link, vrdma <-> rxe (subset)"
+    scripts/lossy.sh --quick
 else
     echo "== interop with Linux rxe: not run (needs root and $harness)"
 fi
