@@ -103,6 +103,16 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
         &self.transport
     }
 
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
+    /// Sends what the transport has queued (before the memory its queued
+    /// packets lend from goes away, for instance); the packets sent.
+    pub fn flush(&mut self) -> usize {
+        self.transport.flush(&self.mem)
+    }
+
     /// The device clock: nanoseconds since the device was made.
     pub fn now(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)

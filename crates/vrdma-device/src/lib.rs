@@ -27,3 +27,4 @@ pub mod verbs;
 
 pub use device::{Device, Progress, UdpDevice, active_mtu, udp_device};
 pub use memory::GuestMem;
+pub use transport::Transport;

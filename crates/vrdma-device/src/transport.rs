@@ -1,6 +1,7 @@
 //! How a device reaches its peers: a [`Transport`] carries the engine's
 //! packets out and hands back what arrives. The UDP port of
-//! `vrdma-fabric` is one; the Ethernet port a VM's NIC shares is another.
+//! `vrdma-fabric` is one; the Ethernet port a VM's NIC shares is another
+//! (`vrdma_fabric::eth`).
 //! A transport knows the wire format and its medium; the device turns the
 //! engine's [`Transmit`] into what the transport takes.
 
@@ -9,9 +10,10 @@ use std::{io, os::fd::BorrowedFd};
 use vrdma_engine::transmit::Transmit;
 use vrdma_fabric::{
     Lender, Piece,
+    eth::EthPort,
     udp::{Outgoing, UdpPort},
 };
-use vrdma_wire::frame::IpRepr;
+use vrdma_wire::{Gid, frame::IpRepr};
 
 /// A device's way to its peers.
 pub trait Transport {
@@ -47,6 +49,12 @@ pub trait Transport {
     /// The transport's counters, by name, for `vrdma stat` (its prefix
     /// first).
     fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>);
+
+    /// The device's addresses now (its GID table changed): a transport
+    /// that shares its medium with other traffic steers to the device what
+    /// is addressed to these. A UDP port is bound to its one address and
+    /// ignores this.
+    fn set_local(&mut self, _gids: &[Gid]) {}
 }
 
 impl Transport for UdpPort {
@@ -88,5 +96,63 @@ impl Transport for UdpPort {
 
     fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>) {
         ("udp", self.stats().fields().to_vec())
+    }
+}
+
+impl Transport for EthPort {
+    fn receive(&mut self, deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize> {
+        EthPort::receive(self, deliver)
+    }
+
+    fn batch(&self) -> usize {
+        // A receive drains the streams and takes up to 64 TAP frames.
+        64
+    }
+
+    fn rx_bytes(&self) -> u64 {
+        self.stats().rx_bytes
+    }
+
+    fn slot(&mut self, _mem: &impl Lender) -> (&mut [u8], usize) {
+        // Each packet is framed and written as it is queued.
+        (EthPort::slot(self), 0)
+    }
+
+    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize {
+        match EthPort::queue(
+            self,
+            &t.route(),
+            t.udp_src_port,
+            t.dmac,
+            t.len,
+            t.payload_at,
+            lent,
+            mem,
+        ) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "Ethernet port: a packet could not be sent");
+                0
+            }
+        }
+    }
+
+    fn flush(&mut self, _mem: &impl Lender) -> usize {
+        if let Err(e) = EthPort::flush(self) {
+            tracing::warn!(error = %e, "Ethernet port: flush failed");
+        }
+        0
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        EthPort::fd(self)
+    }
+
+    fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>) {
+        ("eth", self.stats().fields().to_vec())
+    }
+
+    fn set_local(&mut self, gids: &[Gid]) {
+        EthPort::set_local(self, gids);
     }
 }

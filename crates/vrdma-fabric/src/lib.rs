@@ -6,14 +6,17 @@
 //! | module | what |
 //! |---|---|
 //! | [`udp`] | RoCEv2 over UDP sockets: port 4791, batched system calls, GSO/GRO, per-QP source ports, TOS/TTL, the ICRC of the headers the kernel writes |
+//! | [`eth`] | RoCEv2 on an Ethernet port a VM's NIC shares: QEMU's stream netdev on one side, a TAP or stream uplink on the other, RoCEv2 for the device's addresses steered to it |
 //!
 //! A gather send names payload bytes by device address ([`Piece`]); the
 //! fabric reads them in place when it sends, through [`Lender`] — the
 //! device's memory as volatile slices, never as a Rust reference to bytes
 //! a guest may be writing.
-// Unsafe code lives only in `udp::sys` (the system calls), which allows it.
+// Unsafe code lives only in `udp::sys` and `eth::sys` (the system calls),
+// which allow it.
 #![deny(unsafe_code)]
 
+pub mod eth;
 pub mod udp;
 
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};

@@ -270,6 +270,17 @@ impl Gid {
     }
 }
 
+impl Gid {
+    /// The IP address it stands for: IPv4 for an IPv4-mapped GID, else
+    /// IPv6.
+    pub fn ip(self) -> core::net::IpAddr {
+        match self.to_ipv4() {
+            Some(a) => a.into(),
+            None => Ipv6Addr::from(self.0).into(),
+        }
+    }
+}
+
 impl From<Ipv6Addr> for Gid {
     fn from(a: Ipv6Addr) -> Self {
         Gid(a.octets())

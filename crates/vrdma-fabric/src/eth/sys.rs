@@ -1,0 +1,164 @@
+//! The system calls the Ethernet port needs that `std` does not offer:
+//! opening a TAP device (`TUNSETIFF`), an epoll instance that gathers the
+//! port's descriptors into one for the device's event loop, and an eventfd
+//! that wakes it. Written against `libc` as the UDP port's calls are; this
+//! module is the port's only unsafe code.
+#![allow(unsafe_code)]
+
+use std::{
+    fs::{File, OpenOptions},
+    io::{self, Read, Write},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+};
+
+/// `TUNSETIFF` = `_IOW('T', 202, int)`.
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const IFF_TAP: libc::c_short = 0x0002;
+const IFF_NO_PI: libc::c_short = 0x1000;
+
+/// `struct ifreq` as `TUNSETIFF` reads it: the name, then the flags.
+#[repr(C)]
+struct IfReq {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// Opens the TAP device `name` (creating it if it does not exist), frames
+/// without packet information, non-blocking.
+pub(super) fn open_tap(name: &str) -> io::Result<File> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.bytes().any(|b| b == 0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "TAP name: 1 to 15 bytes, no NUL",
+        ));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: IFF_TAP | IFF_NO_PI,
+        _pad: [0; 22],
+    };
+    for (d, s) in req.name.iter_mut().zip(name.bytes()) {
+        *d = libc::c_char::from_ne_bytes([s]);
+    }
+    // SAFETY: TUNSETIFF reads (and may write back) one `struct ifreq`;
+    // `req` is a live, properly laid out one for the duration of the call.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &raw mut req) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    set_nonblocking(file.as_raw_fd())?;
+    Ok(file)
+}
+
+/// Sets `O_NONBLOCK` on `fd`.
+pub(super) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a descriptor the caller owns; no memory
+    // is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// An epoll instance (level-triggered, input only) and an eventfd in it
+/// that [`Epoll::wake`] makes readable.
+#[derive(Debug)]
+pub(super) struct Epoll {
+    fd: OwnedFd,
+    event: File,
+}
+
+const TOKEN_WAKE: u64 = 0;
+
+impl Epoll {
+    pub(super) fn new() -> io::Result<Self> {
+        // SAFETY: creates a new descriptor; no memory is passed.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by epoll_create1 and is owned by
+        // nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: creates a new descriptor; no memory is passed.
+        let e = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if e < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `e` was just returned by eventfd and is owned by nothing
+        // else.
+        let event = unsafe { File::from_raw_fd(e) };
+        let ep = Epoll { fd, event };
+        ep.add(ep.event.as_fd(), TOKEN_WAKE)?;
+        Ok(ep)
+    }
+
+    /// Watches `fd` for input.
+    pub(super) fn add(&self, fd: BorrowedFd<'_>, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: token,
+        };
+        // SAFETY: EPOLL_CTL_ADD reads one epoll_event, which lives for the
+        // call; both descriptors are open.
+        let r = unsafe {
+            libc::epoll_ctl(
+                self.fd.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                fd.as_raw_fd(),
+                &raw mut ev,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Stops watching `fd` (before it is closed).
+    pub(super) fn remove(&self, fd: BorrowedFd<'_>) {
+        // SAFETY: EPOLL_CTL_DEL ignores the event pointer (null is allowed
+        // since Linux 2.6.9); both descriptors are open. A failure (not
+        // watched) leaves nothing to undo.
+        unsafe {
+            libc::epoll_ctl(
+                self.fd.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                fd.as_raw_fd(),
+                std::ptr::null_mut(),
+            );
+        }
+    }
+
+    /// Makes the instance readable until the next [`Epoll::drain`].
+    pub(super) fn wake(&self) -> io::Result<()> {
+        match (&self.event).write(&1u64.to_ne_bytes()) {
+            Ok(_) => Ok(()),
+            // The counter is saturated: it is readable anyway.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Clears a wake-up.
+    pub(super) fn drain(&self) {
+        let mut b = [0u8; 8];
+        let _ = (&self.event).read(&mut b);
+    }
+}
+
+impl AsFd for Epoll {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}

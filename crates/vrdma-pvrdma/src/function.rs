@@ -1,0 +1,757 @@
+//! The PVRDMA PCI function: its config space and BARs (MSI-X in BAR0, the
+//! registers in BAR1, doorbell pages in BAR2), the shared-region handshake,
+//! the command channel, doorbells, and the device rings it produces into —
+//! a thin translation of VMware's device ABI onto a vrdma device.
+//!
+//! Everything the guest writes is copied out of guest memory and checked
+//! before it is used: the shared region when its address is written, a
+//! command when REQUEST is written, page directories when an object is
+//! made, ring indices and WQEs as they are taken. The device touches guest
+//! memory only through the client's DMA maps, and guest data only through
+//! the engine's MR checks.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use nix::errno::Errno;
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
+use vrdma_device::{Device, GuestMem, Transport};
+use vrdma_engine::{Engine, SrqHandle, attr::PortAttr, event::AsyncEvent};
+use vrdma_vfio_user::{
+    Bus, Function, Region,
+    irq::Irqs,
+    pci::{Bar, ConfigSpace},
+    proto::irq_index,
+};
+use zerocopy::IntoBytes;
+
+use crate::{
+    abi::{self, Caps, Dsr, PAGE_SIZE, eqe, intr, reg, uar},
+    caps::Limits,
+    cq::{CQNE_SIZE, DeviceRing, EQE_SIZE, SharedMem},
+    qp::QpFace,
+    ring::{self, GuestRing, PageList},
+    srq::SrqFace,
+};
+
+/// BAR0: the MSI-X table at 0, its pending bits at 0x2000 (QEMU emulates
+/// the table; the pending bits are read here).
+pub const BAR0_SIZE: u64 = 0x4000;
+pub const MSIX_PBA: u64 = 0x2000;
+/// BAR1: the registers.
+pub const BAR1_SIZE: u64 = 0x1000;
+
+/// Error codes in the ERR register (the driver only tests for non-zero).
+pub mod err {
+    pub const INVALID: u32 = 1;
+    pub const NO_DSR: u32 = 2;
+    pub const BAD_COMMAND: u32 = 0xffff;
+}
+
+/// Counters of the face.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct FaceStats {
+    pub commands: u64,
+    pub command_errors: u64,
+    pub doorbells: u64,
+    /// Doorbells rung for an object that does not exist or is not the
+    /// page's (another context's).
+    pub doorbells_refused: u64,
+    pub wqes: u64,
+    pub malformed_wqes: u64,
+    /// QPs and SRQs whose rings the guest broke (taken to ERR).
+    pub broken_rings: u64,
+    pub events: u64,
+    pub notifications: u64,
+    /// Device-ring entries dropped (the guest did not consume them).
+    pub ring_drops: u64,
+    pub resets: u64,
+}
+
+/// The rings and slots a loaded shared region names.
+#[derive(Debug)]
+pub(crate) struct Loaded {
+    pub cmd_slot: u64,
+    pub resp_slot: u64,
+    pub async_ring: DeviceRing,
+    pub cq_ring: DeviceRing,
+    /// The page frame of doorbell page 0 (BAR2's first page).
+    pub uar_pfn: u64,
+}
+
+/// A CQ's owner, for its doorbells.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CqInfo {
+    pub uar: u32,
+}
+
+/// The function.
+#[derive(Debug)]
+pub struct Pvrdma<T: Transport> {
+    config: ConfigSpace,
+    pub(crate) limits: Limits,
+    pub(crate) mac: [u8; 6],
+    pub(crate) node_guid: u64,
+    /// The Ethernet MTU of the port (frames the uplink carries).
+    pub(crate) port: PortAttr,
+    // Registers.
+    dsr_low: u32,
+    dsr_high: u32,
+    pub(crate) err: u32,
+    icr: u32,
+    imr: u32,
+    active: bool,
+    pub(crate) loaded: Option<Loaded>,
+    pub(crate) device: Device<GuestMem, T>,
+    pub(crate) shared: SharedMem,
+    /// User contexts: handle → doorbell page.
+    pub(crate) ucs: BTreeMap<u32, u32>,
+    pub(crate) next_uc: u32,
+    /// PDs: handle → context handle (0: the kernel's).
+    pub(crate) pds: BTreeMap<u32, u32>,
+    pub(crate) cqs: BTreeMap<u32, CqInfo>,
+    pub(crate) qps: BTreeMap<u32, QpFace>,
+    pub(crate) srqs: BTreeMap<u32, SrqFace>,
+    /// QPs and SRQs with WQEs the engine holds or the guest posted and the
+    /// device did not take yet: their indices are published each round.
+    pub(crate) busy_qps: BTreeSet<u32>,
+    pub(crate) busy_srqs: BTreeSet<u32>,
+    /// Poll every ring each round instead of waiting for doorbells (the
+    /// doorbell pages are then shared memory).
+    pub polling: bool,
+    pub(crate) stats: FaceStats,
+}
+
+impl<T: Transport> Pvrdma<T> {
+    /// A function whose device reaches the network through `transport`,
+    /// with `limits`, the port's Ethernet address `mac` and its path MTU.
+    pub fn new(
+        limits: Limits,
+        mac: [u8; 6],
+        mut port: PortAttr,
+        transport: T,
+    ) -> Result<Self, crate::caps::LimitError> {
+        limits.validate()?;
+        // The GID table the guest fills with CREATE_BIND: empty, its
+        // announced length.
+        port.gids = vec![None; limits.gid_tbl_len as usize];
+        let mut config = ConfigSpace::new(abi::VENDOR_ID, abi::DEVICE_ID, 0x02_8000, 0);
+        config.set_bar(0, Bar::Mem32);
+        config.set_bar(1, Bar::Mem32);
+        config.set_bar(2, Bar::Mem32);
+        config.add_msix(intr::VECTORS as u16, 0, 0, 0, MSIX_PBA as u32);
+        let node_guid = crate::caps::node_guid(mac);
+        let engine = Engine::new(limits.device_attr(node_guid), port.clone());
+        let device = Device::new(engine, GuestMem::default(), transport);
+        Ok(Pvrdma {
+            config,
+            limits,
+            mac,
+            node_guid,
+            port,
+            dsr_low: 0,
+            dsr_high: 0,
+            err: err::NO_DSR,
+            icr: 0,
+            imr: u32::MAX,
+            active: false,
+            loaded: None,
+            device,
+            shared: SharedMem::new(GuestMemoryMmap::default()),
+            ucs: BTreeMap::new(),
+            next_uc: 1,
+            pds: BTreeMap::new(),
+            cqs: BTreeMap::new(),
+            qps: BTreeMap::new(),
+            srqs: BTreeMap::new(),
+            busy_qps: BTreeSet::new(),
+            busy_srqs: BTreeSet::new(),
+            polling: false,
+            stats: FaceStats::default(),
+        })
+    }
+
+    pub fn device(&self) -> &Device<GuestMem, T> {
+        &self.device
+    }
+
+    pub fn device_mut(&mut self) -> &mut Device<GuestMem, T> {
+        &mut self.device
+    }
+
+    pub fn stats(&self) -> FaceStats {
+        self.stats
+    }
+
+    /// The device's counters (port, engine, objects) and the face's, for
+    /// `vrdma stat`.
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let mut v = self.device.counters();
+        let s = self.stats;
+        let ring_drops = s.ring_drops
+            + self
+                .loaded
+                .as_ref()
+                .map_or(0, |l| l.async_ring.dropped + l.cq_ring.dropped);
+        for (k, n) in [
+            ("commands", s.commands),
+            ("command_errors", s.command_errors),
+            ("doorbells", s.doorbells),
+            ("doorbells_refused", s.doorbells_refused),
+            ("wqes", s.wqes),
+            ("malformed_wqes", s.malformed_wqes),
+            ("broken_rings", s.broken_rings),
+            ("events", s.events),
+            ("notifications", s.notifications),
+            ("ring_drops", ring_drops),
+            ("resets", s.resets),
+            ("active", u64::from(self.active)),
+        ] {
+            v.push((format!("pvrdma.{k}"), n));
+        }
+        v
+    }
+
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    /// Whether the driver activated the device.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// Doorbell pages (BAR2).
+    pub fn uar_pages(&self) -> u32 {
+        self.limits.max_uar
+    }
+
+    /// Raises interrupt cause `vector` (0 response, 1 async, 2 CQ): through
+    /// its MSI-X vector unless IMR masks it, when it waits in ICR until
+    /// unmasked.
+    pub(crate) fn raise(&mut self, irqs: &mut Irqs, vector: u32) {
+        if self.imr & (1 << vector) != 0 {
+            self.icr |= 1 << vector;
+            return;
+        }
+        irqs.raise(irq_index::MSIX, vector);
+    }
+
+    /// Everything the guest made goes, the shared region is forgotten
+    /// (CTL RESET, a function reset, a new shared region, the client gone).
+    pub fn reset_device(&mut self) {
+        // A new engine: every object the guest made is gone with the old
+        // one (and nothing of it reaches guest memory again).
+        let fresh = Engine::new(self.limits.device_attr(self.node_guid), self.port.clone());
+        *self.device.engine_mut() = fresh;
+        self.qps.clear();
+        self.srqs.clear();
+        self.cqs.clear();
+        self.pds.clear();
+        self.ucs.clear();
+        self.next_uc = 1;
+        self.busy_qps.clear();
+        self.busy_srqs.clear();
+        self.loaded = None;
+        self.active = false;
+        self.err = err::NO_DSR;
+        self.icr = 0;
+        self.imr = u32::MAX;
+        self.dsr_low = 0;
+        self.dsr_high = 0;
+        self.device.transport_mut().set_local(&[]);
+        self.stats.resets += 1;
+    }
+
+    /// DSRHIGH: the driver handed over its shared region. Read it, check
+    /// the rings it names, and write the capabilities back.
+    fn load_dsr(&mut self, mem: &GuestMemoryMmap<()>) {
+        let (low, high) = (self.dsr_low, self.dsr_high);
+        if self.loaded.is_some() || self.active {
+            // A new region replaces everything.
+            self.reset_device();
+            (self.dsr_low, self.dsr_high) = (low, high);
+        }
+        let addr = u64::from(high) << 32 | u64::from(low);
+        match self.try_load(mem, addr) {
+            Ok(l) => {
+                let caps: Caps = self.limits.caps(self.node_guid);
+                if ring::write(mem, addr + abi::DSR_CAPS_OFFSET, &caps).is_err() {
+                    self.err = err::INVALID;
+                    return;
+                }
+                self.loaded = Some(l);
+                self.err = 0;
+            }
+            Err(e) => {
+                tracing::warn!(addr, error = %e, "PVRDMA: shared region refused");
+                self.err = err::INVALID;
+            }
+        }
+    }
+
+    fn try_load(&self, mem: &GuestMemoryMmap<()>, addr: u64) -> Result<Loaded, ring::GuestError> {
+        let dsr: Dsr = ring::read(mem, addr)?;
+        let slot = |a: u64| -> Result<u64, ring::GuestError> {
+            if !a.is_multiple_of(PAGE_SIZE) {
+                return Err(ring::GuestError::Unaligned(a));
+            }
+            // Both slots must be there now (they are checked again on
+            // each use).
+            ring::read::<[u8; 8]>(mem, a).map(|_| a)
+        };
+        let cmd_slot = slot(dsr.cmd_slot_dma.get())?;
+        let resp_slot = slot(dsr.resp_slot_dma.get())?;
+        let device_ring =
+            |pages: &abi::RingPages, stride: u64| -> Result<DeviceRing, ring::GuestError> {
+                let n = u64::from(pages.num_pages.get());
+                // The state page and at least one data page; the driver uses
+                // 4 (CVE-2021-3607, CVE-2023-1544: bounded, never 0).
+                if !(2..=512).contains(&n) {
+                    return Err(ring::GuestError::PageCount(n));
+                }
+                let list = PageList::read(mem, pages.pdir_dma.get(), n)?;
+                let count = ((n - 1) * PAGE_SIZE / stride) as u32;
+                let state = list.pages()[0] + abi::ring_state::RX;
+                let ring = GuestRing::new(count, stride, state, list.skip(1))
+                    .ok_or(ring::GuestError::PageCount(n))?;
+                Ok(DeviceRing::new(ring))
+            };
+        Ok(Loaded {
+            cmd_slot,
+            resp_slot,
+            async_ring: device_ring(&dsr.async_ring_pages, EQE_SIZE)?,
+            cq_ring: device_ring(&dsr.cq_ring_pages, CQNE_SIZE)?,
+            uar_pfn: dsr.uar_pfn64.get(),
+        })
+    }
+
+    fn read_register(&mut self, offset: u64) -> u32 {
+        match offset {
+            reg::VERSION => abi::VERSION,
+            reg::DSRLOW => self.dsr_low,
+            reg::DSRHIGH => self.dsr_high,
+            reg::ERR => self.err,
+            reg::ICR => std::mem::take(&mut self.icr),
+            reg::IMR => self.imr,
+            reg::MACL => u32::from_le_bytes([self.mac[0], self.mac[1], self.mac[2], self.mac[3]]),
+            reg::MACH => u32::from(u16::from_le_bytes([self.mac[4], self.mac[5]])),
+            _ => 0,
+        }
+    }
+
+    fn write_register(&mut self, bus: &mut Bus<'_>, offset: u64, v: u32) {
+        match offset {
+            reg::DSRLOW => self.dsr_low = v,
+            reg::DSRHIGH => {
+                self.dsr_high = v;
+                self.load_dsr(bus.mem);
+            }
+            reg::CTL => match v {
+                reg::CTL_ACTIVATE => {
+                    self.active = self.loaded.is_some();
+                    self.err = if self.active { 0 } else { err::NO_DSR };
+                }
+                reg::CTL_UNQUIESCE => {
+                    self.err = if self.active { 0 } else { err::NO_DSR };
+                }
+                reg::CTL_RESET => {
+                    self.reset_device();
+                    self.err = 0;
+                }
+                _ => self.err = err::INVALID,
+            },
+            reg::REQUEST => self.request(bus),
+            reg::IMR => {
+                self.imr = v;
+                // Causes that waited while masked.
+                let pending = self.icr & !v;
+                for vector in 0..intr::VECTORS {
+                    if pending & (1 << vector) != 0 {
+                        self.icr &= !(1 << vector);
+                        bus.irqs.raise(irq_index::MSIX, vector);
+                    }
+                }
+            }
+            // ICR is read to clear; VERSION, ERR and the MAC are read-only.
+            _ => {}
+        }
+    }
+
+    /// REQUEST: runs the command in the command slot, writes its response
+    /// and sets ERR before the write returns (QEMU holds the vCPU until the
+    /// reply: its `x-no-posted-writes`), and interrupts for a response the
+    /// driver waits for. A command the driver does not wait for (a destroy,
+    /// a GID bind, MODIFY_SRQ) or one that failed gets no interrupt: the
+    /// driver never waits for those, and a late interrupt would complete
+    /// its next command early.
+    fn request(&mut self, bus: &mut Bus<'_>) {
+        let Some(loaded) = &self.loaded else {
+            // No shared region: nothing to read the command from
+            // (CVE-2022-1050).
+            self.err = err::NO_DSR;
+            return;
+        };
+        if !self.active {
+            self.err = err::NO_DSR;
+            return;
+        }
+        let (cmd_slot, resp_slot) = (loaded.cmd_slot, loaded.resp_slot);
+        self.stats.commands += 1;
+        let mut req = [0u8; abi::MAX_REQUEST];
+        if ring::read_into(bus.mem, cmd_slot, &mut req).is_err() {
+            self.err = err::INVALID;
+            self.stats.command_errors += 1;
+            return;
+        }
+        let outcome = self.command(bus, &req);
+        match outcome {
+            Ok(crate::cmd::Done { response, wait }) => {
+                if ring::write_bytes(bus.mem, resp_slot, &response).is_err() {
+                    self.err = err::INVALID;
+                    self.stats.command_errors += 1;
+                    return;
+                }
+                self.err = 0;
+                if wait {
+                    self.raise(bus.irqs, intr::RESPONSE);
+                }
+            }
+            Err(f) => {
+                self.stats.command_errors += 1;
+                tracing::debug!(
+                    command = f.cmd,
+                    error = f.err,
+                    what = f.what,
+                    "PVRDMA command refused"
+                );
+                // The response header says it too (MODIFY_QP reads it).
+                let _ = ring::write_bytes(bus.mem, resp_slot, &f.response());
+                self.err = f.err;
+            }
+        }
+    }
+
+    /// A doorbell: a 32-bit write at `offset` of BAR2.
+    fn doorbell(&mut self, bus: &mut Bus<'_>, offset: u64, v: u32) {
+        self.stats.doorbells += 1;
+        let page = (offset / PAGE_SIZE) as u32;
+        let handle = v & uar::HANDLE_MASK;
+        let mem = bus.mem;
+        match offset % PAGE_SIZE {
+            uar::QP_OFFSET => {
+                let Some(q) = self.qps.get(&handle).filter(|q| q.uar == page) else {
+                    self.stats.doorbells_refused += 1;
+                    return;
+                };
+                let _ = q;
+                if v & uar::QP_SEND != 0 {
+                    self.take_sends(mem, handle);
+                }
+                if v & uar::QP_RECV != 0 {
+                    self.take_recvs(mem, handle);
+                }
+            }
+            uar::CQ_OFFSET => {
+                if self.cqs.get(&handle).is_none_or(|c| c.uar != page) {
+                    self.stats.doorbells_refused += 1;
+                    return;
+                }
+                let cq = vrdma_engine::CqHandle(handle);
+                let engine = self.device.engine_mut();
+                if v & uar::CQ_ARM != 0 {
+                    let _ = engine.req_notify_cq(cq, false);
+                } else if v & uar::CQ_ARM_SOL != 0 {
+                    let _ = engine.req_notify_cq(cq, true);
+                }
+                // POLL: completions are written as they happen; nothing
+                // waits to be flushed.
+            }
+            uar::SRQ_OFFSET => {
+                if self.srqs.get(&handle).is_none_or(|s| s.uar != page) {
+                    self.stats.doorbells_refused += 1;
+                    return;
+                }
+                if v & uar::SRQ_RECV != 0 {
+                    self.take_srq(mem, handle);
+                }
+            }
+            _ => self.stats.doorbells_refused += 1,
+        }
+    }
+
+    pub(crate) fn take_sends(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let engine = self.device.engine_mut();
+        let t = q.take_sends(mem, engine);
+        self.stats.wqes += u64::from(t.wqes);
+        self.stats.malformed_wqes += u64::from(t.malformed);
+        if t.broken {
+            self.stats.broken_rings += 1;
+            let _ = engine.qp_fatal(q.qpn);
+        }
+        self.busy_qps.insert(qpn);
+    }
+
+    pub(crate) fn take_recvs(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let engine = self.device.engine_mut();
+        let t = q.take_recvs(mem, engine);
+        self.stats.wqes += u64::from(t.wqes);
+        self.stats.malformed_wqes += u64::from(t.malformed);
+        if t.broken {
+            self.stats.broken_rings += 1;
+            let _ = engine.qp_fatal(q.qpn);
+        }
+        self.busy_qps.insert(qpn);
+    }
+
+    pub(crate) fn take_srq(&mut self, mem: &GuestMemoryMmap<()>, srq: u32) {
+        let Some(s) = self.srqs.get_mut(&srq) else {
+            return;
+        };
+        let engine = self.device.engine_mut();
+        let t = s.take(mem, engine);
+        self.stats.wqes += u64::from(t.wqes);
+        self.stats.malformed_wqes += u64::from(t.malformed);
+        if t.broken {
+            self.stats.broken_rings += 1;
+        }
+        self.busy_srqs.insert(srq);
+    }
+
+    /// One round of the device: the network and the engine's timers, then
+    /// what that produced for the guest — completions are already in its
+    /// CQs; CQ notifications and async events go into the device rings
+    /// with their interrupts, WQEs waiting for room are taken, and the
+    /// rings' consumer indices follow what the engine retired. Returns the
+    /// device's progress (its next deadline).
+    pub fn progress(&mut self, bus: &mut Bus<'_>) -> std::io::Result<vrdma_device::Progress> {
+        let p = self.device.progress()?;
+        self.deliver(bus);
+        Ok(p)
+    }
+
+    /// The guest-facing half of a round (also after commands and
+    /// doorbells, which can complete work at once).
+    pub fn deliver(&mut self, bus: &mut Bus<'_>) {
+        if !self.active {
+            return;
+        }
+        let mem = bus.mem;
+        if self.polling {
+            let qps: Vec<u32> = self.qps.keys().copied().collect();
+            for qpn in qps {
+                self.take_sends(mem, qpn);
+                self.take_recvs(mem, qpn);
+            }
+            let srqs: Vec<u32> = self.srqs.keys().copied().collect();
+            for s in srqs {
+                self.take_srq(mem, s);
+            }
+        }
+        // Room freed in the engine: take what waited, publish what retired.
+        let busy: Vec<u32> = self.busy_qps.iter().copied().collect();
+        for qpn in busy {
+            let Some(q) = self.qps.get_mut(&qpn) else {
+                self.busy_qps.remove(&qpn);
+                continue;
+            };
+            let engine = self.device.engine_mut();
+            if q.pending(mem) {
+                let t = q.take_sends(mem, engine);
+                let r = q.take_recvs(mem, engine);
+                self.stats.wqes += u64::from(t.wqes + r.wqes);
+                self.stats.malformed_wqes += u64::from(t.malformed + r.malformed);
+                if t.broken || r.broken {
+                    self.stats.broken_rings += 1;
+                    let _ = engine.qp_fatal(q.qpn);
+                }
+            }
+            q.publish(mem, engine);
+            let idle = engine.sq_len(q.qpn).unwrap_or(0) == 0
+                && engine.rq_len(q.qpn).unwrap_or(0) == 0
+                && !q.pending(mem);
+            if idle {
+                self.busy_qps.remove(&qpn);
+            }
+        }
+        let busy: Vec<u32> = self.busy_srqs.iter().copied().collect();
+        for srq in busy {
+            let Some(s) = self.srqs.get_mut(&srq) else {
+                self.busy_srqs.remove(&srq);
+                continue;
+            };
+            let engine = self.device.engine_mut();
+            if s.pending(mem) {
+                let t = s.take(mem, engine);
+                self.stats.wqes += u64::from(t.wqes);
+                self.stats.malformed_wqes += u64::from(t.malformed);
+            }
+            s.publish(mem, engine);
+            if engine.srq_len(SrqHandle(srq)).unwrap_or(0) == 0 && !s.pending(mem) {
+                self.busy_srqs.remove(&srq);
+            }
+        }
+        // CQ notifications: one entry per armed CQ that completed, one
+        // interrupt for the lot.
+        let mut notified = false;
+        while let Some(cq) = self.device.engine_mut().poll_notification() {
+            let Some(l) = self.loaded.as_mut() else {
+                break;
+            };
+            if l.cq_ring.push(mem, &abi::Cqne { info: cq.0.into() }) {
+                self.stats.notifications += 1;
+                notified = true;
+            } else {
+                self.stats.ring_drops += 1;
+            }
+        }
+        if notified {
+            self.raise(bus.irqs, intr::CQ);
+        }
+        let mut evented = false;
+        while let Some(ev) = self.device.engine_mut().poll_event() {
+            let (kind, info) = event_code(ev);
+            let Some(l) = self.loaded.as_mut() else {
+                break;
+            };
+            if l.async_ring.push(
+                mem,
+                &abi::Eqe {
+                    kind: kind.into(),
+                    info: info.into(),
+                },
+            ) {
+                self.stats.events += 1;
+                evented = true;
+            } else {
+                self.stats.ring_drops += 1;
+            }
+        }
+        if evented {
+            self.raise(bus.irqs, intr::ASYNC);
+        }
+    }
+
+    /// The DMA maps changed: the engine, the CQ sinks and the transport's
+    /// lent pieces move to the new memory at once.
+    fn remap(&mut self, mem: &GuestMemoryMmap<()>) {
+        // Packets queued with pieces lent from the old maps leave first.
+        let _ = self.device.flush();
+        *self.device.mem_mut() = GuestMem::from_map(mem.clone());
+        if let Ok(guard) = self.shared.lock() {
+            guard.replace(mem.clone());
+        }
+    }
+}
+
+/// The async event entry for an engine event.
+pub(crate) fn event_code(ev: AsyncEvent) -> (u32, u32) {
+    match ev {
+        AsyncEvent::CqErr { cq } => (eqe::CQ_ERR, cq.0),
+        AsyncEvent::QpFatal { qp } => (eqe::QP_FATAL, qp.value()),
+        AsyncEvent::QpReqErr { qp } => (eqe::QP_REQ_ERR, qp.value()),
+        AsyncEvent::QpAccessErr { qp } => (eqe::QP_ACCESS_ERR, qp.value()),
+        AsyncEvent::QpLastWqeReached { qp } => (eqe::QP_LAST_WQE_REACHED, qp.value()),
+        AsyncEvent::SqDrained { qp } => (eqe::SQ_DRAINED, qp.value()),
+        AsyncEvent::SrqLimitReached { srq } => (eqe::SRQ_LIMIT_REACHED, srq.0),
+        AsyncEvent::PortActive { port } => (eqe::PORT_ACTIVE, u32::from(port)),
+    }
+}
+
+impl<T: Transport> Function for Pvrdma<T> {
+    fn region(&self, index: u32) -> Region {
+        let size = match index {
+            0 => BAR0_SIZE,
+            1 => BAR1_SIZE,
+            2 => u64::from(self.limits.max_uar) * PAGE_SIZE,
+            _ => 0,
+        };
+        Region { size, mmap: None }
+    }
+
+    fn irq_counts(&self) -> Vec<u32> {
+        vec![0, 0, intr::VECTORS]
+    }
+
+    fn config(&self) -> &ConfigSpace {
+        &self.config
+    }
+
+    fn config_mut(&mut self) -> &mut ConfigSpace {
+        &mut self.config
+    }
+
+    fn region_read(
+        &mut self,
+        _bus: &mut Bus<'_>,
+        index: u32,
+        offset: u64,
+        data: &mut [u8],
+    ) -> Result<(), Errno> {
+        data.fill(0);
+        match index {
+            // The pending bits (nothing is held here: QEMU keeps a masked
+            // vector's interrupt itself).
+            0 => {}
+            1 => {
+                if data.len() == 4 && offset.is_multiple_of(4) {
+                    data.copy_from_slice(&self.read_register(offset).to_le_bytes());
+                }
+            }
+            // Doorbell pages read as 0 (the driver never reads them).
+            2 => {}
+            _ => return Err(Errno::EINVAL),
+        }
+        Ok(())
+    }
+
+    fn region_write(
+        &mut self,
+        bus: &mut Bus<'_>,
+        index: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Errno> {
+        if data.len() != 4 || !offset.is_multiple_of(4) {
+            // The driver only does 32-bit accesses.
+            return if index <= 2 {
+                Ok(())
+            } else {
+                Err(Errno::EINVAL)
+            };
+        }
+        let v = u32::from_le_bytes(data.try_into().unwrap_or_default());
+        match index {
+            0 => {}
+            1 => self.write_register(bus, offset, v),
+            2 => {
+                if self.active && bus.mem.num_regions() > 0 {
+                    self.doorbell(bus, offset, v);
+                    self.deliver(bus);
+                }
+            }
+            _ => return Err(Errno::EINVAL),
+        }
+        Ok(())
+    }
+
+    fn config_written(&mut self, _bus: &mut Bus<'_>) {}
+
+    fn reset(&mut self, _bus: &mut Bus<'_>) {
+        self.reset_device();
+    }
+
+    fn memory_changed(&mut self, bus: &mut Bus<'_>) {
+        self.remap(bus.mem);
+    }
+}
+
+/// Bytes of a response (for tests).
+pub fn as_bytes<T: IntoBytes + zerocopy::Immutable>(v: &T) -> &[u8] {
+    v.as_bytes()
+}

@@ -1,0 +1,215 @@
+//! One PVRDMA device served over vfio-user: its socket, the client
+//! connected to it, and the device's event loop — one thread per device,
+//! waiting on the vfio-user socket and the device's network port at once,
+//! no locks. A client that goes away leaves the device reset and the
+//! socket ready for the next one; a second client while one is connected
+//! is turned away.
+
+use std::{
+    io,
+    os::fd::{AsFd, BorrowedFd},
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use vrdma_device::{Transport, publish::Publisher};
+use vrdma_vfio_user::{
+    Session,
+    session::reply_fds,
+    socket::{Connection, Listener},
+};
+
+use crate::Pvrdma;
+
+/// Messages handled in one turn of the loop before the network gets its
+/// turn again.
+const MESSAGES_PER_TURN: usize = 64;
+
+/// The longest the loop sleeps with nothing due (it looks at its stop
+/// flag that often).
+const IDLE: Duration = Duration::from_millis(200);
+
+/// A device and its vfio-user socket.
+#[derive(Debug)]
+pub struct Server<T: Transport> {
+    listener: Listener,
+    conn: Option<Connection>,
+    session: Session,
+    function: Pvrdma<T>,
+    publisher: Option<Publisher>,
+    /// Clients served since the start.
+    pub clients: u64,
+}
+
+impl<T: Transport> Server<T> {
+    /// Serves `function` on a UNIX socket at `socket`; its counters are
+    /// published under `name` (for `vrdma stat`).
+    pub fn bind(socket: &Path, function: Pvrdma<T>, name: &str) -> io::Result<Self> {
+        let listener = Listener::bind(socket)?;
+        let session = Session::new(&function);
+        Ok(Server {
+            listener,
+            conn: None,
+            session,
+            function,
+            publisher: Publisher::new(name),
+            clients: 0,
+        })
+    }
+
+    pub fn function(&self) -> &Pvrdma<T> {
+        &self.function
+    }
+
+    pub fn function_mut(&mut self) -> &mut Pvrdma<T> {
+        &mut self.function
+    }
+
+    /// Runs until `stop` is set or an unrecoverable error (the device's
+    /// network port failing).
+    pub fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
+        while !stop.load(Ordering::Relaxed) {
+            self.turn()?;
+        }
+        self.publish(true);
+        Ok(())
+    }
+
+    /// One turn: the device's round, then a wait for whatever comes next
+    /// (the client, the network, the engine's next deadline).
+    pub fn turn(&mut self) -> io::Result<()> {
+        let p = {
+            let mut bus = self.session.bus();
+            self.function.progress(&mut bus)?
+        };
+        self.publish(false);
+        let busy = !p.is_idle() || self.function.polling;
+        let timeout = if busy {
+            Duration::ZERO
+        } else {
+            match p.deadline {
+                Some(t) => {
+                    let now = self.function.device().now();
+                    Duration::from_nanos(t.saturating_sub(now)).min(IDLE)
+                }
+                None => IDLE,
+            }
+        };
+        let (client, listener) = self.wait(timeout)?;
+        if listener {
+            self.accept()?;
+        }
+        if client {
+            self.serve_client();
+        }
+        Ok(())
+    }
+
+    /// Waits until the client, the listener or the device has input, or
+    /// `timeout`; which of the first two is readable.
+    fn wait(&self, timeout: Duration) -> io::Result<(bool, bool)> {
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        let to = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+        let dev: BorrowedFd<'_> = self.function.device().fd();
+        let mut fds = vec![
+            PollFd::new(dev, PollFlags::POLLIN),
+            PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
+        ];
+        if let Some(c) = &self.conn {
+            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+        }
+        loop {
+            match poll(&mut fds, to) {
+                Ok(_) => break,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let ready = |f: &PollFd<'_>| {
+            f.revents().is_some_and(|r| {
+                r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+            })
+        };
+        let listener = ready(&fds[1]);
+        let client = fds.get(2).is_some_and(ready);
+        Ok((client, listener))
+    }
+
+    fn accept(&mut self) -> io::Result<()> {
+        let Some(c) = self.listener.accept()? else {
+            return Ok(());
+        };
+        if self.conn.is_some() {
+            // One client at a time: the newcomer is closed at once.
+            tracing::warn!(socket = %self.listener.path().display(), "a second client was turned away");
+            drop(c);
+            return Ok(());
+        }
+        tracing::info!(socket = %self.listener.path().display(), "client connected");
+        self.conn = Some(c);
+        self.clients += 1;
+        Ok(())
+    }
+
+    /// Handles the client's messages that are waiting.
+    fn serve_client(&mut self) {
+        for _ in 0..MESSAGES_PER_TURN {
+            let Some(conn) = &mut self.conn else {
+                return;
+            };
+            match conn.receive() {
+                Ok(Some(m)) => {
+                    let reply =
+                        self.session
+                            .handle(&mut self.function, &m.header, &m.payload, m.fds);
+                    if let Some(r) = reply
+                        && let Err(e) = conn.send(&r.bytes, &reply_fds(&r))
+                    {
+                        tracing::warn!(error = %e, "reply failed: client dropped");
+                        self.disconnect();
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    tracing::info!(socket = %self.listener.path().display(), "client disconnected");
+                    self.disconnect();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "client dropped");
+                    self.disconnect();
+                    return;
+                }
+            }
+            if !self.conn.as_ref().is_some_and(Connection::has_more) {
+                return;
+            }
+        }
+    }
+
+    /// The client is gone: its memory and interrupts go with it, and the
+    /// device is reset for the next one (a new VM, or the same one after a
+    /// restart: either resets it again before use).
+    fn disconnect(&mut self) {
+        self.conn = None;
+        self.session.disconnect(&mut self.function);
+        self.function.reset_device();
+    }
+
+    fn publish(&mut self, last: bool) {
+        let Some(p) = &mut self.publisher else {
+            return;
+        };
+        let now = self.function.device().now();
+        let f = &self.function;
+        p.publish(now, || f.counters(), last);
+    }
+}
+
+/// A flag a signal handler or another thread sets to stop servers.
+pub type Stop = Arc<AtomicBool>;

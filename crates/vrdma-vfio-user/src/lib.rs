@@ -1,0 +1,31 @@
+//! vrdma's vfio-user server: one PCI function served to a client — QEMU's
+//! `vfio-user-pci` — over a UNIX socket.
+//!
+//! Written here rather than taken from rust-vmm's `vfio_user` crate
+//! (0.1.7), whose server owns its thread in a blocking `run()` with no fd
+//! to poll (a device here runs one event loop: engine, network port and
+//! this socket), answers backend errors with errno 0 (which QEMU reads as
+//! success for DMA_MAP and SET_IRQS), sends a region's descriptor only with
+//! a sparse-mmap list, reads the unmap-all flag at the wrong bit, and can
+//! panic or lose framing on malformed input. The crate's message layouts
+//! are the kernel's VFIO structures, declared again in [`proto`] with
+//! `zerocopy` so that every one is decoded from a copy, size-checked.
+//!
+//! - [`proto`]: the wire format and the decoder (fuzzed).
+//! - [`session`]: a client's session — handshake, DMA maps, interrupts,
+//!   region and config accesses — and the [`session::Function`] a device
+//!   implements; no I/O.
+//! - [`dma`]: the client's memory, mapped with `vm-memory`.
+//! - [`irq`]: MSI-X vectors as eventfds.
+//! - [`pci`]: the config space.
+//! - [`socket`]: the listening socket and a connection (messages with
+//!   their descriptors).
+
+pub mod dma;
+pub mod irq;
+pub mod pci;
+pub mod proto;
+pub mod session;
+pub mod socket;
+
+pub use session::{Bus, Function, Mmap, Region, Session};
