@@ -36,27 +36,32 @@ pub struct Limits {
     pub gid_tbl_len: u32,
 }
 
+impl Limits {
+    /// The defaults: what `vrdma serve` announces unless told otherwise.
+    pub const DEFAULT: Limits = Limits {
+        max_qp: 1024,
+        max_qp_wr: 1024,
+        max_sge: 8,
+        max_cq: 2048,
+        max_cqe: 8192,
+        max_mr: 4096,
+        max_pd: 1024,
+        // The kernel's MAD layer makes an AH per reply.
+        max_ah: 65536,
+        max_srq: 256,
+        max_srq_wr: 1024,
+        max_srq_sge: 8,
+        max_qp_rd_atom: 16,
+        // One page directory of pages: 262 144 × 4 KiB.
+        max_mr_size: 1 << 30,
+        max_uar: 256,
+        gid_tbl_len: 128,
+    };
+}
+
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_qp: 1024,
-            max_qp_wr: 1024,
-            max_sge: 8,
-            max_cq: 2048,
-            max_cqe: 8192,
-            max_mr: 4096,
-            max_pd: 1024,
-            // The kernel's MAD layer makes an AH per reply.
-            max_ah: 65536,
-            max_srq: 256,
-            max_srq_wr: 1024,
-            max_srq_sge: 8,
-            max_qp_rd_atom: 16,
-            // One page directory of pages: 262 144 × 4 KiB.
-            max_mr_size: 1 << 30,
-            max_uar: 256,
-            gid_tbl_len: 128,
-        }
+        Limits::DEFAULT
     }
 }
 

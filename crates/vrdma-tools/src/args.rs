@@ -64,7 +64,107 @@ pub enum Command {
     /// QP over real UDP sockets: a ping-pong, then a short latency and
     /// bandwidth table. Nothing to set up.
     Demo(DemoArgs),
+
+    /// Serve RDMA devices to QEMU guests: each a VMware PVRDMA PCI
+    /// function (15ad:0820) over vfio-user, which a guest's stock
+    /// `vmw_pvrdma` driver and rdma-core's provider use, with vrdma's
+    /// RoCEv2 engine behind it.
+    ///
+    /// Each --device is one guest's: the vfio-user socket QEMU's
+    /// `vfio-user-pci` connects to, and the network: the daemon is the
+    /// network backend of the guest's vmxnet3 (QEMU's `-netdev stream`
+    /// connects to the netdev socket), passing its frames to and from an
+    /// uplink and taking the RoCEv2 traffic of the device's addresses. The
+    /// vmxnet3 is function 0 and the vfio-user-pci function 1 of one PCI
+    /// slot: the driver pairs them. Start the daemon before QEMU.
+    ///
+    /// Example (README, "A device for a QEMU guest"):
+    ///
+    ///   vrdma serve --device socket=/run/vrdma/g1.sock,netdev=/run/vrdma/g1.net,uplink=tap:tap1,mac=52:54:00:4c:00:01
+    ///
+    /// Runs until SIGINT or SIGTERM; a guest that goes away (QEMU killed,
+    /// a reboot) leaves its device reset and waiting for the next one.
+    /// Counters: `vrdma stat` (each device under its name).
+    Serve(ServeArgs),
 }
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A device: comma-separated KEY=VALUE —
+    /// socket=PATH (the vfio-user socket to listen on),
+    /// netdev=PATH (the socket QEMU's `-netdev stream,server=off` connects to),
+    /// uplink=tap:NAME (a TAP device: an existing one, e.g. a port of a bridge, or
+    /// else one made for the daemon's lifetime) or uplink=stream:PATH (a
+    /// socket of length-prefixed frames to connect to, as `-netdev stream`'s),
+    /// mac=MAC (the vmxnet3's, as given to QEMU: the source of the device's frames),
+    /// and optionally mtu=BYTES (the link's Ethernet MTU, default 1500: the port's
+    /// active MTU is the largest IB MTU that fits) and name=NAME (for `vrdma stat`;
+    /// default pvrdmaN). Repeat for more guests.
+    #[arg(
+        long = "device",
+        required = true,
+        value_name = "socket=PATH,netdev=PATH,uplink=…,mac=MAC"
+    )]
+    pub devices: Vec<String>,
+
+    /// The device's limits, as its capabilities announce them (QEMU's
+    /// PVRDMA had these as dev-caps-*).
+    #[command(flatten)]
+    pub caps: CapsArgs,
+}
+
+/// The device's capabilities (every device served gets the same).
+#[derive(Args, Debug)]
+pub struct CapsArgs {
+    /// QPs (the GSI QP counts).
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_qp)]
+    pub max_qp: u32,
+    /// Work requests per QP queue.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_qp_wr)]
+    pub max_qp_wr: u32,
+    /// Scatter/gather entries per work request.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_sge)]
+    pub max_sge: u32,
+    /// CQs.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_cq)]
+    pub max_cq: u32,
+    /// Entries per CQ.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_cqe)]
+    pub max_cqe: u32,
+    /// Memory regions.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_mr)]
+    pub max_mr: u32,
+    /// Protection domains.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_pd)]
+    pub max_pd: u32,
+    /// Address handles.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_ah)]
+    pub max_ah: u32,
+    /// Shared receive queues (0: none).
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_srq)]
+    pub max_srq: u32,
+    /// Work requests per SRQ.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_srq_wr)]
+    pub max_srq_wr: u32,
+    /// Scatter/gather entries per SRQ work request.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_srq_sge)]
+    pub max_srq_sge: u32,
+    /// Outstanding RDMA READs and atomics per QP, each way.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_qp_rd_atom)]
+    pub max_qp_rd_atom: u32,
+    /// The largest memory region, in bytes.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_mr_size)]
+    pub max_mr_size: u64,
+    /// User contexts at once (each has a doorbell page); a power of two.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.max_uar)]
+    pub max_uar: u32,
+    /// Entries of the GID table.
+    #[arg(long, default_value_t = DEFAULT_LIMITS.gid_tbl_len)]
+    pub gid_tbl_len: u32,
+}
+
+/// The defaults of [`CapsArgs`].
+const DEFAULT_LIMITS: vrdma_pvrdma::caps::Limits = vrdma_pvrdma::caps::Limits::DEFAULT;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -339,8 +439,9 @@ pub struct BenchArgs {
 
 #[derive(Args, Debug)]
 pub struct StatArgs {
-    /// Only these devices (their addresses).
-    pub addr: Vec<IpAddr>,
+    /// Only these devices: their addresses (a device on a UDP port) or
+    /// names (a device `vrdma serve` serves).
+    pub addr: Vec<String>,
 
     /// Include closed devices (their last counters).
     #[arg(short, long)]

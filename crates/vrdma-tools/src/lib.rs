@@ -11,9 +11,11 @@
 //! | [`perf`] | `vrdma perf`: perftest 4.5's ib_*_bw / ib_*_lat, interoperable |
 //! | [`pingpong`] | `vrdma pingpong rc\|uc\|ud`: rdma-core's ibv_*_pingpong, interoperable |
 //! | [`rawudp`] | the raw UDP baseline the benchmark compares against |
+//! | [`serve`] | `vrdma serve`: PVRDMA devices for QEMU guests over vfio-user |
 //! | [`stat`] | `vrdma stat`: the counters every device publishes in the run directory |
 //!
-//! Each device they open is a `vrdma_device::verbs::Context`.
+//! Each device the client tools open is a `vrdma_device::verbs::Context`;
+//! `serve` serves `vrdma_pvrdma` functions.
 
 pub mod args;
 pub mod bench;
@@ -24,4 +26,5 @@ pub mod demo;
 pub mod perf;
 pub mod pingpong;
 pub mod rawudp;
+pub mod serve;
 pub mod stat;

@@ -83,7 +83,7 @@ pub fn run(a: &StatArgs) -> Result<()> {
         .map_or(0, |d| d.as_millis());
     let mut shown = 0;
     for s in &snaps {
-        if !a.addr.is_empty() && !a.addr.iter().any(|x| x.to_string() == s.addr) {
+        if !a.addr.is_empty() && !a.addr.contains(&s.addr) {
             continue;
         }
         // A device whose process died without closing it is gone too.

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vrdma_tools::{args, bench, decode, demo, perf, pingpong, stat};
+use vrdma_tools::{args, bench, decode, demo, perf, pingpong, serve, stat};
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
@@ -26,6 +26,7 @@ fn main() -> ExitCode {
         args::Command::Stat(a) => stat::run(&a).map(|()| ExitCode::SUCCESS),
         args::Command::Bench(a) => bench::run(&a).map(|()| ExitCode::SUCCESS),
         args::Command::Demo(a) => demo::run(&a).map(|()| ExitCode::SUCCESS),
+        args::Command::Serve(a) => serve::run(&a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,345 @@
+//! `vrdma serve`: PVRDMA devices for QEMU guests, each over its own
+//! vfio-user socket, each with its Ethernet port between the guest's
+//! vmxnet3 and an uplink.
+//!
+//! One thread per device (a device and its engine never move between
+//! threads: `vrdma_pvrdma::Server` is its whole event loop). The main
+//! thread only waits for signals: SIGINT and SIGTERM stop every device;
+//! a device whose port fails (its uplink gone) stops alone, said on
+//! stderr, while the others go on serving.
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread::JoinHandle,
+};
+
+use anyhow::{Context, Result, anyhow, bail};
+use nix::{
+    sys::signal::{SigSet, Signal, kill},
+    unistd::getpid,
+};
+use vrdma_device::active_mtu;
+use vrdma_engine::attr::PortAttr;
+use vrdma_fabric::eth::{EthPort, Link};
+use vrdma_pvrdma::{Pvrdma, Server, caps::Limits};
+
+use crate::args::{CapsArgs, ServeArgs};
+
+/// Where a device's uplink goes.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub enum Uplink {
+    /// A TAP device: an existing one (`ip tuntap add NAME mode tap`, a
+    /// bridge's port), or else one the daemon makes for its lifetime.
+    Tap(String),
+    /// A socket of length-prefixed frames to connect to.
+    Stream(PathBuf),
+}
+
+/// One `--device`, parsed.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub struct DeviceSpec {
+    pub socket: PathBuf,
+    pub netdev: PathBuf,
+    pub uplink: Uplink,
+    pub mac: [u8; 6],
+    /// The link's Ethernet MTU.
+    pub mtu: u32,
+    pub name: String,
+}
+
+/// Parses a MAC address, `aa:bb:cc:dd:ee:ff`: a unicast one (a device
+/// sends from it).
+pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        let p = parts
+            .next()
+            .ok_or_else(|| anyhow!("MAC {s:?}: six bytes, aa:bb:cc:dd:ee:ff"))?;
+        if p.len() != 2 {
+            bail!("MAC {s:?}: six bytes, aa:bb:cc:dd:ee:ff");
+        }
+        *b = u8::from_str_radix(p, 16).with_context(|| format!("MAC {s:?}"))?;
+    }
+    if parts.next().is_some() {
+        bail!("MAC {s:?}: six bytes, aa:bb:cc:dd:ee:ff");
+    }
+    if mac[0] & 1 != 0 || mac == [0; 6] {
+        bail!("MAC {s:?}: not a unicast address");
+    }
+    Ok(mac)
+}
+
+impl DeviceSpec {
+    /// Parses `socket=…,netdev=…,uplink=…,mac=…[,mtu=…][,name=…]`; `index`
+    /// names it when no name is given.
+    pub fn parse(s: &str, index: usize) -> Result<Self> {
+        let (mut socket, mut netdev, mut uplink, mut mac, mut mtu, mut name) =
+            (None, None, None, None, None, None);
+        for kv in s.split(',') {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| anyhow!("--device: {kv:?} is not KEY=VALUE"))?;
+            if v.is_empty() {
+                bail!("--device: {k} is empty");
+            }
+            let seen = match k {
+                "socket" => socket.replace(PathBuf::from(v)).is_some(),
+                "netdev" => netdev.replace(PathBuf::from(v)).is_some(),
+                "uplink" => {
+                    let u = if let Some(t) = v.strip_prefix("tap:") {
+                        // IFNAMSIZ: 15 bytes and a NUL.
+                        if t.is_empty() || t.len() > 15 || t.contains('/') {
+                            bail!("--device: uplink {v:?}: a TAP's name is 1 to 15 bytes");
+                        }
+                        Uplink::Tap(t.to_owned())
+                    } else if let Some(p) = v.strip_prefix("stream:") {
+                        Uplink::Stream(PathBuf::from(p))
+                    } else {
+                        bail!("--device: uplink {v:?}: tap:NAME or stream:PATH");
+                    };
+                    uplink.replace(u).is_some()
+                }
+                "mac" => mac.replace(parse_mac(v)?).is_some(),
+                "mtu" => {
+                    let m: u32 = v.parse().with_context(|| format!("--device: mtu {v:?}"))?;
+                    // What an Ethernet carries: 68 (IPv4's least) to a
+                    // 9000-byte jumbo frame.
+                    if !(68..=9000).contains(&m) {
+                        bail!("--device: mtu {m}: 68 to 9000");
+                    }
+                    mtu.replace(m).is_some()
+                }
+                "name" => name.replace(v.to_owned()).is_some(),
+                _ => bail!("--device: unknown key {k:?} (socket, netdev, uplink, mac, mtu, name)"),
+            };
+            if seen {
+                bail!("--device: {k} given twice");
+            }
+        }
+        let need = |what: &str| anyhow!("--device {s:?}: no {what}=");
+        let socket = socket.ok_or_else(|| need("socket"))?;
+        let netdev = netdev.ok_or_else(|| need("netdev"))?;
+        if socket == netdev {
+            bail!("--device: socket and netdev are the same path");
+        }
+        Ok(DeviceSpec {
+            socket,
+            netdev,
+            uplink: uplink.ok_or_else(|| need("uplink"))?,
+            mac: mac.ok_or_else(|| need("mac"))?,
+            mtu: mtu.unwrap_or(1500),
+            name: name.unwrap_or_else(|| format!("pvrdma{index}")),
+        })
+    }
+}
+
+impl CapsArgs {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_qp: self.max_qp,
+            max_qp_wr: self.max_qp_wr,
+            max_sge: self.max_sge,
+            max_cq: self.max_cq,
+            max_cqe: self.max_cqe,
+            max_mr: self.max_mr,
+            max_pd: self.max_pd,
+            max_ah: self.max_ah,
+            max_srq: self.max_srq,
+            max_srq_wr: self.max_srq_wr,
+            max_srq_sge: self.max_srq_sge,
+            max_qp_rd_atom: self.max_qp_rd_atom,
+            max_mr_size: self.max_mr_size,
+            max_uar: self.max_uar,
+            gid_tbl_len: self.gid_tbl_len,
+        }
+    }
+}
+
+/// Builds the device `spec` describes and binds its sockets.
+fn open(spec: &DeviceSpec, limits: &Limits) -> Result<Server<EthPort>> {
+    let link = match &spec.uplink {
+        Uplink::Tap(t) => Link::tap(t).with_context(|| format!("opening TAP {t}"))?,
+        Uplink::Stream(p) => {
+            Link::connect(p).with_context(|| format!("connecting to {}", p.display()))?
+        }
+    };
+    let port = EthPort::listen(&spec.netdev, link, spec.mac)
+        .with_context(|| format!("listening at {}", spec.netdev.display()))?;
+    let mut attr = PortAttr::with_gids(&[]);
+    attr.active_mtu = active_mtu(spec.mtu);
+    let function = Pvrdma::new(limits.clone(), spec.mac, attr, port)?;
+    Server::bind(&spec.socket, function, &spec.name)
+        .with_context(|| format!("listening at {}", spec.socket.display()))
+}
+
+/// A device's thread.
+struct Running {
+    name: String,
+    thread: JoinHandle<Result<()>>,
+}
+
+/// `vrdma serve`.
+pub fn run(a: &ServeArgs) -> Result<()> {
+    let limits = a.caps.limits();
+    limits.validate()?;
+    let specs = a
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, s)| DeviceSpec::parse(s, i))
+        .collect::<Result<Vec<_>>>()?;
+    for (i, x) in specs.iter().enumerate() {
+        for y in &specs[..i] {
+            let paths = [&x.socket, &x.netdev];
+            if paths.contains(&&y.socket) || paths.contains(&&y.netdev) {
+                bail!("devices {} and {} share a socket path", y.name, x.name);
+            }
+            if x.name == y.name {
+                bail!("two devices are called {}", x.name);
+            }
+            if x.mac == y.mac {
+                bail!("devices {} and {} have the same MAC", y.name, x.name);
+            }
+        }
+    }
+
+    // Signals are taken by the main thread alone, synchronously: blocked
+    // here, before any device thread exists (threads inherit the mask).
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGUSR1] {
+        signals.add(s);
+    }
+    signals.thread_block()?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut running = Vec::new();
+    let mut failed = None;
+    for spec in specs {
+        let (tx, rx) = mpsc::channel();
+        let stop = stop.clone();
+        let limits = limits.clone();
+        let name = spec.name.clone();
+        let thread =
+            std::thread::Builder::new()
+                .name(spec.name.clone())
+                .spawn(move || -> Result<()> {
+                    let mut server = match open(&spec, &limits) {
+                        Ok(s) => {
+                            let _ = tx.send(Ok(()));
+                            s
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return Ok(());
+                        }
+                    };
+                    let r = server.run(&stop).map_err(anyhow::Error::from);
+                    // Wakes the main thread to look at who stopped.
+                    let _ = kill(getpid(), Signal::SIGUSR1);
+                    r.with_context(|| format!("device {}", spec.name))
+                })?;
+        match rx.recv() {
+            Ok(Ok(())) => running.push(Running { name, thread }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                failed = Some(e.context(format!("device {name}")));
+                break;
+            }
+            Err(_) => {
+                failed = Some(anyhow!("device {name}: its thread died starting"));
+                break;
+            }
+        }
+    }
+    if let Some(e) = failed {
+        stop.store(true, Ordering::Relaxed);
+        for r in running {
+            let _ = r.thread.join();
+        }
+        return Err(e);
+    }
+    for r in &running {
+        eprintln!("vrdma serve: {} ready", r.name);
+    }
+
+    let mut errors = 0;
+    while !running.is_empty() {
+        let sig = signals.wait()?;
+        if sig != Signal::SIGUSR1 {
+            eprintln!("vrdma serve: {sig}, stopping");
+            stop.store(true, Ordering::Relaxed);
+        }
+        let (done, live): (Vec<_>, Vec<_>) = running
+            .into_iter()
+            .partition(|r| r.thread.is_finished() || stop.load(Ordering::Relaxed));
+        running = live;
+        for r in done {
+            match r.thread.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    errors += 1;
+                    eprintln!("vrdma serve: {e:#}");
+                }
+                Err(_) => {
+                    errors += 1;
+                    eprintln!("vrdma serve: device {} failed", r.name);
+                }
+            }
+        }
+    }
+    if errors > 0 {
+        bail!("{errors} device(s) stopped on an error");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_specs() {
+        let d = DeviceSpec::parse(
+            "socket=/run/a.sock,netdev=/run/a.net,uplink=tap:tap1,mac=52:54:00:4c:00:01",
+            3,
+        )
+        .unwrap();
+        assert_eq!(d.socket, PathBuf::from("/run/a.sock"));
+        assert_eq!(d.netdev, PathBuf::from("/run/a.net"));
+        assert_eq!(d.uplink, Uplink::Tap("tap1".into()));
+        assert_eq!(d.mac, [0x52, 0x54, 0, 0x4c, 0, 1]);
+        assert_eq!(d.mtu, 1500);
+        assert_eq!(d.name, "pvrdma3");
+        let d = DeviceSpec::parse(
+            "name=g2,mtu=9000,uplink=stream:/x,mac=02:00:00:00:00:02,netdev=/n,socket=/s",
+            0,
+        )
+        .unwrap();
+        assert_eq!(d.uplink, Uplink::Stream("/x".into()));
+        assert_eq!((d.mtu, d.name.as_str()), (9000, "g2"));
+        for bad in [
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=01:54:00:4c:00:01",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=00:00:00:00:00:00",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01:02",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=5:54:00:4c:00:011",
+            "socket=/s,netdev=/n,uplink=eth0,mac=52:54:00:4c:00:01",
+            "socket=/s,netdev=/n,uplink=tap:a-name-far-too-long,mac=52:54:00:4c:00:01",
+            "socket=/s,netdev=/s,uplink=tap:t,mac=52:54:00:4c:00:01",
+            "socket=/s,uplink=tap:t,mac=52:54:00:4c:00:01",
+            "socket=/s,socket=/t,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,mtu=10000",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,speed=10",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,name=",
+            "socket=/s;netdev=/n",
+        ] {
+            assert!(DeviceSpec::parse(bad, 0).is_err(), "{bad}");
+        }
+    }
+}
