@@ -53,6 +53,9 @@ pub(crate) fn recv_read_response(
     }
     // A response acknowledges every earlier request.
     implicit_ack(q, cx, psn);
+    if response_lost_before(q, cx, psn) {
+        return;
+    }
     let Some(w) = q.sq.front() else {
         stale(q, cx);
         return;
@@ -64,18 +67,8 @@ pub(crate) fn recv_read_response(
     let mtu = u64::from(q.attr.path_mtu.bytes());
     let expected = w.first_psn.wrapping_add((w.read_done / mtu) as u32);
     if psn != expected {
-        if expected.precedes(psn) {
-            // A response was lost: ask for the rest again (an implied NAK,
-            // counted like one). The responses after it that are still
-            // coming, possibly a long queue of them, are dropped, but they
-            // show the responder working.
-            cx.stats.rx_out_of_sequence += 1;
-            retry_from_unacked(q, cx, Retry::ImpliedNak);
-            responder_alive(q, cx);
-        } else {
-            // The answer to a READ asked again from an earlier point.
-            stale(q, cx);
-        }
+        // The answer to a READ asked again from an earlier point.
+        stale(q, cx);
         return;
     }
     let Some(position) = r.bth.opcode.info().position else {
@@ -122,6 +115,9 @@ pub(crate) fn recv_atomic_ack(
         return;
     }
     implicit_ack(q, cx, psn);
+    if response_lost_before(q, cx, psn) {
+        return;
+    }
     let (Some(w), Some(ack)) = (q.sq.front(), r.ext.atomic_ack_eth) else {
         cx.stats.rx_malformed += 1;
         return;
@@ -145,6 +141,31 @@ pub(crate) fn recv_atomic_ack(
         return;
     }
     progress(q, cx);
+}
+
+/// A response to a later request (`psn`) while the oldest WQE, a READ or
+/// an atomic, still waits for a response at an earlier PSN: that response
+/// was lost (IBTA Vol1 §9.7.5.1.4, the implied NAK; rxe's completer
+/// retries at once too). Asks again from what is missing, counted like a
+/// NAK, instead of waiting for the local ACK timeout; true when it did.
+/// The responses after the lost one that are still coming, possibly a
+/// long queue of them, are dropped, but they show the responder working.
+fn response_lost_before(q: &mut Qp, cx: &mut Ctx, psn: Psn) -> bool {
+    let Some(w) = q.sq.front() else {
+        return false;
+    };
+    if q.req.started == 0 || !w.op.is_some_and(SendOp::is_read_or_atomic) {
+        return false;
+    }
+    let mtu = u64::from(q.attr.path_mtu.bytes());
+    let missing = w.first_psn.wrapping_add((w.read_done / mtu) as u32);
+    if !missing.precedes(psn) {
+        return false;
+    }
+    cx.stats.rx_out_of_sequence += 1;
+    retry_from_unacked(q, cx, Retry::ImpliedNak);
+    responder_alive(q, cx);
+    true
 }
 
 /// Completes the oldest WQE, acknowledged, successfully: its PSNs are
