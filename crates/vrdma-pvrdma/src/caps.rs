@@ -51,7 +51,10 @@ impl Limits {
         max_srq: 256,
         max_srq_wr: 1024,
         max_srq_sge: 8,
-        max_qp_rd_atom: 16,
+        // As rxe (and vrdma's own UDP device): perftest asks its requester
+        // for as many outstanding READs as the peer's responder takes,
+        // 128 against rxe, and a modify beyond this limit fails.
+        max_qp_rd_atom: 128,
         // One page directory of pages: 262 144 × 4 KiB.
         max_mr_size: 1 << 30,
         max_uar: 256,
