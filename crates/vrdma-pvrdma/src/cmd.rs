@@ -22,7 +22,7 @@ use crate::{
     cq::GuestCq,
     function::{CqInfo, Pvrdma},
     qp::{self, QpContext, QpFace},
-    ring::{GuestRing, PageList},
+    ring::{GuestRing, Owner, PageList},
     srq::SrqFace,
 };
 
@@ -45,12 +45,14 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    /// The response header that says so.
+    /// The response header that says so: `err` is the errno, as QEMU's
+    /// device puts it there (0xff for what no errno fits, never 0: the
+    /// driver's MODIFY_QP tests `err > 0`).
     pub fn response(&self) -> Vec<u8> {
         RespHdr {
             response: self.key.into(),
             ack: (cmd::ACK | self.cmd).into(),
-            err: 1,
+            err: u8::try_from(self.err).unwrap_or(u8::MAX).max(1),
             reserved: [0; 3],
         }
         .as_bytes()
@@ -207,10 +209,18 @@ impl<T: Transport> Pvrdma<T> {
             cmd::DESTROY_UC => {
                 let r: abi::Handle = decode(req);
                 let h = r.handle.get();
+                // (0, the kernel's, is no context: EINVAL, not EBUSY.)
+                let page = *self.ucs.get(&h).ok_or(fail(EINVAL, "context"))?;
                 if self.pds.values().any(|&c| c == h) {
                     return Err(fail(16, "context still has PDs"));
                 }
-                self.ucs.remove(&h).ok_or(fail(EINVAL, "context"))?;
+                // Its CQs too (they hold no PD): gone with the context,
+                // their doorbell page would ring them for the next
+                // context given that page.
+                if self.cqs.values().any(|c| c.uar == page) {
+                    return Err(fail(16, "context still has CQs"));
+                }
+                self.ucs.remove(&h);
                 quiet()
             }
             cmd::CREATE_PD => {
@@ -265,6 +275,7 @@ impl<T: Transport> Pvrdma<T> {
                     .destroy_cq(CqHandle(cq))
                     .map_err(|e| engine_err(e, "CQ"))?;
                 self.cqs.remove(&cq);
+                self.ring_pages.release(Owner::Cq(cq));
                 quiet()
             }
             cmd::CREATE_QP => self.create_qp(bus, req, key),
@@ -283,6 +294,7 @@ impl<T: Transport> Pvrdma<T> {
                     .map_err(|e| engine_err(e, "QP"))?;
                 self.qps.remove(&h);
                 self.busy_qps.remove(&h);
+                self.ring_pages.release(Owner::Qp(h));
                 quiet()
             }
             cmd::CREATE_BIND => {
@@ -368,6 +380,7 @@ impl<T: Transport> Pvrdma<T> {
                     .map_err(|e| engine_err(e, "SRQ"))?;
                 self.srqs.remove(&srq);
                 self.busy_srqs.remove(&srq);
+                self.ring_pages.release(Owner::Srq(srq));
                 quiet()
             }
             _ => Err(Failure {
@@ -520,6 +533,9 @@ impl<T: Transport> Pvrdma<T> {
         }
         let pages = PageList::read(bus.mem, r.pdir_dma.get(), n)
             .map_err(|_| fail(EINVAL, "CQ page directory"))?;
+        if self.ring_pages.conflict(pages.pages()).is_some() {
+            return Err(fail(EINVAL, "CQ pages (another ring's)"));
+        }
         let ring = GuestRing::new(
             cqe,
             size_of::<abi::Cqe>() as u64,
@@ -535,6 +551,7 @@ impl<T: Transport> Pvrdma<T> {
             .create_cq_with_sink(cqe, 0, Box::new(sink))
             .map_err(|e| fail(e.errno().unsigned_abs(), "CQ"))?;
         self.cqs.insert(cq.0, CqInfo { uar: page });
+        self.ring_pages.claim(Owner::Cq(cq.0), pages.pages());
         let body = abi::CreateCqResp {
             hdr: RespHdr {
                 response: key.into(),
@@ -569,15 +586,18 @@ impl<T: Transport> Pvrdma<T> {
         };
         let pd = r.pd_handle.get();
         let page = self.pd_page(pd).ok_or(fail(EINVAL, "PD"))?;
+        // The CQs and the SRQ must be the PD's context's (their doorbell
+        // page says whose), as the driver's own tables ensure: another
+        // context's CQ would see this QP's completions.
         for cq in [r.send_cq_handle.get(), r.recv_cq_handle.get()] {
-            if !self.cqs.contains_key(&cq) {
+            if self.cqs.get(&cq).is_none_or(|c| c.uar != page) {
                 return Err(fail(EINVAL, "CQ"));
             }
         }
         let is_srq = r.is_srq != 0;
         let srq = if is_srq {
             let s = r.srq_handle.get();
-            if !self.srqs.contains_key(&s) {
+            if self.srqs.get(&s).is_none_or(|f| f.uar != page) {
                 return Err(fail(EINVAL, "SRQ"));
             }
             Some(SrqHandle(s))
@@ -586,10 +606,14 @@ impl<T: Transport> Pvrdma<T> {
         };
         let (sw, rw) = (r.max_send_wr.get(), r.max_recv_wr.get());
         let (ss, rs) = (r.max_send_sge.get(), r.max_recv_sge.get());
-        if sw == 0 || sw > self.limits.max_qp_wr || ss > self.limits.max_sge {
+        // Ring sizes are powers of two, as the driver and the provider
+        // round them (and as CQs and SRQs must be).
+        if !sw.is_power_of_two() || sw > self.limits.max_qp_wr || ss > self.limits.max_sge {
             return Err(fail(EINVAL, "send queue size"));
         }
-        if !is_srq && (rw == 0 || rw > self.limits.max_qp_wr || rs > self.limits.max_sge) {
+        if !is_srq
+            && (!rw.is_power_of_two() || rw > self.limits.max_qp_wr || rs > self.limits.max_sge)
+        {
             return Err(fail(EINVAL, "receive queue size"));
         }
         if r.max_inline_data.get() != 0 {
@@ -620,6 +644,9 @@ impl<T: Transport> Pvrdma<T> {
         }
         let pages = PageList::read(bus.mem, r.pdir_dma.get(), total)
             .map_err(|_| fail(EINVAL, "QP page directory"))?;
+        if self.ring_pages.conflict(pages.pages()).is_some() {
+            return Err(fail(EINVAL, "QP pages (another ring's)"));
+        }
         let (sq, rq) = qp::rings(
             &pages,
             send_chunks as u32,
@@ -658,6 +685,7 @@ impl<T: Transport> Pvrdma<T> {
         };
         self.qps
             .insert(qpn.value(), QpFace::new(qpn, ctx, page, sq, rq, rs));
+        self.ring_pages.claim(Owner::Qp(qpn.value()), pages.pages());
         let body = abi::CreateQpRespV2 {
             hdr: RespHdr {
                 response: key.into(),
@@ -750,9 +778,10 @@ impl<T: Transport> Pvrdma<T> {
         // A change of queue sizes is not supported (the driver never asks).
         let mask = mask.without(AttrMask::CAP);
         let engine = self.device.engine_mut();
-        engine
-            .modify_qp(qpn, &attr, mask)
-            .map_err(|e| fail(e.errno().unsigned_abs(), "QP attributes"))?;
+        engine.modify_qp(qpn, &attr, mask).map_err(|e| {
+            tracing::debug!(error = %e, mask = mask.0, "MODIFY_QP refused by the engine");
+            fail(e.errno().unsigned_abs(), "QP attributes")
+        })?;
         let now = engine
             .query_qp(qpn)
             .map(|(a, _)| a.qp_state)
@@ -870,6 +899,9 @@ impl<T: Transport> Pvrdma<T> {
         }
         let pages = PageList::read(bus.mem, r.pdir_dma.get(), n)
             .map_err(|_| fail(EINVAL, "SRQ page directory"))?;
+        if self.ring_pages.conflict(pages.pages()).is_some() {
+            return Err(fail(EINVAL, "SRQ pages (another ring's)"));
+        }
         let ring = GuestRing::new(
             wr,
             stride,
@@ -891,6 +923,7 @@ impl<T: Transport> Pvrdma<T> {
             .map_err(|e| fail(e.errno().unsigned_abs(), "SRQ"))?;
         self.srqs
             .insert(srq.0, SrqFace::new(srq, page, ring, sge, granted.max_wr));
+        self.ring_pages.claim(Owner::Srq(srq.0), pages.pages());
         let mut body = [0u8; 8];
         body[..4].copy_from_slice(&srq.0.to_le_bytes());
         Ok(Done {

@@ -29,7 +29,7 @@ use crate::{
     caps::Limits,
     cq::{CQNE_SIZE, DeviceRing, EQE_SIZE, SharedMem},
     qp::QpFace,
-    ring::{self, GuestRing, PageList},
+    ring::{self, GuestRing, Owner, PageList, RingPages},
     srq::SrqFace,
 };
 
@@ -76,6 +76,8 @@ pub(crate) struct Loaded {
     pub cq_ring: DeviceRing,
     /// The page frame of doorbell page 0 (BAR2's first page).
     pub uar_pfn: u64,
+    /// The two rings' pages.
+    pub pages: Vec<u64>,
 }
 
 /// A CQ's owner, for its doorbells.
@@ -111,6 +113,8 @@ pub struct Pvrdma<T: Transport> {
     pub(crate) cqs: BTreeMap<u32, CqInfo>,
     pub(crate) qps: BTreeMap<u32, QpFace>,
     pub(crate) srqs: BTreeMap<u32, SrqFace>,
+    /// The pages of every ring (the device's and the guest's objects').
+    pub(crate) ring_pages: RingPages,
     /// QPs and SRQs with WQEs the engine holds or the guest posted and the
     /// device did not take yet: their indices are published each round.
     pub(crate) busy_qps: BTreeSet<u32>,
@@ -163,6 +167,7 @@ impl<T: Transport> Pvrdma<T> {
             cqs: BTreeMap::new(),
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
+            ring_pages: RingPages::default(),
             busy_qps: BTreeSet::new(),
             busy_srqs: BTreeSet::new(),
             polling: false,
@@ -248,6 +253,7 @@ impl<T: Transport> Pvrdma<T> {
         self.cqs.clear();
         self.pds.clear();
         self.ucs.clear();
+        self.ring_pages.clear();
         self.next_uc = 1;
         self.busy_qps.clear();
         self.busy_srqs.clear();
@@ -279,6 +285,7 @@ impl<T: Transport> Pvrdma<T> {
                     self.err = err::INVALID;
                     return;
                 }
+                self.ring_pages.claim(Owner::Device, &l.pages);
                 self.loaded = Some(l);
                 self.err = 0;
             }
@@ -301,7 +308,8 @@ impl<T: Transport> Pvrdma<T> {
         };
         let cmd_slot = slot(dsr.cmd_slot_dma.get())?;
         let resp_slot = slot(dsr.resp_slot_dma.get())?;
-        let device_ring =
+        let mut all = Vec::new();
+        let mut device_ring =
             |pages: &abi::RingPages, stride: u64| -> Result<DeviceRing, ring::GuestError> {
                 let n = u64::from(pages.num_pages.get());
                 // The state page and at least one data page; the driver uses
@@ -314,14 +322,22 @@ impl<T: Transport> Pvrdma<T> {
                 let state = list.pages()[0] + abi::ring_state::RX;
                 let ring = GuestRing::new(count, stride, state, list.skip(1))
                     .ok_or(ring::GuestError::PageCount(n))?;
+                all.extend_from_slice(list.pages());
                 Ok(DeviceRing::new(ring))
             };
+        let async_ring = device_ring(&dsr.async_ring_pages, EQE_SIZE)?;
+        let cq_ring = device_ring(&dsr.cq_ring_pages, CQNE_SIZE)?;
+        // Each ring on pages of its own (see RingPages).
+        if let Some(page) = RingPages::default().conflict(&all) {
+            return Err(ring::GuestError::Shared(page));
+        }
         Ok(Loaded {
             cmd_slot,
             resp_slot,
-            async_ring: device_ring(&dsr.async_ring_pages, EQE_SIZE)?,
-            cq_ring: device_ring(&dsr.cq_ring_pages, CQNE_SIZE)?,
+            async_ring,
+            cq_ring,
             uar_pfn: dsr.uar_pfn64.get(),
+            pages: all,
         })
     }
 
@@ -398,7 +414,15 @@ impl<T: Transport> Pvrdma<T> {
         let (cmd_slot, resp_slot) = (loaded.cmd_slot, loaded.resp_slot);
         self.stats.commands += 1;
         let mut req = [0u8; abi::MAX_REQUEST];
-        if ring::read_into(bus.mem, cmd_slot, &mut req).is_err() {
+        // The response slot must be there before the command runs: a
+        // command that made an object and could not say so would leave
+        // the object behind, the driver told it failed. (Nothing unmaps
+        // it in between: maps change only between messages.)
+        if ring::read_into(bus.mem, cmd_slot, &mut req).is_err()
+            || !bus
+                .mem
+                .check_range(vm_memory::GuestAddress(resp_slot), abi::MAX_RESPONSE)
+        {
             self.err = err::INVALID;
             self.stats.command_errors += 1;
             return;

@@ -308,6 +308,11 @@ pub struct QpFace {
     /// WQEs taken from this QP, malformed or not.
     pub taken: u64,
     pub malformed: u64,
+    /// The guest broke a ring (an index the driver could never have
+    /// written, unmapped memory): nothing more is taken from either ring
+    /// until the QP goes back to RESET, so the QP_FATAL the break raised is
+    /// raised once, not on every doorbell or round.
+    broken: bool,
 }
 
 /// What taking WQEs did.
@@ -343,6 +348,7 @@ impl QpFace {
             rq_cons: 0,
             taken: 0,
             malformed: 0,
+            broken: false,
         }
     }
 
@@ -353,11 +359,21 @@ impl QpFace {
         self.rq_next = 0;
         self.sq_cons = 0;
         self.rq_cons = 0;
+        self.broken = false;
+    }
+
+    /// The ring is broken: says so once (the caller raises QP_FATAL).
+    fn break_ring(&mut self, t: &mut Taken) {
+        t.broken = !self.broken;
+        self.broken = true;
     }
 
     /// Takes the send WQEs the guest posted, as far as the engine has room.
     pub fn take_sends(&mut self, mem: &GuestMemoryMmap<()>, engine: &mut Engine) -> Taken {
         let mut t = Taken::default();
+        if self.broken {
+            return t;
+        }
         let Ok((attr, init)) = engine.query_qp(self.qpn) else {
             return t;
         };
@@ -367,14 +383,18 @@ impl QpFace {
             return t;
         }
         let depth = init.cap.max_send_wr;
+        let ring = self.sq.ring;
         let prod = match self.sq.prod_tail(mem) {
-            Ok(p) => p,
-            Err(_) => {
-                t.broken = true;
+            // The driver posts only into free slots: it never gets more
+            // than a ring ahead of the consumer index the device last
+            // gave it. A producer further on would have the device take
+            // slots again that it has not given back.
+            Ok(p) if ring.used(p, self.sq_cons) <= ring.capacity() => p,
+            _ => {
+                self.break_ring(&mut t);
                 return t;
             }
         };
-        let ring = self.sq.ring;
         while self.sq_next != prod {
             let queued = engine.sq_len(self.qpn).unwrap_or(u32::MAX);
             if queued >= depth {
@@ -384,7 +404,7 @@ impl QpFace {
             let wqe = match decode_send(mem, addr, &self.ctx, engine) {
                 Ok(w) => w,
                 Err(_) => {
-                    t.broken = true;
+                    self.break_ring(&mut t);
                     break;
                 }
             };
@@ -434,6 +454,9 @@ impl QpFace {
     /// room.
     pub fn take_recvs(&mut self, mem: &GuestMemoryMmap<()>, engine: &mut Engine) -> Taken {
         let mut t = Taken::default();
+        if self.broken {
+            return t;
+        }
         let Some(rq) = self.rq.clone() else {
             return t;
         };
@@ -445,9 +468,10 @@ impl QpFace {
         }
         let depth = init.cap.max_recv_wr;
         let prod = match rq.prod_tail(mem) {
-            Ok(p) => p,
-            Err(_) => {
-                t.broken = true;
+            // Never more than a ring ahead (see take_sends).
+            Ok(p) if rq.ring.used(p, self.rq_cons) <= rq.ring.capacity() => p,
+            _ => {
+                self.break_ring(&mut t);
                 return t;
             }
         };
@@ -459,7 +483,7 @@ impl QpFace {
             let wqe = match decode_recv(mem, addr, self.max_recv_sge, rq.stride()) {
                 Ok(w) => w,
                 Err(_) => {
-                    t.broken = true;
+                    self.break_ring(&mut t);
                     break;
                 }
             };
@@ -513,6 +537,9 @@ impl QpFace {
 
     /// Whether the guest has posted WQEs the device has not taken.
     pub fn pending(&self, mem: &GuestMemoryMmap<()>) -> bool {
+        if self.broken {
+            return false;
+        }
         self.sq.prod_tail(mem).is_ok_and(|p| p != self.sq_next)
             || self
                 .rq

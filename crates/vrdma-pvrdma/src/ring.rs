@@ -27,6 +27,8 @@ pub enum GuestError {
     PageCount(u64),
     #[error("ring index {0:#x} is invalid")]
     BadIndex(u32),
+    #[error("page {0:#x} is another ring's")]
+    Shared(u64),
 }
 
 /// Reads a `T` (a copy) at `addr`.
@@ -147,6 +149,52 @@ impl PageList {
     /// The first `n` pages.
     pub fn take(&self, n: usize) -> PageList {
         PageList(self.0[..n.min(self.0.len())].to_vec())
+    }
+}
+
+/// Who holds a ring page.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum Owner {
+    /// The async-event and CQ-notification rings.
+    Device,
+    Cq(u32),
+    Qp(u32),
+    Srq(u32),
+}
+
+/// The guest pages that hold rings, each page one object's. The driver
+/// gives every ring pages of its own; a guest that does not could make
+/// the device feed itself — a CQ's entries or indices landing on a queue's
+/// producer index, each completion taking a WQE that completes again,
+/// forever — so an object whose pages are another's (or listed twice) is
+/// refused.
+#[derive(Clone, Debug, Default)]
+pub struct RingPages(std::collections::BTreeMap<u64, Owner>);
+
+impl RingPages {
+    /// The first of `pages` that is taken or listed twice, if any.
+    pub fn conflict(&self, pages: &[u64]) -> Option<u64> {
+        let mut seen = std::collections::BTreeSet::new();
+        pages
+            .iter()
+            .copied()
+            .find(|&p| self.0.contains_key(&p) || !seen.insert(p))
+    }
+
+    /// Takes `pages` (with no [`RingPages::conflict`]) for `owner`.
+    pub fn claim(&mut self, owner: Owner, pages: &[u64]) {
+        for &p in pages {
+            self.0.insert(p, owner);
+        }
+    }
+
+    /// Gives back `owner`'s pages.
+    pub fn release(&mut self, owner: Owner) {
+        self.0.retain(|_, o| *o != owner);
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
     }
 }
 
@@ -370,6 +418,19 @@ mod tests {
             Err(GuestError::Unmapped(0x1000))
         );
         assert_eq!(m.num_regions(), 1);
+    }
+
+    #[test]
+    fn ring_pages_are_one_objects_each() {
+        let mut r = RingPages::default();
+        assert_eq!(r.conflict(&[0x1000, 0x2000]), None);
+        assert_eq!(r.conflict(&[0x1000, 0x1000]), Some(0x1000), "listed twice");
+        r.claim(Owner::Cq(1), &[0x1000, 0x2000]);
+        assert_eq!(r.conflict(&[0x3000, 0x2000]), Some(0x2000));
+        r.claim(Owner::Qp(17), &[0x3000]);
+        r.release(Owner::Cq(1));
+        assert_eq!(r.conflict(&[0x1000, 0x2000]), None);
+        assert_eq!(r.conflict(&[0x3000]), Some(0x3000));
     }
 
     #[test]

@@ -101,11 +101,14 @@ impl<T: Transport> Server<T> {
             }
         };
         let (client, listener) = self.wait(timeout)?;
-        if listener {
-            self.accept()?;
-        }
+        // The client first: one that closed its connection (readable at
+        // EOF) is gone before a newcomer is looked at, which would
+        // otherwise be turned away as a second client.
         if client {
             self.serve_client();
+        }
+        if listener {
+            self.accept()?;
         }
         Ok(())
     }

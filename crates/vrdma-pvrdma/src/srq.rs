@@ -23,6 +23,9 @@ pub struct SrqFace {
     cons: u32,
     /// WQEs with more SGEs than the SRQ takes.
     pub malformed: u64,
+    /// The guest broke the ring (a bad index, unmapped memory): nothing
+    /// more is taken from it, and it is counted once.
+    broken: bool,
 }
 
 impl SrqFace {
@@ -36,15 +39,26 @@ impl SrqFace {
             next: 0,
             cons: 0,
             malformed: 0,
+            broken: false,
         }
     }
 
     /// Takes the WQEs the guest posted, as far as the engine has room.
     pub fn take(&mut self, mem: &GuestMemoryMmap<()>, engine: &mut Engine) -> Taken {
         let mut t = Taken::default();
-        let Ok(prod) = self.ring.prod_tail(mem) else {
-            t.broken = true;
+        if self.broken {
             return t;
+        }
+        let ring = self.ring.ring;
+        // Never more than a ring ahead of the consumer index last given
+        // back (see QpFace::take_sends).
+        let prod = match self.ring.prod_tail(mem) {
+            Ok(p) if ring.used(p, self.cons) <= ring.capacity() => p,
+            _ => {
+                self.broken = true;
+                t.broken = true;
+                return t;
+            }
         };
         while self.next != prod {
             if engine.srq_len(self.handle).unwrap_or(u32::MAX) >= self.depth {
@@ -52,6 +66,7 @@ impl SrqFace {
             }
             let addr = self.ring.element(self.next);
             let Ok(wqe) = decode_recv(mem, addr, self.max_sge, self.ring.stride()) else {
+                self.broken = true;
                 t.broken = true;
                 break;
             };
@@ -97,6 +112,6 @@ impl SrqFace {
     }
 
     pub fn pending(&self, mem: &GuestMemoryMmap<()>) -> bool {
-        self.ring.prod_tail(mem).is_ok_and(|p| p != self.next)
+        !self.broken && self.ring.prod_tail(mem).is_ok_and(|p| p != self.next)
     }
 }

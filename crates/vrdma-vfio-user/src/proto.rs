@@ -5,7 +5,7 @@
 //! reply builders produce what QEMU's client accepts (a reply never longer
 //! than what it is prepared to receive, errors header-only with a real
 //! errno). Nothing here does I/O, so the whole decoder is fuzzed
-//! (`fuzz/fuzz_targets/vfio_user.rs`).
+//! (`fuzz/fuzz_targets/vfio_user_message.rs`).
 
 use nix::errno::Errno;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};

@@ -14,7 +14,7 @@ use std::{
     },
     path::{Path, PathBuf},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
@@ -25,7 +25,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use vrdma_device::Transport;
 use vrdma_pvrdma::{
-    Pvrdma, Server,
+    FaceStats, Pvrdma, Server,
     abi::{self, PAGE_SIZE, cmd, reg},
     caps::Limits,
 };
@@ -41,11 +41,17 @@ use zerocopy::{FromBytes, IntoBytes};
 /// Where the guest's RAM starts (guest-physical).
 pub const RAM_BASE: u64 = 0x10_0000;
 
+/// The frame number of doorbell page 0 the probe announces.
+pub const UAR_PFN: u64 = 0xfe000;
+
 /// A device served on a socket in a thread of its own.
 pub struct Served {
     pub socket: PathBuf,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The face's counters and the clients served, as of the device
+    /// thread's last turn.
+    snapshot: Arc<Mutex<(FaceStats, u64)>>,
 }
 
 impl Served {
@@ -59,28 +65,60 @@ impl Served {
             std::env::temp_dir().join(format!("vrdma-test-{}-{name}.sock", std::process::id()));
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
+        let snapshot = Arc::new(Mutex::new((FaceStats::default(), 0)));
+        let snap = snapshot.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let path = socket.clone();
         let name = name.to_owned();
         let thread = std::thread::spawn(move || {
             let mut server = Server::bind(&path, make(), &name).unwrap();
             tx.send(()).unwrap();
-            server.run(&s).unwrap();
+            // Server::run's loop, with the counters copied out each turn.
+            while !s.load(Ordering::Relaxed) {
+                server.turn().unwrap();
+                *snap.lock().unwrap() = (server.function().stats(), server.clients);
+            }
         });
         rx.recv().unwrap();
         Served {
             socket,
             stop,
             thread: Some(thread),
+            snapshot,
         }
+    }
+
+    /// The face's counters once `ok` holds for them (2 s at most; the
+    /// device thread copies them out after each turn).
+    pub fn stats_when(&self, ok: impl Fn(&FaceStats) -> bool) -> FaceStats {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let s = self.snapshot.lock().unwrap().0;
+            if ok(&s) || std::time::Instant::now() >= deadline {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    pub fn stats(&self) -> FaceStats {
+        self.snapshot.lock().unwrap().0
+    }
+
+    /// Clients the server accepted.
+    pub fn clients(&self) -> u64 {
+        self.snapshot.lock().unwrap().1
     }
 }
 
 impl Drop for Served {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+            && !std::thread::panicking()
+        {
+            panic!("the device thread panicked");
         }
     }
 }
@@ -97,8 +135,16 @@ pub fn udp_function(addr: &str) -> Pvrdma<vrdma_fabric::udp::UdpPort> {
 }
 
 /// The vfio-user client and the guest's RAM.
+///
+/// The RAM the device is given (`ram_size` bytes at [`RAM_BASE`]) sits in
+/// a memfd between two guard pages the device is never given: the test
+/// sees them at `RAM_BASE - PAGE_SIZE` and `RAM_BASE + ram_size` (an
+/// address the device has no map for) and checks that they keep their
+/// canary bytes, as it checks the canary pages it allocates inside RAM and
+/// never hands to the device ([`Guest::canary`], [`Guest::guarded`]).
 pub struct Guest {
     pub conn: Connection,
+    /// The test's view: the RAM and the two guard pages.
     pub ram: GuestMemoryMmap<()>,
     memfd: OwnedFd,
     pub ram_size: u64,
@@ -112,8 +158,19 @@ pub struct Guest {
     pub caps: abi::Caps,
     pub async_ring: u64,
     pub cq_ring: u64,
-    async_head: u32,
-    cqn_head: u32,
+    pub async_head: u32,
+    pub cqn_head: u32,
+    /// Pages that must keep their canary bytes.
+    canaries: Vec<u64>,
+    /// Each allocation is followed by a canary page.
+    pub guarded: bool,
+}
+
+/// The canary bytes of the page at `page`.
+fn canary_bytes(page: u64) -> Vec<u8> {
+    (0..PAGE_SIZE)
+        .map(|i| (i as u8).wrapping_mul(31) ^ (page >> 12) as u8 ^ 0x5a)
+        .collect()
 }
 
 fn eventfd() -> (OwnedFd, File) {
@@ -130,11 +187,11 @@ impl Guest {
         let memfd: OwnedFd =
             nix::sys::memfd::memfd_create(c"guest-ram", nix::sys::memfd::MFdFlags::empty())
                 .unwrap();
-        nix::unistd::ftruncate(&memfd, i64::try_from(ram_size).unwrap()).unwrap();
+        nix::unistd::ftruncate(&memfd, i64::try_from(ram_size + 2 * PAGE_SIZE).unwrap()).unwrap();
         let file = File::from(memfd.try_clone().unwrap());
         let ram = GuestMemoryMmap::<()>::from_ranges_with_files([(
-            GuestAddress(RAM_BASE),
-            ram_size as usize,
+            GuestAddress(RAM_BASE - PAGE_SIZE),
+            (ram_size + 2 * PAGE_SIZE) as usize,
             Some(FileOffset::new(file, 0)),
         )])
         .unwrap();
@@ -154,14 +211,20 @@ impl Guest {
             cq_ring: 0,
             async_head: 0,
             cqn_head: 0,
+            canaries: vec![RAM_BASE - PAGE_SIZE, RAM_BASE + ram_size],
+            guarded: false,
         };
+        for page in g.canaries.clone() {
+            g.put(page, &canary_bytes(page));
+        }
         let mut v = VersionHead { major: 0, minor: 0 }.as_bytes().to_vec();
         v.extend_from_slice(b"{\"capabilities\":{\"max_msg_fds\":16}}\0");
         g.ok(vcmd::VERSION, &v, &[]);
+        // The RAM between the guard pages.
         let m = DmaMap {
             argsz: 32,
             flags: proto::dma::READ | proto::dma::WRITE,
-            offset: 0,
+            offset: PAGE_SIZE,
             addr: RAM_BASE,
             size: ram_size,
         };
@@ -262,7 +325,7 @@ impl Guest {
         u32::from_le_bytes(r[16..20].try_into().unwrap())
     }
 
-    /// `n` zeroed pages of RAM.
+    /// `n` zeroed pages of RAM (followed by a canary page when guarded).
     pub fn alloc(&mut self, n: u64) -> u64 {
         let at = self.next;
         self.next += n * PAGE_SIZE;
@@ -270,7 +333,39 @@ impl Guest {
         self.ram
             .write_slice(&vec![0u8; (n * PAGE_SIZE) as usize], GuestAddress(at))
             .unwrap();
+        if self.guarded {
+            self.canary(1);
+        }
         at
+    }
+
+    /// `n` pages of RAM the device is never told about, filled with
+    /// canary bytes that [`Guest::check_canaries`] checks.
+    pub fn canary(&mut self, n: u64) -> u64 {
+        let at = self.next;
+        self.next += n * PAGE_SIZE;
+        assert!(self.next <= RAM_BASE + self.ram_size, "guest RAM exhausted");
+        for i in 0..n {
+            let page = at + i * PAGE_SIZE;
+            self.put(page, &canary_bytes(page));
+            self.canaries.push(page);
+        }
+        at
+    }
+
+    /// Every canary page (and both guard pages) as it was written.
+    pub fn check_canaries(&self) {
+        for &page in &self.canaries {
+            assert!(
+                self.get(page, PAGE_SIZE as usize) == canary_bytes(page),
+                "canary page {page:#x} was touched"
+            );
+        }
+    }
+
+    /// The first page past the RAM the device was given (a guard page).
+    pub fn ram_end(&self) -> u64 {
+        RAM_BASE + self.ram_size
     }
 
     /// A page directory naming `pages`.
@@ -316,6 +411,29 @@ impl Guest {
     /// DSRLOW/DSRHIGH, then IMR and ACTIVATE. Returns ERR after ACTIVATE.
     pub fn probe(&mut self) -> u32 {
         assert_eq!(self.read32(1, reg::VERSION), abi::VERSION);
+        let dsr = self.dsr_template();
+        self.load_dsr(&dsr);
+        self.write32(1, reg::IMR, 0);
+        self.write32(1, reg::CTL, reg::CTL_ACTIVATE);
+        self.read32(1, reg::ERR)
+    }
+
+    /// Writes `dsr` at `self.dsr` and hands it over (DSRLOW, DSRHIGH);
+    /// reads back the capabilities. Returns ERR.
+    pub fn load_dsr(&mut self, dsr: &abi::Dsr) -> u32 {
+        self.put(self.dsr, dsr.as_bytes());
+        self.write32(1, reg::DSRLOW, self.dsr as u32);
+        self.write32(1, reg::DSRHIGH, (self.dsr >> 32) as u32);
+        let d = abi::Dsr::read_from_bytes(&self.get(self.dsr, 280)).unwrap();
+        self.caps = d.caps;
+        self.read32(1, reg::ERR)
+    }
+
+    /// A shared region as the driver makes it (in fresh pages, not yet
+    /// handed over).
+    pub fn dsr_template(&mut self) -> abi::Dsr {
+        self.async_head = 0;
+        self.cqn_head = 0;
         self.dsr = self.alloc(1);
         self.cmd_slot = self.alloc(1);
         self.resp_slot = self.alloc(1);
@@ -323,7 +441,7 @@ impl Guest {
         let (cpages, cpdir) = self.pages(4);
         self.async_ring = apages[0];
         self.cq_ring = cpages[0];
-        let dsr = abi::Dsr {
+        abi::Dsr {
             driver_version: 20.into(),
             gos_info: 0x46.into(),
             cmd_slot_dma: self.cmd_slot.into(),
@@ -339,17 +457,9 @@ impl Guest {
                 pdir_dma: cpdir.into(),
             },
             // BAR2 at an address of the firmware's choosing.
-            uar_pfn64: 0xfe000.into(),
+            uar_pfn64: UAR_PFN.into(),
             ..abi::Dsr::default()
-        };
-        self.put(self.dsr, dsr.as_bytes());
-        self.write32(1, reg::DSRLOW, self.dsr as u32);
-        self.write32(1, reg::DSRHIGH, (self.dsr >> 32) as u32);
-        let d = abi::Dsr::read_from_bytes(&self.get(self.dsr, 280)).unwrap();
-        self.caps = d.caps;
-        self.write32(1, reg::IMR, 0);
-        self.write32(1, reg::CTL, reg::CTL_ACTIVATE);
-        self.read32(1, reg::ERR)
+        }
     }
 
     /// Runs a command (`req` is its request structure, the command code in
@@ -387,6 +497,67 @@ impl Guest {
         } else {
             Ok(Vec::new())
         }
+    }
+
+    /// Runs a command the device must refuse: returns ERR and the `err`
+    /// of the response header, after checking that the header answers
+    /// this command and that no response interrupt came (the driver does
+    /// not wait for a refused command).
+    pub fn refused<T: IntoBytes + zerocopy::Immutable>(&mut self, req: &T) -> (u32, u8) {
+        let code = u32::from_le_bytes(req.as_bytes()[8..12].try_into().unwrap());
+        self.put(self.resp_slot, &[0u8; 16]);
+        let err = match self.command(req) {
+            Ok(_) => panic!("command {code} was accepted"),
+            Err(e) => e,
+        };
+        let h = abi::RespHdr::read_from_bytes(&self.get(self.resp_slot, 16)).unwrap();
+        assert_eq!(h.ack.get(), cmd::ACK | code, "the refusal's ack");
+        assert_eq!(h.response.get(), 0x1234, "the refusal's response key");
+        assert!(
+            !self.irq_fired(0),
+            "a response interrupt for a refused command"
+        );
+        (err, h.err)
+    }
+
+    /// Rings a QP's doorbell with `bits` (QP_SEND, QP_RECV) on its page.
+    pub fn ring_qp(&mut self, qp: &GuestQp, bits: u32) {
+        self.write32(2, qp.uar * PAGE_SIZE, qp.handle | bits);
+    }
+
+    /// Shares `size` more bytes of memory at `addr` (a memfd of their
+    /// own): the test's view of them.
+    pub fn map_extra(&mut self, addr: u64, size: u64) -> GuestMemoryMmap<()> {
+        let fd: OwnedFd =
+            nix::sys::memfd::memfd_create(c"guest-extra", nix::sys::memfd::MFdFlags::empty())
+                .unwrap();
+        nix::unistd::ftruncate(&fd, i64::try_from(size).unwrap()).unwrap();
+        let view = GuestMemoryMmap::<()>::from_ranges_with_files([(
+            GuestAddress(addr),
+            size as usize,
+            Some(FileOffset::new(File::from(fd.try_clone().unwrap()), 0)),
+        )])
+        .unwrap();
+        let m = DmaMap {
+            argsz: 32,
+            flags: proto::dma::READ | proto::dma::WRITE,
+            offset: 0,
+            addr,
+            size,
+        };
+        self.ok(vcmd::DMA_MAP, m.as_bytes(), &[fd.as_fd()]);
+        view
+    }
+
+    /// Takes back the map made at `addr`.
+    pub fn unmap(&mut self, addr: u64, size: u64) {
+        let u = proto::DmaUnmap {
+            argsz: 24,
+            flags: 0,
+            addr,
+            size,
+        };
+        self.ok(vcmd::DMA_UNMAP, u.as_bytes(), &[]);
     }
 
     /// Waits (at most 5 s) for MSI-X vector `v`; true if it fired.
@@ -524,7 +695,9 @@ pub struct GuestCq {
     pub state: u64,
     pub data: Vec<u64>,
     pub cqe: u32,
-    head: u32,
+    pub head: u32,
+    /// The doorbell page (0: the kernel's; a user context's otherwise).
+    pub uar: u64,
 }
 
 /// A QP as the guest holds it.
@@ -538,8 +711,8 @@ pub struct GuestQp {
     pub rq_stride: u64,
     pub sq_wr: u32,
     pub rq_wr: u32,
-    sq_tail: u32,
-    rq_tail: u32,
+    pub sq_tail: u32,
+    pub rq_tail: u32,
     /// The doorbell page.
     pub uar: u64,
 }
@@ -566,6 +739,7 @@ impl Guest {
             data: pages[1..].to_vec(),
             cqe,
             head: 0,
+            uar: 0,
         }
     }
 
@@ -595,7 +769,7 @@ impl Guest {
             out.extend(self.poll(cq));
             if out.len() < n {
                 // The POLL doorbell, as the driver rings it on an empty CQ.
-                self.write32(2, 4, cq.handle | abi::uar::CQ_POLL);
+                self.write32(2, cq.uar * PAGE_SIZE + 4, cq.handle | abi::uar::CQ_POLL);
                 std::thread::sleep(Duration::from_millis(1));
             }
         }

@@ -1,0 +1,1746 @@
+//! A hostile guest: a vfio-user client playing a malicious `vmw_pvrdma`
+//! driver against a PVRDMA device — bad handles and fields in commands,
+//! page directories pointing outside guest memory or at the device's own
+//! rings, wild ring indices, WQEs rewritten after their doorbell or
+//! malformed, doorbells on the wrong page, a shared region of garbage,
+//! malformed vfio-user messages, a client gone mid-transfer.
+//!
+//! Each case checks the answer the device owes (the ERR register and the
+//! response header's `err`, a completion's status, an async event), then
+//! that the device still serves a well-behaved guest — the hostile one's
+//! good objects on the same device, exchanging with a second device —
+//! with its data intact, and that nothing outside what the guest handed
+//! the device was written: every allocation is followed by a canary page,
+//! and the guest's RAM sits between two guard pages the device has no map
+//! for.
+
+mod common;
+
+use std::{
+    io::{Read, Write},
+    os::{fd::AsFd, unix::net::UnixStream},
+    time::{Duration, Instant},
+};
+
+use common::*;
+use vrdma_engine::qp::AttrMask as M;
+use vrdma_pvrdma::abi::{
+    self, PAGE_SIZE, cmd, eqe, qp_type, reg, send_flags, uar, wc_opcode, wr_opcode,
+};
+use vrdma_vfio_user::proto::{self, DmaMap, Header, IrqSet, RegionAccess, cmd as vcmd};
+use vrdma_wire::Gid;
+use zerocopy::IntoBytes;
+
+const EINVAL: u32 = 22;
+const EBUSY: u32 = 16;
+const EOPNOTSUPP: u32 = 95;
+/// ERR for a command code the device does not know (QEMU's value).
+const BAD_COMMAND: u32 = 0xffff;
+/// ERR: the shared region was refused / there is none.
+const ERR_INVALID: u32 = 1;
+const ERR_NO_DSR: u32 = 2;
+
+/// Completion statuses (`pvrdma_wc_status`).
+const WC_SUCCESS: u32 = 0;
+const WC_LOC_LEN_ERR: u32 = 1;
+const WC_LOC_QP_OP_ERR: u32 = 2;
+const WC_LOC_PROT_ERR: u32 = 4;
+const WC_WR_FLUSH_ERR: u32 = 5;
+
+/// QP states.
+const RESET: u32 = 0;
+const RTS: u32 = 3;
+const ERR: u32 = 6;
+
+const RAM: u64 = 16 << 20;
+/// The virtual address of each side's user MR.
+const MR_VA: u64 = 0x7f00_0000_0000;
+/// The last page of the 64-bit address space.
+const TOP_PAGE: u64 = !(PAGE_SIZE - 1);
+/// A QP number nobody has: hostile QPs are connected to it.
+const NOBODY: u32 = 0xab_cdef;
+
+fn gid(n: u8) -> Gid {
+    Gid::from(std::net::Ipv4Addr::new(127, 0, 9, n))
+}
+
+fn mac(n: u8) -> [u8; 6] {
+    [2, 0, 0, 0, 9, n]
+}
+
+fn device(name: &str, n: u8) -> Served {
+    Served::start(name, move || udp_function(&format!("127.0.9.{n}")))
+}
+
+/// A well-behaved guest's objects: a PD, the DMA MR, a CQ, an RC QP, a
+/// buffer and a user MR others write into.
+struct Side {
+    g: Guest,
+    n: u8,
+    pd: u32,
+    lkey: u32,
+    cq: GuestCq,
+    qp: GuestQp,
+    /// 4 pages.
+    buf: u64,
+    /// The user MR's 2 pages, at MR_VA.
+    mr: u64,
+    rkey: u32,
+    round: u32,
+}
+
+fn side(served: &Served, n: u8) -> Side {
+    let mut g = Guest::connect(&served.socket, RAM);
+    g.guarded = true;
+    assert_eq!(g.probe(), 0, "ACTIVATE");
+    g.bind_gid(0, gid(n));
+    let pd = g.create_pd(0);
+    let (_, lkey) = g.dma_mr(pd);
+    let cq = g.create_cq(64, 0);
+    let qp = g.create_qp(qp_type::RC, pd, cq.handle, cq.handle, 16);
+    let buf = g.alloc(4);
+    let mr = g.alloc(2);
+    let (_, _, rkey) = g.user_mr(pd, MR_VA, &[mr, mr + PAGE_SIZE], 1 | 2 | 4 | 8);
+    Side {
+        g,
+        n,
+        pd,
+        lkey,
+        cq,
+        qp,
+        buf,
+        mr,
+        rkey,
+        round: 0,
+    }
+}
+
+/// Connects the two sides' QPs.
+fn pair(a: &mut Side, b: &mut Side) {
+    rc_up(&mut a.g, &a.qp, gid(b.n), b.qp.qpn, mac(b.n));
+    rc_up(&mut b.g, &b.qp, gid(a.n), a.qp.qpn, mac(a.n));
+}
+
+/// A good exchange both ways: a 4 KiB SEND and a WRITE across the user
+/// MR's page boundary, every byte checked, then every canary.
+fn exchange(a: &mut Side, b: &mut Side) {
+    one_way(a, b);
+    one_way(b, a);
+}
+
+fn one_way(s: &mut Side, r: &mut Side) {
+    s.round += 1;
+    let round = s.round;
+    let data: Vec<u8> = (0..4096u32)
+        .map(|i| (i * 13 + round * 7 + u32::from(s.n)) as u8)
+        .collect();
+    s.g.put(s.buf, &data);
+    r.g.put(r.buf, &[0u8; 4096]);
+    let recv_id = 1000 + u64::from(round);
+    r.g.post_recv(&mut r.qp, recv_id, &[sge(r.buf, 4096, r.lkey)]);
+    let send_id = 2000 + u64::from(round);
+    s.g.post_send(
+        &mut s.qp,
+        &wqe(send_id, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(s.buf, 4096, s.lkey)],
+    );
+    let c = s.g.poll_n(&mut s.cq, 1);
+    assert_eq!(c.len(), 1, "the SEND's completion");
+    assert_eq!(
+        (c[0].wr_id.get(), c[0].status.get(), c[0].opcode.get()),
+        (send_id, WC_SUCCESS, wc_opcode::SEND)
+    );
+    let c = r.g.poll_n(&mut r.cq, 1);
+    assert_eq!(c.len(), 1, "the receive's completion");
+    assert_eq!(
+        (c[0].wr_id.get(), c[0].status.get(), c[0].byte_len.get()),
+        (recv_id, WC_SUCCESS, 4096)
+    );
+    assert_eq!(r.g.get(r.buf, 4096), data, "the SEND's bytes");
+
+    let write_id = 3000 + u64::from(round);
+    s.g.put(s.buf + 2 * PAGE_SIZE, &data[..200]);
+    let mut w = wqe(write_id, wr_opcode::RDMA_WRITE, send_flags::SIGNALED, 1);
+    w.wr[0] = (MR_VA + 4000).into();
+    w.wr[1] = u64::from(r.rkey).into();
+    s.g.post_send(&mut s.qp, &w, &[sge(s.buf + 2 * PAGE_SIZE, 200, s.lkey)]);
+    let c = s.g.poll_n(&mut s.cq, 1);
+    assert_eq!(c.len(), 1, "the WRITE's completion");
+    assert_eq!(
+        (c[0].wr_id.get(), c[0].status.get()),
+        (write_id, WC_SUCCESS)
+    );
+    assert_eq!(r.g.get(r.mr + 4000, 200), &data[..200], "the WRITE's bytes");
+    s.g.check_canaries();
+    r.g.check_canaries();
+}
+
+fn handle(code: u32, h: u32) -> abi::Handle {
+    abi::Handle {
+        hdr: hdr(code),
+        handle: h.into(),
+        reserved: [0; 4],
+    }
+}
+
+/// CREATE_QP of an RC QP, 16 deep both ways with 2 SGEs: its pages are 1
+/// (state) + 1 (send) + 1 (receive).
+fn qp_req(pd: u32, cq: u32, dir: u64) -> abi::CreateQp {
+    abi::CreateQp {
+        hdr: hdr(cmd::CREATE_QP),
+        pdir_dma: dir.into(),
+        pd_handle: pd.into(),
+        send_cq_handle: cq.into(),
+        recv_cq_handle: cq.into(),
+        max_send_wr: 16.into(),
+        max_recv_wr: 16.into(),
+        max_send_sge: 2.into(),
+        max_recv_sge: 2.into(),
+        access_flags: 1.into(),
+        total_chunks: 3.into(),
+        send_chunks: 1.into(),
+        qp_type: qp_type::RC,
+        ..abi::CreateQp::default()
+    }
+}
+
+/// A QP (as [`qp_req`]) over the given state, send and receive pages.
+fn qp_on(g: &mut Guest, pd: u32, cq: u32, pages: [u64; 3], uar: u64) -> GuestQp {
+    let dir = g.pdir(&pages);
+    let r = g.command(&qp_req(pd, cq, dir)).expect("CREATE_QP");
+    let resp = <abi::CreateQpRespV2 as zerocopy::FromBytes>::read_from_bytes(&r[..48]).unwrap();
+    GuestQp {
+        qpn: resp.qpn.get(),
+        handle: resp.qp_handle.get(),
+        state: pages[0],
+        sq: vec![pages[1]],
+        rq: vec![pages[2]],
+        sq_stride: 128,
+        rq_stride: 64,
+        sq_wr: 16,
+        rq_wr: 16,
+        sq_tail: 0,
+        rq_tail: 0,
+        uar,
+    }
+}
+
+/// A hostile QP on fresh pages, in RTS towards a QP nobody has.
+fn hostile_qp(s: &mut Side, cq: u32, peer: u8) -> GuestQp {
+    let pages = s.g.alloc(3);
+    let qp = qp_on(
+        &mut s.g,
+        s.pd,
+        cq,
+        [pages, pages + PAGE_SIZE, pages + 2 * PAGE_SIZE],
+        0,
+    );
+    rc_up(&mut s.g, &qp, gid(peer), NOBODY, mac(peer));
+    qp
+}
+
+fn cq_req(dir: u64, ctx: u32, cqe: u32, nchunks: u32) -> abi::CreateCq {
+    abi::CreateCq {
+        hdr: hdr(cmd::CREATE_CQ),
+        pdir_dma: dir.into(),
+        ctx_handle: ctx.into(),
+        cqe: cqe.into(),
+        nchunks: nchunks.into(),
+        reserved: [0; 4],
+    }
+}
+
+/// A 64-entry CQ over a state page and a data page.
+fn cq_on(g: &mut Guest, state: u64, data: u64) -> GuestCq {
+    cq_sized(g, state, data, 64)
+}
+
+/// A CQ of `cqe` (at most 64) entries over a state page and a data page.
+fn cq_sized(g: &mut Guest, state: u64, data: u64, cqe: u32) -> GuestCq {
+    let dir = g.pdir(&[state, data]);
+    let r = g.command(&cq_req(dir, 0, cqe, 2)).expect("CREATE_CQ");
+    GuestCq {
+        handle: u32::from_le_bytes(r[16..20].try_into().unwrap()),
+        state,
+        data: vec![data],
+        cqe,
+        head: 0,
+        uar: 0,
+    }
+}
+
+fn srq_req(pd: u32, dir: u64, wr: u32, sge: u32, nchunks: u32) -> abi::CreateSrq {
+    abi::CreateSrq {
+        hdr: hdr(cmd::CREATE_SRQ),
+        pdir_dma: dir.into(),
+        pd_handle: pd.into(),
+        nchunks: nchunks.into(),
+        attrs: abi::SrqAttr {
+            max_wr: wr.into(),
+            max_sge: sge.into(),
+            srq_limit: 0.into(),
+            reserved: 0.into(),
+        },
+        srq_type: 0,
+        reserved: [0; 7],
+    }
+}
+
+fn user_mr_req(pd: u32, start: u64, length: u64, dir: u64, access: u32, n: u32) -> abi::CreateMr {
+    abi::CreateMr {
+        hdr: hdr(cmd::CREATE_MR),
+        start: start.into(),
+        length: length.into(),
+        pdir_dma: dir.into(),
+        pd_handle: pd.into(),
+        access_flags: access.into(),
+        flags: 0.into(),
+        nchunks: n.into(),
+    }
+}
+
+fn modify(qp: u32, attrs: abi::QpAttr, mask: u32) -> abi::ModifyQp {
+    abi::ModifyQp {
+        hdr: hdr(cmd::MODIFY_QP),
+        qp_handle: qp.into(),
+        attr_mask: mask.into(),
+        attrs,
+    }
+}
+
+fn create_uc(g: &mut Guest, page: u64) -> u32 {
+    let r = g
+        .command(&abi::CreateUc {
+            hdr: hdr(cmd::CREATE_UC),
+            pfn64: (UAR_PFN + page).into(),
+        })
+        .expect("CREATE_UC");
+    u32::from_le_bytes(r[16..20].try_into().unwrap())
+}
+
+/// The async events until `want` came (2 s at most).
+fn wait_event(g: &mut Guest, want: (u32, u32)) -> Vec<(u32, u32)> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        seen.extend(g.events());
+        if seen.contains(&want) {
+            return seen;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    panic!("no event {want:?}; saw {seen:?}");
+}
+
+/// Whether `ok` comes to hold within 2 s.
+fn eventually(mut ok: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !ok() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// The one completion `wr_id` (2 s at most).
+fn completion(g: &mut Guest, cq: &mut GuestCq, wr_id: u64) -> abi::Cqe {
+    let c = g.poll_n(cq, 1);
+    assert_eq!(c.len(), 1, "completion of {wr_id}");
+    assert_eq!(c[0].wr_id.get(), wr_id);
+    c[0]
+}
+
+#[test]
+fn commands_on_bad_destroyed_or_busy_handles_are_refused() {
+    let da = device("hostile-handles-a", 20);
+    let db = device("hostile-handles-b", 21);
+    let mut a = side(&da, 20);
+    let mut b = side(&db, 21);
+    pair(&mut a, &mut b);
+    let g = &mut a.g;
+
+    // Handles that never existed.
+    for code in [
+        cmd::DESTROY_PD,
+        cmd::DESTROY_MR,
+        cmd::DESTROY_CQ,
+        cmd::DESTROY_QP,
+        cmd::DESTROY_UC,
+        cmd::DESTROY_SRQ,
+        cmd::QUERY_SRQ,
+    ] {
+        for h in [0, 9999, 0x00ff_ffff, u32::MAX] {
+            assert_eq!(g.refused(&handle(code, h)), (EINVAL, 22), "{code} {h}");
+        }
+    }
+    let query = |h: u32| abi::QueryQp {
+        hdr: hdr(cmd::QUERY_QP),
+        qp_handle: h.into(),
+        attr_mask: 0.into(),
+    };
+    assert_eq!(g.refused(&query(9999)), (EINVAL, 22));
+    assert_eq!(
+        g.refused(&modify(9999, abi::QpAttr::default(), M::STATE.0)),
+        (EINVAL, 22)
+    );
+    let msrq = abi::ModifySrq {
+        hdr: hdr(cmd::MODIFY_SRQ),
+        srq_handle: 9999.into(),
+        attr_mask: 2.into(),
+        attrs: abi::SrqAttr::default(),
+    };
+    assert_eq!(g.refused(&msrq), (EINVAL, 22));
+    // Creation on objects that do not exist.
+    let p = g.alloc(3);
+    let dir = g.pdir(&[p, p + PAGE_SIZE, p + 2 * PAGE_SIZE]);
+    assert_eq!(g.refused(&handle(cmd::CREATE_PD, 77)), (EINVAL, 22));
+    assert_eq!(g.refused(&cq_req(dir, 77, 64, 2)), (EINVAL, 22));
+    assert_eq!(g.refused(&qp_req(9999, a.cq.handle, dir)), (EINVAL, 22));
+    assert_eq!(g.refused(&qp_req(a.pd, 9999, dir)), (EINVAL, 22));
+    let mut r = qp_req(a.pd, a.cq.handle, dir);
+    r.recv_cq_handle = 9999.into();
+    assert_eq!(g.refused(&r), (EINVAL, 22));
+    let mut r = qp_req(a.pd, a.cq.handle, dir);
+    r.is_srq = 1;
+    r.srq_handle = 9999.into();
+    assert_eq!(g.refused(&r), (EINVAL, 22));
+    assert_eq!(
+        g.refused(&user_mr_req(9999, MR_VA, 4096, dir, 1, 1)),
+        (EINVAL, 22)
+    );
+    assert_eq!(g.refused(&srq_req(9999, dir, 16, 2, 2)), (EINVAL, 22));
+
+    // Handles of objects destroyed.
+    let pd = g.create_pd(0);
+    g.command(&handle(cmd::DESTROY_PD, pd)).unwrap();
+    assert_eq!(g.refused(&handle(cmd::DESTROY_PD, pd)), (EINVAL, 22));
+    assert_eq!(
+        g.refused(&user_mr_req(pd, MR_VA, 4096, dir, 1, 1)),
+        (EINVAL, 22)
+    );
+    assert_eq!(g.refused(&qp_req(pd, a.cq.handle, dir)), (EINVAL, 22));
+    let cq = g.create_cq(64, 0);
+    g.command(&handle(cmd::DESTROY_CQ, cq.handle)).unwrap();
+    assert_eq!(g.refused(&handle(cmd::DESTROY_CQ, cq.handle)), (EINVAL, 22));
+    assert_eq!(g.refused(&qp_req(a.pd, cq.handle, dir)), (EINVAL, 22));
+    let qp = g.create_qp(qp_type::RC, a.pd, a.cq.handle, a.cq.handle, 16);
+    g.command(&handle(cmd::DESTROY_QP, qp.handle)).unwrap();
+    assert_eq!(g.refused(&handle(cmd::DESTROY_QP, qp.handle)), (EINVAL, 22));
+    assert_eq!(g.refused(&query(qp.handle)), (EINVAL, 22));
+    assert_eq!(
+        g.refused(&modify(qp.handle, abi::QpAttr::default(), M::STATE.0)),
+        (EINVAL, 22)
+    );
+    let page = g.alloc(1);
+    let (mr, _, _) = g.user_mr(a.pd, MR_VA, &[page], 1);
+    g.command(&handle(cmd::DESTROY_MR, mr)).unwrap();
+    assert_eq!(g.refused(&handle(cmd::DESTROY_MR, mr)), (EINVAL, 22));
+
+    // Objects still in use.
+    assert_eq!(g.refused(&handle(cmd::DESTROY_PD, a.pd)), (EBUSY, 16));
+    assert_eq!(
+        g.refused(&handle(cmd::DESTROY_CQ, a.cq.handle)),
+        (EBUSY, 16)
+    );
+    // The kernel's "context" 0 is no context.
+    assert_eq!(g.refused(&handle(cmd::DESTROY_UC, 0)), (EINVAL, 22));
+
+    exchange(&mut a, &mut b);
+    let s = da.stats();
+    assert!(s.command_errors >= 40, "{s:?}");
+}
+
+#[test]
+fn bad_sizes_fields_and_command_codes_are_refused() {
+    let da = device("hostile-fields-a", 22);
+    let db = device("hostile-fields-b", 23);
+    let mut a = side(&da, 22);
+    let mut b = side(&db, 23);
+    pair(&mut a, &mut b);
+    let (pd, cqh) = (a.pd, a.cq.handle);
+    let g = &mut a.g;
+
+    // Command codes the device does not know: QEMU's 0xffff.
+    for code in [21, 0x100, cmd::ACK | cmd::CREATE_PD, u32::MAX] {
+        assert_eq!(g.refused(&hdr(code)), (BAD_COMMAND, 255), "{code:#x}");
+    }
+    // One it knows but does not implement (the driver never sends it).
+    let resize = abi::ResizeCq {
+        hdr: hdr(cmd::RESIZE_CQ),
+        cq_handle: cqh.into(),
+        cqe: 128.into(),
+    };
+    assert_eq!(g.refused(&resize), (EOPNOTSUPP, 95));
+
+    // Ports, P_Keys and GIDs out of range.
+    for port in [0, 2, 255] {
+        let q = abi::QueryPort {
+            hdr: hdr(cmd::QUERY_PORT),
+            port_num: port,
+            reserved: [0; 7],
+        };
+        assert_eq!(g.refused(&q), (EINVAL, 22));
+    }
+    let q = abi::QueryPkey {
+        hdr: hdr(cmd::QUERY_PKEY),
+        port_num: 1,
+        index: 1,
+        reserved: [0; 6],
+    };
+    assert_eq!(g.refused(&q), (EINVAL, 22));
+    let bind = |index: u32, ty: u8| abi::CreateBind {
+        hdr: hdr(cmd::CREATE_BIND),
+        mtu: 1024.into(),
+        vlan: 0.into(),
+        index: index.into(),
+        new_gid: gid(99).0,
+        gid_type: ty,
+        reserved: [0; 3],
+    };
+    assert_eq!(g.refused(&bind(128, abi::GID_TYPE_ROCE_V2)), (EINVAL, 22));
+    assert_eq!(
+        g.refused(&bind(u32::MAX, abi::GID_TYPE_ROCE_V2)),
+        (EINVAL, 22)
+    );
+    assert_eq!(g.refused(&bind(1, abi::GID_TYPE_ROCE_V1)), (EINVAL, 22));
+    assert_eq!(g.refused(&bind(1, 0)), (EINVAL, 22));
+    let unbind = abi::DestroyBind {
+        hdr: hdr(cmd::DESTROY_BIND),
+        index: 128.into(),
+        dest_gid: [0; 16],
+        reserved: [0; 4],
+    };
+    assert_eq!(g.refused(&unbind), (EINVAL, 22));
+
+    // CQs: sizes and page counts.
+    let (cq_pages, cq_dir) = g.pages(4);
+    for (cqe, n) in [
+        (0, 2),
+        (3, 2),
+        (100, 3),
+        (16384, 257),
+        (u32::MAX, 4),
+        (64, 1),
+        (64, 4),
+        (64, 0),
+        (128, 2),
+    ] {
+        assert_eq!(
+            g.refused(&cq_req(cq_dir, 0, cqe, n)),
+            (EINVAL, 22),
+            "{cqe} {n}"
+        );
+    }
+    let _ = cq_pages;
+
+    // QPs: types, sizes, SGEs, inline data, page counts.
+    let qp_dir = {
+        let p = g.alloc(3);
+        g.pdir(&[p, p + PAGE_SIZE, p + 2 * PAGE_SIZE])
+    };
+    let base = qp_req(pd, cqh, qp_dir);
+    let mut bad: Vec<abi::CreateQp> = Vec::new();
+    for t in [0, qp_type::UC + 2, 255] {
+        bad.push(abi::CreateQp { qp_type: t, ..base });
+    }
+    for (sw, rw) in [(0, 16), (16, 0), (3, 16), (16, 12), (2048, 16), (16, 2048)] {
+        bad.push(abi::CreateQp {
+            max_send_wr: sw.into(),
+            max_recv_wr: rw.into(),
+            ..base
+        });
+    }
+    for (ss, rs) in [(9, 2), (2, 9), (u32::MAX, 2)] {
+        bad.push(abi::CreateQp {
+            max_send_sge: ss.into(),
+            max_recv_sge: rs.into(),
+            ..base
+        });
+    }
+    bad.push(abi::CreateQp {
+        max_inline_data: 64.into(),
+        ..base
+    });
+    for (total, send) in [
+        (2, 1),
+        (5, 1),
+        (3, 2),
+        (3, 0),
+        (0, 0),
+        (0xffff, 0xffff),
+        (1, 0),
+    ] {
+        bad.push(abi::CreateQp {
+            total_chunks: total.into(),
+            send_chunks: send.into(),
+            ..base
+        });
+    }
+    bad.push(abi::CreateQp {
+        is_srq: 1,
+        srq_handle: 0.into(),
+        ..base
+    });
+    for r in &bad {
+        assert_eq!(g.refused(r), (EINVAL, 22), "{r:?}");
+    }
+
+    // MRs: flags, lengths, page counts, rights.
+    let page = g.alloc(2);
+    let dir = g.pdir(&[page, page + PAGE_SIZE]);
+    let mut mrs = vec![
+        user_mr_req(pd, MR_VA, 0, dir, 1, 0),
+        user_mr_req(pd, MR_VA, (1 << 30) + 4096, dir, 1, 2),
+        user_mr_req(pd, MR_VA, 8192, dir, 1, 1),
+        user_mr_req(pd, MR_VA, 8192, dir, 1, 3),
+        user_mr_req(pd, MR_VA + 1, 8192, dir, 1, 2),
+        user_mr_req(pd, u64::MAX - 100, 4096, dir, 1, 2),
+        // Zero-based (the driver passes no IOVA).
+        user_mr_req(pd, MR_VA, 8192, dir, 1 | 0x20, 2),
+        // Remote write without local write (IBTA: not allowed).
+        user_mr_req(pd, MR_VA, 8192, dir, 2, 2),
+        // Remote atomic without local write.
+        user_mr_req(pd, MR_VA, 8192, dir, 8, 2),
+    ];
+    for flags in [3, 4, u32::MAX] {
+        let mut r = user_mr_req(pd, MR_VA, 8192, dir, 1, 2);
+        r.flags = flags.into();
+        mrs.push(r);
+    }
+    for n in [0, abi::MAX_FAST_REG_PAGES + 1, u32::MAX] {
+        let mut r = user_mr_req(pd, 0, 0, 0, 1, n);
+        r.flags = abi::MR_FLAG_FRMR.into();
+        mrs.push(r);
+    }
+    for r in &mrs {
+        assert_eq!(g.refused(r), (EINVAL, 22), "{r:?}");
+    }
+
+    // SRQs: type, sizes, SGEs, page counts.
+    let srq_pages = g.alloc(2);
+    let srq_dir = g.pdir(&[srq_pages, srq_pages + PAGE_SIZE]);
+    for (wr, sge, n) in [
+        (0, 2, 2),
+        (3, 2, 2),
+        (2048, 2, 2),
+        (16, 0, 2),
+        (16, 9, 2),
+        (16, 2, 1),
+        (16, 2, 6),
+    ] {
+        assert_eq!(
+            g.refused(&srq_req(pd, srq_dir, wr, sge, n)),
+            (EINVAL, 22),
+            "{wr} {sge} {n}"
+        );
+    }
+    let mut r = srq_req(pd, srq_dir, 16, 2, 2);
+    r.srq_type = 1;
+    assert_eq!(g.refused(&r), (EINVAL, 22));
+
+    // Contexts: doorbell page 0 (the kernel's), past BAR2, taken, wrapped.
+    for pfn in [UAR_PFN, UAR_PFN + 256, UAR_PFN - 1, 0, u64::MAX] {
+        let r = abi::CreateUc {
+            hdr: hdr(cmd::CREATE_UC),
+            pfn64: pfn.into(),
+        };
+        assert_eq!(g.refused(&r), (EINVAL, 22), "{pfn:#x}");
+    }
+    let uc = create_uc(g, 5);
+    let again = abi::CreateUc {
+        hdr: hdr(cmd::CREATE_UC),
+        pfn64: (UAR_PFN + 5).into(),
+    };
+    assert_eq!(g.refused(&again), (EINVAL, 22));
+    g.command(&handle(cmd::DESTROY_UC, uc)).unwrap();
+
+    // QP state transitions the verbs do not allow, and bad values.
+    let q = g.create_qp(qp_type::RC, pd, cqh, cqh, 16);
+    let state = |s: u32| abi::QpAttr {
+        qp_state: s.into(),
+        port_num: 1,
+        ..abi::QpAttr::default()
+    };
+    for s in [RTS, 2, 4, 5, 7, u32::MAX] {
+        assert_eq!(
+            g.refused(&modify(q.handle, state(s), M::STATE.0)),
+            (EINVAL, 22),
+            "RESET to {s}"
+        );
+    }
+    // The current state must be what it is.
+    let mut wrong = state(1);
+    wrong.cur_qp_state = RTS.into();
+    assert_eq!(
+        g.refused(&modify(q.handle, wrong, (M::STATE | M::CUR_STATE).0)),
+        (EINVAL, 22)
+    );
+    // INIT without its required attributes; a path MTU code out of range.
+    assert_eq!(
+        g.refused(&modify(q.handle, state(1), M::STATE.0)),
+        (EINVAL, 22)
+    );
+    let mut mtu = state(RESET);
+    mtu.path_mtu = 9.into();
+    assert_eq!(
+        g.refused(&modify(q.handle, mtu, (M::STATE | M::PATH_MTU).0)),
+        (EINVAL, 22)
+    );
+    assert_eq!(g.qp_state(&q), RESET);
+    // From RTS, back to RTR is not a transition.
+    rc_up(g, &q, gid(23), NOBODY, mac(23));
+    assert_eq!(
+        g.refused(&modify(q.handle, state(2), M::STATE.0)),
+        (EINVAL, 22)
+    );
+    assert_eq!(g.qp_state(&q), RTS);
+
+    exchange(&mut a, &mut b);
+}
+
+#[test]
+fn objects_of_another_context_and_doorbells_on_the_wrong_page_are_refused() {
+    let da = device("hostile-ctx-a", 24);
+    let db = device("hostile-ctx-b", 25);
+    let mut a = side(&da, 24);
+    let mut b = side(&db, 25);
+    pair(&mut a, &mut b);
+    let g = &mut a.g;
+
+    // Two user contexts, on doorbell pages 1 and 2.
+    let uc1 = create_uc(g, 1);
+    let uc2 = create_uc(g, 2);
+    let pd1 = g.create_pd(uc1);
+    let pd2 = g.create_pd(uc2);
+    let mut cq1 = g.create_cq(64, uc1);
+    cq1.uar = 1;
+    let mut cq2 = g.create_cq(64, uc2);
+    cq2.uar = 2;
+    let srq_pages = g.alloc(2);
+    let srq_dir = g.pdir(&[srq_pages, srq_pages + PAGE_SIZE]);
+    let r = g.command(&srq_req(pd2, srq_dir, 16, 2, 2)).unwrap();
+    let srq2 = u32::from_le_bytes(r[16..20].try_into().unwrap());
+
+    // A QP may only use its PD's context's CQs and SRQ.
+    let p = g.alloc(3);
+    let dir = g.pdir(&[p, p + PAGE_SIZE, p + 2 * PAGE_SIZE]);
+    assert_eq!(g.refused(&qp_req(pd1, cq2.handle, dir)), (EINVAL, 22));
+    let mut mixed = qp_req(pd1, cq1.handle, dir);
+    mixed.recv_cq_handle = cq2.handle.into();
+    assert_eq!(g.refused(&mixed), (EINVAL, 22));
+    assert_eq!(g.refused(&qp_req(pd1, a.cq.handle, dir)), (EINVAL, 22));
+    assert_eq!(g.refused(&qp_req(a.pd, cq1.handle, dir)), (EINVAL, 22));
+    let mut srq = qp_req(pd1, cq1.handle, dir);
+    srq.is_srq = 1;
+    srq.srq_handle = srq2.into();
+    srq.total_chunks = 2.into();
+    assert_eq!(g.refused(&srq), (EINVAL, 22));
+    let mut qp1 = qp_on(g, pd1, cq1.handle, [p, p + PAGE_SIZE, p + 2 * PAGE_SIZE], 1);
+
+    // A context with objects cannot go.
+    assert_eq!(g.refused(&handle(cmd::DESTROY_UC, uc1)), (EBUSY, 16));
+
+    // Doorbells: each refused one is counted, nothing else happens.
+    let before = da.stats_when(|_| true).doorbells_refused;
+    let page = |n: u64| n * PAGE_SIZE;
+    let mut refused = 0;
+    let mut ring = |g: &mut Guest, offset: u64, v: u32| {
+        g.write32(2, offset, v);
+        refused += 1;
+    };
+    // Another context's CQ, QP and SRQ; the kernel's objects from a
+    // context's page.
+    ring(g, page(1) + uar::CQ_OFFSET, cq2.handle | uar::CQ_ARM);
+    ring(g, page(0) + uar::CQ_OFFSET, cq1.handle | uar::CQ_ARM);
+    ring(g, page(2) + uar::QP_OFFSET, qp1.handle | uar::QP_SEND);
+    ring(g, page(0) + uar::QP_OFFSET, qp1.handle | uar::QP_RECV);
+    ring(g, page(1) + uar::SRQ_OFFSET, srq2 | uar::SRQ_RECV);
+    ring(g, page(1) + uar::QP_OFFSET, a.qp.handle | uar::QP_SEND);
+    ring(g, page(2) + uar::CQ_OFFSET, a.cq.handle | uar::CQ_POLL);
+    // Objects that do not exist, a page no context has, offsets that are
+    // no doorbell.
+    ring(g, page(0) + uar::QP_OFFSET, 0xabcd | uar::QP_SEND);
+    ring(g, page(0) + uar::CQ_OFFSET, 0x77 | uar::CQ_ARM);
+    ring(g, page(0) + uar::SRQ_OFFSET, 0x77 | uar::SRQ_RECV);
+    ring(g, page(200) + uar::QP_OFFSET, qp1.handle | uar::QP_SEND);
+    ring(g, page(0) + 12, a.qp.handle | uar::QP_SEND);
+    ring(g, page(1) + 0xffc, qp1.handle | uar::QP_SEND);
+    // Objects destroyed.
+    let cq3 = g.create_cq(64, 0);
+    let qp3 = g.create_qp(qp_type::RC, a.pd, cq3.handle, cq3.handle, 16);
+    g.command(&handle(cmd::DESTROY_QP, qp3.handle)).unwrap();
+    g.command(&handle(cmd::DESTROY_CQ, cq3.handle)).unwrap();
+    ring(g, page(0) + uar::QP_OFFSET, qp3.handle | uar::QP_SEND);
+    ring(g, page(0) + uar::CQ_OFFSET, cq3.handle | uar::CQ_ARM);
+    let s = da.stats_when(|s| s.doorbells_refused >= before + refused);
+    assert_eq!(s.doorbells_refused, before + refused);
+    // What is the page's is taken: a receive on qp1 from page 1.
+    rc_up(g, &qp1, gid(25), NOBODY, mac(25));
+    g.post_recv(&mut qp1, 5, &[sge(a.buf, 64, a.lkey)]);
+    g.arm(&cq1, 1, false);
+    let s = da.stats_when(|_| true);
+    assert_eq!(
+        s.doorbells_refused,
+        before + refused,
+        "its own page's doorbells"
+    );
+
+    // The context's CQ holds it too (its doorbell page would otherwise
+    // ring it for the next context given that page).
+    g.command(&handle(cmd::DESTROY_QP, qp1.handle)).unwrap();
+    g.command(&handle(cmd::DESTROY_PD, pd1)).unwrap();
+    assert_eq!(g.refused(&handle(cmd::DESTROY_UC, uc1)), (EBUSY, 16));
+    g.command(&handle(cmd::DESTROY_CQ, cq1.handle)).unwrap();
+    g.command(&handle(cmd::DESTROY_UC, uc1)).unwrap();
+    assert_eq!(create_uc(g, 1), uc1 + 2, "page 1 is free again");
+
+    exchange(&mut a, &mut b);
+}
+
+#[test]
+fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
+    let da = device("hostile-pdir-a", 26);
+    let db = device("hostile-pdir-b", 27);
+    let mut a = side(&da, 26);
+    let mut b = side(&db, 27);
+    pair(&mut a, &mut b);
+    let (pd, cqh, lkey) = (a.pd, a.cq.handle, a.lkey);
+    let g = &mut a.g;
+    let lo = RAM_BASE - PAGE_SIZE;
+    let hi = g.ram_end();
+
+    // Directories outside the RAM the device was given: the guard pages
+    // either side of it, address 0, far away, the top of the address
+    // space; one not page-aligned.
+    for dir in [0, lo, hi, hi + (1 << 20), 1 << 40, TOP_PAGE, RAM_BASE + 8] {
+        assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22), "{dir:#x}");
+        assert_eq!(g.refused(&qp_req(pd, cqh, dir)), (EINVAL, 22));
+        assert_eq!(
+            g.refused(&user_mr_req(pd, MR_VA, 8192, dir, 1, 2)),
+            (EINVAL, 22)
+        );
+        assert_eq!(g.refused(&srq_req(pd, dir, 16, 2, 2)), (EINVAL, 22));
+    }
+    // A directory whose table is outside, or not aligned.
+    for table in [lo, hi, 1 << 40, RAM_BASE + 0x10] {
+        let dir = g.alloc(1);
+        g.put(dir, &table.to_le_bytes());
+        assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
+        assert_eq!(g.refused(&qp_req(pd, cqh, dir)), (EINVAL, 22));
+    }
+    // Page addresses not aligned.
+    let p = g.alloc(2);
+    let dir = g.pdir(&[p, p + 0x800]);
+    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
+    // A CQ whose state page is outside: nothing to start its ring from.
+    let dir = g.pdir(&[hi, p]);
+    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
+
+    // Rings over pages outside: made (a real device cannot tell either),
+    // and broken on first use, each with its event.
+    let state = g.alloc(1);
+    let mut out_cq = cq_on(g, state, hi);
+    let mut q = hostile_qp_g(g, pd, out_cq.handle, 27);
+    g.post_send(&mut q, &wqe(1, 99, send_flags::SIGNALED, 0), &[]);
+    wait_event(g, (eqe::CQ_ERR, out_cq.handle));
+    assert!(g.poll(&mut out_cq).is_empty());
+    let p = g.alloc(2);
+    let q = qp_on(g, pd, cqh, [p, lo, p + PAGE_SIZE], 0);
+    rc_up(g, &q, gid(27), NOBODY, mac(27));
+    // (Its WQE would be in the guard page: only the index moves.)
+    g.put32(q.state, 1);
+    g.ring_qp(&q, uar::QP_SEND);
+    wait_event(g, (eqe::QP_FATAL, q.qpn));
+    assert_eq!(g.qp_state(&q), ERR);
+    // An MR over pages outside: an SGE in it is a protection error.
+    let dir = g.pdir(&[lo, hi]);
+    let r = g
+        .command(&user_mr_req(pd, MR_VA, 8192, dir, 1, 2))
+        .expect("an MR over pages the device cannot reach");
+    let out_lkey = u32::from_le_bytes(r[20..24].try_into().unwrap());
+    let mut hcq = g.create_cq(64, 0);
+    let mut q = hostile_qp_g(g, pd, hcq.handle, 27);
+    g.post_send(
+        &mut q,
+        &wqe(3, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(MR_VA + 100, 64, out_lkey)],
+    );
+    assert_eq!(completion(g, &mut hcq, 3).status.get(), WC_LOC_PROT_ERR);
+    // So is an SGE of the DMA MR outside the RAM.
+    let mut q = hostile_qp_g(g, pd, hcq.handle, 27);
+    g.post_send(
+        &mut q,
+        &wqe(4, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(hi, 64, lkey)],
+    );
+    assert_eq!(completion(g, &mut hcq, 4).status.get(), WC_LOC_PROT_ERR);
+
+    // Rings on another ring's pages. A QP over a CQ's pages would have its
+    // receive ring's indices be the CQ's: each completion the device
+    // wrote would post a receive that completed again, for ever. Each
+    // ring's pages are its own: such objects are refused.
+    let cs = g.alloc(2);
+    let cq = cq_on(g, cs, cs + PAGE_SIZE);
+    let fresh = g.alloc(3);
+    let (slot, async_data, cqn_state) = (g.cmd_slot, g.async_ring + PAGE_SIZE, g.cq_ring);
+    for pages in [
+        // The CQ's state page as the QP's; its entries as the QP's rings.
+        [cs, fresh, fresh + PAGE_SIZE],
+        [fresh, cs + PAGE_SIZE, fresh + PAGE_SIZE],
+        [fresh, fresh + PAGE_SIZE, cs + PAGE_SIZE],
+        // The device's async-event ring; the CQ-notification ring's state.
+        [fresh, fresh + PAGE_SIZE, async_data],
+        [cqn_state, fresh, fresh + PAGE_SIZE],
+        // One page twice.
+        [fresh, fresh + PAGE_SIZE, fresh + PAGE_SIZE],
+        [fresh, fresh, fresh + PAGE_SIZE],
+    ] {
+        let dir = g.pdir(&pages);
+        assert_eq!(
+            g.refused(&qp_req(pd, cq.handle, dir)),
+            (EINVAL, 22),
+            "{pages:x?}"
+        );
+    }
+    for pages in [
+        [cs, fresh],
+        [fresh, cs + PAGE_SIZE],
+        [cqn_state, fresh],
+        [fresh, fresh],
+    ] {
+        let dir = g.pdir(&pages);
+        assert_eq!(
+            g.refused(&cq_req(dir, 0, 64, 2)),
+            (EINVAL, 22),
+            "{pages:x?}"
+        );
+        assert_eq!(g.refused(&srq_req(pd, dir, 16, 2, 2)), (EINVAL, 22));
+    }
+    // Pages of a QP (not a CQ's) are taken too.
+    let q = qp_on(
+        g,
+        pd,
+        cq.handle,
+        [fresh, fresh + PAGE_SIZE, fresh + 2 * PAGE_SIZE],
+        0,
+    );
+    let dir = g.pdir(&[fresh + PAGE_SIZE, cs + PAGE_SIZE]);
+    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
+    // Destroyed, an object's pages are free again.
+    g.command(&handle(cmd::DESTROY_QP, q.handle)).unwrap();
+    g.command(&handle(cmd::DESTROY_CQ, cq.handle)).unwrap();
+    let cq = cq_on(g, fresh, fresh + PAGE_SIZE);
+    let mut q = qp_on(
+        g,
+        pd,
+        cq.handle,
+        [cs, cs + PAGE_SIZE, fresh + 2 * PAGE_SIZE],
+        0,
+    );
+    // A QP whose send ring is the command slot (not a ring: the device
+    // only reads WQEs from it, as garbage). The device settles.
+    let st = g.alloc(2);
+    let mut q2 = qp_on(g, pd, hcq.handle, [st, slot, st + PAGE_SIZE], 0);
+    rc_up(g, &q2, gid(27), NOBODY, mac(27));
+    g.write_send(&mut q2, &wqe(9, 99, 0, 0), &[]);
+    g.post_recv(&mut q2, 10, &[]);
+    g.ring_qp(&q2, uar::QP_SEND);
+    rc_up(g, &q, gid(27), NOBODY, mac(27));
+    g.post_recv(&mut q, 7, &[sge(a.buf, 64, lkey)]);
+    g.post_send(&mut q, &wqe(8, 99, send_flags::SIGNALED, 0), &[]);
+    // The device settles: its counters stop moving (over longer than its
+    // idle wait of 200 ms).
+    let mut last = da.stats();
+    let settled = (0..20).any(|_| {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = da.stats();
+        let same = now == last;
+        last = now;
+        same
+    });
+    assert!(settled, "the device keeps working on its own: {last:?}");
+    // The commands still work (the slot a QP reads its WQEs from).
+    let _ = g.create_pd(0);
+    // Nothing outside the RAM and nothing in the canaries was written.
+    g.check_canaries();
+
+    exchange(&mut a, &mut b);
+}
+
+/// A hostile QP on `pd` (with `g` alone), in RTS towards nobody on
+/// device `peer`.
+fn hostile_qp_g(g: &mut Guest, pd: u32, cq: u32, peer: u8) -> GuestQp {
+    let pages = g.alloc(3);
+    let qp = qp_on(
+        g,
+        pd,
+        cq,
+        [pages, pages + PAGE_SIZE, pages + 2 * PAGE_SIZE],
+        0,
+    );
+    rc_up(g, &qp, gid(peer), NOBODY, mac(peer));
+    qp
+}
+
+#[test]
+fn wild_ring_indices_break_only_their_queue_once() {
+    let da = device("hostile-rings-a", 28);
+    let db = device("hostile-rings-b", 29);
+    let mut a = side(&da, 28);
+    let mut b = side(&db, 29);
+    pair(&mut a, &mut b);
+    let mut hcq = a.g.create_cq(256, 0);
+
+    // A send producer index the driver could never write.
+    let mut q1 = hostile_qp(&mut a, hcq.handle, 29);
+    let g = &mut a.g;
+    let broken = da.stats().broken_rings;
+    g.put32(q1.state, 0xdead_beef);
+    g.ring_qp(&q1, uar::QP_SEND);
+    wait_event(g, (eqe::QP_FATAL, q1.qpn));
+    assert_eq!(g.qp_state(&q1), ERR);
+    // Rung again and again: broken once, one event.
+    for _ in 0..5 {
+        g.ring_qp(&q1, uar::QP_SEND | uar::QP_RECV);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(g.events(), vec![], "one QP_FATAL for a broken ring");
+    assert_eq!(
+        da.stats_when(|s| s.broken_rings > broken).broken_rings,
+        broken + 1
+    );
+
+    // A receive producer index of twice the ring (the first one invalid).
+    let q2 = hostile_qp_g(g, a.pd, hcq.handle, 29);
+    g.put32(q2.state + 8, 32);
+    g.ring_qp(&q2, uar::QP_RECV);
+    wait_event(g, (eqe::QP_FATAL, q2.qpn));
+    // A valid index, but more than a ring ahead of what the device gave
+    // back: 17 WQEs in a ring of 16.
+    let q3 = hostile_qp_g(g, a.pd, hcq.handle, 29);
+    g.put32(q3.state, 17);
+    g.ring_qp(&q3, uar::QP_SEND);
+    wait_event(g, (eqe::QP_FATAL, q3.qpn));
+    assert!(g.poll(&mut hcq).is_empty(), "nothing was taken from them");
+
+    // A CQ whose consumer index is wild: the completion cannot go in; the
+    // CQ overflows (CQ_ERR) and its QP fails.
+    let mut wild = g.create_cq(64, 0);
+    g.put32(wild.state + 12, 0xffff_fff0);
+    let mut q4 = hostile_qp_g(g, a.pd, wild.handle, 29);
+    g.post_send(&mut q4, &wqe(40, 99, send_flags::SIGNALED, 0), &[]);
+    wait_event(g, (eqe::CQ_ERR, wild.handle));
+    assert_eq!(g.qp_state(&q4), ERR);
+    wild.head = 0;
+    g.put32(wild.state + 12, 0);
+    assert!(g.poll(&mut wild).is_empty());
+
+    // Back to RESET, the broken QP is whole again: its ring is taken.
+    g.modify_qp(
+        &q1,
+        abi::QpAttr {
+            qp_state: RESET.into(),
+            ..abi::QpAttr::default()
+        },
+        M::STATE.0,
+    )
+    .unwrap();
+    let drained = g.poll(&mut hcq);
+    assert!(drained.iter().all(|c| c.qp.get() != u64::from(q1.handle)));
+    for off in [0, 4, 8, 12] {
+        g.put32(q1.state + off, 0);
+    }
+    q1.sq_tail = 0;
+    q1.rq_tail = 0;
+    rc_up(g, &q1, gid(29), NOBODY, mac(29));
+    g.post_send(&mut q1, &wqe(41, 99, send_flags::SIGNALED, 0), &[]);
+    assert_eq!(completion(g, &mut hcq, 41).status.get(), WC_LOC_QP_OP_ERR);
+
+    // An SRQ with a wild producer index: broken once (an SRQ has no QP to
+    // fail, and pvrdma no event the engine raises for it).
+    let sp = g.alloc(2);
+    let sdir = g.pdir(&[sp, sp + PAGE_SIZE]);
+    let r = g.command(&srq_req(a.pd, sdir, 16, 2, 2)).unwrap();
+    let srq = u32::from_le_bytes(r[16..20].try_into().unwrap());
+    let broken = da.stats().broken_rings;
+    g.put32(sp + 8, 0x8000_0000);
+    for _ in 0..3 {
+        g.write32(2, uar::SRQ_OFFSET, srq | uar::SRQ_RECV);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(da.stats().broken_rings, broken + 1);
+
+    // The device's own async ring, its consumer index wild: the event is
+    // dropped and counted; put right, events come again.
+    let drops = da.stats().ring_drops;
+    let head = g.async_head;
+    g.put32(g.async_ring + 12, 0xffff_ffff);
+    let q5 = hostile_qp_g(g, a.pd, hcq.handle, 29);
+    g.put32(q5.state, 0xffff);
+    g.ring_qp(&q5, uar::QP_SEND);
+    let s = da.stats_when(|s| s.ring_drops > drops);
+    assert_eq!(s.ring_drops, drops + 1);
+    g.put32(g.async_ring + 12, head);
+    assert_eq!(g.events(), vec![]);
+    let q6 = hostile_qp_g(g, a.pd, hcq.handle, 29);
+    g.put32(q6.state + 8, 0xffff);
+    g.ring_qp(&q6, uar::QP_RECV);
+    wait_event(g, (eqe::QP_FATAL, q6.qpn));
+
+    exchange(&mut a, &mut b);
+}
+
+#[test]
+fn malformed_wqes_complete_in_error_in_their_turn() {
+    let da = device("hostile-wqe-a", 30);
+    let db = device("hostile-wqe-b", 31);
+    let mut a = side(&da, 30);
+    let mut b = side(&db, 31);
+    pair(&mut a, &mut b);
+    let (pd, lkey, buf) = (a.pd, a.lkey, a.buf);
+    let g = &mut a.g;
+    let mut hcq = g.create_cq(256, 0);
+
+    let mut case = |g: &mut Guest, w: abi::SqWqeHdr, sges: &[abi::Sge], status: u32| {
+        let mut q = hostile_qp_g(g, pd, hcq.handle, 31);
+        let id = w.wr_id.get();
+        g.post_send(&mut q, &w, sges);
+        // A good WQE after it is flushed: the QP is in ERR.
+        g.post_send(
+            &mut q,
+            &wqe(id + 1, wr_opcode::SEND, send_flags::SIGNALED, 1),
+            &[sge(buf, 16, lkey)],
+        );
+        let c = g.poll_n(&mut hcq, 2);
+        assert_eq!(c.len(), 2, "case {id}");
+        assert_eq!(
+            (c[0].wr_id.get(), c[0].status.get()),
+            (id, status),
+            "case {id}"
+        );
+        assert_eq!(c[0].qp.get(), u64::from(q.handle));
+        assert_eq!(
+            (c[1].wr_id.get(), c[1].status.get()),
+            (id + 1, WC_WR_FLUSH_ERR)
+        );
+        assert_eq!(g.qp_state(&q), ERR, "case {id}");
+        // The ring slots came back.
+        assert!(eventually(|| g.sq_cons(&q) == 2), "case {id}: sq cons");
+    };
+    // Opcodes unknown, or with no meaning on RC (LSO).
+    case(
+        g,
+        wqe(100, 99, send_flags::SIGNALED, 0),
+        &[],
+        WC_LOC_QP_OP_ERR,
+    );
+    case(g, wqe(110, u32::MAX, 0, 0), &[], WC_LOC_QP_OP_ERR);
+    case(
+        g,
+        wqe(120, wr_opcode::LSO, send_flags::SIGNALED, 0),
+        &[],
+        WC_LOC_QP_OP_ERR,
+    );
+    // More SGEs than the QP has, or than the WQE slot holds.
+    case(
+        g,
+        wqe(130, wr_opcode::SEND, send_flags::SIGNALED, 3),
+        &[sge(buf, 1, lkey); 3],
+        WC_LOC_LEN_ERR,
+    );
+    case(
+        g,
+        wqe(140, wr_opcode::SEND, send_flags::SIGNALED, u32::MAX),
+        &[],
+        WC_LOC_LEN_ERR,
+    );
+    // Inline data (the device offers none).
+    case(
+        g,
+        wqe(
+            150,
+            wr_opcode::SEND,
+            send_flags::SIGNALED | send_flags::INLINE,
+            0,
+        ),
+        &[],
+        WC_LOC_QP_OP_ERR,
+    );
+    // SGEs with a key nobody has, or past the MR's end.
+    case(
+        g,
+        wqe(160, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(buf, 64, 0xdead_0000)],
+        WC_LOC_PROT_ERR,
+    );
+    // (A READ's local SGEs are looked at when its response comes, as in
+    // rxe: not here, where nobody answers.) The second of two SGEs bad:
+    case(
+        g,
+        wqe(170, wr_opcode::SEND, send_flags::SIGNALED, 2),
+        &[sge(buf, 64, lkey), sge(buf, 64, lkey ^ 0xff)],
+        WC_LOC_PROT_ERR,
+    );
+    let user_page = g.alloc(1);
+    let (_, user_lkey, _) = g.user_mr(pd, MR_VA, &[user_page], 1);
+    case(
+        g,
+        wqe(180, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(MR_VA + 4000, 200, user_lkey)],
+        WC_LOC_PROT_ERR,
+    );
+    // Fast registrations of nothing: a page shift the device does not
+    // take, an empty list, an MR that does not exist.
+    for (id, shift, len, key) in [
+        (190, 16u64, 1u32, 0u32),
+        (200, 12, 0, 0),
+        (210, 12, 1, 0xffff_ff00),
+    ] {
+        let mut f = wqe(id, wr_opcode::FAST_REG_MR, send_flags::SIGNALED, 0);
+        let dir = g.pdir(&[user_page]);
+        f.wr[1] = dir.into();
+        f.wr[2] = (u64::from(len) << 32 | shift).into();
+        f.wr[4] = u64::from(key).into();
+        case(g, f, &[], WC_LOC_QP_OP_ERR);
+    }
+
+    // A receive WQE with more SGEs than the QP has: the QP fails (with
+    // its event) and the WQE is flushed.
+    let mut q = hostile_qp_g(g, pd, hcq.handle, 31);
+    g.post_recv(&mut q, 300, &[sge(buf, 8, lkey); 3]);
+    wait_event(g, (eqe::QP_FATAL, q.qpn));
+    let c = completion(g, &mut hcq, 300);
+    assert_eq!(c.status.get(), WC_WR_FLUSH_ERR);
+    assert_eq!(c.opcode.get() & wc_opcode::RECV, wc_opcode::RECV);
+
+    // On UD QPs: an address vector of another PD, an RDMA WRITE; and, to
+    // show the rest is right, a good SEND (to a QP nobody has: a datagram
+    // completes when it leaves).
+    let other_pd = g.create_pd(0);
+    let mut ud_case = |g: &mut Guest, w: abi::SqWqeHdr, av_pd: u32, status: u32| {
+        let pages = g.alloc(3);
+        let dir = g.pdir(&[pages, pages + PAGE_SIZE, pages + 2 * PAGE_SIZE]);
+        let mut req = qp_req(pd, hcq.handle, dir);
+        req.qp_type = qp_type::UD;
+        let r = g.command(&req).unwrap();
+        let handle = u32::from_le_bytes(r[20..24].try_into().unwrap());
+        let mut ud = GuestQp {
+            qpn: handle,
+            handle,
+            state: pages,
+            sq: vec![pages + PAGE_SIZE],
+            rq: vec![pages + 2 * PAGE_SIZE],
+            sq_stride: 128,
+            rq_stride: 64,
+            sq_wr: 16,
+            rq_wr: 16,
+            sq_tail: 0,
+            rq_tail: 0,
+            uar: 0,
+        };
+        let mut at = abi::QpAttr {
+            qp_state: 1.into(),
+            port_num: 1,
+            qkey: 0x1111.into(),
+            ..abi::QpAttr::default()
+        };
+        g.modify_qp(&ud, at, (M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).0)
+            .unwrap();
+        at.qp_state = 2.into();
+        g.modify_qp(&ud, at, M::STATE.0).unwrap();
+        at.qp_state = 3.into();
+        g.modify_qp(&ud, at, (M::STATE | M::SQ_PSN).0).unwrap();
+        let mut w = w;
+        w.wr[0] = (u64::from(0x1111u32) << 32 | u64::from(NOBODY)).into();
+        let av = abi::Av {
+            port_pd: (1 << 24 | av_pd).into(),
+            dgid: gid(31).0,
+            hop_limit: 64,
+            ..abi::Av::default()
+        };
+        w.wr.as_mut_bytes()[8..48].copy_from_slice(av.as_bytes());
+        g.post_send(&mut ud, &w, &[sge(buf, 16, lkey)]);
+        let id = w.wr_id.get();
+        assert_eq!(
+            completion(g, &mut hcq, id).status.get(),
+            status,
+            "UD case {id}"
+        );
+    };
+    let send = |id| wqe(id, wr_opcode::SEND, send_flags::SIGNALED, 1);
+    ud_case(g, send(400), other_pd, WC_LOC_QP_OP_ERR);
+    ud_case(
+        g,
+        wqe(410, wr_opcode::RDMA_WRITE, send_flags::SIGNALED, 1),
+        pd,
+        WC_LOC_QP_OP_ERR,
+    );
+    ud_case(g, send(420), pd, WC_SUCCESS);
+
+    let s = da.stats_when(|s| s.malformed_wqes >= 10);
+    assert!(s.malformed_wqes >= 10, "{s:?}");
+    exchange(&mut a, &mut b);
+}
+
+#[test]
+fn wqes_and_buffers_rewritten_after_the_doorbell() {
+    let da = device("hostile-toctou-a", 32);
+    let db = device("hostile-toctou-b", 33);
+    let mut a = side(&da, 32);
+    let mut b = side(&db, 33);
+    pair(&mut a, &mut b);
+
+    // A SEND WQE rewritten once its doorbell returned: the device copied
+    // it, what it sends is what was there.
+    let p1: Vec<u8> = (0..64u8).collect();
+    a.g.put(a.buf, &p1);
+    a.g.put(a.buf + PAGE_SIZE, &[0xee; 128]);
+    b.g.post_recv(&mut b.qp, 10, &[sge(b.buf, 4096, b.lkey)]);
+    // And the receive WQE rewritten the same way, to a canary page.
+    let canary = b.g.canary(1);
+    let recv_at = {
+        let slot = u64::from((b.qp.rq_tail + 2 * 16 - 1) & 15);
+        b.qp.rq[0] + slot * b.qp.rq_stride
+    };
+    b.g.put(recv_at + 16, sge(canary, 4096, b.lkey).as_bytes());
+    let at = a.g.write_send(
+        &mut a.qp,
+        &wqe(500, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(a.buf, 64, a.lkey)],
+    );
+    a.g.ring_qp(&a.qp, uar::QP_SEND);
+    a.g.put(at, wqe(666, 99, send_flags::SIGNALED, 1).as_bytes());
+    a.g.put(at + 80, sge(a.buf + PAGE_SIZE, 128, a.lkey).as_bytes());
+    let c = completion(&mut a.g, &mut a.cq, 500);
+    assert_eq!(
+        (c.status.get(), c.opcode.get()),
+        (WC_SUCCESS, wc_opcode::SEND)
+    );
+    let c = completion(&mut b.g, &mut b.cq, 10);
+    assert_eq!((c.status.get(), c.byte_len.get()), (WC_SUCCESS, 64));
+    assert_eq!(b.g.get(b.buf, 64), p1);
+    b.g.check_canaries();
+
+    // A 256 KiB WRITE whose source is rewritten over and over while it
+    // goes: every word that lands is one the source held at some point
+    // (each packet's payload and ICRC come from one copy), and the WRITE
+    // completes.
+    const LEN: u64 = 256 << 10;
+    let src = a.g.alloc(LEN / PAGE_SIZE);
+    let dst = b.g.alloc(LEN / PAGE_SIZE);
+    let pages: Vec<u64> = (0..LEN / PAGE_SIZE).map(|i| dst + i * PAGE_SIZE).collect();
+    let va = 0x6000_0000_0000u64;
+    let (_, _, rkey) = b.g.user_mr(b.pd, va, &pages, 1 | 2);
+    let patterns: Vec<Vec<u8>> = (0..=8u32)
+        .map(|k| {
+            (0..(LEN / 4) as u32)
+                .flat_map(|i| (k << 24 | i).to_le_bytes())
+                .collect()
+        })
+        .collect();
+    a.g.put(src, &patterns[1]);
+    let mut w = wqe(600, wr_opcode::RDMA_WRITE, send_flags::SIGNALED, 1);
+    w.wr[0] = va.into();
+    w.wr[1] = u64::from(rkey).into();
+    a.g.post_send(&mut a.qp, &w, &[sge(src, LEN as u32, a.lkey)]);
+    let mut k = 1;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let done = loop {
+        k = k % 8 + 1;
+        a.g.put(src, &patterns[k]);
+        let c = a.g.poll(&mut a.cq);
+        if let Some(c) = c.first() {
+            break *c;
+        }
+        assert!(Instant::now() < deadline, "the WRITE never completed");
+    };
+    assert_eq!((done.wr_id.get(), done.status.get()), (600, WC_SUCCESS));
+    let got = b.g.get(dst, LEN as usize);
+    for (i, w) in got.chunks(4).enumerate() {
+        let v = u32::from_le_bytes(w.try_into().unwrap());
+        assert_eq!(v & 0xff_ffff, i as u32, "word {i}");
+        assert!((1..=8).contains(&(v >> 24)), "word {i}: {v:#x}");
+    }
+
+    exchange(&mut a, &mut b);
+}
+
+#[test]
+fn a_shared_region_of_garbage_is_refused_and_a_good_one_still_taken() {
+    let da = device("hostile-dsr-a", 34);
+    let db = device("hostile-dsr-b", 35);
+    let mut b = side(&db, 35);
+    let mut g = Guest::connect(&da.socket, RAM);
+    g.guarded = true;
+
+    // Nothing before a shared region: REQUEST, ACTIVATE, UNQUIESCE.
+    g.write32(1, reg::REQUEST, 0);
+    assert_eq!(g.read32(1, reg::ERR), ERR_NO_DSR);
+    g.write32(1, reg::CTL, reg::CTL_ACTIVATE);
+    assert_eq!(g.read32(1, reg::ERR), ERR_NO_DSR);
+    g.write32(1, reg::CTL, reg::CTL_UNQUIESCE);
+    assert_eq!(g.read32(1, reg::ERR), ERR_NO_DSR);
+    g.write32(1, reg::CTL, 7);
+    assert_eq!(g.read32(1, reg::ERR), ERR_INVALID);
+    // Accesses the driver never makes: ignored.
+    g.write32(1, 0x800, 1);
+    g.write32(1, reg::VERSION, 99);
+    assert_eq!(g.read32(1, reg::VERSION), abi::VERSION);
+
+    // A region outside the RAM, or running off its end.
+    let hi = g.ram_end();
+    for at in [0, RAM_BASE - PAGE_SIZE, hi, hi - 100, 1 << 40, TOP_PAGE] {
+        g.write32(1, reg::DSRLOW, at as u32);
+        g.write32(1, reg::DSRHIGH, (at >> 32) as u32);
+        assert_eq!(g.read32(1, reg::ERR), ERR_INVALID, "{at:#x}");
+        g.write32(1, reg::CTL, reg::CTL_ACTIVATE);
+        assert_eq!(g.read32(1, reg::ERR), ERR_NO_DSR);
+    }
+
+    // Regions whose fields are bad.
+    let good = g.dsr_template();
+    let lo = RAM_BASE - PAGE_SIZE;
+    let mut bad: Vec<abi::Dsr> = Vec::new();
+    for slot in [0, lo, hi, good.cmd_slot_dma.get() + 8, TOP_PAGE] {
+        bad.push(abi::Dsr {
+            cmd_slot_dma: slot.into(),
+            ..good
+        });
+        bad.push(abi::Dsr {
+            resp_slot_dma: slot.into(),
+            ..good
+        });
+    }
+    for n in [0, 1, 513, u32::MAX] {
+        let mut d = good;
+        d.async_ring_pages.num_pages = n.into();
+        bad.push(d);
+        let mut d = good;
+        d.cq_ring_pages.num_pages = n.into();
+        bad.push(d);
+    }
+    for dir in [0, lo, hi, good.async_ring_pages.pdir_dma.get() + 8] {
+        let mut d = good;
+        d.async_ring_pages.pdir_dma = dir.into();
+        bad.push(d);
+        let mut d = good;
+        d.cq_ring_pages.pdir_dma = dir.into();
+        bad.push(d);
+    }
+    // The two rings on the same pages.
+    let mut d = good;
+    d.cq_ring_pages = good.async_ring_pages;
+    bad.push(d);
+    // Garbage: every byte 0xff; a pattern.
+    bad.push(zerocopy::FromBytes::read_from_bytes(&[0xff; 280][..]).unwrap());
+    let junk: Vec<u8> = (0..280u32).map(|i| (i * 97 + 13) as u8).collect();
+    bad.push(zerocopy::FromBytes::read_from_bytes(&junk[..]).unwrap());
+    for d in &bad {
+        assert_eq!(g.load_dsr(d), ERR_INVALID, "{d:?}");
+        g.write32(1, reg::CTL, reg::CTL_ACTIVATE);
+        assert_eq!(g.read32(1, reg::ERR), ERR_NO_DSR);
+        g.write32(1, reg::REQUEST, 0);
+        assert_eq!(g.read32(1, reg::ERR), ERR_NO_DSR);
+    }
+
+    // A good region is taken, and a later bad one forgets it.
+    assert_eq!(g.load_dsr(&good), 0);
+    g.write32(1, reg::IMR, 0);
+    g.write32(1, reg::CTL, reg::CTL_ACTIVATE);
+    assert_eq!(g.read32(1, reg::ERR), 0);
+    let pd = g.create_pd(0);
+    assert_eq!(g.load_dsr(&bad[0]), ERR_INVALID);
+    g.write32(1, reg::REQUEST, 0);
+    assert_eq!(g.read32(1, reg::ERR), ERR_NO_DSR);
+    // A reset, then the probe as the driver does it: all from nothing.
+    g.write32(1, reg::CTL, reg::CTL_RESET);
+    assert_eq!(g.probe(), 0);
+    assert_eq!(g.create_pd(0), pd, "a fresh device");
+    g.check_canaries();
+    drop(g);
+
+    let mut a = side(&da, 34);
+    pair(&mut a, &mut b);
+    exchange(&mut a, &mut b);
+}
+
+#[test]
+fn a_command_whose_response_cannot_be_written_does_not_run() {
+    let da = device("hostile-resp-a", 36);
+    let db = device("hostile-resp-b", 37);
+    let mut b = side(&db, 37);
+    let mut g = Guest::connect(&da.socket, RAM);
+    // The response slot in memory of its own, which goes away.
+    let extra = 0x1_0000_0000u64;
+    let view = g.map_extra(extra, PAGE_SIZE);
+    let mut dsr = g.dsr_template();
+    dsr.resp_slot_dma = extra.into();
+    g.resp_slot = extra;
+    assert_eq!(g.load_dsr(&dsr), 0);
+    g.write32(1, reg::IMR, 0);
+    g.write32(1, reg::CTL, reg::CTL_ACTIVATE);
+    assert_eq!(g.read32(1, reg::ERR), 0);
+    let pd = create_pd_via(&mut g, &view, 0);
+    g.unmap(extra, PAGE_SIZE);
+    for _ in 0..3 {
+        g.write32(1, reg::REQUEST, 0);
+        assert_eq!(g.read32(1, reg::ERR), ERR_INVALID);
+    }
+    assert!(!g.irq_fired(0));
+    // Back: the next PD is the next handle (none was made meanwhile).
+    let view = g.map_extra(extra, PAGE_SIZE);
+    assert_eq!(create_pd_via(&mut g, &view, 0), pd + 1);
+    g.check_canaries();
+    drop(g);
+
+    let mut a = side(&da, 36);
+    pair(&mut a, &mut b);
+    exchange(&mut a, &mut b);
+}
+
+/// CREATE_PD with the response slot in `view` (memory apart from RAM).
+fn create_pd_via(g: &mut Guest, view: &vm_memory::GuestMemoryMmap<()>, ctx: u32) -> u32 {
+    use vm_memory::Bytes;
+    let mut slot = vec![0u8; abi::MAX_REQUEST];
+    slot[..24].copy_from_slice(handle(cmd::CREATE_PD, ctx).as_bytes());
+    g.put(g.cmd_slot, &slot);
+    g.write32(1, reg::REQUEST, 0);
+    assert_eq!(g.read32(1, reg::ERR), 0);
+    assert!(g.wait_irq(0));
+    let mut r = [0u8; 24];
+    view.read_slice(&mut r, vm_memory::GuestAddress(g.resp_slot))
+        .unwrap();
+    assert_eq!(
+        u32::from_le_bytes(r[8..12].try_into().unwrap()),
+        cmd::ACK | cmd::CREATE_PD
+    );
+    u32::from_le_bytes(r[16..20].try_into().unwrap())
+}
+
+#[test]
+fn a_client_gone_mid_write_stream_leaves_the_device_reset_for_the_next() {
+    let da = device("hostile-gone-a", 38);
+    let db = device("hostile-gone-b", 39);
+    let mut b = side(&db, 39);
+    let mut a = side(&da, 38);
+    let first_pd = a.pd;
+    pair(&mut a, &mut b);
+    // A stream of 256 KiB WRITEs into B, and the client gone while they
+    // go.
+    const LEN: u64 = 256 << 10;
+    let src = a.g.alloc(LEN / PAGE_SIZE);
+    let dst = b.g.alloc(LEN / PAGE_SIZE);
+    let pages: Vec<u64> = (0..LEN / PAGE_SIZE).map(|i| dst + i * PAGE_SIZE).collect();
+    let va = 0x6000_0000_0000u64;
+    let (_, _, rkey) = b.g.user_mr(b.pd, va, &pages, 1 | 2);
+    a.g.put(src, &vec![0x5a; LEN as usize]);
+    for i in 0..16 {
+        let mut w = wqe(i, wr_opcode::RDMA_WRITE, send_flags::SIGNALED, 1);
+        w.wr[0] = va.into();
+        w.wr[1] = u64::from(rkey).into();
+        a.g.write_send(&mut a.qp, &w, &[sge(src, LEN as u32, a.lkey)]);
+    }
+    let resets = da.stats().resets;
+    a.g.ring_qp(&a.qp, uar::QP_SEND);
+    drop(a);
+
+    // The next client: a device from nothing (the first PD's handle
+    // again), which works.
+    let mut a = side(&da, 38);
+    assert_eq!(a.pd, first_pd);
+    assert!(da.stats().resets > resets);
+    assert_eq!(da.clients(), 2);
+    // B's QP was mid-message from the old one: B's guest makes a new one.
+    b.qp =
+        b.g.create_qp(qp_type::RC, b.pd, b.cq.handle, b.cq.handle, 16);
+    pair(&mut a, &mut b);
+    exchange(&mut a, &mut b);
+    b.g.check_canaries();
+}
+
+/// Sends raw bytes on a new connection to `socket`; true if the server
+/// closed it (EOF within 2 s).
+fn closed_after(socket: &std::path::Path, bytes: &[u8]) -> bool {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut b = [0u8; 64];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn header(command: u16, size: u32) -> Header {
+    Header {
+        id: 1,
+        command,
+        size,
+        flags: 0,
+        error: 0,
+    }
+}
+
+#[test]
+fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
+    let da = device("hostile-vfio-a", 40);
+    let db = device("hostile-vfio-b", 41);
+    let mut b = side(&db, 41);
+
+    // Framing the server cannot follow ends the connection; the next
+    // client is served.
+    assert!(closed_after(
+        &da.socket,
+        header(vcmd::VERSION, 8).as_bytes()
+    ));
+    assert!(closed_after(
+        &da.socket,
+        header(vcmd::VERSION, u32::MAX).as_bytes()
+    ));
+    assert!(closed_after(
+        &da.socket,
+        &header(vcmd::VERSION, 100).as_bytes()[..10]
+    ));
+    assert!(closed_after(
+        &da.socket,
+        header(vcmd::VERSION, 100).as_bytes()
+    ));
+
+    let mut g = Guest::connect(&da.socket, RAM);
+    // A second client while one is connected is turned away.
+    let mut v = proto::VersionHead { major: 0, minor: 0 }
+        .as_bytes()
+        .to_vec();
+    v.extend_from_slice(b"{}\0");
+    let mut msg = header(vcmd::VERSION, (16 + v.len()) as u32)
+        .as_bytes()
+        .to_vec();
+    msg.extend_from_slice(&v);
+    assert!(closed_after(&da.socket, &msg), "a second client");
+
+    let errno = |g: &mut Guest, command: u16, payload: &[u8]| -> u32 {
+        let (h, p) = g.request(command, payload, &[]);
+        assert_ne!(h.flags & proto::flags::ERROR, 0, "command {command}");
+        assert!(p.is_empty());
+        h.error
+    };
+    let access = |region: u32, offset: u64, count: u32| {
+        RegionAccess {
+            offset,
+            region,
+            count,
+        }
+        .as_bytes()
+        .to_vec()
+    };
+    assert_eq!(errno(&mut g, 99, &[]), 95);
+    assert_eq!(errno(&mut g, vcmd::DMA_READ, &[0; 24]), 95);
+    // Region accesses outside their region, or of nothing.
+    for (region, offset, count) in [
+        (9, 0, 4),
+        (1, 0x1000, 4),
+        (1, 0xffe, 4),
+        (1, u64::MAX, 4),
+        (1, 0, 0),
+        (3, 0, 4),
+        (2, 256 * PAGE_SIZE, 4),
+    ] {
+        assert_eq!(
+            errno(&mut g, vcmd::REGION_READ, &access(region, offset, count)),
+            22,
+            "{region} {offset:#x} {count}"
+        );
+    }
+    assert_eq!(
+        errno(&mut g, vcmd::REGION_READ, &access(1, 0, 1 << 30)),
+        7,
+        "E2BIG"
+    );
+    let mut w = access(1, 0x2000, 4);
+    w.extend_from_slice(&[1, 2, 3, 4]);
+    assert_eq!(errno(&mut g, vcmd::REGION_WRITE, &w), 22);
+    let mut w = access(1, 0, 8);
+    w.extend_from_slice(&[1, 2, 3, 4]);
+    assert_eq!(errno(&mut g, vcmd::REGION_WRITE, &w), 22, "count vs data");
+    // Registers written 2 bytes at a time: ignored (the driver never
+    // does it).
+    let mut w = access(1, reg::CTL, 2);
+    w.extend_from_slice(&[2, 0]);
+    g.ok(vcmd::REGION_WRITE, &w, &[]);
+    // DMA maps overlapping, unaligned, of a file too short; unmapping
+    // what was never mapped.
+    let fd = nix::sys::memfd::memfd_create(c"short", nix::sys::memfd::MFdFlags::empty()).unwrap();
+    nix::unistd::ftruncate(&fd, 4096).unwrap();
+    let map = |addr: u64, size: u64| DmaMap {
+        argsz: 32,
+        flags: proto::dma::READ | proto::dma::WRITE,
+        offset: 0,
+        addr,
+        size,
+    };
+    for (m, want) in [
+        (map(RAM_BASE + PAGE_SIZE, PAGE_SIZE), 17),
+        (map(RAM_BASE - PAGE_SIZE, 2 * PAGE_SIZE), 17),
+        (map(0x3_0000_0000, 2 * PAGE_SIZE), 22),
+        (map(0x3_0000_0100, PAGE_SIZE), 22),
+        (map(TOP_PAGE, 2 * PAGE_SIZE), 22),
+    ] {
+        let (h, _) = g.request(vcmd::DMA_MAP, m.as_bytes(), &[fd.as_fd()]);
+        assert_eq!(h.error, want, "{m:?}");
+    }
+    let u = proto::DmaUnmap {
+        argsz: 24,
+        flags: 0,
+        addr: 0x5_0000_0000,
+        size: PAGE_SIZE,
+    };
+    assert_eq!(errno(&mut g, vcmd::DMA_UNMAP, u.as_bytes()), 2);
+    // Interrupts of an index the device has not, or as booleans.
+    let set = |index: u32, flags: u32| IrqSet {
+        argsz: 20,
+        flags,
+        index,
+        start: 0,
+        count: 1,
+    };
+    let trigger = proto::irq::DATA_NONE | proto::irq::ACTION_TRIGGER;
+    assert_eq!(
+        errno(&mut g, vcmd::DEVICE_SET_IRQS, set(9, trigger).as_bytes()),
+        22
+    );
+    assert_eq!(
+        errno(
+            &mut g,
+            vcmd::DEVICE_SET_IRQS,
+            set(2, proto::irq::DATA_BOOL | proto::irq::ACTION_TRIGGER).as_bytes()
+        ),
+        95
+    );
+    let mut far = set(2, trigger);
+    far.start = 2;
+    far.count = 5;
+    assert_eq!(errno(&mut g, vcmd::DEVICE_SET_IRQS, far.as_bytes()), 22);
+    // A descriptor where none is taken.
+    let (h, _) = g.request(vcmd::REGION_READ, &access(1, 0, 4), &[fd.as_fd()]);
+    assert_eq!(h.error, 22);
+    // Memory mapped with no descriptor: recorded, never reachable.
+    let nofd = map(0x2_0000_0000, PAGE_SIZE);
+    g.ok(vcmd::DMA_MAP, nofd.as_bytes(), &[]);
+
+    // The device behind all that is whole.
+    assert_eq!(g.probe(), 0);
+    let dir = 0x2_0000_0000u64;
+    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
+    g.check_canaries();
+    drop(g);
+    let mut a = side(&da, 40);
+    pair(&mut a, &mut b);
+    exchange(&mut a, &mut b);
+}

@@ -1,0 +1,90 @@
+//! Hostile WQEs in guest memory: `decode_send` and `decode_recv` read a
+//! send or receive WQE (and a fast registration's page list) out of guest
+//! memory for a QP of any type and size; they must never panic, and what
+//! they accept must be within what the QP allows.
+//!
+//! Input: a byte for the QP type, a byte for its SGEs (and so its WQE
+//! stride), a u16 for where the WQE starts, then a page of memory (zero
+//! past the input's end), which is all 4 pages at 0x10_0000 hold: a WQE's
+//! bytes can then be a fast registration's page directory and table too.
+#![no_main]
+
+use std::cell::RefCell;
+
+use libfuzzer_sys::fuzz_target;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vrdma_engine::{Engine, PdHandle};
+use vrdma_pvrdma::{
+    abi::{self, PAGE_SIZE},
+    caps::{self, Limits},
+    qp::{self, QpContext},
+};
+
+const BASE: u64 = 0x10_0000;
+const LEN: usize = 4 * PAGE_SIZE as usize;
+
+thread_local! {
+    /// An engine with a PD (handle 1) and fast-registration MRs in it, for
+    /// FAST_REG_MR WQEs to name.
+    static ENGINE: RefCell<Engine> = RefCell::new({
+        let limits = Limits::default();
+        let port = vrdma_engine::attr::PortAttr::with_gids(&[]);
+        let mut e = Engine::new(limits.device_attr(caps::node_guid([2, 0, 0, 0, 0, 1])), port);
+        let pd = e.alloc_pd().unwrap();
+        assert_eq!(pd, PdHandle(1));
+        for _ in 0..4 {
+            e.alloc_mr(pd, abi::MAX_FAST_REG_PAGES).unwrap();
+        }
+        e
+    });
+}
+
+fuzz_target!(|data: &[u8]| {
+    let [ty, sges, at0, at1, image @ ..] = data else {
+        return;
+    };
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(BASE), LEN)]).unwrap();
+    let page = &image[..image.len().min(PAGE_SIZE as usize)];
+    for i in 0..4 {
+        mem.write_slice(page, GuestAddress(BASE + i * PAGE_SIZE))
+            .unwrap();
+    }
+    let max_sge = u32::from(*sges % 10);
+    let qp = QpContext {
+        ty: *ty % 6,
+        pd: 1,
+        max_send_sge: max_sge,
+        stride: qp::sq_stride(max_sge.max(1)),
+    };
+    // Anywhere in the memory, or a little past its end.
+    let addr = BASE + u64::from(u16::from_le_bytes([*at0, *at1])) % (LEN as u64 + 256);
+    ENGINE.with(|e| {
+        let e = e.borrow();
+        let sent = qp::decode_send(&mem, addr, &qp, &e);
+        if common_trace() {
+            eprintln!("send: {sent:?}");
+        }
+        if let Ok(Ok(w)) = sent {
+            assert!(w.sges.len() <= max_sge as usize);
+            if let Some((_, vrdma_engine::mr::Translation::Pages { pages, .. })) = &w.fast_reg {
+                assert!(!pages.is_empty() && pages.len() <= abi::MAX_FAST_REG_PAGES as usize);
+                assert!(pages.iter().all(|p| p % PAGE_SIZE == 0));
+            }
+        }
+    });
+    let stride = qp::rq_stride(max_sge.max(1));
+    let recv = qp::decode_recv(&mem, addr, max_sge, stride);
+    if common_trace() {
+        eprintln!("recv: {recv:?}");
+    }
+    if let Ok(Ok((_, sges))) = recv {
+        assert!(sges.len() <= max_sge as usize);
+        assert!(qp::RQ_WQE_HDR + qp::SGE * sges.len() as u64 <= stride);
+    }
+});
+
+/// `VRDMA_FUZZ_TRACE=1`: say what was decoded.
+fn common_trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("VRDMA_FUZZ_TRACE").is_some())
+}

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Writes the seeds of the PVRDMA and vfio-user fuzz targets
+(seeds/vfio_user_message, seeds/pvrdma_command, seeds/pvrdma_wqe): a few
+valid inputs each, in the formats the targets' doc comments describe.
+VRDMA_FUZZ_TRACE=1 makes the PVRDMA targets say what each seed did:
+
+    cd fuzz && python3 seeds/make_seeds.py && RUSTC_BOOTSTRAP=1 cargo fuzz build
+    VRDMA_FUZZ_TRACE=1 target/x86_64-unknown-linux-gnu/release/pvrdma_command seeds/pvrdma_command/*
+"""
+import os
+import struct
+
+PAGE = 4096
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    os.makedirs(os.path.join(HERE, target), exist_ok=True)
+    with open(os.path.join(HERE, target, name), "wb") as f:
+        f.write(data)
+
+
+# ---- vfio_user_message: messages back to back ---------------------------
+def msg(cmd, payload, id=1, flags=0):
+    return struct.pack("<HHIII", id, cmd, 16 + len(payload), flags, 0) + payload
+
+
+def access(region, off, count):
+    return struct.pack("<QII", off, region, count)
+
+
+def reg_write(region, off, v):
+    return access(region, off, 4) + struct.pack("<I", v)
+
+
+VERSION = struct.pack("<HH", 0, 0) + b'{"capabilities":{"max_msg_fds":16}}\0'
+write("vfio_user_message", "version", msg(1, VERSION))
+write(
+    "vfio_user_message",
+    "version-info-regions",
+    msg(1, VERSION, 1)
+    + msg(4, struct.pack("<IIII", 16, 0, 0, 0), 2)
+    + b"".join(msg(5, struct.pack("<IIIIQQ", 32, 0, i, 0, 0, 0), 3 + i) for i in range(9))
+    + msg(7, struct.pack("<IIII", 16, 0, 2, 0), 20),
+)
+write(
+    "vfio_user_message",
+    "version-config-bars",
+    msg(1, VERSION)
+    + msg(9, access(7, 0, 64), 2)
+    + msg(10, access(7, 4, 2) + struct.pack("<H", 6), 3)
+    + msg(9, access(1, 0, 4), 4)
+    + msg(10, reg_write(1, 0x1C, 0), 5)
+    + msg(10, reg_write(1, 0x0C, 0), 6)
+    + msg(9, access(1, 0x14, 4), 7),
+)
+write(
+    "vfio_user_message",
+    "version-dma-irqs-reset",
+    msg(1, VERSION)
+    + msg(2, struct.pack("<IIQQQ", 32, 3, 0, 0x100000, 0x10000), 2)
+    + msg(8, struct.pack("<IIIII", 20, 1 | 32, 2, 0, 0), 3)
+    + msg(3, struct.pack("<IIQQ", 24, 0, 0x100000, 0x10000), 4)
+    + msg(13, b"", 5)
+    + msg(10, reg_write(2, 0, 0x40000011), 6, 0x10),
+)
+
+# ---- pvrdma_command: records on a probed device --------------------------
+BASE = 0x100000
+FREE = BASE + 11 * PAGE
+
+
+def fp(i):
+    """Free page i (0 to 20)."""
+    return FREE + i * PAGE
+
+
+def cmdhdr(code):
+    return struct.pack("<QII", 0x1234, code, 0)
+
+
+def command(req):
+    assert len(req) <= 184
+    return bytes([0, len(req)]) + req
+
+
+def poke(addr, data):
+    off, out = addr - FREE, b""
+    while data:
+        chunk, data = data[:255], data[255:]
+        out += bytes([1]) + struct.pack("<HB", off, len(chunk)) + chunk
+        off += len(chunk)
+    return out
+
+
+def doorbell(page, which, v):
+    return bytes([2]) + struct.pack("<HBI", page, which, v)
+
+
+def rnd(ms):
+    return bytes([3, ms])
+
+
+def regw(which, v):
+    return bytes([4, which]) + struct.pack("<I", v)
+
+
+def pdir(dir_page, table_page, pages):
+    return poke(dir_page, struct.pack("<Q", table_page)) + poke(
+        table_page, b"".join(struct.pack("<Q", p) for p in pages)
+    )
+
+
+GID = bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 1])
+PEER = bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 2])
+pd = command(cmdhdr(2) + struct.pack("<II", 0, 0))
+bind = command(cmdhdr(15) + struct.pack("<III", 1024, 0, 0) + GID + bytes([2, 0, 0, 0]))
+unbind = command(cmdhdr(16) + struct.pack("<I", 0) + GID + bytes(4))
+dma_mr = command(cmdhdr(4) + struct.pack("<QQQIIII", 0, 0, 0, 1, 1, 1, 0))
+# A CQ of 64 entries: state fp(2), entries fp(3); directory fp(0), table fp(1).
+cq = pdir(fp(0), fp(1), [fp(2), fp(3)]) + command(
+    cmdhdr(6) + struct.pack("<QIIII", fp(0), 0, 64, 2, 0)
+)
+# An RC QP, 16 deep with 2 SGEs each way: state fp(6), send fp(7), receive
+# fp(8); directory fp(4), table fp(5). It is QP 17 and uses CQ 1.
+qp = pdir(fp(4), fp(5), [fp(6), fp(7), fp(8)]) + command(
+    cmdhdr(9)
+    + struct.pack("<QIIIIIIIIIII", fp(4), 1, 1, 1, 0, 16, 16, 2, 2, 0, 0, 1)
+    + struct.pack("<HHHBBB", 3, 1, 0, 0, 2, 0)
+    + bytes(3)
+)
+
+
+def qpattr(state, mtu=0, rq_psn=0, sq_psn=0, dest=0, access=0, max_rd=0,
+           max_dest_rd=0, rnr=0, timeout=0, retry=0, rnr_retry=0):
+    a = bytearray(160)
+    struct.pack_into("<IIIIIIIII", a, 0, state, 0, mtu, 0, 0, rq_psn, sq_psn, dest, access)
+    a[42:49] = bytes([max_rd, max_dest_rd, rnr, 1, timeout, retry, rnr_retry])
+    a[80:96] = PEER  # ah_attr.dgid
+    a[101] = 64  # hop_limit
+    a[111] = 1  # ah_flags: GRH
+    a[112] = 1  # port_num
+    return bytes(a)
+
+
+def modify(handle, mask, attr):
+    return command(cmdhdr(10) + struct.pack("<II", handle, mask) + attr)
+
+
+INIT = 1 | 1 << 3 | 1 << 4 | 1 << 5
+RTR = 1 | 1 << 7 | 1 << 8 | 1 << 12 | 1 << 15 | 1 << 17 | 1 << 20
+RTS = 1 | 1 << 9 | 1 << 10 | 1 << 11 | 1 << 13 | 1 << 16
+up = (
+    modify(17, INIT, qpattr(1, access=7))
+    + modify(17, RTR, qpattr(2, mtu=3, dest=17, rq_psn=0x100, max_dest_rd=4, rnr=12))
+    + modify(17, RTS, qpattr(3, sq_psn=0x100, timeout=14, retry=7, rnr_retry=7, max_rd=4))
+)
+# The DMA MR's lkey is 0x100 (index 1, key 0).
+send_wqe = (
+    struct.pack("<QIIIIII", 1, 1, 0, 2, 2, 0, 0)
+    + bytes(48)
+    + struct.pack("<QII", fp(10), 64, 0x100)
+)
+send = poke(fp(7), send_wqe) + poke(fp(6), struct.pack("<I", 1)) + doorbell(0, 0, 17 | 1 << 30)
+recv_wqe = struct.pack("<QII", 2, 1, 0) + struct.pack("<QII", fp(10), 64, 0x100)
+recv = poke(fp(8), recv_wqe) + poke(fp(6) + 8, struct.pack("<I", 1)) + doorbell(0, 0, 17 | 1 << 31)
+arm = doorbell(0, 1, 1 | 1 << 30)
+write("pvrdma_command", "pd-mr-cq", pd + dma_mr + cq + rnd(0))
+write(
+    "pvrdma_command",
+    "query-bind",
+    command(cmdhdr(0) + bytes([1]) + bytes(7))
+    + command(cmdhdr(1) + bytes([1, 0]) + bytes(6))
+    + bind
+    + unbind,
+)
+write(
+    "pvrdma_command",
+    "qp-up-send-recv",
+    bind + pd + dma_mr + cq + arm + qp + up + recv + rnd(1) + send + rnd(5) + rnd(200),
+)
+write(
+    "pvrdma_command",
+    "qp-destroy-all",
+    pd + cq + qp
+    + command(cmdhdr(12) + struct.pack("<II", 17, 0))
+    + command(cmdhdr(8) + struct.pack("<II", 1, 0))
+    + command(cmdhdr(3) + struct.pack("<II", 1, 0)),
+)
+# A user context (doorbell page 1), its PD and an SRQ (state fp(13),
+# entries fp(14)) with one receive posted, then its limit set.
+srq = pdir(fp(11), fp(12), [fp(13), fp(14)]) + command(
+    cmdhdr(17) + struct.pack("<QII", fp(11), 1, 2) + struct.pack("<IIII", 16, 2, 0, 0) + bytes(8)
+)
+srq_recv = poke(fp(14), recv_wqe) + poke(fp(13) + 8, struct.pack("<I", 1)) + doorbell(1, 2, 1 | 1 << 30)
+write(
+    "pvrdma_command",
+    "uc-srq",
+    command(cmdhdr(13) + struct.pack("<Q", 0xFE001))
+    + command(cmdhdr(2) + struct.pack("<II", 1, 0))
+    + srq
+    + srq_recv
+    + command(cmdhdr(19) + struct.pack("<II", 1, 0))
+    + command(cmdhdr(18) + struct.pack("<II", 1, 2) + struct.pack("<IIII", 16, 2, 1, 0)),
+)
+# CTL RESET, then the shared region again (DSRLOW 0x100000, DSRHIGH 0),
+# IMR 0, ACTIVATE.
+write(
+    "pvrdma_command",
+    "reset-reprobe",
+    pd + regw(2, 2) + pd + regw(0, BASE) + regw(1, 0) + regw(3, 0) + regw(2, 0) + pd,
+)
+
+# ---- pvrdma_wqe: QP type, SGEs, offset, one page (in all four) ------------
+def wqe_seed(ty, sges, at, page):
+    return bytes([ty, sges]) + struct.pack("<H", at) + page
+
+
+def sq_hdr(wr_id, num_sge, opcode, wr=bytes(48)):
+    return struct.pack("<QIIIIII", wr_id, num_sge, 0, opcode, 2, 0, 0) + wr
+
+
+def sge(addr, length, lkey=0x100):
+    return struct.pack("<QII", addr, length, lkey)
+
+
+write("pvrdma_wqe", "rc-send", wqe_seed(2, 2, 0, sq_hdr(7, 2, 2) + sge(BASE + 0x1000, 64) + sge(BASE + 0x2000, 32)))
+write(
+    "pvrdma_wqe",
+    "rc-write",
+    wqe_seed(2, 1, 0, sq_hdr(8, 1, 0, struct.pack("<QQQQQQ", 0x7F0000000000, 0x1234, 0, 0, 0, 0)) + sge(BASE + 0x1000, 64)),
+)
+write(
+    "pvrdma_wqe",
+    "rc-fetch-add",
+    wqe_seed(2, 1, 0, sq_hdr(9, 1, 6, struct.pack("<QQQQQQ", 0x7F0000000000, 1, 0, 0x1234, 0, 0)) + sge(BASE + 0x1000, 8)),
+)
+AV = struct.pack("<II", 1 << 24 | 1, 0) + PEER + bytes([0, 0, 0, 64]) + bytes(12)
+write(
+    "pvrdma_wqe",
+    "ud-send",
+    wqe_seed(4, 1, 0, sq_hdr(10, 1, 2, struct.pack("<II", 17, 0x11111111) + AV) + sge(BASE + 0x1000, 64)),
+)
+# FAST_REG_MR: its wr_id is also the directory's table and the table's one
+# page (every page holds these bytes): iova, the directory, page shift 12,
+# 1 page, 4096 bytes, access 7, the rkey of MR 1 with key 5.
+fr = struct.pack("<QQIIIII", 0x7F0000000000, BASE + 0x1000, 12, 1, 4096, 7, 1 << 8 | 5) + bytes(12)
+write("pvrdma_wqe", "rc-fast-reg", wqe_seed(2, 2, 0, struct.pack("<QIIIIII", BASE + 0x2000, 0, 0, 11, 2, 0, 0) + fr))
+write("pvrdma_wqe", "recv", wqe_seed(2, 2, 0, struct.pack("<QII", 5, 2, 0) + sge(BASE + 0x1000, 64) + sge(BASE + 0x2000, 64)))
