@@ -238,23 +238,7 @@ impl Engine {
     /// `ib_map_mr_sg`: the page list the MR's next REG_MR work request
     /// will register (the MR must be allocated for fast registration).
     pub fn map_mr_pages(&mut self, lkey: Lkey, translation: Translation) -> Result<()> {
-        if let Translation::Pages {
-            page_shift,
-            offset,
-            pages,
-        } = &translation
-        {
-            if !PAGE_SHIFTS.contains(page_shift) || *offset >= 1u64 << page_shift {
-                return Err(VerbsError::Invalid {
-                    what: "page size or offset",
-                });
-            }
-            if pages.iter().any(|p| p & ((1u64 << page_shift) - 1) != 0) {
-                return Err(VerbsError::Invalid {
-                    what: "page address (not page-aligned)",
-                });
-            }
-        }
+        check_pages(&translation)?;
         self.cx.keys.map_pages(lkey, translation)
     }
 
@@ -861,6 +845,40 @@ impl Engine {
     /// WR_FLUSH_ERR); a full send queue is ENOMEM, anything malformed
     /// EINVAL, as rxe's post_send returns.
     pub fn post_send(&mut self, qpn: Qpn, wr: &crate::wr::SendWr<'_>) -> Result<()> {
+        self.post_send_with(qpn, wr, None)
+    }
+
+    /// A REG_MR work request that carries its page list, as a device
+    /// ABI's fast-register WQE does (PVRDMA's): the pages are mapped into
+    /// the MR when the REG_MR runs, in its turn, and only if the MR is then
+    /// free — not when it is posted, when the MR may still be in use or be
+    /// what an earlier REG_MR in the queue registers.
+    pub fn post_reg_mr(
+        &mut self,
+        qpn: Qpn,
+        wr: &crate::wr::SendWr<'_>,
+        pages: Translation,
+    ) -> Result<()> {
+        if !matches!(wr.op, crate::wr::SendOp::RegMr { .. }) {
+            return Err(VerbsError::Invalid {
+                what: "a page list for an operation other than REG_MR",
+            });
+        }
+        if !matches!(pages, Translation::Pages { .. }) {
+            return Err(VerbsError::Invalid {
+                what: "fast-registration mapping (a page list is required)",
+            });
+        }
+        check_pages(&pages)?;
+        self.post_send_with(qpn, wr, Some(pages))
+    }
+
+    fn post_send_with(
+        &mut self,
+        qpn: Qpn,
+        wr: &crate::wr::SendWr<'_>,
+        reg_pages: Option<Translation>,
+    ) -> Result<()> {
         use crate::wr::{Payload, SendFlags, SendOp};
 
         let q = self.qp(qpn)?;
@@ -1005,6 +1023,7 @@ impl Engine {
         slot.av = ud_av;
         slot.executed = false;
         slot.status = None;
+        slot.reg_pages = reg_pages;
         slot.sges.clear();
         slot.inline.clear();
         match wr.payload {
@@ -1237,5 +1256,27 @@ fn fill_recv(
     slot.sges.clear();
     slot.sges.extend_from_slice(wr.sg_list);
     slot.length = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    Ok(())
+}
+
+/// A page list's page size, first-page offset and page alignment.
+fn check_pages(translation: &Translation) -> Result<()> {
+    if let Translation::Pages {
+        page_shift,
+        offset,
+        pages,
+    } = translation
+    {
+        if !PAGE_SHIFTS.contains(page_shift) || *offset >= 1u64 << page_shift {
+            return Err(VerbsError::Invalid {
+                what: "page size or offset",
+            });
+        }
+        if pages.iter().any(|p| p & ((1u64 << page_shift) - 1) != 0) {
+            return Err(VerbsError::Invalid {
+                what: "page address (not page-aligned)",
+            });
+        }
+    }
     Ok(())
 }

@@ -520,7 +520,10 @@ impl Keys {
     }
 
     /// REG_MR work request: makes a free fast-registration MR valid over
-    /// its mapped pages, with a new key byte (IBTA Vol1 §10.6.3.6).
+    /// its mapped pages — or over `pages`, the page list the work request
+    /// carried, mapped now that the MR is known to be free — with a new
+    /// key byte (IBTA Vol1 §10.6.3.6).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn fast_register(
         &mut self,
         lkey: Lkey,
@@ -529,6 +532,7 @@ impl Keys {
         iova: u64,
         length: u64,
         access: Access,
+        pages: Option<Translation>,
     ) -> core::result::Result<(), KeyOpError> {
         let mr = self.mr_any_mut(lkey.0).ok_or(KeyOpError::NoObject)?;
         if mr.pd != pd {
@@ -543,9 +547,17 @@ impl Keys {
         if access.contains(Access::ZERO_BASED) && iova != 0 {
             return Err(KeyOpError::BadAccess);
         }
-        let MrKind::FastReg { mapped, .. } = &mr.kind else {
+        let MrKind::FastReg { mapped, max_pages } = &mut mr.kind else {
             return Err(KeyOpError::WrongState);
         };
+        if let Some(t) = pages {
+            match &t {
+                Translation::Pages { pages, .. } if pages.len() as u64 <= u64::from(*max_pages) => {
+                    *mapped = Some(t);
+                }
+                _ => return Err(KeyOpError::OutOfBounds),
+            }
+        }
         let Some(translation) = mapped.clone() else {
             return Err(KeyOpError::WrongState);
         };

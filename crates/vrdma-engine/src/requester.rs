@@ -370,6 +370,7 @@ fn run_local_ops(q: &mut Qp, cx: &mut Ctx) {
             continue;
         }
         let pd = q.init.pd;
+        let reg_pages = q.sq.get_mut(cursor).and_then(|w| w.reg_pages.take());
         let result = match op {
             SendOp::LocalInv { invalidate } => cx
                 .keys
@@ -395,7 +396,7 @@ fn run_local_ops(q: &mut Qp, cx: &mut Ctx) {
                 access,
             } => cx
                 .keys
-                .fast_register(mr, pd, key, iova, length, access)
+                .fast_register(mr, pd, key, iova, length, access, reg_pages)
                 .map_err(|_| WcStatus::LocQpOpErr),
             SendOp::Malformed { status } => Err(status),
             _ => Ok(()),

@@ -248,6 +248,11 @@ pub(crate) struct SendWqe {
     /// front of the queue. Its status, if it failed.
     pub executed: bool,
     pub status: Option<crate::wc::WcStatus>,
+    /// REG_MR posted with its page list (a device face whose work request
+    /// carries one): mapped when the REG_MR runs, not when it is posted,
+    /// so that a mapping waiting in the queue cannot change an MR still in
+    /// use or one an earlier REG_MR registers.
+    pub reg_pages: Option<crate::mr::Translation>,
 }
 
 impl SendWqe {

@@ -320,3 +320,143 @@ fn a_qp_found_broken_is_flushed_with_a_fatal_event() {
     assert_eq!(e(&mut net, a).rq_len(a.qpn), Some(0));
     assert_eq!(e(&mut net, a).sq_len(Qpn::from_masked(999)), None);
 }
+
+/// A REG_MR that carries its page list (PVRDMA's fast-register WQE) maps
+/// it when it runs, in its turn: two registrations of one MR queued with
+/// an invalidation between them each register their own pages — a WRITE
+/// between them gathers from the first's — and a REG_MR on an MR still
+/// valid fails without touching the mapping the MR is in use with.
+#[test]
+fn a_reg_mr_with_its_page_list_maps_it_when_it_runs() {
+    use vrdma_engine::mr::Translation;
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let first = pattern(4096, 1);
+    let second = pattern(4096, 2);
+    fill(&mut net, a, 0x4000, &first);
+    fill(&mut net, a, 0x8000, &second);
+    let mr = e(&mut net, a).alloc_mr(a.pd, 4).unwrap();
+    let pages = |at: u64| Translation::Pages {
+        page_shift: 12,
+        offset: 0,
+        pages: vec![BASE + at],
+    };
+    let reg = |wr_id, key| SendWr {
+        wr_id,
+        op: SendOp::RegMr {
+            mr,
+            key,
+            iova: 0x7700_0000,
+            length: 4096,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        },
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    let key1 = vrdma_wire::Lkey::new(mr.index(), 1);
+    let key2 = vrdma_wire::Lkey::new(mr.index(), 2);
+    let gather = [vrdma_engine::wr::Sge {
+        addr: 0x7700_0000,
+        length: 64,
+        lkey: key1,
+    }];
+    let eng = e(&mut net, a);
+    // Only REG_MR carries a page list, and only a well-formed one.
+    assert!(
+        eng.post_reg_mr(
+            a.qpn,
+            &SendWr {
+                op: SendOp::LocalInv {
+                    invalidate: vrdma_wire::Rkey(key1.0)
+                },
+                ..reg(9, 1)
+            },
+            pages(0x4000)
+        )
+        .is_err()
+    );
+    assert!(eng.post_reg_mr(a.qpn, &reg(9, 1), pages(0x4001)).is_err());
+    eng.post_reg_mr(a.qpn, &reg(1, 1), pages(0x4000)).unwrap();
+    eng.post_send(
+        a.qpn,
+        &SendWr {
+            wr_id: 2,
+            op: SendOp::RdmaWrite {
+                remote_addr: BASE + 0x400,
+                rkey: b.rkey,
+            },
+            payload: Payload::Sges(&gather),
+            flags: SendFlags::SIGNALED | SendFlags::FENCE,
+            ud: None,
+        },
+    )
+    .unwrap();
+    eng.post_send(
+        a.qpn,
+        &SendWr {
+            wr_id: 3,
+            op: SendOp::LocalInv {
+                invalidate: vrdma_wire::Rkey(key1.0),
+            },
+            payload: Payload::Sges(&[]),
+            flags: SendFlags::SIGNALED | SendFlags::FENCE,
+            ud: None,
+        },
+    )
+    .unwrap();
+    eng.post_reg_mr(a.qpn, &reg(4, 2), pages(0x8000)).unwrap();
+    // Nothing is mapped before the first REG_MR runs.
+    assert!(eng.mr(key1).is_none() && eng.mr(key2).is_none());
+    assert_eq!(net.run(1000), Quiet::Idle);
+    let wcs: Vec<_> = poll(&mut net, a)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(
+        wcs,
+        [1, 2, 3, 4].map(|i| (i, WcStatus::Success)),
+        "in order, each with its own pages"
+    );
+    assert_eq!(
+        read(&net, b, 0x400, 64),
+        first[..64],
+        "the WRITE gathered from the first REG_MR's page"
+    );
+    let eng = e(&mut net, a);
+    assert!(eng.mr(key1).is_none());
+    assert!(
+        eng.check_local(key2, a.pd, 0x7700_0000, 4096, Access::LOCAL_WRITE)
+            .is_ok()
+    );
+    // key2 maps the second page: a WRITE from it carries `second`.
+    let gather2 = [vrdma_engine::wr::Sge {
+        lkey: key2,
+        ..gather[0]
+    }];
+    let write2 = SendWr {
+        wr_id: 5,
+        op: SendOp::RdmaWrite {
+            remote_addr: BASE + 0x800,
+            rkey: b.rkey,
+        },
+        payload: Payload::Sges(&gather2),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    // A REG_MR on the MR while it is valid fails (the QP goes to ERR),
+    // and the pages it carried are not mapped: the MR in use keeps its
+    // own.
+    e(&mut net, a).post_send(a.qpn, &write2).unwrap();
+    e(&mut net, a)
+        .post_reg_mr(a.qpn, &reg(6, 3), pages(0x4000))
+        .unwrap();
+    assert_eq!(net.run(1000), Quiet::Idle);
+    let wcs: Vec<_> = poll(&mut net, a)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(wcs, [(5, WcStatus::Success), (6, WcStatus::LocQpOpErr)]);
+    assert_eq!(read(&net, b, 0x800, 64), second[..64]);
+    let m = e(&mut net, a).mr(key2).expect("still valid under key2");
+    assert_eq!(m.translation, pages(0x8000));
+}

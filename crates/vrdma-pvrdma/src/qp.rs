@@ -413,11 +413,6 @@ impl QpFace {
             t.wqes += 1;
             let posted = match wqe {
                 Ok(w) => {
-                    if let Some((mr, tr)) = w.fast_reg {
-                        // The page list the REG_MR will register; a list
-                        // the MR cannot take fails the REG_MR itself.
-                        let _ = engine.map_mr_pages(mr, tr);
-                    }
                     let wr = SendWr {
                         wr_id: w.wr_id,
                         op: w.op,
@@ -425,9 +420,14 @@ impl QpFace {
                         flags: w.flags,
                         ud: w.ud,
                     };
-                    engine
-                        .post_send(self.qpn, &wr)
-                        .map_err(|_| (w.wr_id, WcStatus::LocQpOpErr))
+                    match w.fast_reg {
+                        // The page list goes with the REG_MR and is mapped
+                        // when it runs, in its turn (a list the MR cannot
+                        // take fails the REG_MR itself).
+                        Some((_, pages)) => engine.post_reg_mr(self.qpn, &wr, pages),
+                        None => engine.post_send(self.qpn, &wr),
+                    }
+                    .map_err(|_| (w.wr_id, WcStatus::LocQpOpErr))
                 }
                 Err(e) => Err(e),
             };
