@@ -119,9 +119,11 @@ pub struct Pvrdma<T: Transport> {
     /// device did not take yet: their indices are published each round.
     pub(crate) busy_qps: BTreeSet<u32>,
     pub(crate) busy_srqs: BTreeSet<u32>,
-    /// Poll every ring each round instead of waiting for doorbells (the
-    /// doorbell pages are then shared memory).
+    /// Poll every ring each round instead of waiting for doorbells; with
+    /// `doorbell_pages`, the doorbell pages are shared memory the device
+    /// reads each round (no exit per post).
     pub polling: bool,
+    pub(crate) doorbell_pages: Option<crate::doorbells::SharedDoorbells>,
     pub(crate) stats: FaceStats,
 }
 
@@ -171,6 +173,7 @@ impl<T: Transport> Pvrdma<T> {
             busy_qps: BTreeSet::new(),
             busy_srqs: BTreeSet::new(),
             polling: false,
+            doorbell_pages: None,
             stats: FaceStats::default(),
         })
     }
@@ -243,6 +246,46 @@ impl<T: Transport> Pvrdma<T> {
 
     /// Everything the guest made goes, the shared region is forgotten
     /// (CTL RESET, a function reset, a new shared region, the client gone).
+    /// The mode with no exit per post: the doorbell pages (BAR2) become
+    /// memory shared with the client, which maps them, and the device reads
+    /// them and every ring each round (its thread busy-polls). Before the
+    /// client connects: the region's layout is what the client is told.
+    pub fn share_doorbells(&mut self) -> std::io::Result<()> {
+        self.doorbell_pages = Some(crate::doorbells::SharedDoorbells::new(self.limits.max_uar)?);
+        self.polling = true;
+        Ok(())
+    }
+
+    /// Reads the shared doorbell pages of the contexts in use (the
+    /// kernel's, page 0, and each user context's): QP and SRQ doorbells
+    /// are counted (every ring is taken from anyway); a store to a page's
+    /// CQ word arms every CQ of that page (see `doorbells`).
+    fn read_shared_doorbells(&mut self) {
+        let Some(d) = self.doorbell_pages.as_ref() else {
+            return;
+        };
+        let pages: BTreeSet<u32> = std::iter::once(0)
+            .chain(self.ucs.values().copied())
+            .collect();
+        for page in pages {
+            for offset in [uar::QP_OFFSET, uar::SRQ_OFFSET] {
+                if d.take(page, offset) != 0 {
+                    self.stats.doorbells += 1;
+                }
+            }
+            if d.take(page, uar::CQ_OFFSET) == 0 {
+                continue;
+            }
+            self.stats.doorbells += 1;
+            let engine = self.device.engine_mut();
+            for (&cq, info) in &self.cqs {
+                if info.uar == page {
+                    let _ = engine.req_notify_cq(vrdma_engine::CqHandle(cq), false);
+                }
+            }
+        }
+    }
+
     pub fn reset_device(&mut self) {
         // A new engine: every object the guest made is gone with the old
         // one (and nothing of it reaches guest memory again).
@@ -265,6 +308,9 @@ impl<T: Transport> Pvrdma<T> {
         self.dsr_low = 0;
         self.dsr_high = 0;
         self.device.transport_mut().set_local(&[]);
+        if let Some(d) = &self.doorbell_pages {
+            d.clear();
+        }
         self.stats.resets += 1;
     }
 
@@ -567,6 +613,7 @@ impl<T: Transport> Pvrdma<T> {
         }
         let mem = bus.mem;
         if self.polling {
+            self.read_shared_doorbells();
             let qps: Vec<u32> = self.qps.keys().copied().collect();
             for qpn in qps {
                 self.take_sends(mem, qpn);
@@ -695,7 +742,11 @@ impl<T: Transport> Function for Pvrdma<T> {
             2 => u64::from(self.limits.max_uar) * PAGE_SIZE,
             _ => 0,
         };
-        Region { size, mmap: None }
+        let mmap = match index {
+            2 => self.doorbell_pages.as_ref().map(|d| d.region()),
+            _ => None,
+        };
+        Region { size, mmap }
     }
 
     fn irq_counts(&self) -> Vec<u32> {

@@ -14,11 +14,14 @@
 //! - `cmd`: the command channel.
 //! - [`qp`], [`srq`], [`cq`]: work queues taken from guest rings, and
 //!   completions written into them.
+//! - [`doorbells`]: doorbell pages shared with the guest (no exit per
+//!   post).
 
 pub mod abi;
 pub mod caps;
 mod cmd;
 pub mod cq;
+pub mod doorbells;
 pub mod function;
 pub mod qp;
 pub mod ring;

@@ -146,8 +146,8 @@ fn an_armed_cq_notifies_once_through_its_ring_and_vector_2() {
 
 #[test]
 fn a_device_reset_forgets_everything_the_guest_made() {
-    let d = Served::start("reset", || udp_function("127.0.9.5"));
-    let mut a = side(&d, "127.0.9.5");
+    let d = Served::start("reset", || udp_function("127.0.9.50"));
+    let mut a = side(&d, "127.0.9.50");
     a.g.write32(1, abi::reg::CTL, abi::reg::CTL_RESET);
     assert_eq!(a.g.read32(1, abi::reg::ERR), 0);
     // No shared region: a command is refused without reading the slot.
@@ -157,4 +157,78 @@ fn a_device_reset_forgets_everything_the_guest_made() {
     assert_eq!(a.g.probe(), 0);
     let pd = a.g.create_pd(0);
     assert_eq!(pd, a.pd, "the first PD's handle again");
+}
+
+/// The mode with no exit per post (`share_doorbells`): BAR2 is memory the
+/// client maps. Posts are taken with no doorbell at all; a CQ arm stored
+/// there and overwritten by a POLL before the device read it (the
+/// provider's arm-then-poll) still gets its notification; a trapped
+/// device beside it works as before.
+#[test]
+fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
+    let da = Served::start("shared-a", || {
+        let mut f = udp_function("127.0.9.50");
+        f.share_doorbells().unwrap();
+        f
+    });
+    let db = Served::start("shared-b", || udp_function("127.0.9.51"));
+    let mut a = side(&da, "127.0.9.50");
+    let mut b = side(&db, "127.0.9.51");
+    assert!(
+        b.g.map_doorbells(0x8000_0000).is_none(),
+        "B traps its doorbells"
+    );
+    let bells = a.g.map_doorbells(0x8000_0000).expect("A's are shared");
+    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 50));
+    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 51));
+    rc_up(&mut a.g, &a.qp, gb, b.qp.qpn, MAC_B);
+    rc_up(&mut b.g, &b.qp, ga, a.qp.qpn, MAC_A);
+    for i in 0..4 {
+        b.g.post_recv(&mut b.qp, 20 + i, &[sge(b.buf, 64, b.lkey)]);
+    }
+    let doorbells = da.stats().doorbells;
+    // Written into the ring, no doorbell: taken, sent, completed.
+    a.g.write_send(
+        &mut a.qp,
+        &wqe(1, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(a.buf, 64, a.lkey)],
+    );
+    assert_eq!(b.g.poll_n(&mut b.cq, 1).len(), 1);
+    assert_eq!(da.stats().doorbells, doorbells, "no doorbell rang");
+    let done = a.g.poll_n(&mut a.cq, 1);
+    assert_eq!((done[0].wr_id.get(), done[0].status.get()), (1, 0));
+    // ARM, then POLL over it before the device could look: the arm holds.
+    let word = vm_memory::GuestAddress(0x8000_0000 + 4);
+    use vm_memory::Bytes;
+    bells
+        .write_obj(a.cq.handle | abi::uar::CQ_ARM, word)
+        .unwrap();
+    bells
+        .write_obj(a.cq.handle | abi::uar::CQ_POLL, word)
+        .unwrap();
+    // The device takes the word (swaps it to 0) before the completion
+    // comes: a notification is for a completion after the arm.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while bells.read_obj::<u32>(word).unwrap() != 0 {
+        assert!(std::time::Instant::now() < deadline, "the device read its doorbells");
+        std::thread::yield_now();
+    }
+    a.g.write_send(
+        &mut a.qp,
+        &wqe(2, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(a.buf, 64, a.lkey)],
+    );
+    assert!(a.g.wait_irq(2), "CQ interrupt");
+    assert_eq!(a.g.notifications(), vec![a.cq.handle]);
+    assert_eq!(a.g.poll_n(&mut a.cq, 1)[0].wr_id.get(), 2);
+    assert_eq!(b.g.poll_n(&mut b.cq, 1).len(), 1);
+    // Not armed again: the next completion notifies nothing.
+    a.g.write_send(
+        &mut a.qp,
+        &wqe(3, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(a.buf, 64, a.lkey)],
+    );
+    assert_eq!(a.g.poll_n(&mut a.cq, 1)[0].wr_id.get(), 3);
+    assert!(!a.g.irq_fired(2));
+    assert!(a.g.notifications().is_empty());
 }

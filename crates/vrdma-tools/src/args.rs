@@ -98,8 +98,12 @@ pub struct ServeArgs {
     /// socket of length-prefixed frames to connect to, as `-netdev stream`'s),
     /// mac=MAC (the vmxnet3's, as given to QEMU: the source of the device's frames),
     /// and optionally mtu=BYTES (the link's Ethernet MTU, default 1500: the port's
-    /// active MTU is the largest IB MTU that fits) and name=NAME (for `vrdma stat`;
-    /// default pvrdmaN). Repeat for more guests.
+    /// active MTU is the largest IB MTU that fits), name=NAME (for `vrdma stat`;
+    /// default pvrdmaN) and doorbells=trap|shared (trap, the default: each doorbell is
+    /// a write QEMU forwards; shared: the doorbell pages are memory the guest writes
+    /// without an exit and the device's thread busy-polls them and every ring, a core
+    /// per device; an arm can then not be told from a poll, so a CQ may get a
+    /// notification nobody asked for). Repeat for more guests.
     #[arg(
         long = "device",
         required = true,

@@ -50,6 +50,9 @@ pub struct DeviceSpec {
     /// The link's Ethernet MTU.
     pub mtu: u32,
     pub name: String,
+    /// Doorbell pages shared with the guest, read by a busy-polling device
+    /// thread (no exit per post), instead of trapped.
+    pub shared_doorbells: bool,
 }
 
 /// Parses a MAC address, `aa:bb:cc:dd:ee:ff`: a unicast one (a device
@@ -79,8 +82,8 @@ impl DeviceSpec {
     /// Parses `socket=…,netdev=…,uplink=…,mac=…[,mtu=…][,name=…]`; `index`
     /// names it when no name is given.
     pub fn parse(s: &str, index: usize) -> Result<Self> {
-        let (mut socket, mut netdev, mut uplink, mut mac, mut mtu, mut name) =
-            (None, None, None, None, None, None);
+        let (mut socket, mut netdev, mut uplink, mut mac, mut mtu, mut name, mut doorbells) =
+            (None, None, None, None, None, None, None);
         for kv in s.split(',') {
             let (k, v) = kv
                 .split_once('=')
@@ -116,7 +119,17 @@ impl DeviceSpec {
                     mtu.replace(m).is_some()
                 }
                 "name" => name.replace(v.to_owned()).is_some(),
-                _ => bail!("--device: unknown key {k:?} (socket, netdev, uplink, mac, mtu, name)"),
+                "doorbells" => {
+                    let shared = match v {
+                        "trap" => false,
+                        "shared" => true,
+                        _ => bail!("--device: doorbells {v:?}: trap or shared"),
+                    };
+                    doorbells.replace(shared).is_some()
+                }
+                _ => bail!(
+                    "--device: unknown key {k:?} (socket, netdev, uplink, mac, mtu, name, doorbells)"
+                ),
             };
             if seen {
                 bail!("--device: {k} given twice");
@@ -135,6 +148,7 @@ impl DeviceSpec {
             mac: mac.ok_or_else(|| need("mac"))?,
             mtu: mtu.unwrap_or(1500),
             name: name.unwrap_or_else(|| format!("pvrdma{index}")),
+            shared_doorbells: doorbells.unwrap_or(false),
         })
     }
 }
@@ -173,7 +187,12 @@ fn open(spec: &DeviceSpec, limits: &Limits) -> Result<Server<EthPort>> {
         .with_context(|| format!("listening at {}", spec.netdev.display()))?;
     let mut attr = PortAttr::with_gids(&[]);
     attr.active_mtu = active_mtu(spec.mtu);
-    let function = Pvrdma::new(limits.clone(), spec.mac, attr, port)?;
+    let mut function = Pvrdma::new(limits.clone(), spec.mac, attr, port)?;
+    if spec.shared_doorbells {
+        function
+            .share_doorbells()
+            .context("sharing the doorbell pages")?;
+    }
     Server::bind(&spec.socket, function, &spec.name)
         .with_context(|| format!("listening at {}", spec.socket.display()))
 }
@@ -323,6 +342,13 @@ mod tests {
         .unwrap();
         assert_eq!(d.uplink, Uplink::Stream("/x".into()));
         assert_eq!((d.mtu, d.name.as_str()), (9000, "g2"));
+        assert!(!d.shared_doorbells);
+        let d = DeviceSpec::parse(
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,doorbells=shared",
+            0,
+        )
+        .unwrap();
+        assert!(d.shared_doorbells);
         for bad in [
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00",
             "socket=/s,netdev=/n,uplink=tap:t,mac=01:54:00:4c:00:01",
@@ -338,6 +364,7 @@ mod tests {
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,speed=10",
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,name=",
             "socket=/s;netdev=/n",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,doorbells=polled",
         ] {
             assert!(DeviceSpec::parse(bad, 0).is_err(), "{bad}");
         }

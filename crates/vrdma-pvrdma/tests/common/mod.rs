@@ -251,6 +251,49 @@ impl Guest {
     }
 
     /// Sends a message and returns the reply's header and payload.
+    /// Maps the doorbell pages (BAR2) as QEMU does when the region info
+    /// offers a sparse mmap: the reply's descriptor, at guest-physical
+    /// `at`. None when the region is not mappable (trapped doorbells).
+    pub fn map_doorbells(&mut self, at: u64) -> Option<GuestMemoryMmap<()>> {
+        self.id = self.id.wrapping_add(1);
+        let ri = proto::RegionInfo {
+            argsz: 256,
+            flags: 0,
+            index: 2,
+            cap_offset: 0,
+            size: 0,
+            offset: 0,
+        };
+        // As QEMU sends it: the message as long as the room asked for.
+        let mut payload = ri.as_bytes().to_vec();
+        payload.resize(ri.argsz as usize, 0);
+        let h = Header {
+            id: self.id,
+            command: vcmd::DEVICE_GET_REGION_INFO,
+            size: (proto::HEADER_LEN + payload.len()) as u32,
+            flags: 0,
+            error: 0,
+        };
+        let mut msg = h.as_bytes().to_vec();
+        msg.extend_from_slice(&payload);
+        self.conn.send(&msg, &[]).unwrap();
+        let mut r = self.conn.receive().unwrap().expect("a reply");
+        assert_eq!(r.header.error, 0);
+        let (info, _) = proto::RegionInfo::read_from_prefix(&r.payload).unwrap();
+        if info.flags & proto::info::REGION_MMAP == 0 {
+            return None;
+        }
+        let fd = r.fds.pop().expect("the region's descriptor");
+        Some(
+            GuestMemoryMmap::<()>::from_ranges_with_files([(
+                vm_memory::GuestAddress(at),
+                info.size as usize,
+                Some(FileOffset::new(File::from(fd), info.offset)),
+            )])
+            .unwrap(),
+        )
+    }
+
     pub fn request(
         &mut self,
         command: u16,
