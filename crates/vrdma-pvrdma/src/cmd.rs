@@ -44,6 +44,17 @@ pub(crate) struct Failure {
     pub what: &'static str,
 }
 
+/// The failures of command `cmd`, answered under `key`: an errno and
+/// what was wrong.
+fn failer(cmd: u32, key: u64) -> impl Fn(u32, &'static str) -> Failure {
+    move |err, what| Failure {
+        cmd,
+        key,
+        err,
+        what,
+    }
+}
+
 impl Failure {
     /// The response header that says so: `err` is the errno, as QEMU's
     /// device puts it there (0xff for what no errno fits, never 0: the
@@ -122,12 +133,7 @@ impl<T: Transport> Pvrdma<T> {
         let hdr: abi::CmdHdr = decode(req);
         let code = hdr.cmd.get();
         let key = hdr.response.get();
-        let fail = |err: u32, what: &'static str| Failure {
-            cmd: code,
-            key,
-            err,
-            what,
-        };
+        let fail = failer(code, key);
         let engine_err = |e: VerbsError, what: &'static str| Failure {
             cmd: code,
             key,
@@ -417,12 +423,7 @@ impl<T: Transport> Pvrdma<T> {
     fn create_mr(&mut self, bus: &mut Bus<'_>, req: &[u8], key: u64) -> Result<Done, Failure> {
         let r: abi::CreateMr = decode(req);
         let code = cmd::CREATE_MR;
-        let fail = |err: u32, what: &'static str| Failure {
-            cmd: code,
-            key,
-            err,
-            what,
-        };
+        let fail = failer(code, key);
         let pd = r.pd_handle.get();
         if !self.pds.contains_key(&pd) {
             return Err(fail(EINVAL, "PD"));
@@ -508,12 +509,7 @@ impl<T: Transport> Pvrdma<T> {
     fn create_cq(&mut self, bus: &mut Bus<'_>, req: &[u8], key: u64) -> Result<Done, Failure> {
         let r: abi::CreateCq = decode(req);
         let code = cmd::CREATE_CQ;
-        let fail = |err: u32, what: &'static str| Failure {
-            cmd: code,
-            key,
-            err,
-            what,
-        };
+        let fail = failer(code, key);
         let ctx = r.ctx_handle.get();
         let page = if ctx == 0 {
             0
@@ -571,12 +567,7 @@ impl<T: Transport> Pvrdma<T> {
     fn create_qp(&mut self, bus: &mut Bus<'_>, req: &[u8], key: u64) -> Result<Done, Failure> {
         let r: abi::CreateQp = decode(req);
         let code = cmd::CREATE_QP;
-        let fail = |err: u32, what: &'static str| Failure {
-            cmd: code,
-            key,
-            err,
-            what,
-        };
+        let fail = failer(code, key);
         let ty = match r.qp_type {
             abi::qp_type::GSI => QpType::Gsi,
             abi::qp_type::RC => QpType::Rc,
@@ -712,12 +703,7 @@ impl<T: Transport> Pvrdma<T> {
     fn modify_qp(&mut self, bus: &mut Bus<'_>, req: &[u8], key: u64) -> Result<Done, Failure> {
         let r: abi::ModifyQp = decode(req);
         let code = cmd::MODIFY_QP;
-        let fail = |err: u32, what: &'static str| Failure {
-            cmd: code,
-            key,
-            err,
-            what,
-        };
+        let fail = failer(code, key);
         let h = r.qp_handle.get();
         let qpn = self.qps.get(&h).ok_or(fail(EINVAL, "QP"))?.qpn;
         let mask = AttrMask(r.attr_mask.get() & 0x1f_ffff);
@@ -804,12 +790,7 @@ impl<T: Transport> Pvrdma<T> {
     fn query_qp(&mut self, req: &[u8], key: u64) -> Result<Done, Failure> {
         let r: abi::QueryQp = decode(req);
         let code = cmd::QUERY_QP;
-        let fail = |err: u32, what: &'static str| Failure {
-            cmd: code,
-            key,
-            err,
-            what,
-        };
+        let fail = failer(code, key);
         let h = r.qp_handle.get();
         let qpn = self.qps.get(&h).ok_or(fail(EINVAL, "QP"))?.qpn;
         let (a, init) = self
@@ -869,12 +850,7 @@ impl<T: Transport> Pvrdma<T> {
     fn create_srq(&mut self, bus: &mut Bus<'_>, req: &[u8], key: u64) -> Result<Done, Failure> {
         let r: abi::CreateSrq = decode(req);
         let code = cmd::CREATE_SRQ;
-        let fail = |err: u32, what: &'static str| Failure {
-            cmd: code,
-            key,
-            err,
-            what,
-        };
+        let fail = failer(code, key);
         if self.limits.max_srq == 0 {
             return Err(fail(95, "SRQs are disabled"));
         }

@@ -28,7 +28,7 @@ use crate::{
     abi::{self, Caps, Dsr, PAGE_SIZE, eqe, intr, reg, uar},
     caps::Limits,
     cq::{CQNE_SIZE, DeviceRing, EQE_SIZE, SharedMem},
-    qp::QpFace,
+    qp::{self, QpFace},
     ring::{self, GuestRing, Owner, PageList, RingPages},
     srq::SrqFace,
 };
@@ -550,26 +550,21 @@ impl<T: Transport> Pvrdma<T> {
     }
 
     pub(crate) fn take_sends(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
-        let Some(q) = self.qps.get_mut(&qpn) else {
-            return;
-        };
-        let engine = self.device.engine_mut();
-        let t = q.take_sends(mem, engine);
-        self.stats.wqes += u64::from(t.wqes);
-        self.stats.malformed_wqes += u64::from(t.malformed);
-        if t.broken {
-            self.stats.broken_rings += 1;
-            let _ = engine.qp_fatal(q.qpn);
-        }
-        self.busy_qps.insert(qpn);
+        self.take_qp(qpn, |q, engine| q.take_sends(mem, engine));
     }
 
     pub(crate) fn take_recvs(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
+        self.take_qp(qpn, |q, engine| q.take_recvs(mem, engine));
+    }
+
+    /// Takes from one of QP `qpn`'s rings with `take`, counts what it
+    /// took, fails the QP whose ring broke, and keeps it in the busy set.
+    fn take_qp(&mut self, qpn: u32, take: impl FnOnce(&mut QpFace, &mut Engine) -> qp::Taken) {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
         let engine = self.device.engine_mut();
-        let t = q.take_recvs(mem, engine);
+        let t = take(q, engine);
         self.stats.wqes += u64::from(t.wqes);
         self.stats.malformed_wqes += u64::from(t.malformed);
         if t.broken {

@@ -210,7 +210,10 @@ fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
     // comes: a notification is for a completion after the arm.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     while bells.read_obj::<u32>(word).unwrap() != 0 {
-        assert!(std::time::Instant::now() < deadline, "the device read its doorbells");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the device read its doorbells"
+        );
         std::thread::yield_now();
     }
     a.g.write_send(
