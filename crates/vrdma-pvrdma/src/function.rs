@@ -550,21 +550,28 @@ impl<T: Transport> Pvrdma<T> {
     }
 
     pub(crate) fn take_sends(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
-        self.take_qp(qpn, |q, engine| q.take_sends(mem, engine));
+        self.take_qp(mem, qpn, |q, engine| q.take_sends(mem, engine));
     }
 
     pub(crate) fn take_recvs(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
-        self.take_qp(qpn, |q, engine| q.take_recvs(mem, engine));
+        self.take_qp(mem, qpn, |q, engine| q.take_recvs(mem, engine));
     }
 
-    /// Takes from one of QP `qpn`'s rings with `take`, counts what it
-    /// took, fails the QP whose ring broke, and keeps it in the busy set.
-    fn take_qp(&mut self, qpn: u32, take: impl FnOnce(&mut QpFace, &mut Engine) -> qp::Taken) {
+    /// Takes from one of QP `qpn`'s rings with `take`, gives the slots
+    /// back at once, counts what it took, fails the QP whose ring broke,
+    /// and keeps it in the busy set.
+    fn take_qp(
+        &mut self,
+        mem: &GuestMemoryMmap<()>,
+        qpn: u32,
+        take: impl FnOnce(&mut QpFace, &mut Engine) -> qp::Taken,
+    ) {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
         let engine = self.device.engine_mut();
         let t = take(q, engine);
+        q.publish(mem);
         self.stats.wqes += u64::from(t.wqes);
         self.stats.malformed_wqes += u64::from(t.malformed);
         if t.broken {
@@ -580,6 +587,7 @@ impl<T: Transport> Pvrdma<T> {
         };
         let engine = self.device.engine_mut();
         let t = s.take(mem, engine);
+        s.publish(mem);
         self.stats.wqes += u64::from(t.wqes);
         self.stats.malformed_wqes += u64::from(t.malformed);
         if t.broken {
@@ -637,7 +645,7 @@ impl<T: Transport> Pvrdma<T> {
                     let _ = engine.qp_fatal(q.qpn);
                 }
             }
-            q.publish(mem, engine);
+            q.publish(mem);
             let idle = engine.sq_len(q.qpn).unwrap_or(0) == 0
                 && engine.rq_len(q.qpn).unwrap_or(0) == 0
                 && !q.pending(mem);
@@ -657,7 +665,7 @@ impl<T: Transport> Pvrdma<T> {
                 self.stats.wqes += u64::from(t.wqes);
                 self.stats.malformed_wqes += u64::from(t.malformed);
             }
-            s.publish(mem, engine);
+            s.publish(mem);
             if engine.srq_len(SrqHandle(srq)).unwrap_or(0) == 0 && !s.pending(mem) {
                 self.busy_srqs.remove(&srq);
             }

@@ -519,19 +519,23 @@ impl QpFace {
         t
     }
 
-    /// Moves the guest's consumer indexes to what the engine has retired.
-    pub fn publish(&mut self, mem: &GuestMemoryMmap<()>, engine: &Engine) {
-        if let Some(n) = engine.sq_len(self.qpn) {
-            let cons = self.sq.ring.back(self.sq_next, n);
-            if cons != self.sq_cons && self.sq.set_cons_head(mem, cons).is_ok() {
-                self.sq_cons = cons;
-            }
+    /// Moves the guest's consumer indexes to what the device has taken: a
+    /// WQE's slot is free once the device has copied it out. Not later,
+    /// when the engine retires it: the provider posts into a slot as soon
+    /// as its ring has room, and a latency test's one-slot ring would find
+    /// no room between the completion it just polled and an index the
+    /// device publishes a moment after the completion was written. The
+    /// device takes only as many WQEs as the engine has room for, so a
+    /// guest has at most a ring of WQEs waiting beside those in flight.
+    pub fn publish(&mut self, mem: &GuestMemoryMmap<()>) {
+        if self.sq_next != self.sq_cons && self.sq.set_cons_head(mem, self.sq_next).is_ok() {
+            self.sq_cons = self.sq_next;
         }
-        if let (Some(rq), Some(n)) = (&self.rq, engine.rq_len(self.qpn)) {
-            let cons = rq.ring.back(self.rq_next, n);
-            if cons != self.rq_cons && rq.set_cons_head(mem, cons).is_ok() {
-                self.rq_cons = cons;
-            }
+        if let Some(rq) = &self.rq
+            && self.rq_next != self.rq_cons
+            && rq.set_cons_head(mem, self.rq_next).is_ok()
+        {
+            self.rq_cons = self.rq_next;
         }
     }
 

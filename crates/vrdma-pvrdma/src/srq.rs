@@ -102,12 +102,11 @@ impl SrqFace {
     }
 
     /// Moves the guest's consumer index to what the engine consumed.
-    pub fn publish(&mut self, mem: &GuestMemoryMmap<()>, engine: &Engine) {
-        if let Some(n) = engine.srq_len(self.handle) {
-            let cons = self.ring.ring.back(self.next, n);
-            if cons != self.cons && self.ring.set_cons_head(mem, cons).is_ok() {
-                self.cons = cons;
-            }
+    /// Moves the guest's consumer index to what the device has taken (see
+    /// `QpFace::publish`).
+    pub fn publish(&mut self, mem: &GuestMemoryMmap<()>) {
+        if self.next != self.cons && self.ring.set_cons_head(mem, self.next).is_ok() {
+            self.cons = self.next;
         }
     }
 

@@ -954,6 +954,11 @@ impl Guest {
     pub fn sq_cons(&self, qp: &GuestQp) -> u32 {
         self.get32(qp.state + 4)
     }
+
+    /// The receive ring's consumer index (the second ring state).
+    pub fn rq_cons(&self, qp: &GuestQp) -> u32 {
+        self.get32(qp.state + 12)
+    }
 }
 
 /// RC bring-up to RTS towards `dest_qpn` at `dgid`, the way perftest sets
