@@ -42,6 +42,14 @@ if [ "$(id -u)" = 0 ] && [ -x "$harness/start.sh" ]; then
     # rxe <-> rxe as the control, is scripts/lossy.sh (README).
     echo "== RC over a lossy link, vrdma <-> rxe (subset)"
     scripts/lossy.sh --quick
+    # A Linux guest on a vrdma PVRDMA device (vrdma serve, QEMU 11's
+    # vfio-user-pci, the unmodified vmw_pvrdma driver) against rxe:
+    # ibv_devinfo and ibv_rc_pingpong in both roles. About 5 minutes, plus
+    # about 10 to install QEMU 11 and build the guest image the first time.
+    # The whole set (perftest, UD, SRQ, rping over rdma_cm) is
+    # scripts/pvrdma-guest/smoke.sh --full (README).
+    echo "== a Linux guest on vrdma serve (PVRDMA) <-> rxe"
+    scripts/pvrdma-guest/smoke.sh
 else
     echo "== interop with Linux rxe: not run (needs root and $harness)"
 fi

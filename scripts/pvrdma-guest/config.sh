@@ -1,0 +1,47 @@
+# Shared configuration of the pvrdma-guest harness; sourced by every script here.
+# Everything can be overridden from the environment (PVRDMA_*, RXE_*, QEMU11_* variables).
+#
+# A pvrdma guest is the rxe harness's Debian image plus Linux's vmw_pvrdma module, booted by
+# QEMU 11 with a vmxnet3 (function 0) and a vfio-user-pci PVRDMA (function 1) in slot 5, both
+# served by one `vrdma serve` device whose uplink is a TAP on the rxe harness's bridge.
+
+PV_DIR="${PV_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
+PROJECT_ROOT="${PROJECT_ROOT:-$(cd "$PV_DIR/../.." && pwd)}"
+RXE_HARNESS="${RXE_HARNESS:-$PROJECT_ROOT/../shared/interop/rxe-guest}"
+QEMU11_DIR="${QEMU11_DIR:-$PROJECT_ROOT/../shared/interop/qemu11}"
+# the rxe harness's image cache and run folder, as the project's other scripts use them
+export RXE_CACHE_DIR="${RXE_CACHE_DIR:-$PROJECT_ROOT/target/rxe-cache}"
+export RXE_RUN_DIR="${RXE_RUN_DIR:-$PROJECT_ROOT/target/rxe-run}"
+
+PV_CACHE="${PVRDMA_CACHE_DIR:-$PROJECT_ROOT/target/pvrdma-guest}"
+PV_RUN="${PVRDMA_RUN_DIR:-$PV_CACHE/run}"
+PV_IMAGE="$PV_CACHE/rootfs.img"              # rxe rootfs + vmw_pvrdma (raw ext4, used with snapshot=on)
+PV_KERNEL="$RXE_CACHE_DIR/vmlinuz"           # the rxe image's kernel and busybox initrd, shared
+PV_INITRD="$RXE_CACHE_DIR/initrd.img"
+VRDMA="${VRDMA:-$PROJECT_ROOT/target/release/vrdma}"
+QEMU11="$QEMU11_DIR/qemu"
+
+# ---- network: the rxe harness's namespace and bridge ------------------------------------------
+NS="${RXE_NS:-rxens}"
+BR="${RXE_BR:-rxebr0}"
+NET_PREFIX="${RXE_NET_PREFIX:-10.47.91}"
+HOST_IP="$NET_PREFIX.1"
+pv_ip()  { echo "$NET_PREFIX.$((20 + $1))"; }          # guest N -> 10.47.91.(20+N)
+pv_tap() { echo "vrdtap$1"; }                          # guest N -> vrdtapN (inside $NS)
+pv_mac() { printf '52:54:00:4c:00:%02x\n' "$1"; }      # guest N -> 52:54:00:4c:00:0N
+
+# ---- QEMU ---------------------------------------------------------------------------------------
+PV_MACHINE="${PVRDMA_MACHINE:-q35}"
+PV_MEM="${PVRDMA_GUEST_MEM:-1G}"
+PV_CPUS="${PVRDMA_GUEST_CPUS:-2}"
+PV_BOOT_TIMEOUT="${PVRDMA_BOOT_TIMEOUT:-300}"    # s until the guest reports ready (TCG)
+PV_LIFETIME="${PVRDMA_LIFETIME:-3600}"           # s hard limit of a guest's (and its daemon's) life
+# PVRDMA_DEVICE_OPTS: more KEY=VALUE for the daemon's --device (e.g. doorbells=shared, mtu=...);
+# PVRDMA_SERVE_ARGS: more `vrdma serve` options (e.g. --max-qp-rd-atom 16)
+PV_LOG="${PVRDMA_LOG:-${VRDMA_LOG:-info}}"       # the daemon's VRDMA_LOG (tracing filter: debug, trace, ...)
+
+die()  { echo "pvrdma-guest: $*" >&2; exit "${DIE_RC:-1}"; }
+log()  { echo "pvrdma-guest: $*" >&2; }
+need_root() { [ "$(id -u)" = 0 ] || die "must run as root"; }
+check_id() { [[ "$1" =~ ^[1-8]$ ]] || die "guest id must be 1..8 (got '$1')"; }
+guest_dir() { echo "$PV_RUN/g$1"; }

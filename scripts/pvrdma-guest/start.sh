@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Boot pvrdma guest N in the background; return once its vmw_pvrdma port is ACTIVE with a
+# RoCE v2 IPv4 GID and CMD (default: true) has been started in it.
+#   scripts/pvrdma-guest/start.sh -i N [-l LIFETIME_S] ['CMD']
+# Guest N (1..8): IP 10.47.91.(20+N) on the rxe harness's bridge, MAC 52:54:00:4c:00:0N,
+# TAP vrdtapN in netns rxens. Its device is served by its own `vrdma serve` (in rxens; uplink
+# the TAP); both QEMU and the daemon are bounded by LIFETIME_S (default 3600). The state,
+# logs and share are in target/pvrdma-guest/run/gN/. More commands: exec.sh; stop: stop.sh.
+set -uo pipefail
+. "$(dirname "$0")/config.sh"
+. "$PV_DIR/lib.sh"
+need_root
+
+N=""; LIFE=$PV_LIFETIME
+while getopts "i:l:h" o; do
+    case $o in
+        i) N=$OPTARG ;; l) LIFE=$OPTARG ;;
+        *) sed -n '2,8p' "$0"; exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+CMD="${*:-true}"
+[ -n "$N" ] || { sed -n '2,8p' "$0"; exit 2; }
+check_id "$N"
+[[ "$LIFE" =~ ^[0-9]+$ ]] || die "lifetime must be seconds (got '$LIFE')"
+
+[ -s "$PV_IMAGE" ] || die "no image $PV_IMAGE: run $PV_DIR/image.sh first"
+[ -s "$PV_KERNEL" ] && [ -s "$PV_INITRD" ] || die "no kernel/initrd in $RXE_CACHE_DIR: run $PV_DIR/image.sh"
+timeout 30 "$QEMU11" --version > /dev/null 2>&1 \
+    || die "QEMU 11 does not run: run $PV_DIR/image.sh (it runs $QEMU11_DIR/setup.sh)"
+[ -x "$VRDMA" ] || die "no $VRDMA: cargo build --release -p vrdma"
+timeout 10 "$VRDMA" serve --help > /dev/null 2>&1 || die "$VRDMA has no working 'serve' command"
+[ -c /dev/net/tun ] || die "no /dev/net/tun"
+
+if p=$(qemu_pid "$N"); then die "pvrdma guest $N is already running (qemu pid $p; stop.sh -i $N)"; fi
+teardown "$N"      # leftovers of an earlier run: daemon, wrappers, TAP
+
+D=$(guest_dir "$N"); OUT=$D/share/out
+TAP=$(pv_tap "$N"); MAC=$(pv_mac "$N"); IP=$(pv_ip "$N")
+rm -rf "$D"
+mkdir -p "$OUT" "$D/share/ctl/jobs"
+install -m 0755 "$PV_DIR/guest/guest-init.sh" "$D/share/guest-init.sh"
+mkdir -p "$D/share/bin"
+[ -d "$RXE_HARNESS/guest/bin" ] && cp -r "$RXE_HARNESS/guest/bin/." "$D/share/bin/"
+printf '%s\n' "$CMD" > "$D/share/cmd.sh"
+cat > "$D/share/guest.env" <<EOF
+GUEST_ID=$N
+GUEST_IP=$IP
+GUEST_MAC=$MAC
+HOST_IP=$HOST_IP
+NET_PREFIX=$NET_PREFIX
+MODE=daemon
+CMD_TIMEOUT=$LIFE
+READY_TIMEOUT=${PVRDMA_READY_TIMEOUT:-90}
+EOF
+date +%s.%N > "$D/t_start"
+
+fail_start() {
+    log "guest $N: $*"
+    [ -s "$OUT/setup-failed" ] && log "guest setup failed: $(cat "$OUT/setup-failed")"
+    teardown "$N"
+    print_debug_tail "$N"
+    exit 1
+}
+
+# ---- network: the rxe harness's namespace and bridge, a persistent TAP for the daemon ---------
+timeout 30 "$RXE_HARNESS/net.sh" up > /dev/null || die "rxe harness net.sh up failed"
+ip -n "$NS" link show "$TAP" > /dev/null 2>&1 || ip -n "$NS" tuntap add dev "$TAP" mode tap \
+    || die "cannot create TAP $TAP in $NS"
+ip -n "$NS" link set "$TAP" master "$BR" txqueuelen 10000 up || die "cannot attach $TAP to $BR"
+
+# ---- the device daemon -----------------------------------------------------------------------
+SOCK=$D/vfio.sock; NETSOCK=$D/net.sock
+SPEC="socket=$SOCK,netdev=$NETSOCK,uplink=tap:$TAP,mac=$MAC,name=pvrdma-g$N${PVRDMA_DEVICE_OPTS:+,$PVRDMA_DEVICE_OPTS}"
+echo "VRDMA_LOG=$PV_LOG $VRDMA serve --device $SPEC ${PVRDMA_SERVE_ARGS:-}" > "$D/daemon.cmd"
+# shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
+setsid nohup timeout -k 10 $((LIFE + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \
+    "$VRDMA" serve --device "$SPEC" ${PVRDMA_SERVE_ARGS:-} > "$D/daemon.log" 2>&1 < /dev/null &
+TPID=$!
+echo "$TPID" > "$D/daemon-timeout.pid"
+wait_for 10 bash -c "pgrep -P $TPID > '$D/daemon.pid' || ! kill -0 $TPID 2>/dev/null"
+[ -s "$D/daemon.pid" ] || fail_start "the daemon exited at once or did not start"
+DPID=$(cat "$D/daemon.pid")
+if ! wait_for 30 bash -c "[ -S '$SOCK' ] && [ -S '$NETSOCK' ] || ! kill -0 $DPID 2>/dev/null"; then
+    fail_start "the daemon's sockets did not appear within 30 s ($SOCK, $NETSOCK)"
+fi
+daemon_pid "$N" > /dev/null || fail_start "the daemon exited (rc in $D/daemon.log)"
+
+# ---- QEMU 11 -----------------------------------------------------------------------------------
+ARGS=(
+    -name "pvrdma-guest-$N"
+    -nodefaults -no-user-config -no-reboot
+    -display none -vga none -monitor none
+    -accel tcg -cpu max -smp "$PV_CPUS" -m "$PV_MEM"
+    -object "memory-backend-memfd,id=mem,size=$PV_MEM,share=on"
+    -machine "$PV_MACHINE,memory-backend=mem"
+    -kernel "$PV_KERNEL" -initrd "$PV_INITRD"
+    -append "console=ttyS0 root=/dev/vda rw init=/sbin/rxe-harness-init panic=-1 quiet loglevel=4 net.ifnames=0 ${PVRDMA_KAPPEND:-}"
+    -drive "file=$PV_IMAGE,if=none,id=d0,format=raw,snapshot=on"
+    -device "virtio-blk-pci,drive=d0,addr=0x3"
+    -fsdev "local,id=hshare,path=$D/share,security_model=none"
+    -device "virtio-9p-pci,fsdev=hshare,mount_tag=harness,addr=0x4"
+    -netdev "stream,id=n0,server=off,addr.type=unix,addr.path=$NETSOCK"
+    -device "vmxnet3,netdev=n0,mac=$MAC,addr=0x5.0,multifunction=on,romfile="
+    -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$SOCK\"},\"addr\":\"0x5.1\",\"x-no-posted-writes\":true}"
+    -device "virtio-rng-pci,addr=0x6"
+    -serial "file:$D/console.log"
+    -pidfile "$D/qemu.pid"
+)
+printf '%q ' "$QEMU11" "${ARGS[@]}" > "$D/qemu.cmd"; echo >> "$D/qemu.cmd"
+setsid nohup timeout -k 10 "$LIFE" "$QEMU11" "${ARGS[@]}" > "$D/qemu.log" 2>&1 < /dev/null &
+echo $! > "$D/qemu-timeout.pid"
+QT=$!
+
+# ---- wait for the guest ----------------------------------------------------------------------
+end=$(( $(date +%s) + PV_BOOT_TIMEOUT ))
+while [ ! -e "$OUT/ready" ]; do
+    [ -e "$OUT/setup-failed" ] && fail_start "setup failed in the guest"
+    kill -0 "$QT" 2>/dev/null || fail_start "QEMU exited before the guest was ready"
+    daemon_pid "$N" > /dev/null || fail_start "the daemon exited before the guest was ready"
+    [ "$(date +%s)" -lt "$end" ] || fail_start "not ready within ${PV_BOOT_TIMEOUT}s"
+    sleep 0.2
+done
+. <(grep -E '^(RXE_DEV|RXE_GID_IDX|RXE_NETDEV)=' "$OUT/rxe.env")
+log "pv$N up: ip $IP dev ${RXE_DEV:-?} gid_idx ${RXE_GID_IDX:-?} netdev ${RXE_NETDEV:-?} ready in $(elapsed_since "$D/t_start")s;" \
+    "qemu pid $(qemu_pid "$N"), daemon pid $(daemon_pid "$N"), tap $TAP; lifetime ${LIFE}s; output in $OUT"
