@@ -239,8 +239,12 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut running = Vec::new();
     let mut failed = None;
+    // A device thread that stops says which it was here, then wakes the
+    // main thread (SIGUSR1).
+    let (done_tx, done_rx) = mpsc::channel::<String>();
     for spec in specs {
         let (tx, rx) = mpsc::channel();
+        let done = done_tx.clone();
         let stop = stop.clone();
         let limits = limits.clone();
         let name = spec.name.clone();
@@ -259,7 +263,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
                         }
                     };
                     let r = server.run(&stop).map_err(anyhow::Error::from);
-                    // Wakes the main thread to look at who stopped.
+                    let _ = done.send(spec.name.clone());
                     let _ = kill(getpid(), Signal::SIGUSR1);
                     r.with_context(|| format!("device {}", spec.name))
                 })?;
@@ -294,9 +298,10 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             eprintln!("vrdma serve: {sig}, stopping");
             stop.store(true, Ordering::Relaxed);
         }
+        let stopped: Vec<String> = done_rx.try_iter().collect();
         let (done, live): (Vec<_>, Vec<_>) = running
             .into_iter()
-            .partition(|r| r.thread.is_finished() || stop.load(Ordering::Relaxed));
+            .partition(|r| stopped.contains(&r.name) || stop.load(Ordering::Relaxed));
         running = live;
         for r in done {
             match r.thread.join() {
