@@ -3,20 +3,27 @@
 #   scripts/pvrdma-guest/smoke.sh          # ibv_devinfo, ibv_rc_pingpong both roles (~1-1.5 min)
 #   scripts/pvrdma-guest/smoke.sh --full   # also ud/srq pingpong, perftest's ib_*_bw/_lat, rping
 # Builds vrdma (unless PVRDMA_NO_BUILD=1) and the image (image.sh), boots rxe guest 1
-# (10.47.91.11, the rxe harness) and pvrdma guest 1 (10.47.91.21, start.sh), then in the
+# (10.47.91.11, the rxe harness, its own run folder target/pvrdma-guest/rxe-run) and pvrdma
+# guest 1 (10.47.91.21, start.sh), then in the
 # pvrdma guest: `ibv_devinfo -v` (the device listed, port ACTIVE), and ibv_rc_pingpong
 # against the rxe guest in both roles (-g: each side's RoCE v2 IPv4 GID index). Stops
 # everything it started, also on failure. Exit status: 0 all passed, 1 a check failed,
 # 125 the harness failed (build, boot). Logs and evidence: target/pvrdma-guest/smoke/.
 #   SMOKE_ITERS (100), SMOKE_SIZE (4096): the pingpongs' -n and -s; PVRDMA_LOG: the daemon's
 #   log filter (info; debug or trace for more); PVRDMA_SERVE_ARGS: more `vrdma serve` options;
-#   SMOKE_FORCE=1: stop a running rxe/pvrdma guest 1 (of these run folders) instead of refusing.
+#   SMOKE_RXE_ID (1): the rxe guest's index (the project's interop.sh and lossy.sh use 1 and 2);
+#   SMOKE_FORCE=1: stop a running rxe/pvrdma guest (of these run folders) instead of refusing.
 set -uo pipefail
+# the rxe guest's run folder is the smoke's own, so that its stop/start never touch the guests of
+# scripts/interop.sh or scripts/lossy.sh (target/rxe-run); RXE_RUN_DIR set by the caller wins
+export RXE_RUN_DIR="${RXE_RUN_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/target/pvrdma-guest/rxe-run}"
 . "$(dirname "$0")/config.sh"
 . "$PV_DIR/lib.sh"
 need_root
 FULL=0
-case "${1:-}" in --full) FULL=1 ;; "") ;; *) sed -n '2,14p' "$0"; exit 2 ;; esac
+case "${1:-}" in --full) FULL=1 ;; "") ;; *) sed -n '2,16p' "$0"; exit 2 ;; esac
+R=${SMOKE_RXE_ID:-1}          # the rxe guest: 10.47.91.(10+R), TAP rxetapR
+[[ "$R" =~ ^[1-8]$ ]] || { echo "SMOKE_RXE_ID must be 1..8" >&2; exit 2; }
 ITERS=${SMOKE_ITERS:-100}
 SIZE=${SMOKE_SIZE:-4096}
 LIFE=1800
@@ -34,8 +41,9 @@ say() { echo "smoke: $*" >&2; }
 
 # guest 1 of either harness may be someone else's: a TAP with carrier is held open by a QEMU or daemon
 in_use() { ip -n "$NS" -br link show "$1" 2>/dev/null | grep -q LOWER_UP; }
-if [ "${SMOKE_FORCE:-0}" != 1 ] && { in_use rxetap1 || in_use "$(pv_tap 1)" || qemu_pid 1 > /dev/null; }; then
-    say "rxe guest 1 (rxetap1) or pvrdma guest 1 ($(pv_tap 1)) is in use; stop it (or SMOKE_FORCE=1 to stop ours first)"
+if [ "${SMOKE_FORCE:-0}" != 1 ] && { in_use "rxetap$R" || in_use "$(pv_tap 1)" || qemu_pid 1 > /dev/null; }; then
+    say "rxe guest $R (rxetap$R) or pvrdma guest 1 ($(pv_tap 1)) is in use (scripts/interop.sh or lossy.sh running?);" \
+        "try SMOKE_RXE_ID=3, or stop it (SMOKE_FORCE=1 stops ours first)"
     exit 125
 fi
 if [ "${PVRDMA_NO_BUILD:-0}" != 1 ]; then
@@ -51,7 +59,7 @@ step "image.sh (+ rxe probe-accel)" "$(since "$t")"
 
 stop_all() {
     "$PV_DIR/stop.sh" -i 1 > "$OUT/stop-pv1.log" 2>&1
-    "$RXE/stop.sh" -i 1 > "$OUT/stop-rxe1.log" 2>&1
+    "$RXE/stop.sh" -i "$R" > "$OUT/stop-rxe$R.log" 2>&1
 }
 collect() {   # evidence of the pvrdma guest and its daemon, copied next to the smoke logs
     local d; d=$(guest_dir 1)
@@ -68,15 +76,15 @@ stop_all
 
 # ---- boot --------------------------------------------------------------------------------------
 t=$(now)
-"$RXE/start.sh" -i 1 -l $LIFE > "$OUT/start-rxe1.log" 2>&1 || { cat "$OUT/start-rxe1.log"; say "rxe guest 1 did not start"; exit 125; }
-ip -n "$NS" link set rxetap1 txqueuelen 10000
-step "rxe guest 1: start.sh until rxe0 ACTIVE" "$(since "$t")"
+"$RXE/start.sh" -i "$R" -l $LIFE > "$OUT/start-rxe$R.log" 2>&1 || { cat "$OUT/start-rxe$R.log"; say "rxe guest $R did not start"; exit 125; }
+ip -n "$NS" link set "rxetap$R" txqueuelen 10000
+step "rxe guest $R: start.sh until rxe0 ACTIVE" "$(since "$t")"
 t=$(now)
 "$PV_DIR/start.sh" -i 1 -l $LIFE > "$OUT/start-pv1.log" 2>&1 || { cat "$OUT/start-pv1.log"; say "pvrdma guest 1 did not start"; exit 125; }
 step "pvrdma guest 1: start.sh until port ACTIVE" "$(since "$t")"
-cat "$OUT/start-rxe1.log" "$OUT/start-pv1.log" >&2
+cat "$OUT/start-rxe$R.log" "$OUT/start-pv1.log" >&2
 PV_IP=$(pv_ip 1)
-RXE_IP=$NET_PREFIX.11
+RXE_IP=$NET_PREFIX.$((10 + R))
 FAILED=0
 
 # ---- ibv_devinfo -------------------------------------------------------------------------------
@@ -119,7 +127,7 @@ pair() {
     fi
 }
 PVX="$PV_DIR/exec.sh -i 1"
-RXX="$RXE/exec.sh -i 1"
+RXX="$RXE/exec.sh -i $R"
 # both roles: pvrdma server and rxe client, then rxe server and pvrdma client
 both() {   # NAME 'CMD': server CMD, client 'CMD SERVER_IP'
     pair "$1 pvrdma-server" "$PVX" "$RXX" "$2" "$2 $PV_IP"
