@@ -353,6 +353,27 @@ impl Context {
         Ok(p)
     }
 
+    /// Keeps the device answering after the work is done, until nothing
+    /// has arrived for `quiet` (at most `cap`): an RC peer whose last
+    /// message's ACK was lost resends it after its local ACK timeout, and
+    /// with nobody left to answer, a peer that retries for ever (rxe treats
+    /// retry_cnt 7 so) never finishes.
+    pub fn linger(&mut self, quiet: Duration, cap: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut last = start;
+        let mut seen = self.dev.engine().stats().rx_packets;
+        while last.elapsed() < quiet && start.elapsed() < cap {
+            self.progress()?;
+            let now = self.dev.engine().stats().rx_packets;
+            if now != seen {
+                seen = now;
+                last = Instant::now();
+            }
+            self.dev.wait(Duration::from_millis(5))?;
+        }
+        Ok(())
+    }
+
     /// Runs the device until at least one completion is there (or
     /// `limit` passes: then an empty slice) and returns them.
     pub fn poll(&mut self, limit: Duration) -> Result<&[Wc]> {

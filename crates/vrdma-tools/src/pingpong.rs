@@ -366,6 +366,11 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         }
     }
     let usec = start.elapsed().as_secs_f64() * 1e6;
+    if a.transport == Transport::Rc {
+        // The peer's last message may wait for an ACK that was lost: stay to
+        // answer its resend (four of its 67 ms ACK timeouts of quiet).
+        dev.linger(Duration::from_millis(270), Duration::from_secs(2))?;
+    }
     let bytes = u64::from(size) * u64::from(a.iters) * 2;
     println!(
         "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
