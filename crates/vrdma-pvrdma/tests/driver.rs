@@ -146,8 +146,8 @@ fn an_armed_cq_notifies_once_through_its_ring_and_vector_2() {
 
 #[test]
 fn a_device_reset_forgets_everything_the_guest_made() {
-    let d = Served::start("reset", || udp_function("127.0.9.50"));
-    let mut a = side(&d, "127.0.9.50");
+    let d = Served::start("reset", || udp_function("127.0.10.60"));
+    let mut a = side(&d, "127.0.10.60");
     a.g.write32(1, abi::reg::CTL, abi::reg::CTL_RESET);
     assert_eq!(a.g.read32(1, abi::reg::ERR), 0);
     // No shared region: a command is refused without reading the slot.
@@ -167,20 +167,20 @@ fn a_device_reset_forgets_everything_the_guest_made() {
 #[test]
 fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
     let da = Served::start("shared-a", || {
-        let mut f = udp_function("127.0.9.50");
+        let mut f = udp_function("127.0.10.50");
         f.share_doorbells().unwrap();
         f
     });
-    let db = Served::start("shared-b", || udp_function("127.0.9.51"));
-    let mut a = side(&da, "127.0.9.50");
-    let mut b = side(&db, "127.0.9.51");
+    let db = Served::start("shared-b", || udp_function("127.0.10.51"));
+    let mut a = side(&da, "127.0.10.50");
+    let mut b = side(&db, "127.0.10.51");
     assert!(
         b.g.map_doorbells(0x8000_0000).is_none(),
         "B traps its doorbells"
     );
     let bells = a.g.map_doorbells(0x8000_0000).expect("A's are shared");
-    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 50));
-    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 51));
+    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 50));
+    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 51));
     rc_up(&mut a.g, &a.qp, gb, b.qp.qpn, MAC_B);
     rc_up(&mut b.g, &b.qp, ga, a.qp.qpn, MAC_A);
     for i in 0..4 {
@@ -242,16 +242,16 @@ fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
 /// and found it full while the consumer index trailed the completion.
 #[test]
 fn a_slot_comes_back_when_its_wqe_is_taken() {
-    let da = Served::start("slot-a", || udp_function("127.0.9.52"));
-    let db = Served::start("slot-b", || udp_function("127.0.9.53"));
-    let mut a = side(&da, "127.0.9.52");
-    let mut b = side(&db, "127.0.9.53");
+    let da = Served::start("slot-a", || udp_function("127.0.10.52"));
+    let db = Served::start("slot-b", || udp_function("127.0.10.53"));
+    let mut a = side(&da, "127.0.10.52");
+    let mut b = side(&db, "127.0.10.53");
     let mut qa =
         a.g.create_qp(abi::qp_type::RC, a.pd, a.cq.handle, a.cq.handle, 1);
     let mut qb =
         b.g.create_qp(abi::qp_type::RC, b.pd, b.cq.handle, b.cq.handle, 1);
-    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 52));
-    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 53));
+    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 52));
+    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 53));
     rc_up(&mut a.g, &qa, gb, qb.qpn, MAC_B);
     rc_up(&mut b.g, &qb, ga, qa.qpn, MAC_A);
     for i in 0..20u64 {
