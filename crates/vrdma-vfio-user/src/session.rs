@@ -416,8 +416,12 @@ impl Session {
             offset: mmap.as_ref().map_or(0, |m| m.offset),
         };
         if argsz < full {
-            // Room for the fixed part only: say how much is needed.
+            // Room for the fixed part only: say how much is needed, and
+            // claim no capabilities in this reply (QEMU refuses one whose
+            // CAPS flag points inside the fixed part before it asks again
+            // with the room named here).
             ri.cap_offset = 0;
+            ri.flags &= !info::REGION_CAPS;
             return Ok(Reply {
                 bytes: proto::reply(h, &[ri.as_bytes()]),
                 fd: None,
@@ -756,6 +760,8 @@ mod tests {
         );
         assert!(small.fd.is_none());
         assert_eq!(small.bytes.len(), 16 + 32);
+        // No CAPS flag without the capabilities (QEMU refuses the reply).
+        assert_eq!(ri.flags & info::REGION_CAPS, 0);
         let full = ask(&mut s, &mut f, ri.argsz);
         let ri = RegionInfo::read_from_prefix(&full.bytes[16..]).unwrap().0;
         assert_eq!(ri.cap_offset, 32);
