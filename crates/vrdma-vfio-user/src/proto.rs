@@ -321,6 +321,15 @@ fn take<T: FromBytes>(payload: &[u8]) -> Result<T, Errno> {
         .map_err(|_| Errno::EINVAL)
 }
 
+/// A query's `argsz`: the room the client has for the reply (its request
+/// carries only the fixed part), at least the fixed part.
+fn room(argsz: u32, min: usize) -> Result<(), Errno> {
+    if (argsz as usize) < min {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
 /// Checks a command's `argsz` against the bytes it came with: at least
 /// the fixed part, and no more than the payload.
 fn argsz(argsz: u32, min: usize, payload: &[u8]) -> Result<(), Errno> {
@@ -365,12 +374,12 @@ pub fn parse<'a>(h: &Header, payload: &'a [u8]) -> Result<Request<'a>, Errno> {
         }
         cmd::DEVICE_GET_INFO => {
             let i: DeviceInfo = take(payload)?;
-            argsz(i.argsz, size_of::<DeviceInfo>(), payload)?;
+            room(i.argsz, size_of::<DeviceInfo>())?;
             Ok(Request::DeviceGetInfo { argsz: i.argsz })
         }
         cmd::DEVICE_GET_REGION_INFO => {
             let i: RegionInfo = take(payload)?;
-            argsz(i.argsz, size_of::<RegionInfo>(), payload)?;
+            room(i.argsz, size_of::<RegionInfo>())?;
             Ok(Request::RegionInfo {
                 argsz: i.argsz,
                 index: i.index,
@@ -378,7 +387,7 @@ pub fn parse<'a>(h: &Header, payload: &'a [u8]) -> Result<Request<'a>, Errno> {
         }
         cmd::DEVICE_GET_IRQ_INFO => {
             let i: IrqInfo = take(payload)?;
-            argsz(i.argsz, size_of::<IrqInfo>(), payload)?;
+            room(i.argsz, size_of::<IrqInfo>())?;
             Ok(Request::IrqInfo {
                 argsz: i.argsz,
                 index: i.index,

@@ -264,9 +264,8 @@ impl Guest {
             size: 0,
             offset: 0,
         };
-        // As QEMU sends it: the message as long as the room asked for.
-        let mut payload = ri.as_bytes().to_vec();
-        payload.resize(ri.argsz as usize, 0);
+        // As QEMU sends it: the fixed part, argsz the room for the reply.
+        let payload = ri.as_bytes().to_vec();
         let h = Header {
             id: self.id,
             command: vcmd::DEVICE_GET_REGION_INFO,
