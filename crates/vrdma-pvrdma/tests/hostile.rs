@@ -1350,6 +1350,10 @@ fn wqes_and_buffers_rewritten_after_the_doorbell() {
     let done = loop {
         k = k % 8 + 1;
         a.g.put(src, &patterns[k]);
+        // The rewriting paced (a millisecond a pass): a loop with no pause
+        // took a core from the two device threads on a 2-core machine with
+        // the other tests running, and the WRITE ran out of retries.
+        std::thread::sleep(Duration::from_millis(1));
         let c = a.g.poll(&mut a.cq);
         if let Some(c) = c.first() {
             break *c;
