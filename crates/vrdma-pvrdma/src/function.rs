@@ -264,10 +264,9 @@ impl<T: Transport> Pvrdma<T> {
         let Some(d) = self.doorbell_pages.as_ref() else {
             return;
         };
-        let pages: BTreeSet<u32> = std::iter::once(0)
-            .chain(self.ucs.values().copied())
-            .collect();
-        for page in pages {
+        // Page 0 is the kernel's; a user context's page is never 0 and
+        // never another's (CREATE_UC checks both): no page twice.
+        for page in std::iter::once(0).chain(self.ucs.values().copied()) {
             for offset in [uar::QP_OFFSET, uar::SRQ_OFFSET] {
                 if d.take(page, offset) != 0 {
                     self.stats.doorbells += 1;
