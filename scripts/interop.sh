@@ -43,20 +43,8 @@ trap '"$H/stop.sh" -i 1 > /dev/null 2>&1; ip -n $NS link set rxebr0 mtu 1500 2> 
 pass=0
 failed=()
 
-# Wireshark's heuristics for protocols carried over RDMA (RPC-over-RDMA,
-# SMB Direct, ...) parse the pingpong's bytes as theirs and call them
-# malformed (rxe's own packets too): the payload is opaque here, so those
-# protocols are switched off (one --disable-protocol each; only names
-# tshark knows as protocols).
-OPAQUE=()
-PROTOCOLS=$(tshark -G protocols 2> /dev/null | cut -f3)
-for p in $(tshark -G heuristic-decodes 2> /dev/null | awk '$1 == "infiniband.payload" { print $2 }'); do
-    if grep -qx -- "$p" <<< "$PROTOCOLS"; then OPAQUE+=(--disable-protocol "$p"); fi
-done
-[ ${#OPAQUE[@]} -gt 0 ] || { echo "tshark knows no RDMA payload protocols?" >&2; exit 125; }
-# Nor is the payload an Ethernet frame: the EtherType guess turns random
-# bytes into malformed VLAN or LOOP frames.
-OPAQUE+=(-o infiniband.identify_payload:FALSE)
+. "$ROOT/scripts/lib/pcap.sh"
+pcap_init || exit 125
 
 # Waits for a background guest job (exec.sh -b prefix) to finish; its rc.
 job_rc() {
@@ -66,27 +54,6 @@ job_rc() {
         sleep 0.2
     done
     echo timeout
-}
-
-# Checks a capture: vrdma decode (every packet well formed, good ICRC) and
-# tshark (RoCE dissected, nothing malformed).
-check_capture() {
-    local pcap=$1 name=$2
-    "$VRDMA" decode "$pcap" > "$OUT/$name.decode" 2>&1 || {
-        echo "  vrdma decode rejected $pcap"
-        return 1
-    }
-    # Wireshark's heuristics for protocols carried over RDMA (RPC-over-RDMA,
-    # SMB Direct, ...) would parse the pingpong's bytes as theirs and call
-    # them malformed (rxe's own packets too): the payload is opaque here.
-    local packets bad
-    packets=$(tshark "${OPAQUE[@]}" -r "$pcap" -Y "infiniband" 2> /dev/null | wc -l)
-    bad=$(tshark "${OPAQUE[@]}" -r "$pcap" -Y "_ws.malformed || _ws.expert.severity == error" \
-        2> /dev/null | wc -l)
-    [ "$packets" -gt 0 ] && [ "$bad" -eq 0 ] || {
-        echo "  tshark: $packets RoCE packets, $bad malformed or in error"
-        return 1
-    }
 }
 
 # run NAME RXE_CMD VRDMA_ARGS: both roles.
@@ -118,7 +85,7 @@ run() {
             wait $pid || ok=0
         fi
         "$H/capture.sh" stop "$pcap" > /dev/null 2>&1
-        check_capture "$pcap" "$tag" || ok=0
+        pcap_check "$VRDMA" "$pcap" "$OUT/$tag" || ok=0
         if [ $ok = 1 ]; then
             pass=$((pass + 1))
             echo "ok    $tag"

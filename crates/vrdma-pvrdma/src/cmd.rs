@@ -130,6 +130,12 @@ fn access(v: u32) -> Access {
 impl<T: Transport> Pvrdma<T> {
     /// Runs one command (`req` is the slot's copy).
     pub(crate) fn command(&mut self, bus: &mut Bus<'_>, req: &[u8]) -> Result<Done, Failure> {
+        // The answers to packets already received (the engine sends them
+        // in its next round) go out before the command acts: the guest may
+        // have read a message's completion and be destroying its QP, which
+        // would take the message's ACK with it and leave the peer resending
+        // into the void (ibv_rc_pingpong's client does exactly that).
+        self.device.send_pending();
         let hdr: abi::CmdHdr = decode(req);
         let code = hdr.cmd.get();
         let key = hdr.response.get();

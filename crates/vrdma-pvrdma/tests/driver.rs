@@ -278,3 +278,63 @@ fn a_slot_comes_back_when_its_wqe_is_taken() {
         assert_eq!(b.g.poll_n(&mut b.cq, 1)[0].wr_id.get(), i);
     }
 }
+
+/// The ACK of a message whose completion the guest has read goes out
+/// before the guest's next command acts: ibv_rc_pingpong's client reads
+/// its last receive and destroys its QP at once; a device that took the
+/// DESTROY_QP in the turn that received the message, before sending that
+/// turn's answers, lost the ACK, and the peer (rxe, whose retry_cnt 7 is
+/// infinite) resent its last SEND for ever.
+#[test]
+fn a_destroy_qp_does_not_take_the_ack_of_a_message_just_received() {
+    let da = Served::start("ack-a", || udp_function("127.0.10.54"));
+    let db = Served::start("ack-b", || udp_function("127.0.10.55"));
+    let mut a = side(&da, "127.0.10.54");
+    let mut b = side(&db, "127.0.10.55");
+    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 54));
+    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 55));
+    rc_up(&mut a.g, &a.qp, gb, b.qp.qpn, MAC_B);
+    rc_up(&mut b.g, &b.qp, ga, a.qp.qpn, MAC_A);
+    b.g.post_recv(&mut b.qp, 5, &[sge(b.buf, 64, b.lkey)]);
+
+    // B stops between turns; A's SEND reaches B's socket, and so does B's
+    // DESTROY_QP (the slot filled, the REQUEST write sent, not yet taken).
+    db.pause();
+    let sent = da.counter_when("engine.tx_packets", |_| true);
+    a.g.post_send(
+        &mut a.qp,
+        &wqe(9, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(a.buf, 64, a.lkey)],
+    );
+    assert_eq!(
+        da.counter_when("engine.tx_packets", |n| n > sent),
+        sent + 1,
+        "A sent its SEND"
+    );
+    let slot = {
+        let req = abi::Handle {
+            hdr: hdr(abi::cmd::DESTROY_QP),
+            handle: b.qp.handle.into(),
+            reserved: [0; 4],
+        };
+        let mut s = vec![0u8; abi::MAX_REQUEST];
+        s[..std::mem::size_of::<abi::Handle>()].copy_from_slice(zerocopy::IntoBytes::as_bytes(&req));
+        s
+    };
+    b.g.put(b.g.cmd_slot, &slot);
+    b.g.start_write32(1, abi::reg::REQUEST, 0);
+    // One turn takes both: the SEND (its completion written) and then the
+    // command.
+    db.step();
+    db.resume();
+    b.g.finish_write();
+    assert_eq!(b.g.read32(1, abi::reg::ERR), 0, "DESTROY_QP");
+    let got = b.g.poll_n(&mut b.cq, 1);
+    assert_eq!((got.len(), got[0].wr_id.get(), got[0].status.get()), (1, 5, 0));
+
+    // A's SEND is acknowledged: no retries into a QP that is gone.
+    let done = a.g.poll_n(&mut a.cq, 1);
+    assert_eq!(done.len(), 1, "A's SEND completed");
+    assert_eq!((done[0].wr_id.get(), done[0].status.get()), (9, 0));
+    assert_eq!(da.counter_when("engine.tx_retransmitted", |_| true), 0);
+}

@@ -14,7 +14,7 @@ use std::{
     },
     path::{Path, PathBuf},
     sync::{
-        Arc, Mutex,
+        Arc, Condvar, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
@@ -52,6 +52,19 @@ pub struct Served {
     /// The face's counters and the clients served, as of the device
     /// thread's last turn.
     snapshot: Arc<Mutex<(FaceStats, u64)>>,
+    /// The device's counters by name (`vrdma stat`'s), as of its last turn.
+    counters: Arc<Mutex<Vec<(String, u64)>>>,
+    gate: Arc<(Mutex<Gate>, Condvar)>,
+}
+
+/// Holds the device thread between turns (for a test that needs two inputs
+/// taken in one turn): `paused` stops it before its next turn, `steps`
+/// lets it take that many; `parked` says it is waiting.
+#[derive(Default)]
+struct Gate {
+    paused: bool,
+    steps: u32,
+    parked: bool,
 }
 
 impl Served {
@@ -67,16 +80,33 @@ impl Served {
         let s = stop.clone();
         let snapshot = Arc::new(Mutex::new((FaceStats::default(), 0)));
         let snap = snapshot.clone();
+        let counters = Arc::new(Mutex::new(Vec::new()));
+        let count = counters.clone();
+        let gate = Arc::new((Mutex::new(Gate::default()), Condvar::new()));
+        let gated = gate.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let path = socket.clone();
         let name = name.to_owned();
         let thread = std::thread::spawn(move || {
             let mut server = Server::bind(&path, make(), &name).unwrap();
             tx.send(()).unwrap();
-            // Server::run's loop, with the counters copied out each turn.
+            // Server::run's loop, with the counters copied out each turn,
+            // and held at the gate while a test pauses it.
             while !s.load(Ordering::Relaxed) {
+                {
+                    let (m, cv) = &*gated;
+                    let mut g = m.lock().unwrap();
+                    while g.paused && g.steps == 0 && !s.load(Ordering::Relaxed) {
+                        g.parked = true;
+                        cv.notify_all();
+                        g = cv.wait_timeout(g, Duration::from_millis(20)).unwrap().0;
+                    }
+                    g.parked = false;
+                    g.steps = g.steps.saturating_sub(1);
+                }
                 server.turn().unwrap();
                 *snap.lock().unwrap() = (server.function().stats(), server.clients);
+                *count.lock().unwrap() = server.function().counters();
             }
         });
         rx.recv().unwrap();
@@ -85,6 +115,56 @@ impl Served {
             stop,
             thread: Some(thread),
             snapshot,
+            counters,
+            gate,
+        }
+    }
+
+    /// Stops the device thread before its next turn; returns once it waits
+    /// there (a turn under way ends first).
+    pub fn pause(&self) {
+        let (m, cv) = &*self.gate;
+        let mut g = m.lock().unwrap();
+        g.paused = true;
+        while !g.parked {
+            g = cv.wait(g).unwrap();
+        }
+    }
+
+    /// Lets a paused device take one turn; returns when it has.
+    pub fn step(&self) {
+        let (m, cv) = &*self.gate;
+        let mut g = m.lock().unwrap();
+        assert!(g.paused, "step() needs pause() first");
+        g.steps += 1;
+        g.parked = false;
+        cv.notify_all();
+        while !(g.parked && g.steps == 0) {
+            g = cv.wait(g).unwrap();
+        }
+    }
+
+    pub fn resume(&self) {
+        let (m, cv) = &*self.gate;
+        m.lock().unwrap().paused = false;
+        cv.notify_all();
+    }
+
+    /// The device counter `name` once `ok` holds for it (2 s at most).
+    pub fn counter_when(&self, name: &str, ok: impl Fn(u64) -> bool) -> u64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let v = self
+                .counters
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(k, _)| k == name)
+                .map_or(0, |&(_, n)| n);
+            if ok(v) || std::time::Instant::now() >= deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 
@@ -342,6 +422,38 @@ impl Guest {
         .to_vec();
         p.extend_from_slice(data);
         self.ok(vcmd::REGION_WRITE, &p, &[]);
+    }
+
+    /// A 32-bit register write sent without waiting for the device's reply
+    /// (which [`Guest::finish_write`] takes): as a vCPU's store that the
+    /// device has not handled yet.
+    pub fn start_write32(&mut self, region: u32, off: u64, v: u32) {
+        self.id = self.id.wrapping_add(1);
+        let mut p = RegionAccess {
+            offset: off,
+            region,
+            count: 4,
+        }
+        .as_bytes()
+        .to_vec();
+        p.extend_from_slice(&v.to_le_bytes());
+        let h = Header {
+            id: self.id,
+            command: vcmd::REGION_WRITE,
+            size: (proto::HEADER_LEN + p.len()) as u32,
+            flags: 0,
+            error: 0,
+        };
+        let mut msg = h.as_bytes().to_vec();
+        msg.extend_from_slice(&p);
+        self.conn.send(&msg, &[]).unwrap();
+    }
+
+    /// The reply to [`Guest::start_write32`]'s write.
+    pub fn finish_write(&mut self) {
+        let r = self.conn.receive().unwrap().expect("a reply");
+        assert_eq!(r.header.id, self.id);
+        assert_eq!(r.header.flags & flags::ERROR, 0, "write: error {}", r.header.error);
     }
 
     /// A 32-bit register write, waiting for the device to take it.

@@ -1,0 +1,37 @@
+# Checks a RoCEv2 capture two ways: `vrdma decode` (every packet well formed, ICRC good) and
+# tshark (RoCE dissected, nothing malformed or in error). Sourced by scripts/interop.sh and
+# scripts/pvrdma-guest/matrix.sh:
+#   pcap_init                      once: finds tshark's RDMA-payload heuristics (needs tshark)
+#   pcap_check VRDMA PCAP PREFIX   writes PREFIX.decode; 0 clean, 1 with a line saying why
+
+# Wireshark's heuristics for protocols carried over RDMA (RPC-over-RDMA, SMB Direct, ...) parse
+# the tests' bytes as theirs and call them malformed (rxe's own packets too): the payload is
+# opaque here, so those protocols are switched off (one --disable-protocol each; only names
+# tshark knows as protocols). Nor is the payload an Ethernet frame: the EtherType guess turns
+# random bytes into malformed VLAN or LOOP frames.
+PCAP_OPAQUE=()
+pcap_init() {
+    local protocols p
+    protocols=$(tshark -G protocols 2> /dev/null | cut -f3)
+    PCAP_OPAQUE=()
+    for p in $(tshark -G heuristic-decodes 2> /dev/null | awk '$1 == "infiniband.payload" { print $2 }'); do
+        if grep -qx -- "$p" <<< "$protocols"; then PCAP_OPAQUE+=(--disable-protocol "$p"); fi
+    done
+    [ ${#PCAP_OPAQUE[@]} -gt 0 ] || { echo "tshark knows no RDMA payload protocols?" >&2; return 1; }
+    PCAP_OPAQUE+=(-o infiniband.identify_payload:FALSE)
+}
+
+pcap_check() {
+    local vrdma=$1 pcap=$2 prefix=$3 packets bad
+    "$vrdma" decode "$pcap" > "$prefix.decode" 2>&1 || {
+        echo "  vrdma decode rejected $pcap (see $prefix.decode)"
+        return 1
+    }
+    packets=$(tshark "${PCAP_OPAQUE[@]}" -r "$pcap" -Y "infiniband" 2> /dev/null | wc -l)
+    bad=$(tshark "${PCAP_OPAQUE[@]}" -r "$pcap" -Y "_ws.malformed || _ws.expert.severity == error" \
+        2> /dev/null | wc -l)
+    [ "$packets" -gt 0 ] && [ "$bad" -eq 0 ] || {
+        echo "  tshark: $packets RoCE packets, $bad malformed or in error ($pcap)"
+        return 1
+    }
+}

@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# The interop matrix of a Linux guest on a vrdma PVRDMA device (pvrdma guest 1, 10.47.91.21):
+# every test in both roles against each peer, every exchange captured on the guest's uplink
+# (vrdtap1) and decoded clean by `vrdma decode` and tshark.
+#   scripts/pvrdma-guest/matrix.sh           # the whole matrix (about 20 minutes under TCG)
+#   scripts/pvrdma-guest/matrix.sh --quick   # CI's subset (about 4 minutes): below
+# Peers (MATRIX_PEERS, default "rxe host pvrdma"):
+#   rxe     a guest on the kernel's rxe (rxe harness guest MATRIX_RXE_ID, default 1: 10.47.91.11,
+#           in the smoke's run folder target/pvrdma-guest/rxe-run)
+#   host    `vrdma pingpong` / `vrdma perf` on the host side of the namespace (10.47.91.1)
+#   pvrdma  a second guest on vrdma (pvrdma guest 2, 10.47.91.22, its own `vrdma serve`)
+# Tests (MTU 1024, the guest's active MTU): ibv_rc_pingpong 1 B, 4 KiB, 1 MiB; ibv_ud_pingpong
+# 1 B, 1 KiB; perftest ib_{write,read,send}_{bw,lat} 1 B and 1 MiB, ib_atomic_{bw,lat}; against
+# rxe and pvrdma also rping and ib_write_bw -R (both over rdma_cm; the host tools have no CM).
+# --quick: ibv_devinfo, rc_pingpong 4 KiB with each peer, ib_write_bw 1 MiB with the host,
+# rping with the second guest, ib_write_bw -R with rxe; both roles each.
+# MATRIX_ONLY=REGEX runs the tests whose tag (test.peer.role) matches. Builds vrdma unless
+# PVRDMA_NO_BUILD=1. Exit: the number of failed pairs (0: all passed), 125 the harness failed.
+# Logs, captures, decodes: target/pvrdma-guest/matrix/ (summary.txt: one line a pair).
+set -uo pipefail
+export RXE_RUN_DIR="${RXE_RUN_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/target/pvrdma-guest/rxe-run}"
+. "$(dirname "$0")/config.sh"
+. "$PV_DIR/lib.sh"
+. "$PROJECT_ROOT/scripts/lib/pcap.sh"
+need_root
+QUICK=0
+case "${1:-}" in --quick) QUICK=1 ;; "") ;; *) sed -n '2,20p' "$0"; exit 2 ;; esac
+PEERS=${MATRIX_PEERS:-rxe host pvrdma}
+R=${MATRIX_RXE_ID:-1}
+[[ "$R" =~ ^[1-8]$ ]] || { echo "MATRIX_RXE_ID must be 1..8" >&2; exit 2; }
+RXE=$RXE_HARNESS
+OUT=$PV_CACHE/matrix
+LIFE=3600
+MTU=1024
+rm -rf "$OUT"; mkdir -p "$OUT"
+say() { echo "matrix: $*" >&2; }
+has_peer() { [[ " $PEERS " == *" $1 "* ]]; }
+
+[ -x "$RXE/start.sh" ] || { say "no rxe harness at $RXE"; exit 125; }
+command -v tshark > /dev/null || "$PROJECT_ROOT/scripts/setup.sh" || exit 125
+pcap_init || exit 125
+if [ "${PVRDMA_NO_BUILD:-0}" != 1 ]; then
+    cargo build --release --locked -p vrdma --manifest-path "$PROJECT_ROOT/Cargo.toml" > "$OUT/build.log" 2>&1 \
+        || { tail -30 "$OUT/build.log"; exit 125; }
+fi
+"$PV_DIR/image.sh" > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
+timeout 120 "$RXE/probe-accel.sh" >> "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
+
+# ---- guests ------------------------------------------------------------------------------------
+in_use() { ip -n "$NS" -br link show "$1" 2>/dev/null | grep -q LOWER_UP; }
+for t in "rxetap$R" "$(pv_tap 1)" "$(pv_tap 2)"; do
+    if in_use "$t" && [ "${MATRIX_FORCE:-0}" != 1 ]; then
+        say "$t is in use (another suite running?); MATRIX_FORCE=1 stops this suite's guests first"
+        exit 125
+    fi
+done
+stop_all() {
+    "$PV_DIR/stop.sh" -i 1 > "$OUT/stop-pv1.log" 2>&1
+    "$PV_DIR/stop.sh" -i 2 > "$OUT/stop-pv2.log" 2>&1
+    "$RXE/stop.sh" -i "$R" > "$OUT/stop-rxe.log" 2>&1
+}
+collect() {   # the daemons' counters and the guests' kernel logs, beside the results
+    local n d
+    for n in 1 2; do
+        d=$(guest_dir "$n")
+        [ -d "$d" ] || continue
+        daemon_pid "$n" > /dev/null && timeout 10 "$VRDMA" stat --all "pvrdma-g$n" > "$OUT/stat-pv$n.txt" 2>&1
+        cp "$d/daemon.log" "$OUT/daemon-pv$n.log" 2>/dev/null
+        cp "$d/share/out/dmesg.log" "$OUT/dmesg-pv$n.log" 2>/dev/null
+    done
+    return 0
+}
+trap 'collect; stop_all' EXIT
+stop_all
+if has_peer rxe; then
+    "$RXE/start.sh" -i "$R" -l $LIFE > "$OUT/start-rxe.log" 2>&1 || { cat "$OUT/start-rxe.log"; say "rxe guest $R did not start"; exit 125; }
+    ip -n "$NS" link set "rxetap$R" txqueuelen 10000
+fi
+"$PV_DIR/start.sh" -i 1 -l $LIFE > "$OUT/start-pv1.log" 2>&1 || { cat "$OUT/start-pv1.log"; say "pvrdma guest 1 did not start"; exit 125; }
+if has_peer pvrdma; then
+    "$PV_DIR/start.sh" -i 2 -l $LIFE > "$OUT/start-pv2.log" 2>&1 || { cat "$OUT/start-pv2.log"; say "pvrdma guest 2 did not start"; exit 125; }
+fi
+cat "$OUT"/start-*.log >&2
+
+# ---- sides: where a command runs, and the address its peer uses ---------------------------------
+ip_of() {
+    case $1 in
+        pv*) pv_ip "${1#pv}" ;;
+        rxe) echo "$NET_PREFIX.$((10 + R))" ;;
+        host) echo "$HOST_IP" ;;
+    esac
+}
+# side_bg SIDE CMD: starts CMD; prints a handle for side_wait
+side_bg() {
+    case $1 in
+        pv*) "$PV_DIR/exec.sh" -i "${1#pv}" -t 240 -b "$2" ;;
+        rxe) "$RXE/exec.sh" -i "$R" -t 240 -b "$2" | tail -1 ;;
+        host)
+            local f; f=$OUT/host.$(date +%s%N)
+            # shellcheck disable=SC2086 # $2: the tool's arguments
+            # (its output not the caller's: $(side_bg ...) would wait for it)
+            ( timeout 240 ip netns exec "$NS" "$VRDMA" $2 --timeout 120 > "$f.stdout" 2> "$f.stderr"
+              echo $? > "$f.rc" ) < /dev/null > /dev/null 2>&1 &
+            echo "$f" ;;
+    esac
+}
+# side_wait HANDLE SECONDS: waits for the command; prints its rc (or "timeout")
+side_wait() {
+    local h=$1 t=$2 i
+    for ((i = 0; i < t * 5; i++)); do
+        [ -s "$h.rc" ] && { cat "$h.rc"; return; }
+        sleep 0.2
+    done
+    echo timeout
+}
+# side_listening SIDE KIND PORT: waits (30 s) until the server listens: on TCP PORT (the tools'
+# exchange) or, KIND cm, on rdma_cm's PORT
+side_listening() {
+    local side=$1 kind=$2 port=$3 i
+    if [ "$kind" = cm ]; then
+        local w="for i in \$(seq 150); do rdma res show cm_id 2>/dev/null | grep -q 'state LISTEN.*:$port\\b' && exit 0; sleep 0.2; done; exit 1"
+        case $side in
+            pv*) "$PV_DIR/exec.sh" -i "${side#pv}" -t 40 "$w" ;;
+            rxe) "$RXE/exec.sh" -i "$R" -t 40 "$w" ;;
+        esac
+        return
+    fi
+    case $side in
+        pv*) "$PV_DIR/exec.sh" -i "${side#pv}" -t 40 "wait-listen $port 30" ;;
+        rxe) "$RXE/exec.sh" -i "$R" -t 40 "wait-listen $port 30" ;;
+        host)
+            for ((i = 0; i < 300; i++)); do
+                ip netns exec "$NS" ss -Hltn "sport = :$port" | grep -q . && return 0
+                sleep 0.1
+            done
+            return 1 ;;
+    esac
+}
+
+PASS=0
+FAILED=()
+summary() { printf '%-52s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
+
+# pair TAG SERVER CLIENT 'SERVER_CMD' 'CLIENT_CMD' KIND PORT: the server's command on SERVER,
+#   then, once it listens, the client's on CLIENT followed by the server's address; the capture
+#   on pv1's uplink is checked after both have ended
+pair() {
+    local tag=$1 s=$2 c=$3 scmd=$4 ccmd=$5 kind=$6 port=$7 hs hc src crc ok=1 m why=""
+    [[ -n ${MATRIX_ONLY:-} && ! $tag =~ $MATRIX_ONLY ]] && return
+    local pcap=$OUT/$tag.pcap t0; t0=$(date +%s.%N)
+    "$RXE/capture.sh" start "$pcap" "$(pv_tap 1)" > /dev/null 2>&1 || { summary "$tag" "FAIL (capture did not start)"; FAILED+=("$tag"); return; }
+    hs=$(side_bg "$s" "$scmd") || ok=0
+    side_listening "$s" "$kind" "$port" > "$OUT/$tag.listen" 2>&1 || why+=" server not listening;"
+    hc=$(side_bg "$c" "$ccmd $(ip_of "$s")") || ok=0
+    crc=$(side_wait "$hc" 200)
+    src=$(side_wait "$hs" 60)
+    "$RXE/capture.sh" stop "$pcap" > /dev/null 2>&1
+    { echo "== server ($s, rc $src): $scmd"; cat "$hs.stdout" "$hs.stderr"
+      echo "== client ($c, rc $crc): $ccmd $(ip_of "$s")"; cat "$hc.stdout" "$hc.stderr"; } > "$OUT/$tag.log" 2>&1
+    [ "$src" = 0 ] || { ok=0; why+=" server rc $src;"; }
+    [ "$crc" = 0 ] || { ok=0; why+=" client rc $crc;"; }
+    if ! pcap_check "$VRDMA" "$pcap" "$OUT/$tag" > "$OUT/$tag.pcapcheck" 2>&1; then
+        ok=0; why+=" $(head -1 "$OUT/$tag.pcapcheck" | sed 's/^ *//');"
+    fi
+    m=$(grep -hoE '[0-9.]+ usec/iter' "$hc.stdout" "$hs.stdout" 2>/dev/null | head -1)
+    [ -n "$m" ] || m=$(grep -hE '^ *[0-9]+ +[0-9]+ +[0-9.]+' "$hc.stdout" 2>/dev/null | tail -1 | awk '{$1=$1; print}')
+    local secs; secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+    if [ $ok = 1 ]; then
+        PASS=$((PASS + 1)); summary "$tag" "ok   ${secs}s  $(grep -c . "$OUT/$tag.decode") pkts  ${m}"
+    else
+        FAILED+=("$tag"); summary "$tag" "FAIL ${secs}s ${why} (logs: $OUT/$tag.*)"
+    fi
+}
+
+# run NAME PEER 'GUEST_CMD' 'HOST_ARGS' [KIND PORT]: both roles of pv1 against PEER. A guest
+#   peer runs GUEST_CMD as pv1 does ('SERVER_CMD|CLIENT_CMD' when they differ; the client's gets
+#   the server's address appended); the host runs `vrdma HOST_ARGS` ('-': no host version)
+run() {
+    local name=$1 peer=$2 g=$3 h=$4 kind=${5:-tcp} port=${6:-18515} side gs gc hs hc
+    has_peer "$peer" || return
+    gs=${g%%|*}; gc=${g#*|}
+    case $peer in
+        rxe) side=rxe; hs=$gs; hc=$gc ;;
+        pvrdma) side=pv2; hs=$gs; hc=$gc ;;
+        host) side=host; hs=$h; hc=$h; [ "$h" = - ] && return ;;
+    esac
+    pair "$name.$peer.pv1-server" pv1 "$side" "$gs" "$hc" "$kind" "$port"
+    pair "$name.$peer.$peer-server" "$side" pv1 "$hs" "$gc" "$kind" "$port"
+}
+
+# ---- the device as the guest sees it ------------------------------------------------------------
+"$PV_DIR/exec.sh" -i 1 -t 60 'ibv_devinfo -v' > "$OUT/devinfo.txt" 2>&1
+if grep -qE '^hca_id:[[:space:]]+vmw_pvrdma' "$OUT/devinfo.txt" && grep -q PORT_ACTIVE "$OUT/devinfo.txt"; then
+    PASS=$((PASS + 1)); summary "ibv_devinfo.pv1" "ok   (vmw_pvrdma, PORT_ACTIVE)"
+else
+    FAILED+=(ibv_devinfo.pv1); summary "ibv_devinfo.pv1" "FAIL (see $OUT/devinfo.txt)"
+fi
+
+G='-d $RXE_DEV -g $RXE_GID_IDX'        # rdma-core's pingpongs: the RoCE v2 IPv4 GID
+P='-d $RXE_DEV -x $RXE_GID_IDX -F'     # perftest
+CM_WRITE="ib_write_bw -d \$RXE_DEV -R -F -s 65536 -n 100"
+RPING='rping -s -v -C 10 -a $GUEST_IP|rping -c -v -C 10 -a'   # server on its own address
+for peer in $PEERS; do
+    if [ $QUICK = 1 ]; then
+        run rc.s4096 "$peer" "ibv_rc_pingpong $G -m $MTU -s 4096 -n 100" "pingpong rc -m $MTU -s 4096 -n 100"
+        [ "$peer" = host ] && run write_bw.s1048576 host "ib_write_bw $P -m $MTU -s 1048576 -n 5" \
+            "perf write_bw -m $MTU -s 1048576 -n 5"
+        [ "$peer" = pvrdma ] && run rping pvrdma "$RPING" - cm 7174
+        [ "$peer" = rxe ] && run write_bw_cm rxe "$CM_WRITE" - cm 18515
+        continue
+    fi
+    for spec in "1 100" "4096 100" "1048576 5"; do
+        read -r size n <<< "$spec"
+        run "rc.s$size" "$peer" "ibv_rc_pingpong $G -m $MTU -s $size -n $n" "pingpong rc -m $MTU -s $size -n $n"
+    done
+    for size in 1 1024; do
+        run "ud.s$size" "$peer" "ibv_ud_pingpong $G -s $size -n 100" "pingpong ud -s $size -n 100"
+    done
+    for spec in "write_bw 1 100" "write_bw 1048576 5" "read_bw 1 100" "read_bw 1048576 5" \
+        "send_bw 1 100" "send_bw 1048576 5" "atomic_bw 8 100" \
+        "write_lat 1 100" "write_lat 1048576 5" "read_lat 1 100" "read_lat 1048576 5" \
+        "send_lat 1 100" "send_lat 1048576 5" "atomic_lat 8 100"; do
+        read -r t size n <<< "$spec"
+        s="-s $size"; [[ $t == atomic* ]] && s=""
+        run "$t.s$size" "$peer" "ib_$t $P -m $MTU $s -n $n" "perf $t -m $MTU $s -n $n"
+    done
+    [ "$peer" = host ] && continue
+    run rping "$peer" "$RPING" - cm 7174
+    run write_bw_cm "$peer" "$CM_WRITE" - cm 18515
+done
