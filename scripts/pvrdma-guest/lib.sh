@@ -37,7 +37,7 @@ elapsed_since() {  # seconds since the float timestamp in file $1
 }
 
 # teardown N: the guest (asked to power off when POLITE=1), its daemon, their timeout(1)
-#   wrappers (all by the PIDs recorded in run/gN, each checked) and its TAP
+#   wrappers (all by the PIDs recorded in run/gN, each checked) and its TAP (PV_KEEP_TAP=1: not)
 teardown() {
     local n="$1" polite="${2:-0}" d p i; d=$(guest_dir "$n")
     if p=$(qemu_pid "$n"); then
@@ -55,7 +55,9 @@ teardown() {
         stop_pid "$p" 5
     fi
     p=$(alive_pid "$d/daemon-timeout.pid" "$d/vfio.sock") && stop_pid "$p" 2
-    if ip netns list 2>/dev/null | grep -qw "^$NS" && ip -n "$NS" link show "$(pv_tap "$n")" > /dev/null 2>&1; then
+    # (an external daemon's TAP, start.sh -x, is the daemon's: it outlives the guest)
+    if [ "${PV_KEEP_TAP:-0}" != 1 ] && [ ! -e "$d/external" ] \
+        && ip netns list 2>/dev/null | grep -qw "^$NS" && ip -n "$NS" link show "$(pv_tap "$n")" > /dev/null 2>&1; then
         ip -n "$NS" link del "$(pv_tap "$n")"
     fi
     return 0

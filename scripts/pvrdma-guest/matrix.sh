@@ -228,3 +228,8 @@ for peer in $PEERS; do
     run rping "$peer" "$RPING" - cm 7174
     run write_bw_cm "$peer" "$CM_WRITE" - cm 18515
 done
+
+collect
+echo "matrix: $PASS passed, ${#FAILED[@]} failed (summary: $OUT/summary.txt)"
+for f in "${FAILED[@]}"; do echo "  FAIL $f"; done
+exit ${#FAILED[@]}

@@ -1,26 +1,29 @@
 #!/usr/bin/env bash
 # Boot pvrdma guest N in the background; return once its vmw_pvrdma port is ACTIVE with a
 # RoCE v2 IPv4 GID and CMD (default: true) has been started in it.
-#   scripts/pvrdma-guest/start.sh -i N [-l LIFETIME_S] ['CMD']
+#   scripts/pvrdma-guest/start.sh -i N [-l LIFETIME_S] [-x DIR] ['CMD']
 # Guest N (1..8): IP 10.47.91.(20+N) on the rxe harness's bridge, MAC 52:54:00:4c:00:0N,
 # TAP vrdtapN in netns rxens. Its device is served by its own `vrdma serve` (in rxens; uplink
-# the TAP); both QEMU and the daemon are bounded by LIFETIME_S (default 3600). The state,
-# logs and share are in target/pvrdma-guest/run/gN/. More commands: exec.sh; stop: stop.sh.
+# the TAP); both QEMU and the daemon are bounded by LIFETIME_S (default 3600). -x DIR: a daemon
+# already serves the device on DIR/gN.vfio.sock and DIR/gN.net.sock (its TAP too); none is
+# started, and stop.sh leaves it and the TAP alone. PVRDMA_REBOOT=1: a guest reboot restarts
+# the guest (default: QEMU exits). The state, logs and share are in target/pvrdma-guest/run/gN/.
+# More commands: exec.sh; stop: stop.sh.
 set -uo pipefail
 . "$(dirname "$0")/config.sh"
 . "$PV_DIR/lib.sh"
 need_root
 
-N=""; LIFE=$PV_LIFETIME
-while getopts "i:l:h" o; do
+N=""; LIFE=$PV_LIFETIME; EXT=""
+while getopts "i:l:x:h" o; do
     case $o in
-        i) N=$OPTARG ;; l) LIFE=$OPTARG ;;
-        *) sed -n '2,8p' "$0"; exit 2 ;;
+        i) N=$OPTARG ;; l) LIFE=$OPTARG ;; x) EXT=$OPTARG ;;
+        *) sed -n '2,11p' "$0"; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
 CMD="${*:-true}"
-[ -n "$N" ] || { sed -n '2,8p' "$0"; exit 2; }
+[ -n "$N" ] || { sed -n '2,11p' "$0"; exit 2; }
 check_id "$N"
 [[ "$LIFE" =~ ^[0-9]+$ ]] || die "lifetime must be seconds (got '$LIFE')"
 
@@ -33,12 +36,14 @@ timeout 10 "$VRDMA" serve --help > /dev/null 2>&1 || die "$VRDMA has no working 
 [ -c /dev/net/tun ] || die "no /dev/net/tun"
 
 if p=$(qemu_pid "$N"); then die "pvrdma guest $N is already running (qemu pid $p; stop.sh -i $N)"; fi
-teardown "$N"      # leftovers of an earlier run: daemon, wrappers, TAP
+# leftovers of an earlier run: daemon, wrappers, TAP (not the TAP an external daemon holds)
+if [ -n "$EXT" ]; then PV_KEEP_TAP=1 teardown "$N"; else teardown "$N"; fi
 
 D=$(guest_dir "$N"); OUT=$D/share/out
 TAP=$(pv_tap "$N"); MAC=$(pv_mac "$N"); IP=$(pv_ip "$N")
 rm -rf "$D"
 mkdir -p "$OUT" "$D/share/ctl/jobs"
+[ -z "$EXT" ] || echo "$EXT" > "$D/external"
 install -m 0755 "$PV_DIR/guest/guest-init.sh" "$D/share/guest-init.sh"
 mkdir -p "$D/share/bin"
 [ -d "$RXE_HARNESS/guest/bin" ] && cp -r "$RXE_HARNESS/guest/bin/." "$D/share/bin/"
@@ -63,33 +68,42 @@ fail_start() {
     exit 1
 }
 
-# ---- network: the rxe harness's namespace and bridge, a persistent TAP for the daemon ---------
-timeout 30 "$RXE_HARNESS/net.sh" up > /dev/null || die "rxe harness net.sh up failed"
-ip -n "$NS" link show "$TAP" > /dev/null 2>&1 || ip -n "$NS" tuntap add dev "$TAP" mode tap \
-    || die "cannot create TAP $TAP in $NS"
-ip -n "$NS" link set "$TAP" master "$BR" txqueuelen 10000 up || die "cannot attach $TAP to $BR"
+# ---- the device daemon, unless one serves it already (-x) -------------------------------------
+if [ -n "$EXT" ]; then
+    SOCK=$EXT/g$N.vfio.sock; NETSOCK=$EXT/g$N.net.sock
+    [ -S "$SOCK" ] && [ -S "$NETSOCK" ] || fail_start "-x $EXT: no sockets g$N.vfio.sock and g$N.net.sock there"
+    daemon_alive() { [ -S "$SOCK" ]; }
+else
+    # ---- network: the rxe harness's namespace and bridge, a persistent TAP for the daemon ---------
+    timeout 30 "$RXE_HARNESS/net.sh" up > /dev/null || die "rxe harness net.sh up failed"
+    ip -n "$NS" link show "$TAP" > /dev/null 2>&1 || ip -n "$NS" tuntap add dev "$TAP" mode tap \
+        || die "cannot create TAP $TAP in $NS"
+    ip -n "$NS" link set "$TAP" master "$BR" txqueuelen 10000 up || die "cannot attach $TAP to $BR"
 
-# ---- the device daemon -----------------------------------------------------------------------
-SOCK=$D/vfio.sock; NETSOCK=$D/net.sock
-SPEC="socket=$SOCK,netdev=$NETSOCK,uplink=tap:$TAP,mac=$MAC,name=pvrdma-g$N${PVRDMA_DEVICE_OPTS:+,$PVRDMA_DEVICE_OPTS}"
-echo "VRDMA_LOG=$PV_LOG $VRDMA serve --device $SPEC ${PVRDMA_SERVE_ARGS:-}" > "$D/daemon.cmd"
-# shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
-setsid nohup timeout -k 10 $((LIFE + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \
-    "$VRDMA" serve --device "$SPEC" ${PVRDMA_SERVE_ARGS:-} > "$D/daemon.log" 2>&1 < /dev/null &
-TPID=$!
-echo "$TPID" > "$D/daemon-timeout.pid"
-wait_for 10 bash -c "pgrep -P $TPID > '$D/daemon.pid' || ! kill -0 $TPID 2>/dev/null"
-[ -s "$D/daemon.pid" ] || fail_start "the daemon exited at once or did not start"
-DPID=$(cat "$D/daemon.pid")
-if ! wait_for 30 bash -c "[ -S '$SOCK' ] && [ -S '$NETSOCK' ] || ! kill -0 $DPID 2>/dev/null"; then
-    fail_start "the daemon's sockets did not appear within 30 s ($SOCK, $NETSOCK)"
+    # ---- the device daemon -----------------------------------------------------------------------
+    SOCK=$D/vfio.sock; NETSOCK=$D/net.sock
+    SPEC="socket=$SOCK,netdev=$NETSOCK,uplink=tap:$TAP,mac=$MAC,name=pvrdma-g$N${PVRDMA_DEVICE_OPTS:+,$PVRDMA_DEVICE_OPTS}"
+    echo "VRDMA_LOG=$PV_LOG $VRDMA serve --device $SPEC ${PVRDMA_SERVE_ARGS:-}" > "$D/daemon.cmd"
+    # shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
+    setsid nohup timeout -k 10 $((LIFE + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \
+        "$VRDMA" serve --device "$SPEC" ${PVRDMA_SERVE_ARGS:-} > "$D/daemon.log" 2>&1 < /dev/null &
+    TPID=$!
+    echo "$TPID" > "$D/daemon-timeout.pid"
+    wait_for 10 bash -c "pgrep -P $TPID > '$D/daemon.pid' || ! kill -0 $TPID 2>/dev/null"
+    [ -s "$D/daemon.pid" ] || fail_start "the daemon exited at once or did not start"
+    DPID=$(cat "$D/daemon.pid")
+    if ! wait_for 30 bash -c "[ -S '$SOCK' ] && [ -S '$NETSOCK' ] || ! kill -0 $DPID 2>/dev/null"; then
+        fail_start "the daemon's sockets did not appear within 30 s ($SOCK, $NETSOCK)"
+    fi
+    daemon_pid "$N" > /dev/null || fail_start "the daemon exited (rc in $D/daemon.log)"
+
+    daemon_alive() { daemon_pid "$N" > /dev/null; }
 fi
-daemon_pid "$N" > /dev/null || fail_start "the daemon exited (rc in $D/daemon.log)"
 
 # ---- QEMU 11 -----------------------------------------------------------------------------------
 ARGS=(
     -name "pvrdma-guest-$N"
-    -nodefaults -no-user-config -no-reboot
+    -nodefaults -no-user-config
     -display none -vga none -monitor none
     -accel tcg -cpu max -smp "$PV_CPUS" -m "$PV_MEM"
     -object "memory-backend-memfd,id=mem,size=$PV_MEM,share=on"
@@ -107,6 +121,7 @@ ARGS=(
     -serial "file:$D/console.log"
     -pidfile "$D/qemu.pid"
 )
+[ "${PVRDMA_REBOOT:-0}" = 1 ] || ARGS+=(-no-reboot)
 printf '%q ' "$QEMU11" "${ARGS[@]}" > "$D/qemu.cmd"; echo >> "$D/qemu.cmd"
 setsid nohup timeout -k 10 "$LIFE" "$QEMU11" "${ARGS[@]}" > "$D/qemu.log" 2>&1 < /dev/null &
 echo $! > "$D/qemu-timeout.pid"
@@ -117,10 +132,10 @@ end=$(( $(date +%s) + PV_BOOT_TIMEOUT ))
 while [ ! -e "$OUT/ready" ]; do
     [ -e "$OUT/setup-failed" ] && fail_start "setup failed in the guest"
     kill -0 "$QT" 2>/dev/null || fail_start "QEMU exited before the guest was ready"
-    daemon_pid "$N" > /dev/null || fail_start "the daemon exited before the guest was ready"
+    daemon_alive || fail_start "the daemon exited before the guest was ready"
     [ "$(date +%s)" -lt "$end" ] || fail_start "not ready within ${PV_BOOT_TIMEOUT}s"
     sleep 0.2
 done
 . <(grep -E '^(RXE_DEV|RXE_GID_IDX|RXE_NETDEV)=' "$OUT/rxe.env")
 log "pv$N up: ip $IP dev ${RXE_DEV:-?} gid_idx ${RXE_GID_IDX:-?} netdev ${RXE_NETDEV:-?} ready in $(elapsed_since "$D/t_start")s;" \
-    "qemu pid $(qemu_pid "$N"), daemon pid $(daemon_pid "$N"), tap $TAP; lifetime ${LIFE}s; output in $OUT"
+    "qemu pid $(qemu_pid "$N"), daemon pid $(if [ -n "$EXT" ]; then echo "external ($EXT)"; else daemon_pid "$N"; fi), tap $TAP; lifetime ${LIFE}s; output in $OUT"

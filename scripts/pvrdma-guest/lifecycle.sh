@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Lifecycle of PVRDMA devices under real guests: one `vrdma serve` process serves two devices,
+# for pvrdma guests 1 and 2 (10.47.91.21, .22), and each step checks that the daemon frees what
+# a guest made and keeps serving:
+#   1. both guests up; ibv_rc_pingpong pv1 <-> pv2; the objects the guest kernels hold noted
+#   2. driver unload in pv1 (rmmod vmw_pvrdma): its device holds no object, reset counted;
+#      reload (modprobe): port ACTIVE again, same objects as at boot; pingpong again
+#   3. pv1 reboots (sysrq b: no driver teardown, QEMU resets the device): same objects as at
+#      boot after it is up again, nothing left of before; pingpong again
+#   4. QEMU of pv1 killed (SIGKILL) in the middle of an ib_write_bw against the host's
+#      `vrdma perf`, while pv2 runs ibv_rc_pingpong against the host's `vrdma pingpong`:
+#      pv2's run passes, the daemon lives on and its pv1 device holds nothing; a new QEMU
+#      for pv1 connects to the same socket, boots, and pingpongs with pv2
+#   The daemon is the same process from start to end (its PID checked after every step).
+#   scripts/pvrdma-guest/lifecycle.sh      # about 4 minutes under TCG
+# Builds vrdma unless PVRDMA_NO_BUILD=1. Exit: the number of failed checks (0: all passed),
+# 125 the harness failed. Logs: target/pvrdma-guest/lifecycle/ (summary.txt, the daemon's log).
+set -uo pipefail
+. "$(dirname "$0")/config.sh"
+. "$PV_DIR/lib.sh"
+need_root
+OUT=$PV_CACHE/lifecycle
+SERVE=$PV_RUN/serve            # the shared daemon's sockets, log and PID
+LIFE=1800
+rm -rf "$OUT"; mkdir -p "$OUT"
+say() { echo "lifecycle: $*" >&2; }
+FAILED=0
+check() {   # check NAME CMD...: runs CMD, records ok/FAIL
+    if "${@:2}" > "$OUT/check.$(echo "$1" | tr -c 'a-zA-Z0-9\n' _).log" 2>&1; then
+        printf '%-64s ok\n' "$1" | tee -a "$OUT/summary.txt"
+    else
+        printf '%-64s FAIL\n' "$1" | tee -a "$OUT/summary.txt"
+        FAILED=$((FAILED + 1))
+    fi
+}
+
+if [ "${PVRDMA_NO_BUILD:-0}" != 1 ]; then
+    cargo build --release --locked -p vrdma --manifest-path "$PROJECT_ROOT/Cargo.toml" > "$OUT/build.log" 2>&1 \
+        || { tail -30 "$OUT/build.log"; exit 125; }
+fi
+"$PV_DIR/image.sh" > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
+for n in 1 2; do
+    if qemu_pid "$n" > /dev/null && [ "${LIFECYCLE_FORCE:-0}" != 1 ]; then
+        say "pvrdma guest $n is running (another suite?); LIFECYCLE_FORCE=1 stops it first"
+        exit 125
+    fi
+done
+
+# ---- one daemon, two devices -------------------------------------------------------------------
+serve_pid() { alive_pid "$SERVE/daemon.pid" "$SERVE/g1.vfio.sock"; }
+stop_serve() {
+    local p
+    if p=$(serve_pid); then
+        timeout 10 "$VRDMA" stat --all pvrdma-g1 pvrdma-g2 > "$OUT/stat-final.txt" 2>&1
+        stop_pid "$p" 5
+    fi
+    p=$(alive_pid "$SERVE/daemon-timeout.pid" "$SERVE/g1.vfio.sock") && stop_pid "$p" 2
+    for n in 1 2; do ip -n "$NS" link del "$(pv_tap "$n")" 2>/dev/null; done
+    cp "$SERVE/daemon.log" "$OUT/daemon.log" 2>/dev/null
+    return 0
+}
+cleanup() {
+    "$PV_DIR/stop.sh" -i 1 > /dev/null 2>&1
+    "$PV_DIR/stop.sh" -i 2 > /dev/null 2>&1
+    for f in "$OUT"/host.*.pid; do [ -e "$f" ] && kill "$(cat "$f")" 2>/dev/null; done
+    ip -n "$NS" addr del "$NET_PREFIX.2/24" dev "$BR" 2>/dev/null
+    stop_serve
+}
+trap cleanup EXIT
+cleanup
+rm -rf "$SERVE"; mkdir -p "$SERVE"
+timeout 30 "$RXE_HARNESS/net.sh" up > /dev/null || { say "net.sh up failed"; exit 125; }
+SPECS=()
+for n in 1 2; do
+    tap=$(pv_tap "$n")
+    ip -n "$NS" tuntap add dev "$tap" mode tap || { say "cannot create $tap"; exit 125; }
+    ip -n "$NS" link set "$tap" master "$BR" txqueuelen 10000 up
+    SPECS+=(--device "socket=$SERVE/g$n.vfio.sock,netdev=$SERVE/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n")
+done
+setsid nohup timeout -k 10 $((LIFE + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \
+    "$VRDMA" serve "${SPECS[@]}" > "$SERVE/daemon.log" 2>&1 < /dev/null &
+TPID=$!
+echo "$TPID" > "$SERVE/daemon-timeout.pid"
+wait_for 10 bash -c "pgrep -P $TPID > '$SERVE/daemon.pid' || ! kill -0 $TPID 2>/dev/null"
+wait_for 30 bash -c "[ -S '$SERVE/g2.net.sock' ]" || { say "the daemon did not start"; cat "$SERVE/daemon.log"; exit 125; }
+DPID=$(serve_pid) || { say "the daemon did not start"; cat "$SERVE/daemon.log"; exit 125; }
+say "vrdma serve pid $DPID: pvrdma-g1, pvrdma-g2"
+
+boot() {   # boot N: QEMU for guest N on the shared daemon's sockets
+    PVRDMA_REBOOT=1 "$PV_DIR/start.sh" -i "$1" -l $LIFE -x "$SERVE" > "$OUT/start-pv$1.$(date +%s).log" 2>&1 \
+        || { tail -40 "$OUT"/start-pv"$1".*.log; say "pvrdma guest $1 did not start"; exit 125; }
+}
+boot 1
+boot 2
+
+# ---- helpers -------------------------------------------------------------------------------------
+X1="$PV_DIR/exec.sh -i 1"
+X2="$PV_DIR/exec.sh -i 2"
+# The daemon publishes its counters once a second: what a check reads must have been published
+# after the step it checks (mark). stat_fresh N: `vrdma stat --all pvrdma-gN` published after
+# the mark (10 s at most)
+MARK=0
+mark() { MARK=$(date +%s.%N); }
+stat_fresh() {
+    local out age i
+    for ((i = 0; i < 50; i++)); do
+        out=$(timeout 10 "$VRDMA" stat --all "pvrdma-g$1" 2>/dev/null)
+        age=$(sed -n 's/.*(counters from \([0-9.]*\) s ago).*/\1/p' <<< "$out" | head -1)
+        if [ -n "$age" ] && awk -v n="$(date +%s.%N)" -v a="$age" -v m="$MARK" 'BEGIN { exit !(n - a > m) }'; then
+            echo "$out"; return 0
+        fi
+        sleep 0.2
+    done
+    echo "$out"; return 1
+}
+# objects N: the device's object counters ("pds=1 mrs=1 ..."; zeros are not listed)
+objects() { stat_fresh "$1" | awk '$1 ~ /^objects\./ && $2 != 0 { sub("objects.", "", $1); printf "%s=%s ", $1, $2 }'; }
+counter() { stat_fresh "$1" | awk -v k="$2" '$1 == k { print $2 }'; }
+none_held() { [ -z "$(objects "$1")" ]; }
+daemon_same() { [ "$(serve_pid)" = "$DPID" ]; }
+# pingpong: ibv_rc_pingpong, pv1 the server, pv2 the client
+pingpong() {
+    local job rc
+    job=$($X1 -t 120 -b 'ibv_rc_pingpong -d $RXE_DEV -g $RXE_GID_IDX -n 50 -s 4096') || return 1
+    $X1 -t 40 'wait-listen 18515 30' || return 1
+    $X2 -t 120 "ibv_rc_pingpong -d \$RXE_DEV -g \$RXE_GID_IDX -n 50 -s 4096 $(pv_ip 1)" || return 1
+    wait_for 60 test -e "$job.rc" || return 1
+    rc=$(cat "$job.rc"); cat "$job.stdout" "$job.stderr"
+    [ "$rc" = 0 ]
+}
+wait_port() {   # in the guest: vmw_pvrdma's port ACTIVE with its RoCE v2 GID
+    local n=$1
+    "$PV_DIR/exec.sh" -i "$n" -t 120 'for i in $(seq 600); do
+        d=$(ls /sys/class/infiniband 2>/dev/null | head -1)
+        [ -n "$d" ] && grep -q ACTIVE /sys/class/infiniband/$d/ports/1/state 2>/dev/null &&
+          [ "$(cat /sys/class/infiniband/$d/ports/1/gid_attrs/types/$RXE_GID_IDX 2>/dev/null)" = "RoCE v2" ] && exit 0
+        sleep 0.2; done; exit 1'
+}
+same_as_boot() { [ "$(objects 1)" = "$BOOT1" ]; }
+
+# ---- 1. both up ----------------------------------------------------------------------------------
+mark
+BOOT1=$(objects 1)
+echo "pv1's device at boot (the guest kernel's objects): $BOOT1" | tee -a "$OUT/summary.txt"
+check "1. pv1 <-> pv2 ibv_rc_pingpong, one daemon for both" pingpong
+
+# ---- 2. driver unload / reload ------------------------------------------------------------------
+mark
+resets=$(counter 1 pvrdma.resets)
+check "2. rmmod vmw_pvrdma in pv1" $X1 -t 120 'rmmod vmw_pvrdma'
+mark
+check "2. pv1's device holds no object after rmmod ($(objects 1))" none_held 1
+check "2. the unload reset the device (pvrdma.resets $resets -> $(counter 1 pvrdma.resets))" \
+    test "$(counter 1 pvrdma.resets)" -gt "${resets:-0}"
+reload() { $X1 -t 120 'modprobe vmw_pvrdma' && wait_port 1; }
+check "2. modprobe vmw_pvrdma; port ACTIVE with its GID" reload
+mark
+check "2. pv1's device holds what it held at boot ($(objects 1))" same_as_boot
+check "2. pv1 <-> pv2 ibv_rc_pingpong after the reload" pingpong
+
+# ---- 3. guest reboot -----------------------------------------------------------------------------
+D1=$(guest_dir 1)
+mark
+resets=$(counter 1 pvrdma.resets)
+J=$($X1 -b 'sync; echo b > /proc/sysrq-trigger')
+# once the guest took the job (renamed it), its old "ready" goes; the reboot's init writes it anew
+wait_for 30 test -e "$J.started" && rm -f "$D1/share/out/ready"
+check "3. pv1 rebooted (sysrq b) and is ready again" wait_for 300 test -e "$D1/share/out/ready"
+mark
+check "3. the reboot reset the device (pvrdma.resets $resets -> $(counter 1 pvrdma.resets))" \
+    test "$(counter 1 pvrdma.resets)" -gt "${resets:-0}"
+check "3. pv1's device holds what it held at boot ($(objects 1))" same_as_boot
+check "3. pv1 <-> pv2 ibv_rc_pingpong after the reboot" pingpong
+check "3. the same daemon serves (pid $DPID)" daemon_same
+
+# ---- 4. QEMU killed mid-transfer -----------------------------------------------------------------
+# host: a write_bw server for pv1 (port 18601, on 10.47.91.1) and a pingpong server for pv2
+# (18602, on a second address of the bridge, HOST2: each host tool is a device of its own, on
+# UDP port 4791 of its address)
+HOST2=$NET_PREFIX.2
+ip -n "$NS" addr add "$HOST2/24" dev "$BR" 2>/dev/null
+host_bg() {   # host_bg NAME ARGS...: `vrdma ARGS` in the namespace, in the background
+    local name=$1; shift
+    ( timeout 300 ip netns exec "$NS" "$VRDMA" "$@" > "$OUT/host.$name.out" 2>&1; echo $? > "$OUT/host.$name.rc" ) \
+        < /dev/null > /dev/null 2>&1 &
+    echo $! > "$OUT/host.$name.pid"
+}
+host_listens() { wait_for 30 bash -c "ip netns exec $NS ss -Hltn 'sport = :$1' | grep -q ."; }
+host_bg bw perf write_bw -m 1024 -s 1048576 -n 100000 -p 18601 --timeout 30
+host_bg pp pingpong rc -m 1024 -s 4096 -n 1500 -p 18602 --timeout 60
+host_listens 18601 && host_listens 18602 || { say "the host's servers did not listen"; exit 125; }
+J1=$($X1 -t 280 -b "ib_write_bw -d \$RXE_DEV -x \$RXE_GID_IDX -F -m 1024 -s 1048576 -n 100000 -p 18601 $HOST_IP")
+J2=$($X2 -t 280 -b "ibv_rc_pingpong -d \$RXE_DEV -g \$RXE_GID_IDX -m 1024 -s 4096 -n 1500 -p 18602 $HOST2")
+# mid-transfer: pv1's device has moved data, and keeps moving it
+tx() { counter 1 engine.tx_packets; }
+busy() { mark; [ "$(tx)" -gt 2000 ] 2>/dev/null; }
+wait_for 60 busy
+mark; t1=$(tx); mark; t2=$(tx)     # two publications in a row
+echo "pv1 mid-transfer: engine.tx_packets $t1 -> $t2 between two publications (a second)" | tee -a "$OUT/summary.txt"
+check "4. pv1 is mid-transfer when its QEMU is killed ($t1 -> $t2 packets)" test "${t2:-0}" -gt "${t1:-0}"
+kill -KILL "$(qemu_pid 1)"
+mark
+passed() {   # passed PREFIX OUTPUT...: waits (300 s) for PREFIX.rc, shows the output, rc 0?
+    wait_for 300 test -e "$1.rc"; cat "${@:2}"; [ "$(cat "$1.rc" 2>/dev/null)" = 0 ]
+}
+check "4. pv2's ibv_rc_pingpong against the host passes meanwhile" passed "$J2" "$J2.stdout" "$J2.stderr"
+check "4. the host's pingpong server passes" passed "$OUT/host.pp" "$OUT/host.pp.out"
+check "4. the same daemon serves (pid $DPID)" daemon_same
+check "4. pv1's device holds no object after its QEMU died ($(objects 1))" none_held 1
+kill "$(cat "$OUT/host.bw.pid")" 2>/dev/null
+"$PV_DIR/stop.sh" -i 1 > /dev/null 2>&1
+boot 1
+mark
+check "4. a new QEMU for pv1 on the same socket: same objects as at boot ($(objects 1))" same_as_boot
+check "4. pv1 <-> pv2 ibv_rc_pingpong with the new pv1" pingpong
+check "4. the same daemon serves (pid $DPID)" daemon_same
+check "the daemon logged no panic" bash -c "! grep -q panicked '$SERVE/daemon.log'"
+echo "lifecycle: $FAILED check(s) failed; logs in $OUT"
+exit $FAILED
