@@ -318,7 +318,8 @@ fn a_destroy_qp_does_not_take_the_ack_of_a_message_just_received() {
             reserved: [0; 4],
         };
         let mut s = vec![0u8; abi::MAX_REQUEST];
-        s[..std::mem::size_of::<abi::Handle>()].copy_from_slice(zerocopy::IntoBytes::as_bytes(&req));
+        s[..std::mem::size_of::<abi::Handle>()]
+            .copy_from_slice(zerocopy::IntoBytes::as_bytes(&req));
         s
     };
     b.g.put(b.g.cmd_slot, &slot);
@@ -330,7 +331,10 @@ fn a_destroy_qp_does_not_take_the_ack_of_a_message_just_received() {
     b.g.finish_write();
     assert_eq!(b.g.read32(1, abi::reg::ERR), 0, "DESTROY_QP");
     let got = b.g.poll_n(&mut b.cq, 1);
-    assert_eq!((got.len(), got[0].wr_id.get(), got[0].status.get()), (1, 5, 0));
+    assert_eq!(
+        (got.len(), got[0].wr_id.get(), got[0].status.get()),
+        (1, 5, 0)
+    );
 
     // A's SEND is acknowledged: no retries into a QP that is gone.
     let done = a.g.poll_n(&mut a.cq, 1);

@@ -253,6 +253,19 @@ fn canary_bytes(page: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A REGION_WRITE's payload: 4 bytes at `off` of `region`.
+fn write32_payload(region: u32, off: u64, v: u32) -> Vec<u8> {
+    let mut p = RegionAccess {
+        offset: off,
+        region,
+        count: 4,
+    }
+    .as_bytes()
+    .to_vec();
+    p.extend_from_slice(&v.to_le_bytes());
+    p
+}
+
 fn eventfd() -> (OwnedFd, File) {
     let e: OwnedFd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK).unwrap().into();
     let r = File::from(e.try_clone().unwrap());
@@ -379,6 +392,14 @@ impl Guest {
         payload: &[u8],
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> (Header, Vec<u8>) {
+        self.send(command, payload, fds);
+        let r = self.conn.receive().unwrap().expect("a reply");
+        assert_eq!(r.header.id, self.id);
+        (r.header, r.payload)
+    }
+
+    /// Sends a message (its reply is the caller's to take).
+    fn send(&mut self, command: u16, payload: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) {
         self.id = self.id.wrapping_add(1);
         let h = Header {
             id: self.id,
@@ -390,9 +411,6 @@ impl Guest {
         let mut msg = h.as_bytes().to_vec();
         msg.extend_from_slice(payload);
         self.conn.send(&msg, fds).unwrap();
-        let r = self.conn.receive().unwrap().expect("a reply");
-        assert_eq!(r.header.id, self.id);
-        (r.header, r.payload)
     }
 
     /// Sends a message that must succeed.
@@ -428,45 +446,24 @@ impl Guest {
     /// (which [`Guest::finish_write`] takes): as a vCPU's store that the
     /// device has not handled yet.
     pub fn start_write32(&mut self, region: u32, off: u64, v: u32) {
-        self.id = self.id.wrapping_add(1);
-        let mut p = RegionAccess {
-            offset: off,
-            region,
-            count: 4,
-        }
-        .as_bytes()
-        .to_vec();
-        p.extend_from_slice(&v.to_le_bytes());
-        let h = Header {
-            id: self.id,
-            command: vcmd::REGION_WRITE,
-            size: (proto::HEADER_LEN + p.len()) as u32,
-            flags: 0,
-            error: 0,
-        };
-        let mut msg = h.as_bytes().to_vec();
-        msg.extend_from_slice(&p);
-        self.conn.send(&msg, &[]).unwrap();
+        self.send(vcmd::REGION_WRITE, &write32_payload(region, off, v), &[]);
     }
 
     /// The reply to [`Guest::start_write32`]'s write.
     pub fn finish_write(&mut self) {
         let r = self.conn.receive().unwrap().expect("a reply");
         assert_eq!(r.header.id, self.id);
-        assert_eq!(r.header.flags & flags::ERROR, 0, "write: error {}", r.header.error);
+        assert_eq!(
+            r.header.flags & flags::ERROR,
+            0,
+            "write: {}",
+            r.header.error
+        );
     }
 
     /// A 32-bit register write, waiting for the device to take it.
     pub fn write32(&mut self, region: u32, off: u64, v: u32) {
-        let mut p = RegionAccess {
-            offset: off,
-            region,
-            count: 4,
-        }
-        .as_bytes()
-        .to_vec();
-        p.extend_from_slice(&v.to_le_bytes());
-        self.ok(vcmd::REGION_WRITE, &p, &[]);
+        self.ok(vcmd::REGION_WRITE, &write32_payload(region, off, v), &[]);
     }
 
     pub fn read32(&mut self, region: u32, off: u64) -> u32 {
