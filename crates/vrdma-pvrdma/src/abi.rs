@@ -465,6 +465,7 @@ pub mod eqe {
     pub const DEVICE_FATAL: u32 = 8;
     pub const PORT_ACTIVE: u32 = 9;
     pub const PORT_ERR: u32 = 10;
+    pub const SRQ_ERR: u32 = 14;
     pub const SRQ_LIMIT_REACHED: u32 = 15;
     pub const QP_LAST_WQE_REACHED: u32 = 16;
 }

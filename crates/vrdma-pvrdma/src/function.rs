@@ -119,6 +119,9 @@ pub struct Pvrdma<T: Transport> {
     /// device did not take yet: their indices are published each round.
     pub(crate) busy_qps: BTreeSet<u32>,
     pub(crate) busy_srqs: BTreeSet<u32>,
+    /// Async events of the face's own (an SRQ whose ring broke: the engine
+    /// knows no SRQ errors), delivered after the engine's.
+    face_events: Vec<(u32, u32)>,
     /// Poll every ring each round instead of waiting for doorbells; with
     /// `doorbell_pages`, the doorbell pages are shared memory the device
     /// reads each round (no exit per post).
@@ -172,6 +175,7 @@ impl<T: Transport> Pvrdma<T> {
             ring_pages: RingPages::default(),
             busy_qps: BTreeSet::new(),
             busy_srqs: BTreeSet::new(),
+            face_events: Vec::new(),
             polling: false,
             doorbell_pages: None,
             stats: FaceStats::default(),
@@ -299,6 +303,7 @@ impl<T: Transport> Pvrdma<T> {
         self.next_uc = 1;
         self.busy_qps.clear();
         self.busy_srqs.clear();
+        self.face_events.clear();
         self.loaded = None;
         self.active = false;
         self.err = err::NO_DSR;
@@ -587,12 +592,19 @@ impl<T: Transport> Pvrdma<T> {
         let engine = self.device.engine_mut();
         let t = s.take(mem, engine);
         s.publish(mem);
+        self.srq_taken(srq, t);
+        self.busy_srqs.insert(srq);
+    }
+
+    /// Counts what an SRQ's ring gave; a ring that broke (it happens once:
+    /// nothing more is taken from it) raises SRQ_ERR for it.
+    fn srq_taken(&mut self, srq: u32, t: qp::Taken) {
         self.stats.wqes += u64::from(t.wqes);
         self.stats.malformed_wqes += u64::from(t.malformed);
         if t.broken {
             self.stats.broken_rings += 1;
+            self.face_events.push((eqe::SRQ_ERR, srq));
         }
-        self.busy_srqs.insert(srq);
     }
 
     /// One round of the device: the network and the engine's timers, then
@@ -659,13 +671,15 @@ impl<T: Transport> Pvrdma<T> {
                 continue;
             };
             let engine = self.device.engine_mut();
-            if s.pending(mem) {
-                let t = s.take(mem, engine);
-                self.stats.wqes += u64::from(t.wqes);
-                self.stats.malformed_wqes += u64::from(t.malformed);
-            }
+            let t = if s.pending(mem) {
+                s.take(mem, engine)
+            } else {
+                qp::Taken::default()
+            };
             s.publish(mem);
-            if engine.srq_len(SrqHandle(srq)).unwrap_or(0) == 0 && !s.pending(mem) {
+            let idle = engine.srq_len(SrqHandle(srq)).unwrap_or(0) == 0 && !s.pending(mem);
+            self.srq_taken(srq, t);
+            if idle {
                 self.busy_srqs.remove(&srq);
             }
         }
@@ -687,8 +701,14 @@ impl<T: Transport> Pvrdma<T> {
             self.raise(bus.irqs, intr::CQ);
         }
         let mut evented = false;
-        while let Some(ev) = self.device.engine_mut().poll_event() {
-            let (kind, info) = event_code(ev);
+        let mut own = std::mem::take(&mut self.face_events).into_iter();
+        while let Some((kind, info)) = self
+            .device
+            .engine_mut()
+            .poll_event()
+            .map(event_code)
+            .or_else(|| own.next())
+        {
             let Some(l) = self.loaded.as_mut() else {
                 break;
             };

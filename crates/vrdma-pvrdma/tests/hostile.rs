@@ -1058,8 +1058,8 @@ fn wild_ring_indices_break_only_their_queue_once() {
     g.post_send(&mut q1, &wqe(41, 99, send_flags::SIGNALED, 0), &[]);
     assert_eq!(completion(g, &mut hcq, 41).status.get(), WC_LOC_QP_OP_ERR);
 
-    // An SRQ with a wild producer index: broken once (an SRQ has no QP to
-    // fail, and pvrdma no event the engine raises for it).
+    // An SRQ with a wild producer index: broken once, one SRQ_ERR (an SRQ
+    // has no QP of its own to fail).
     let sp = g.alloc(2);
     let sdir = g.pdir(&[sp, sp + PAGE_SIZE]);
     let r = g.command(&srq_req(a.pd, sdir, 16, 2, 2)).unwrap();
@@ -1069,8 +1069,15 @@ fn wild_ring_indices_break_only_their_queue_once() {
     for _ in 0..3 {
         g.write32(2, uar::SRQ_OFFSET, srq | uar::SRQ_RECV);
     }
-    std::thread::sleep(Duration::from_millis(50));
+    let seen = wait_event(g, (eqe::SRQ_ERR, srq));
+    // (each doorbell's reply comes after the device took its ring)
     assert_eq!(da.stats().broken_rings, broken + 1);
+    let more = g.events();
+    let errs = seen
+        .iter()
+        .chain(&more)
+        .filter(|&&e| e == (eqe::SRQ_ERR, srq));
+    assert_eq!(errs.count(), 1, "one SRQ_ERR for a broken ring");
 
     // The device's own async ring, its consumer index wild: the event is
     // dropped and counted; put right, events come again.
