@@ -11,7 +11,8 @@
 #   pvrdma  a second guest on vrdma (pvrdma guest 2, 10.47.91.22, its own `vrdma serve`)
 # Tests (MTU 1024, the guest's active MTU): ibv_rc_pingpong 1 B, 4 KiB, 1 MiB; ibv_ud_pingpong
 # 1 B, 1 KiB; perftest ib_{write,read,send}_{bw,lat} 1 B and 1 MiB, ib_atomic_{bw,lat}; against
-# rxe and pvrdma also rping and ib_write_bw -R (both over rdma_cm; the host tools have no CM).
+# rxe and pvrdma also ibv_srq_pingpong 4 KiB, rping and ib_write_bw -R (both over rdma_cm; the
+# host tools have neither SRQ pingpong nor CM).
 # --quick: ibv_devinfo, rc_pingpong 4 KiB with each peer, ib_write_bw 1 MiB with the host,
 # rping with the second guest, ib_write_bw -R with rxe; both roles each.
 # MATRIX_ONLY=REGEX runs the tests whose tag (test.peer.role) matches. Builds vrdma unless
@@ -225,6 +226,8 @@ for peer in $PEERS; do
         run "$t.s$size" "$peer" "ib_$t $P -m $MTU $s -n $n" "perf $t -m $MTU $s -n $n"
     done
     [ "$peer" = host ] && continue
+    # (the host's tools have no SRQ pingpong)
+    run srq.s4096 "$peer" "ibv_srq_pingpong $G -m $MTU -s 4096 -n 100" -
     run rping "$peer" "$RPING" - cm 7174
     run write_bw_cm "$peer" "$CM_WRITE" - cm 18515
 done
