@@ -57,6 +57,23 @@ pub struct Served {
     gate: Arc<(Mutex<Gate>, Condvar)>,
 }
 
+/// How long a test waits for the device thread at its gate (a turn lasts
+/// at most the server's idle wait; a thread that died never comes).
+const GATE_LIMIT: Duration = Duration::from_secs(10);
+
+fn gate_wait<'a>(
+    cv: &Condvar,
+    g: std::sync::MutexGuard<'a, Gate>,
+    deadline: std::time::Instant,
+) -> std::sync::MutexGuard<'a, Gate> {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    assert!(
+        !left.is_zero(),
+        "the device thread did not come to its gate"
+    );
+    cv.wait_timeout(g, left).unwrap().0
+}
+
 /// Holds the device thread between turns (for a test that needs two inputs
 /// taken in one turn): `paused` stops it before its next turn, `steps`
 /// lets it take that many; `parked` says it is waiting.
@@ -126,8 +143,9 @@ impl Served {
         let (m, cv) = &*self.gate;
         let mut g = m.lock().unwrap();
         g.paused = true;
+        let deadline = std::time::Instant::now() + GATE_LIMIT;
         while !g.parked {
-            g = cv.wait(g).unwrap();
+            g = gate_wait(cv, g, deadline);
         }
     }
 
@@ -139,8 +157,9 @@ impl Served {
         g.steps += 1;
         g.parked = false;
         cv.notify_all();
+        let deadline = std::time::Instant::now() + GATE_LIMIT;
         while !(g.parked && g.steps == 0) {
-            g = cv.wait(g).unwrap();
+            g = gate_wait(cv, g, deadline);
         }
     }
 
