@@ -2,7 +2,8 @@
 # tshark (RoCE dissected, nothing malformed or in error). Sourced by scripts/interop.sh and
 # scripts/pvrdma-guest/matrix.sh:
 #   pcap_init                      once: finds tshark's RDMA-payload heuristics (needs tshark)
-#   pcap_check VRDMA PCAP PREFIX   writes PREFIX.decode; 0 clean, 1 with a line saying why
+#   pcap_check VRDMA PCAP PREFIX   writes PREFIX.decode (and PREFIX.tshark, its errors); 0 clean,
+#                                  1 with a line saying why
 
 # Wireshark's heuristics for protocols carried over RDMA (RPC-over-RDMA, SMB Direct, ...) parse
 # the tests' bytes as theirs and call them malformed (rxe's own packets too): the payload is
@@ -27,9 +28,15 @@ pcap_check() {
         echo "  vrdma decode rejected $pcap (see $prefix.decode)"
         return 1
     }
-    packets=$(tshark "${PCAP_OPAQUE[@]}" -r "$pcap" -Y "infiniband" 2> /dev/null | wc -l)
-    bad=$(tshark "${PCAP_OPAQUE[@]}" -r "$pcap" -Y "_ws.malformed || _ws.expert.severity == error" \
-        2> /dev/null | wc -l)
+    local roce errors
+    roce=$(tshark "${PCAP_OPAQUE[@]}" -r "$pcap" -Y "infiniband" 2> "$prefix.tshark") \
+        && errors=$(tshark "${PCAP_OPAQUE[@]}" -r "$pcap" -Y "_ws.malformed || _ws.expert.severity == error" \
+            2>> "$prefix.tshark") || {
+        echo "  tshark could not read $pcap (see $prefix.tshark)"
+        return 1
+    }
+    packets=$(grep -c . <<< "$roce")
+    bad=$(grep -c . <<< "$errors")
     [ "$packets" -gt 0 ] && [ "$bad" -eq 0 ] || {
         echo "  tshark: $packets RoCE packets, $bad malformed or in error ($pcap)"
         return 1

@@ -124,7 +124,8 @@ $X -t 120 'rmmod vmw_pvrdma && modprobe rdma_rxe && rdma link add rxe0 type rxe 
         fi
         sleep 0.2
     done; exit 1' > "$OUT/rxe.setup" 2>&1 || { cat "$OUT/rxe.setup"; say "rxe did not come up in the guest"; exit 125; }
-RXE_IDX=$(tail -1 "$OUT/rxe.setup")
+RXE_IDX=$(grep -xE '[0-9]+' "$OUT/rxe.setup" | tail -1)
+[ -n "$RXE_IDX" ] || { cat "$OUT/rxe.setup"; say "no RoCE v2 GID index for rxe0"; exit 125; }
 $X 'ibv_devinfo -d rxe0 | grep -E "hca_id|active_mtu"' > "$OUT/rxe.devinfo" 2>&1
 GPRE="RXE_DEV=rxe0; RXE_GID_IDX=$RXE_IDX; "    # the jobs' variables name vmw_pvrdma's device
 run_config rxe

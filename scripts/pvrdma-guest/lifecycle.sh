@@ -8,7 +8,8 @@
 #   3. pv1 reboots (sysrq b: no driver teardown, QEMU resets the device): same objects as at
 #      boot after it is up again, nothing left of before; pingpong again
 #   4. QEMU of pv1 killed (SIGKILL) in the middle of an ib_write_bw against the host's
-#      `vrdma perf`, while pv2 runs ibv_rc_pingpong against the host's `vrdma pingpong`:
+#      `vrdma perf`, while pv2 is in the middle of ibv_rc_pingpong against the host's
+#      `vrdma pingpong` (on a second address of the namespace's bridge, 10.47.91.2):
 #      pv2's run passes, the daemon lives on and its pv1 device holds nothing; a new QEMU
 #      for pv1 connects to the same socket, boots, and pingpongs with pv2
 #   The daemon is the same process from start to end (its PID checked after every step).
@@ -62,7 +63,7 @@ stop_serve() {
 cleanup() {
     "$PV_DIR/stop.sh" -i 1 > /dev/null 2>&1
     "$PV_DIR/stop.sh" -i 2 > /dev/null 2>&1
-    for f in "$OUT"/host.*.pid; do [ -e "$f" ] && kill "$(cat "$f")" 2>/dev/null; done
+    for f in "$OUT"/host.*.pid; do [ -e "$f" ] && kill -- -"$(cat "$f")" 2>/dev/null; done
     ip -n "$NS" addr del "$NET_PREFIX.2/24" dev "$BR" 2>/dev/null
     stop_serve
 }
@@ -114,9 +115,13 @@ stat_fresh() {
     echo "$out"; return 1
 }
 # objects N: the device's object counters ("pds=1 mrs=1 ..."; zeros are not listed)
-objects() { stat_fresh "$1" | awk '$1 ~ /^objects\./ && $2 != 0 { sub("objects.", "", $1); printf "%s=%s ", $1, $2 }'; }
+# (fails when no counters published after the mark could be read)
+objects() {
+    local st; st=$(stat_fresh "$1") || return 1
+    awk '$1 ~ /^objects\./ && $2 != 0 { sub("objects.", "", $1); printf "%s=%s ", $1, $2 }' <<< "$st"
+}
 counter() { stat_fresh "$1" | awk -v k="$2" '$1 == k { print $2 }'; }
-none_held() { [ -z "$(objects "$1")" ]; }
+none_held() { local o; o=$(objects "$1") || return 1; [ -z "$o" ]; }
 daemon_same() { [ "$(serve_pid)" = "$DPID" ]; }
 # pingpong: ibv_rc_pingpong, pv1 the server, pv2 the client
 pingpong() {
@@ -136,12 +141,16 @@ wait_port() {   # in the guest: vmw_pvrdma's port ACTIVE with its RoCE v2 GID
           [ "$(cat /sys/class/infiniband/$d/ports/1/gid_attrs/types/$RXE_GID_IDX 2>/dev/null)" = "RoCE v2" ] && exit 0
         sleep 0.2; done; exit 1'
 }
-same_as_boot() { [ "$(objects 1)" = "$BOOT1" ]; }
+same_as_boot() { local o; o=$(objects 1) || return 1; [ -n "$BOOT1" ] && [ "$o" = "$BOOT1" ]; }
+no_panic() {   # the guests' consoles (a panic reboots a guest of PVRDMA_REBOOT=1 silently)
+    ! grep -h "Kernel panic" "$(guest_dir 1)/console.log" "$(guest_dir 2)/console.log"
+}
 
 # ---- 1. both up ----------------------------------------------------------------------------------
 mark
 BOOT1=$(objects 1)
 echo "pv1's device at boot (the guest kernel's objects): $BOOT1" | tee -a "$OUT/summary.txt"
+check "1. the guest kernel's objects on pv1's device ($BOOT1)" test -n "$BOOT1"
 check "1. pv1 <-> pv2 ibv_rc_pingpong, one daemon for both" pingpong
 
 # ---- 2. driver unload / reload ------------------------------------------------------------------
@@ -172,6 +181,7 @@ check "3. the reboot reset the device (pvrdma.resets $resets -> $(counter 1 pvrd
 check "3. pv1's device holds what it held at boot ($(objects 1))" same_as_boot
 check "3. pv1 <-> pv2 ibv_rc_pingpong after the reboot" pingpong
 check "3. the same daemon serves (pid $DPID)" daemon_same
+check "3. no kernel panic in the guests" no_panic
 
 # ---- 4. QEMU killed mid-transfer -----------------------------------------------------------------
 # host: a write_bw server for pv1 (port 18601, on 10.47.91.1) and a pingpong server for pv2
@@ -179,25 +189,31 @@ check "3. the same daemon serves (pid $DPID)" daemon_same
 # UDP port 4791 of its address)
 HOST2=$NET_PREFIX.2
 ip -n "$NS" addr add "$HOST2/24" dev "$BR" 2>/dev/null
-host_bg() {   # host_bg NAME ARGS...: `vrdma ARGS` in the namespace, in the background
+host_bg() {   # host_bg NAME ARGS...: `vrdma ARGS` in the namespace, in the background, in a
+    # session of its own (host.NAME.pid: its leader, so that cleanup stops the whole group)
     local name=$1; shift
-    ( timeout 300 ip netns exec "$NS" "$VRDMA" "$@" > "$OUT/host.$name.out" 2>&1; echo $? > "$OUT/host.$name.rc" ) \
-        < /dev/null > /dev/null 2>&1 &
+    setsid bash -c 'timeout 300 ip netns exec "$0" "${@:2}" > "$1.out" 2>&1; echo $? > "$1.rc"' \
+        "$NS" "$OUT/host.$name" "$VRDMA" "$@" < /dev/null > /dev/null 2>&1 &
     echo $! > "$OUT/host.$name.pid"
 }
 host_listens() { wait_for 30 bash -c "ip netns exec $NS ss -Hltn 'sport = :$1' | grep -q ."; }
 host_bg bw perf write_bw -m 1024 -s 1048576 -n 100000 -p 18601 --timeout 30
-host_bg pp pingpong rc -m 1024 -s 4096 -n 1500 -p 18602 --timeout 60
+host_bg pp pingpong rc -m 1024 -s 4096 -n 20000 -p 18602 --timeout 120
 host_listens 18601 && host_listens 18602 || { say "the host's servers did not listen"; exit 125; }
 J1=$($X1 -t 280 -b "ib_write_bw -d \$RXE_DEV -x \$RXE_GID_IDX -F -m 1024 -s 1048576 -n 100000 -p 18601 $HOST_IP")
-J2=$($X2 -t 280 -b "ibv_rc_pingpong -d \$RXE_DEV -g \$RXE_GID_IDX -m 1024 -s 4096 -n 1500 -p 18602 $HOST2")
 # mid-transfer: pv1's device has moved data, and keeps moving it
-tx() { counter 1 engine.tx_packets; }
-busy() { mark; [ "$(tx)" -gt 2000 ] 2>/dev/null; }
+tx() { counter "$1" engine.tx_packets; }
+base2=$(tx 2)
+busy() { mark; [ "$(tx 1)" -gt 2000 ] 2>/dev/null; }
 wait_for 60 busy
-mark; t1=$(tx); mark; t2=$(tx)     # two publications in a row
+# pv2's pingpong (20 000 round trips, several seconds here), under way before pv1 goes
+J2=$($X2 -t 280 -b "ibv_rc_pingpong -d \$RXE_DEV -g \$RXE_GID_IDX -m 1024 -s 4096 -n 20000 -p 18602 $HOST2")
+busy2() { mark; [ "$(tx 2)" -gt $((${base2:-0} + 500)) ] 2>/dev/null; }
+wait_for 60 busy2
+mark; t1=$(tx 1); mark; t2=$(tx 1)     # two publications in a row
 echo "pv1 mid-transfer: engine.tx_packets $t1 -> $t2 between two publications (a second)" | tee -a "$OUT/summary.txt"
 check "4. pv1 is mid-transfer when its QEMU is killed ($t1 -> $t2 packets)" test "${t2:-0}" -gt "${t1:-0}"
+check "4. pv2's pingpong is under way when pv1's QEMU is killed" test ! -e "$J2.rc"
 kill -KILL "$(qemu_pid 1)"
 mark
 passed() {   # passed PREFIX OUTPUT...: waits (300 s) for PREFIX.rc, shows the output, rc 0?
@@ -207,7 +223,8 @@ check "4. pv2's ibv_rc_pingpong against the host passes meanwhile" passed "$J2" 
 check "4. the host's pingpong server passes" passed "$OUT/host.pp" "$OUT/host.pp.out"
 check "4. the same daemon serves (pid $DPID)" daemon_same
 check "4. pv1's device holds no object after its QEMU died ($(objects 1))" none_held 1
-kill "$(cat "$OUT/host.bw.pid")" 2>/dev/null
+check "4. no kernel panic in the guests" no_panic
+kill -- -"$(cat "$OUT/host.bw.pid")" 2>/dev/null
 "$PV_DIR/stop.sh" -i 1 > /dev/null 2>&1
 boot 1
 mark
@@ -215,5 +232,6 @@ check "4. a new QEMU for pv1 on the same socket: same objects as at boot ($(obje
 check "4. pv1 <-> pv2 ibv_rc_pingpong with the new pv1" pingpong
 check "4. the same daemon serves (pid $DPID)" daemon_same
 check "the daemon logged no panic" bash -c "! grep -q panicked '$SERVE/daemon.log'"
+check "no kernel panic in the guests" no_panic
 echo "lifecycle: $FAILED check(s) failed; logs in $OUT"
 exit $FAILED

@@ -5,8 +5,8 @@
 # Guest N (1..8): IP 10.47.91.(20+N) on the rxe harness's bridge, MAC 52:54:00:4c:00:0N,
 # TAP vrdtapN in netns rxens. Its device is served by its own `vrdma serve` (in rxens; uplink
 # the TAP); both QEMU and the daemon are bounded by LIFETIME_S (default 3600). -x DIR: a daemon
-# already serves the device on DIR/gN.vfio.sock and DIR/gN.net.sock (its TAP too); none is
-# started, and stop.sh leaves it and the TAP alone. PVRDMA_REBOOT=1: a guest reboot restarts
+# already serves the device on DIR/gN.vfio.sock and DIR/gN.net.sock (its TAP too; its PID in
+# DIR/daemon.pid, if there); none is started, and stop.sh leaves it and the TAP alone. PVRDMA_REBOOT=1: a guest reboot restarts
 # the guest (default: QEMU exits). The state, logs and share are in target/pvrdma-guest/run/gN/.
 # More commands: exec.sh; stop: stop.sh.
 set -uo pipefail
@@ -72,7 +72,8 @@ fail_start() {
 if [ -n "$EXT" ]; then
     SOCK=$EXT/g$N.vfio.sock; NETSOCK=$EXT/g$N.net.sock
     [ -S "$SOCK" ] && [ -S "$NETSOCK" ] || fail_start "-x $EXT: no sockets g$N.vfio.sock and g$N.net.sock there"
-    daemon_alive() { [ -S "$SOCK" ]; }
+    # (DIR/daemon.pid, when the daemon's starter wrote one, says whether it lives)
+    daemon_alive() { [ -S "$SOCK" ] && { [ ! -s "$EXT/daemon.pid" ] || kill -0 "$(cat "$EXT/daemon.pid")" 2>/dev/null; }; }
 else
     # ---- network: the rxe harness's namespace and bridge, a persistent TAP for the daemon ---------
     timeout 30 "$RXE_HARNESS/net.sh" up > /dev/null || die "rxe harness net.sh up failed"

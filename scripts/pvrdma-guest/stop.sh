@@ -2,7 +2,8 @@
 # Stop pvrdma guests started by start.sh: asks the guest to power off (up to 20 s), then stops
 # QEMU, the guest's `vrdma serve` (its counters go to run/gN/stat.txt first) and their
 # timeout(1) wrappers, each by its recorded PID checked against its command line, and deletes
-# the TAP vrdtapN. Prints the start command's output.
+# the TAP vrdtapN (a guest of start.sh -x: QEMU only; the daemon and its TAP are its
+# starter's). Prints the start command's output.
 #   scripts/pvrdma-guest/stop.sh -i N
 #   scripts/pvrdma-guest/stop.sh --all
 set -uo pipefail
