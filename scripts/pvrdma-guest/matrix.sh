@@ -2,7 +2,7 @@
 # The interop matrix of a Linux guest on a vrdma PVRDMA device (pvrdma guest 1, 10.47.91.21):
 # every test in both roles against each peer, every exchange captured on the guest's uplink
 # (vrdtap1) and decoded clean by `vrdma decode` and tshark.
-#   scripts/pvrdma-guest/matrix.sh           # the whole matrix (about 20 minutes under TCG)
+#   scripts/pvrdma-guest/matrix.sh           # the whole matrix (14-20 minutes under TCG)
 #   scripts/pvrdma-guest/matrix.sh --quick   # CI's subset (about 4 minutes): below
 # Peers (MATRIX_PEERS, default "rxe host pvrdma"):
 #   rxe     a guest on the kernel's rxe (rxe harness guest MATRIX_RXE_ID, default 1: 10.47.91.11,
@@ -167,7 +167,7 @@ pair() {
     [ -n "$m" ] || m=$(grep -hE '^ *[0-9]+ +[0-9]+ +[0-9.]+' "$hc.stdout" 2>/dev/null | tail -1 | awk '{$1=$1; print}')
     local secs; secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
     if [ $ok = 1 ]; then
-        PASS=$((PASS + 1)); summary "$tag" "ok   ${secs}s  $(grep -c . "$OUT/$tag.decode") pkts  ${m}"
+        PASS=$((PASS + 1)); summary "$tag" "ok   ${secs}s  $(sed -n 's/^ *\([0-9]*\) frames:.*/\1/p' "$OUT/$tag.decode") pkts  ${m}"
     else
         FAILED+=("$tag"); summary "$tag" "FAIL ${secs}s ${why} (logs: $OUT/$tag.*)"
     fi
