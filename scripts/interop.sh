@@ -6,8 +6,9 @@
 # $RXE_HARNESS), on a TAP device in the network namespace "rxens". vrdma
 # runs in that namespace on 10.47.91.1; the guest is 10.47.91.11. Every
 # pair runs in both roles (rxe server / vrdma client, vrdma server / rxe
-# client), each exchange is captured, and each capture must decode cleanly
-# with `vrdma decode` and with tshark.
+# client), each exchange is captured whole (a capture that lost packets
+# fails its pair), and each capture must decode cleanly with `vrdma decode`
+# and with tshark.
 #
 #   scripts/interop.sh              # every pair, MTU 1024 and 4096
 #   scripts/interop.sh 1024         # one MTU
@@ -63,7 +64,7 @@ run() {
     for role in rxe-server vrdma-server; do
         local tag="$name.$role" ok=1
         local pcap=$OUT/$tag.pcap
-        "$H/capture.sh" start "$pcap" rxetap1 > /dev/null 2>&1
+        pcap_start $NS rxetap1 "$pcap" || { echo "  capture did not start: $pcap.err"; ok=0; }
         if [ $role = rxe-server ]; then
             local job
             job=$("$H/exec.sh" -i 1 -b "$rxe" | tail -1)
@@ -84,7 +85,9 @@ run() {
             "$H/exec.sh" -i 1 -t 300 "$rxe host" > "$OUT/$tag.rxe" 2>&1 || ok=0
             wait $pid || ok=0
         fi
-        "$H/capture.sh" stop "$pcap" > /dev/null 2>&1
+        local dropped
+        dropped=$(pcap_stop "$pcap")
+        [ "$dropped" = 0 ] || { echo "  the capture lost ${dropped:-?} packets ($pcap.err)"; ok=0; }
         pcap_check "$VRDMA" "$pcap" "$OUT/$tag" || ok=0
         if [ $ok = 1 ]; then
             pass=$((pass + 1))

@@ -139,25 +139,6 @@ side_listening() {
     esac
 }
 
-# The capture of a pair, on pv1's uplink (everything pv1 sends and receives). The rxe harness's
-# capture.sh uses tcpdump's default buffer, which drops most of a 1 MiB exchange the daemon
-# writes at host speed; here the buffer holds a whole pair's exchange, and a capture that still
-# lost packets fails the pair (every exchange is to be checked whole).
-cap_start() {   # cap_start PCAP
-    rm -f "$1" "$1.err"
-    setsid timeout -s INT -k 5 600 ip netns exec "$NS" tcpdump -Z root --immediate-mode -B 262144 \
-        -i "$(pv_tap 1)" -U -s 0 -w "$1" udp port 4791 > "$1.err" 2>&1 < /dev/null &
-    echo $! > "$1.pid"
-    wait_for 10 grep -qs "listening on" "$1.err"
-}
-cap_stop() {    # cap_stop PCAP: stops it; prints the packets the kernel dropped
-    local p; p=$(cat "$1.pid"); rm -f "$1.pid"
-    sleep 0.3   # the last packets land
-    kill -INT "$p" 2>/dev/null
-    wait_for 10 bash -c "! kill -0 $p 2>/dev/null" || kill -KILL "$p" 2>/dev/null
-    sed -n 's/^\([0-9]*\) packets dropped by kernel.*/\1/p' "$1.err" | head -1
-}
-
 PASS=0
 FAILED=()
 summary() { printf '%-52s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
@@ -169,13 +150,14 @@ pair() {
     local tag=$1 s=$2 c=$3 scmd=$4 ccmd=$5 kind=$6 port=$7 hs hc src crc ok=1 m why=""
     [[ -n ${MATRIX_ONLY:-} && ! $tag =~ $MATRIX_ONLY ]] && return
     local pcap=$OUT/$tag.pcap t0; t0=$(date +%s.%N)
-    cap_start "$pcap" || { summary "$tag" "FAIL (capture did not start: $pcap.err)"; FAILED+=("$tag"); return; }
+    # (whole: a capture that lost packets fails the pair, scripts/lib/pcap.sh)
+    pcap_start "$NS" "$(pv_tap 1)" "$pcap" || { summary "$tag" "FAIL (capture did not start: $pcap.err)"; FAILED+=("$tag"); return; }
     hs=$(side_bg "$s" "$scmd") || ok=0
     side_listening "$s" "$kind" "$port" > "$OUT/$tag.listen" 2>&1 || why+=" server not listening;"
     hc=$(side_bg "$c" "$ccmd $(ip_of "$s")") || ok=0
     crc=$(side_wait "$hc" 200)
     src=$(side_wait "$hs" 60)
-    local dropped; dropped=$(cap_stop "$pcap")
+    local dropped; dropped=$(pcap_stop "$pcap")
     [ "$dropped" = 0 ] || { ok=0; why+=" capture lost ${dropped:-?} packets ($pcap.err);"; }
     { echo "== server ($s, rc $src): $scmd"; cat "$hs.stdout" "$hs.stderr"
       echo "== client ($c, rc $crc): $ccmd $(ip_of "$s")"; cat "$hc.stdout" "$hc.stderr"; } > "$OUT/$tag.log" 2>&1
