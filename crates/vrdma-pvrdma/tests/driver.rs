@@ -27,7 +27,7 @@ fn side(served: &Served, ip: &str) -> Side {
     assert_eq!(g.caps.mode, 0);
     assert_eq!(g.caps.gid_types, abi::GID_TYPE_ROCE_V2);
     assert!(g.caps.max_qp.get() > 17);
-    g.bind_gid(0, Gid::from(ip.parse::<std::net::IpAddr>().unwrap()));
+    g.bind_gid(0, gid(ip));
     let pd = g.create_pd(0);
     let (_, lkey) = g.dma_mr(pd);
     let cq = g.create_cq(64, 0);
@@ -44,16 +44,31 @@ fn side(served: &Served, ip: &str) -> Side {
     }
 }
 
+fn gid(ip: &str) -> Gid {
+    Gid::from(ip.parse::<std::net::IpAddr>().unwrap())
+}
+
+/// Two devices served (`NAME-a` at `ip_a`, `NAME-b` at `ip_b`), a guest on
+/// each, their QPs connected.
+fn pair(name: &str, ip_a: &str, ip_b: &str) -> (Served, Served, Side, Side) {
+    let (fa, fb) = (ip_a.to_owned(), ip_b.to_owned());
+    let da = Served::start(&format!("{name}-a"), move || udp_function(&fa));
+    let db = Served::start(&format!("{name}-b"), move || udp_function(&fb));
+    let mut a = side(&da, ip_a);
+    let mut b = side(&db, ip_b);
+    connect(&mut a, ip_a, &mut b, ip_b);
+    (da, db, a, b)
+}
+
+/// The sides' QPs (at `ip_a`, `ip_b`) connected to each other: RC, in RTS.
+fn connect(a: &mut Side, ip_a: &str, b: &mut Side, ip_b: &str) {
+    rc_up(&mut a.g, &a.qp, gid(ip_b), b.qp.qpn, MAC_B);
+    rc_up(&mut b.g, &b.qp, gid(ip_a), a.qp.qpn, MAC_A);
+}
+
 #[test]
 fn two_guests_exchange_sends_writes_reads_and_atomics() {
-    let da = Served::start("drv-a", || udp_function("127.0.9.1"));
-    let db = Served::start("drv-b", || udp_function("127.0.9.2"));
-    let mut a = side(&da, "127.0.9.1");
-    let mut b = side(&db, "127.0.9.2");
-    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 1));
-    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 2));
-    rc_up(&mut a.g, &a.qp, gb, b.qp.qpn, MAC_B);
-    rc_up(&mut b.g, &b.qp, ga, a.qp.qpn, MAC_A);
+    let (_da, _db, mut a, mut b) = pair("drv", "127.0.9.1", "127.0.9.2");
 
     // SEND 4 KiB, A to B, through the kernel's DMA MR (bus addresses).
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
@@ -118,14 +133,7 @@ fn two_guests_exchange_sends_writes_reads_and_atomics() {
 
 #[test]
 fn an_armed_cq_notifies_once_through_its_ring_and_vector_2() {
-    let da = Served::start("notify-a", || udp_function("127.0.9.3"));
-    let db = Served::start("notify-b", || udp_function("127.0.9.4"));
-    let mut a = side(&da, "127.0.9.3");
-    let mut b = side(&db, "127.0.9.4");
-    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 3));
-    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 9, 4));
-    rc_up(&mut a.g, &a.qp, gb, b.qp.qpn, MAC_B);
-    rc_up(&mut b.g, &b.qp, ga, a.qp.qpn, MAC_A);
+    let (_da, _db, mut a, mut b) = pair("notify", "127.0.9.3", "127.0.9.4");
     b.g.arm(&b.cq, 0, false);
     for i in 0..2 {
         b.g.post_recv(&mut b.qp, 10 + i, &[sge(b.buf, 64, b.lkey)]);
@@ -179,10 +187,7 @@ fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
         "B traps its doorbells"
     );
     let bells = a.g.map_doorbells(0x8000_0000).expect("A's are shared");
-    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 50));
-    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 51));
-    rc_up(&mut a.g, &a.qp, gb, b.qp.qpn, MAC_B);
-    rc_up(&mut b.g, &b.qp, ga, a.qp.qpn, MAC_A);
+    connect(&mut a, "127.0.10.50", &mut b, "127.0.10.51");
     for i in 0..4 {
         b.g.post_recv(&mut b.qp, 20 + i, &[sge(b.buf, 64, b.lkey)]);
     }
@@ -250,8 +255,7 @@ fn a_slot_comes_back_when_its_wqe_is_taken() {
         a.g.create_qp(abi::qp_type::RC, a.pd, a.cq.handle, a.cq.handle, 1);
     let mut qb =
         b.g.create_qp(abi::qp_type::RC, b.pd, b.cq.handle, b.cq.handle, 1);
-    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 52));
-    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 53));
+    let (ga, gb) = (gid("127.0.10.52"), gid("127.0.10.53"));
     rc_up(&mut a.g, &qa, gb, qb.qpn, MAC_B);
     rc_up(&mut b.g, &qb, ga, qa.qpn, MAC_A);
     for i in 0..20u64 {
@@ -287,14 +291,7 @@ fn a_slot_comes_back_when_its_wqe_is_taken() {
 /// infinite) resent its last SEND for ever.
 #[test]
 fn a_destroy_qp_does_not_take_the_ack_of_a_message_just_received() {
-    let da = Served::start("ack-a", || udp_function("127.0.10.54"));
-    let db = Served::start("ack-b", || udp_function("127.0.10.55"));
-    let mut a = side(&da, "127.0.10.54");
-    let mut b = side(&db, "127.0.10.55");
-    let ga = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 54));
-    let gb = Gid::from(std::net::Ipv4Addr::new(127, 0, 10, 55));
-    rc_up(&mut a.g, &a.qp, gb, b.qp.qpn, MAC_B);
-    rc_up(&mut b.g, &b.qp, ga, a.qp.qpn, MAC_A);
+    let (da, db, mut a, mut b) = pair("ack", "127.0.10.54", "127.0.10.55");
     b.g.post_recv(&mut b.qp, 5, &[sge(b.buf, 64, b.lkey)]);
 
     // B stops between turns; A's SEND reaches B's socket, and so does B's
