@@ -49,6 +49,14 @@ const SEND_NOW_BYTES: u64 = 16 << 10;
 /// Receive calls per round at most, so that sending is never starved.
 const RECEIVES_PER_ROUND: usize = 4;
 
+/// Packets one send takes from the engine at most: a long message (a UC
+/// WRITE of gigabytes, the responses to a large READ) leaves over many
+/// rounds, with the receive side and the device's face served between
+/// them, instead of in one round that holds the thread for the whole
+/// message. Larger than the requester's window (128 PSNs), so RC requests
+/// are never held back by it.
+const TX_BUDGET: usize = 256;
+
 /// An RDMA device: the engine, its memory and its transport.
 #[derive(Debug)]
 pub struct Device<M: Memory + Lender, T: Transport> {
@@ -239,12 +247,16 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
         v
     }
 
-    /// Sends every packet the engine has; the number sent. The engine
-    /// writes each packet straight into the transport's send buffer; a
-    /// payload it lends stays in memory.
+    /// Sends what the engine has, [`TX_BUDGET`] packets at most and while
+    /// the transport has room; the number sent. The engine writes each
+    /// packet straight into the transport's send buffer; a payload it
+    /// lends stays in memory.
     fn transmit(&mut self, now: u64) -> usize {
         let mut sent = 0;
-        loop {
+        for _ in 0..TX_BUDGET {
+            if !self.transport.has_room() {
+                break;
+            }
             let (slot, flushed) = self.transport.slot(&self.mem);
             sent += flushed;
             let Some(t) = self.engine.poll_transmit_gather(now, &self.mem, slot) else {

@@ -29,6 +29,15 @@ pub trait Transport {
     /// Bytes received since the transport was made.
     fn rx_bytes(&self) -> u64;
 
+    /// Whether the transport takes another packet now. A transport that
+    /// cannot (a queue it bounds is full) makes its descriptor readable
+    /// once it can; meanwhile the packets wait in the engine (backpressure,
+    /// not loss). A transport that blocks or drops, as a UDP socket does,
+    /// always has room.
+    fn has_room(&mut self) -> bool {
+        true
+    }
+
     /// The buffer the engine writes the next packet into (at least
     /// [`vrdma_engine::transmit::MAX_PACKET`] bytes); the packets sent to
     /// make room for it.
@@ -111,6 +120,10 @@ impl Transport for EthPort {
 
     fn rx_bytes(&self) -> u64 {
         self.stats().rx_bytes
+    }
+
+    fn has_room(&mut self) -> bool {
+        EthPort::has_room(self)
     }
 
     fn slot(&mut self, _mem: &impl Lender) -> (&mut [u8], usize) {

@@ -46,9 +46,24 @@ use crate::{Lender, Piece};
 /// header (with a VLAN tag).
 pub const MAX_FRAME: usize = 9000 + ethernet::HEADER_LEN + ethernet::VLAN_LEN;
 
-/// Frames a stream may hold waiting for its peer to read (beyond them,
-/// frames are dropped).
+/// Bytes of frames a stream may hold waiting for its peer to read (beyond
+/// them, frames are dropped).
 const STREAM_BACKLOG: usize = 1 << 20;
+
+/// Bytes waiting on the uplink stream above which the device sends no more
+/// until its peer has read some (backpressure on the engine, not drops).
+const UPLINK_HIGH_WATER: usize = STREAM_BACKLOG / 2;
+
+/// Bytes read from one stream in one [`EthPort::receive`]: a peer that
+/// writes without pause cannot keep the device's thread reading, nor grow
+/// the partial-frame buffer past one frame and one read.
+const READ_PER_TURN: usize = 64 << 10;
+
+/// Bytes of the device's packets to itself waiting to be received: beyond
+/// them the device sends no more this round (the packets are received in
+/// the next, so a long message looped back costs this much memory, not its
+/// length).
+const LOOPBACK_BYTES: usize = 1 << 20;
 
 /// The RoCEv2 UDP port.
 const ROCE_PORT: u16 = 4791;
@@ -83,12 +98,18 @@ impl Stream {
 
     /// Reads what is there; each whole frame goes to `f`. Ok(false) when
     /// the peer closed the stream (or sent a frame no Ethernet has).
+    /// At most [`READ_PER_TURN`] bytes are read per call (what is left
+    /// keeps the socket readable for the next).
     fn read_frames(&mut self, mut f: impl FnMut(&[u8])) -> io::Result<bool> {
         let mut buf = [0u8; 16384];
-        loop {
+        let mut read = 0;
+        while read < READ_PER_TURN {
             match self.sock.read(&mut buf) {
                 Ok(0) => return Ok(false),
-                Ok(n) => self.rx.extend_from_slice(&buf[..n]),
+                Ok(n) => {
+                    self.rx.extend_from_slice(&buf[..n]);
+                    read += n;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
@@ -245,10 +266,22 @@ pub struct EthStats {
     pub uplink_full: u64,
     /// Guest connections accepted.
     pub guest_connects: u64,
+    /// Connections to the guest socket refused: a guest was connected
+    /// already, or the peer's credentials were not allowed.
+    pub guest_refused: u64,
+    /// Dropped: a frame from the guest with another source MAC.
+    pub spoofed_mac: u64,
+    /// Dropped: a frame from the guest with a source address (IP, or ARP
+    /// sender) it was not given, or of a protocol the filter does not
+    /// pass.
+    pub spoofed_ip: u64,
+    /// Rounds in which the device sent no more because the loopback queue
+    /// or the uplink was full (backpressure).
+    pub tx_paused: u64,
 }
 
 impl EthStats {
-    pub fn fields(&self) -> [(&'static str, u64); 13] {
+    pub fn fields(&self) -> [(&'static str, u64); 17] {
         [
             ("guest_rx", self.guest_rx),
             ("guest_tx", self.guest_tx),
@@ -263,16 +296,76 @@ impl EthStats {
             ("guest_full", self.guest_full),
             ("uplink_full", self.uplink_full),
             ("guest_connects", self.guest_connects),
+            ("guest_refused", self.guest_refused),
+            ("spoofed_mac", self.spoofed_mac),
+            ("spoofed_ip", self.spoofed_ip),
+            ("tx_paused", self.tx_paused),
         ]
     }
 }
 
+/// Decides whether a peer that connected to the guest socket may use it
+/// (its credentials checked by whoever made the port).
+pub type PeerCheck = Box<dyn Fn(&UnixStream) -> bool + Send>;
+
 /// Where the guest's NIC connects: QEMU connects to the listener (and
 /// reconnects after a restart); a test may give a connected stream.
-#[derive(Debug)]
 struct Guest {
     listener: Option<UnixListener>,
     stream: Option<Stream>,
+    /// Whether a peer may connect; everyone when absent.
+    check: Option<PeerCheck>,
+}
+
+impl std::fmt::Debug for Guest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guest")
+            .field("listener", &self.listener)
+            .field("stream", &self.stream)
+            .field("check", &self.check.is_some())
+            .finish()
+    }
+}
+
+/// What the guest may send through the port (against spoofing: a tenant
+/// that forges another's MAC or addresses on a shared uplink).
+#[derive(Clone, Debug, Default, Eq, PartialEq)]
+pub struct SourceFilter {
+    /// Frames from the guest must carry its MAC as their source.
+    pub mac: bool,
+    /// When not empty, the addresses the guest was given: IPv4 and IPv6
+    /// packets must come from one of them (or, IPv6, from its MAC's
+    /// link-local address; IPv4 from 0.0.0.0 only for DHCP, IPv6 from
+    /// `::` only for duplicate address detection), ARP must name the
+    /// guest's MAC and one of them (or 0.0.0.0, a probe) as its sender,
+    /// and no other protocol passes.
+    pub addrs: Vec<IpAddr>,
+}
+
+impl SourceFilter {
+    /// Whether `addr` is one the guest may use as its own (a GID it
+    /// binds): one of the addresses it was given or its MAC's IPv6
+    /// link-local address. Every address when none were given.
+    pub fn allows_addr(&self, mac: [u8; 6], addr: IpAddr) -> bool {
+        self.addrs.is_empty() || self.addrs.contains(&addr) || addr == link_local(mac)
+    }
+}
+
+/// The IPv6 link-local address of a MAC (modified EUI-64, RFC 4291
+/// appendix A), which the guest's kernel gives its interface by default.
+pub fn link_local(mac: [u8; 6]) -> IpAddr {
+    let mut a = [0u8; 16];
+    a[0] = 0xfe;
+    a[1] = 0x80;
+    a[8] = mac[0] ^ 0x02;
+    a[9] = mac[1];
+    a[10] = mac[2];
+    a[11] = 0xff;
+    a[12] = 0xfe;
+    a[13] = mac[3];
+    a[14] = mac[4];
+    a[15] = mac[5];
+    IpAddr::from(a)
 }
 
 /// The port.
@@ -282,6 +375,8 @@ pub struct EthPort {
     uplink: Link,
     /// The guest's MAC: the source of the device's frames.
     mac: MacAddr,
+    /// What the guest may send.
+    filter: SourceFilter,
     /// The device's addresses.
     locals: HashSet<IpAddr>,
     /// The next packet the engine writes.
@@ -289,8 +384,12 @@ pub struct EthPort {
     /// Scratch for one IP packet, one frame.
     ip_buf: Vec<u8>,
     frame_buf: Vec<u8>,
-    /// Device packets for the device itself, as IP packets.
+    /// Device packets for the device itself, as IP packets, and their
+    /// bytes (at most about [`LOOPBACK_BYTES`]).
     looped: VecDeque<Vec<u8>>,
+    looped_bytes: usize,
+    /// Whether the epoll instance watches the uplink stream for room.
+    watching_out: bool,
     /// IPv4 identification of the next packet.
     ident: u16,
     /// The fds the event loop waits on, as one epoll instance.
@@ -323,6 +422,7 @@ impl EthPort {
             Guest {
                 listener: Some(l),
                 stream: None,
+                check: None,
             },
             uplink,
             mac,
@@ -335,6 +435,7 @@ impl EthPort {
             Guest {
                 listener: None,
                 stream: Some(Stream::new(guest)?),
+                check: None,
             },
             uplink,
             mac,
@@ -355,6 +456,9 @@ impl EthPort {
             ip_buf: Vec::with_capacity(MAX_FRAME),
             frame_buf: Vec::with_capacity(MAX_FRAME),
             looped: VecDeque::new(),
+            looped_bytes: 0,
+            watching_out: false,
+            filter: SourceFilter::default(),
             ident: 0,
             epoll,
             stats: EthStats::default(),
@@ -396,13 +500,15 @@ impl EthPort {
     /// Receives what is waiting on every side: the guest's frames go to
     /// the uplink, the uplink's to the guest or, RoCEv2 for the device, to
     /// `deliver` (the IP header and the RoCE packet, its ICRC verified).
-    /// Returns the frames taken.
+    /// Returns the frames taken. Each side is read a bounded amount per
+    /// call; what is left waits for the next.
     pub fn receive(&mut self, mut deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize> {
         self.epoll.drain();
         let mut n = 0;
         // The device's packets to itself.
         while let Some(p) = self.looped.pop_front() {
             n += 1;
+            self.looped_bytes -= p.len();
             self.stats.roce_rx += 1;
             self.stats.rx_bytes += p.len() as u64;
             match frame::unframe_ip(&p) {
@@ -410,8 +516,10 @@ impl EthPort {
                 Err(_) => self.stats.bad_roce += 1,
             }
         }
-        self.accept_guest()?;
-        // The guest's frames: out on the uplink.
+        // The guest's frames: out on the uplink. Read before a newcomer
+        // is looked at: a guest that closed its connection (QEMU
+        // restarting) is gone first, and its successor is not taken for a
+        // second guest.
         let mut out: Vec<Vec<u8>> = Vec::new();
         let open = match &mut self.guest.stream {
             Some(s) => s.read_frames(|f| out.push(f.to_vec()))?,
@@ -420,11 +528,14 @@ impl EthPort {
         for f in &out {
             n += 1;
             self.stats.guest_rx += 1;
-            self.send_to_uplink(f)?;
+            if self.admits(f) {
+                self.send_to_uplink(f)?;
+            }
         }
         if !open {
             self.guest_gone();
         }
+        self.accept_guest()?;
         // The uplink's frames: to the device or the guest.
         let mut frames: Vec<Vec<u8>> = Vec::new();
         let up = self.uplink.receive(|f| frames.push(f.to_vec()))?;
@@ -455,6 +566,49 @@ impl EthPort {
         Ok(n)
     }
 
+    /// What the guest may send through the port (by default, anything).
+    pub fn set_filter(&mut self, filter: SourceFilter) {
+        self.filter = filter;
+    }
+
+    pub fn filter(&self) -> &SourceFilter {
+        &self.filter
+    }
+
+    /// Who may connect to the guest socket (by default, anyone who can
+    /// reach it).
+    pub fn set_peer_check(&mut self, check: PeerCheck) {
+        self.guest.check = Some(check);
+    }
+
+    /// Whether the device may send another packet now: its packets to
+    /// itself and the uplink stream's backlog have room. When not, the
+    /// port's descriptor becomes readable once they do (the loopback
+    /// queue is received in the next round; the uplink is watched for
+    /// room).
+    pub fn has_room(&mut self) -> bool {
+        let room = self.looped_bytes < LOOPBACK_BYTES && self.uplink.backlog() < UPLINK_HIGH_WATER;
+        if !room {
+            self.stats.tx_paused += 1;
+        }
+        room
+    }
+
+    /// Whether the guest may send `f` (counted when not).
+    fn admits(&mut self, f: &[u8]) -> bool {
+        match check_source(&self.filter, self.mac.0, f) {
+            Ok(()) => true,
+            Err(Spoof::Mac) => {
+                self.stats.spoofed_mac += 1;
+                false
+            }
+            Err(Spoof::Addr) => {
+                self.stats.spoofed_ip += 1;
+                false
+            }
+        }
+    }
+
     /// Where a frame from the uplink goes.
     fn steer(&self, f: &[u8]) -> Steer {
         if frame::peek_udp_dst_port(f, true) != Some(ROCE_PORT) {
@@ -470,23 +624,36 @@ impl EthPort {
         }
     }
 
+    /// Takes a connection waiting on the guest socket: the guest's NIC if
+    /// none is connected and the peer is allowed; otherwise it is closed
+    /// at once (a live guest is never replaced: QEMU's reconnection comes
+    /// after its old connection closed).
     fn accept_guest(&mut self) -> io::Result<()> {
         let Some(l) = &self.guest.listener else {
             return Ok(());
         };
-        match l.accept() {
-            Ok((sock, _)) => {
-                // A new connection replaces the old (QEMU reconnected).
-                self.guest_gone();
-                let stream = Stream::new(sock)?;
-                self.epoll.add(stream.sock.as_fd(), TOKEN_GUEST)?;
-                self.guest.stream = Some(stream);
-                self.stats.guest_connects += 1;
-                Ok(())
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
-            Err(e) => Err(e),
+        let sock = match l.accept() {
+            Ok((sock, _)) => sock,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if self.guest.stream.is_some() {
+            self.stats.guest_refused += 1;
+            tracing::warn!("a second connection to a connected guest socket was turned away");
+            return Ok(());
         }
+        if let Some(check) = &self.guest.check
+            && !check(&sock)
+        {
+            self.stats.guest_refused += 1;
+            tracing::warn!("a peer not allowed connected to the guest socket: turned away");
+            return Ok(());
+        }
+        let stream = Stream::new(sock)?;
+        self.epoll.add(stream.sock.as_fd(), TOKEN_GUEST)?;
+        self.guest.stream = Some(stream);
+        self.stats.guest_connects += 1;
+        Ok(())
     }
 
     fn guest_gone(&mut self) {
@@ -576,6 +743,7 @@ impl EthPort {
         self.stats.roce_tx += 1;
         if self.locals.contains(&route.dst.ip()) {
             // For the device itself.
+            self.looped_bytes += self.ip_buf.len();
             self.looped.push_back(self.ip_buf.clone());
             self.epoll.wake()?;
             return Ok(1);
@@ -599,9 +767,15 @@ impl EthPort {
         r.map(|()| 1)
     }
 
-    /// Writes what the streams hold.
+    /// Writes what the streams hold; while the uplink stream holds bytes
+    /// it could not write, the port's descriptor wakes when it has room.
     pub fn flush(&mut self) -> io::Result<()> {
         self.uplink.flush()?;
+        let waiting = self.uplink.backlog() > 0;
+        if waiting != self.watching_out {
+            self.epoll.watch(self.uplink.fd(), TOKEN_UPLINK, waiting)?;
+            self.watching_out = waiting;
+        }
         if let Some(s) = &mut self.guest.stream
             && s.flush().is_err()
         {
@@ -620,6 +794,74 @@ impl EthPort {
 enum Steer {
     Device,
     Guest,
+}
+
+/// Why a guest's frame was refused.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+enum Spoof {
+    Mac,
+    Addr,
+}
+
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const ETHERTYPE_ARP: u16 = 0x0806;
+const ETHERTYPE_IPV6: u16 = 0x86dd;
+const ETHERTYPE_VLAN: u16 = 0x8100;
+
+/// Checks a frame from the guest against `filter` (`mac` the guest's).
+fn check_source(filter: &SourceFilter, mac: [u8; 6], f: &[u8]) -> Result<(), Spoof> {
+    if filter.mac && f.get(6..12) != Some(&mac[..]) {
+        return Err(Spoof::Mac);
+    }
+    if filter.addrs.is_empty() {
+        return Ok(());
+    }
+    let (ethertype, at) = match be16(f, 12) {
+        Some(ETHERTYPE_VLAN) => (be16(f, 16).ok_or(Spoof::Addr)?, 18),
+        Some(t) => (t, 14),
+        None => return Err(Spoof::Addr),
+    };
+    let payload = &f[at.min(f.len())..];
+    let given = |a: IpAddr| filter.addrs.contains(&a);
+    let ok = match ethertype {
+        ETHERTYPE_IPV4 => match ipv4_at(payload, 12) {
+            Some(src) if given(IpAddr::V4(src)) => true,
+            // DHCP (a client asking for its address): UDP to port 67.
+            Some(src) if src.is_unspecified() => {
+                let ihl = usize::from(payload[0] & 0x0f) * 4;
+                payload.get(9) == Some(&17) && be16(payload, ihl + 2) == Some(67)
+            }
+            _ => false,
+        },
+        ETHERTYPE_IPV6 => match payload
+            .get(8..24)
+            .and_then(|b| <[u8; 16]>::try_from(b).ok())
+        {
+            Some(b) => {
+                let src = std::net::Ipv6Addr::from(b);
+                // `::` is the source of duplicate address detection.
+                given(IpAddr::V6(src)) || src.is_unspecified() || IpAddr::V6(src) == link_local(mac)
+            }
+            None => false,
+        },
+        // ARP over Ethernet/IPv4: the sender's MAC and address (0.0.0.0
+        // in a probe) are the guest's.
+        ETHERTYPE_ARP => {
+            payload.get(8..14) == Some(&mac[..])
+                && ipv4_at(payload, 14).is_some_and(|a| a.is_unspecified() || given(IpAddr::V4(a)))
+        }
+        _ => false,
+    };
+    if ok { Ok(()) } else { Err(Spoof::Addr) }
+}
+
+fn be16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn ipv4_at(b: &[u8], at: usize) -> Option<std::net::Ipv4Addr> {
+    let a: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
+    Some(std::net::Ipv4Addr::from(a))
 }
 
 /// The IP packet inside an Ethernet frame (after its header, with or
@@ -642,5 +884,288 @@ fn dst_ip(f: &[u8]) -> Option<IpAddr> {
             Some(IpAddr::from(b))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    const MAC: [u8; 6] = [0x52, 0x54, 0, 0x4c, 0, 1];
+
+    /// An Ethernet frame from `src` of `ethertype` with `payload`.
+    fn eth(src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0xff; 6];
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&ethertype.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// The first bytes of an IPv4 packet from `src` carrying `proto` to
+    /// UDP port `dport`.
+    fn ipv4(src: Ipv4Addr, proto: u8, dport: u16) -> Vec<u8> {
+        let mut p = vec![0u8; 28];
+        p[0] = 0x45;
+        p[9] = proto;
+        p[12..16].copy_from_slice(&src.octets());
+        p[16..20].copy_from_slice(&[10, 0, 0, 9]);
+        p[22..24].copy_from_slice(&dport.to_be_bytes());
+        p
+    }
+
+    fn ipv6(src: Ipv6Addr) -> Vec<u8> {
+        let mut p = vec![0u8; 40];
+        p[0] = 0x60;
+        p[8..24].copy_from_slice(&src.octets());
+        p
+    }
+
+    fn arp(sender_mac: [u8; 6], sender: Ipv4Addr) -> Vec<u8> {
+        let mut p = vec![0u8; 28];
+        p[..8].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        p[8..14].copy_from_slice(&sender_mac);
+        p[14..18].copy_from_slice(&sender.octets());
+        p
+    }
+
+    #[test]
+    fn the_filter_passes_the_guests_own_addresses_only() {
+        let given = Ipv4Addr::new(10, 0, 0, 5);
+        let other = Ipv4Addr::new(10, 0, 0, 6);
+        let v6: Ipv6Addr = "fd00::5".parse().unwrap();
+        let off = SourceFilter::default();
+        let mac_only = SourceFilter {
+            mac: true,
+            addrs: vec![],
+        };
+        let full = SourceFilter {
+            mac: true,
+            addrs: vec![IpAddr::V4(given), IpAddr::V6(v6)],
+        };
+        let stranger = [0x52, 0x54, 0, 0x4c, 0, 2];
+        let ll = match link_local(MAC) {
+            IpAddr::V6(a) => a,
+            IpAddr::V4(_) => unreachable!(),
+        };
+        assert_eq!(ll, "fe80::5054:ff:fe4c:1".parse::<Ipv6Addr>().unwrap());
+        // Each frame's verdict with no filter, the MAC alone, and both.
+        type Verdicts = [Result<(), Spoof>; 3];
+        let cases: Vec<(Vec<u8>, Verdicts)> = vec![
+            (
+                eth(MAC, 0x0800, &ipv4(given, 6, 0)),
+                [Ok(()), Ok(()), Ok(())],
+            ),
+            (
+                eth(stranger, 0x0800, &ipv4(given, 6, 0)),
+                [Ok(()), Err(Spoof::Mac), Err(Spoof::Mac)],
+            ),
+            (
+                eth(MAC, 0x0800, &ipv4(other, 6, 0)),
+                [Ok(()), Ok(()), Err(Spoof::Addr)],
+            ),
+            // DHCP from 0.0.0.0, and nothing else from it.
+            (
+                eth(MAC, 0x0800, &ipv4(Ipv4Addr::UNSPECIFIED, 17, 67)),
+                [Ok(()), Ok(()), Ok(())],
+            ),
+            (
+                eth(MAC, 0x0800, &ipv4(Ipv4Addr::UNSPECIFIED, 17, 4791)),
+                [Ok(()), Ok(()), Err(Spoof::Addr)],
+            ),
+            (eth(MAC, 0x86dd, &ipv6(v6)), [Ok(()), Ok(()), Ok(())]),
+            (eth(MAC, 0x86dd, &ipv6(ll)), [Ok(()), Ok(()), Ok(())]),
+            (
+                eth(MAC, 0x86dd, &ipv6(Ipv6Addr::UNSPECIFIED)),
+                [Ok(()), Ok(()), Ok(())],
+            ),
+            (
+                eth(MAC, 0x86dd, &ipv6("fd00::6".parse().unwrap())),
+                [Ok(()), Ok(()), Err(Spoof::Addr)],
+            ),
+            (eth(MAC, 0x0806, &arp(MAC, given)), [Ok(()), Ok(()), Ok(())]),
+            (
+                eth(MAC, 0x0806, &arp(MAC, Ipv4Addr::UNSPECIFIED)),
+                [Ok(()), Ok(()), Ok(())],
+            ),
+            (
+                eth(MAC, 0x0806, &arp(MAC, other)),
+                [Ok(()), Ok(()), Err(Spoof::Addr)],
+            ),
+            (
+                eth(MAC, 0x0806, &arp(stranger, given)),
+                [Ok(()), Ok(()), Err(Spoof::Addr)],
+            ),
+            // A VLAN tag is looked through.
+            (
+                eth(
+                    MAC,
+                    0x8100,
+                    &[&[0, 5, 8, 0][..], &ipv4(other, 6, 0)].concat(),
+                ),
+                [Ok(()), Ok(()), Err(Spoof::Addr)],
+            ),
+            (
+                eth(
+                    MAC,
+                    0x8100,
+                    &[&[0, 5, 8, 0][..], &ipv4(given, 6, 0)].concat(),
+                ),
+                [Ok(()), Ok(()), Ok(())],
+            ),
+            // Another protocol, and frames too short to tell.
+            (
+                eth(MAC, 0x88cc, &[0; 40]),
+                [Ok(()), Ok(()), Err(Spoof::Addr)],
+            ),
+            (
+                eth(MAC, 0x0800, &[0x45; 10]),
+                [Ok(()), Ok(()), Err(Spoof::Addr)],
+            ),
+            (
+                MAC[..4].to_vec(),
+                [Ok(()), Err(Spoof::Mac), Err(Spoof::Mac)],
+            ),
+        ];
+        for (i, (f, want)) in cases.iter().enumerate() {
+            for (filter, want) in [&off, &mac_only, &full].into_iter().zip(want) {
+                assert_eq!(check_source(filter, MAC, f), *want, "case {i}, {filter:?}");
+            }
+        }
+        assert!(full.allows_addr(MAC, IpAddr::V4(given)));
+        assert!(full.allows_addr(MAC, IpAddr::V6(ll)));
+        assert!(!full.allows_addr(MAC, IpAddr::V4(other)));
+        assert!(mac_only.allows_addr(MAC, IpAddr::V4(other)));
+    }
+
+    /// A port whose guest and uplink are the far ends of socket pairs.
+    fn port() -> (EthPort, UnixStream, UnixStream) {
+        let (g, guest) = UnixStream::pair().unwrap();
+        let (u, uplink) = UnixStream::pair().unwrap();
+        let p = EthPort::with_stream(g, Link::Stream(Stream::new(u).unwrap()), MAC).unwrap();
+        (p, guest, uplink)
+    }
+
+    #[test]
+    fn a_stream_is_read_a_bounded_amount_per_turn() {
+        let (mut p, guest, mut uplink) = port();
+        guest.set_nonblocking(true).unwrap();
+        let frame = eth(MAC, 0x0800, &[0u8; 1000]);
+        let mut one = (frame.len() as u32).to_be_bytes().to_vec();
+        one.extend_from_slice(&frame);
+        // As much as the socket takes: more than one turn reads.
+        let mut written = 0;
+        let mut g = &guest;
+        while let Ok(n) = g.write(&one) {
+            assert_eq!(n, one.len());
+            written += 1;
+            if written == 1000 {
+                break;
+            }
+        }
+        assert!(written * one.len() > READ_PER_TURN, "{written} frames");
+        let n = p.receive(|_, _| {}).unwrap();
+        let per_turn = READ_PER_TURN.div_ceil(one.len());
+        assert!(n <= per_turn, "{n} frames in one turn");
+        let s = p.guest.stream.as_ref().unwrap();
+        assert!(s.rx.len() < MAX_FRAME + 4, "{} bytes buffered", s.rx.len());
+        // Every frame arrives in the end, over several turns.
+        let mut turns = 1;
+        let mut taken = n;
+        while taken < written {
+            taken += p.receive(|_, _| {}).unwrap();
+            turns += 1;
+        }
+        assert_eq!(taken, written);
+        assert!(turns >= 2);
+        assert_eq!(p.stats().guest_rx, written as u64);
+        uplink.set_nonblocking(true).unwrap();
+        let mut got = vec![0u8; 4 << 20];
+        let mut bytes = 0;
+        while let Ok(k) = uplink.read(&mut got[bytes..]) {
+            if k == 0 {
+                break;
+            }
+            bytes += k;
+        }
+        assert_eq!(bytes + p.uplink.backlog(), written * one.len());
+    }
+
+    #[test]
+    fn a_second_connection_never_replaces_a_live_guest() {
+        let dir = std::env::temp_dir().join(format!("vrdma-eth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("second.net");
+        let (u, _uplink) = UnixStream::pair().unwrap();
+        let mut p = EthPort::listen(&path, Link::Stream(Stream::new(u).unwrap()), MAC).unwrap();
+        let mut first = UnixStream::connect(&path).unwrap();
+        p.receive(|_, _| {}).unwrap();
+        assert!(p.guest_connected());
+        let mut second = UnixStream::connect(&path).unwrap();
+        p.receive(|_, _| {}).unwrap();
+        assert_eq!((p.stats().guest_connects, p.stats().guest_refused), (1, 1));
+        // The newcomer was closed; the first guest is still the port's.
+        let mut b = [0u8; 1];
+        assert_eq!(second.read(&mut b).unwrap(), 0);
+        let frame = eth(MAC, 0x0800, &[0u8; 60]);
+        first
+            .write_all(&(frame.len() as u32).to_be_bytes())
+            .unwrap();
+        first.write_all(&frame).unwrap();
+        p.receive(|_, _| {}).unwrap();
+        assert_eq!(p.stats().guest_rx, 1);
+        // Once the first has gone, a reconnection is taken (QEMU
+        // restarted), even in the turn that finds the old one closed.
+        drop(first);
+        let _third = UnixStream::connect(&path).unwrap();
+        p.receive(|_, _| {}).unwrap();
+        assert!(p.guest_connected());
+        assert_eq!((p.stats().guest_connects, p.stats().guest_refused), (2, 1));
+        // A peer the check refuses is turned away.
+        let (u, _uplink2) = UnixStream::pair().unwrap();
+        let mut p2 = EthPort::listen(
+            &dir.join("checked.net"),
+            Link::Stream(Stream::new(u).unwrap()),
+            MAC,
+        )
+        .unwrap();
+        p2.set_peer_check(Box::new(|_| false));
+        let _c = UnixStream::connect(dir.join("checked.net")).unwrap();
+        p2.receive(|_, _| {}).unwrap();
+        assert!(!p2.guest_connected());
+        assert_eq!(p2.stats().guest_refused, 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn spoofed_frames_from_the_guest_are_dropped_and_counted() {
+        let (mut p, mut guest, mut uplink) = port();
+        p.set_filter(SourceFilter {
+            mac: true,
+            addrs: vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5))],
+        });
+        for f in [
+            eth(MAC, 0x0800, &ipv4(Ipv4Addr::new(10, 0, 0, 5), 6, 0)),
+            eth(
+                [2, 0, 0, 0, 0, 9],
+                0x0800,
+                &ipv4(Ipv4Addr::new(10, 0, 0, 5), 6, 0),
+            ),
+            eth(MAC, 0x0800, &ipv4(Ipv4Addr::new(10, 0, 0, 6), 6, 0)),
+        ] {
+            guest.write_all(&(f.len() as u32).to_be_bytes()).unwrap();
+            guest.write_all(&f).unwrap();
+        }
+        p.receive(|_, _| {}).unwrap();
+        let s = p.stats();
+        assert_eq!((s.guest_rx, s.uplink_tx), (3, 1));
+        assert_eq!((s.spoofed_mac, s.spoofed_ip), (1, 1));
+        uplink.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 256];
+        let n = uplink.read(&mut b).unwrap();
+        assert_eq!(&b[4 + 6..4 + 12], &MAC);
+        assert_eq!(n, 4 + 14 + 28);
     }
 }

@@ -105,20 +105,24 @@ impl Epoll {
 
     /// Watches `fd` for input.
     pub(super) fn add(&self, fd: BorrowedFd<'_>, token: u64) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: token,
-        };
-        // SAFETY: EPOLL_CTL_ADD reads one epoll_event, which lives for the
-        // call; both descriptors are open.
-        let r = unsafe {
-            libc::epoll_ctl(
-                self.fd.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                fd.as_raw_fd(),
-                &raw mut ev,
-            )
-        };
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token, false)
+    }
+
+    /// Watches `fd` (added with `token`) for room to write as well as for
+    /// input (`out`), or for input alone.
+    pub(super) fn watch(&self, fd: BorrowedFd<'_>, token: u64, out: bool) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_MOD, fd, token, out)
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: BorrowedFd<'_>, token: u64, out: bool) -> io::Result<()> {
+        let mut events = libc::EPOLLIN as u32;
+        if out {
+            events |= libc::EPOLLOUT as u32;
+        }
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: both descriptors are open (borrowed for the call) and
+        // `ev` is a valid epoll_event the kernel only reads.
+        let r = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd.as_raw_fd(), &raw mut ev) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
