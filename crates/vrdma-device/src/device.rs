@@ -57,6 +57,40 @@ const RECEIVES_PER_ROUND: usize = 4;
 /// are never held back by it.
 const TX_BUDGET: usize = 256;
 
+/// What the engine may hold for the consumer's objects (work queues, page
+/// lists, CQs kept in the engine): past it, creates fail with ENOMEM.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub enum ObjectBudget {
+    /// No limit (a device of the process's own).
+    #[default]
+    Unlimited,
+    /// This many bytes.
+    Fixed(u64),
+    /// Derived from the memory the device serves ([`derived_budget`]): a
+    /// guest with more memory may register more of it and run more work.
+    Derived,
+}
+
+impl ObjectBudget {
+    /// The engine's limit for a device serving `mem` bytes (a face sets
+    /// it with [`Engine::set_memory_limit`] whenever its memory or its
+    /// engine changes).
+    pub fn limit(self, mem: u64) -> Option<u64> {
+        match self {
+            ObjectBudget::Unlimited => None,
+            ObjectBudget::Fixed(n) => Some(n),
+            ObjectBudget::Derived => Some(derived_budget(mem)),
+        }
+    }
+}
+
+/// The object budget of a device serving `mem` bytes: 64 MiB (a few
+/// hundred deep QPs, their CQs and SRQs) plus room for page lists naming
+/// all of the memory twice (8 bytes per 4 KiB page, twice: `mem / 256`).
+pub fn derived_budget(mem: u64) -> u64 {
+    (64 << 20) + mem / 256
+}
+
 /// An RDMA device: the engine, its memory and its transport.
 #[derive(Debug)]
 pub struct Device<M: Memory + Lender, T: Transport> {
@@ -244,6 +278,10 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
         ] {
             v.push((format!("objects.{k}"), u64::from(n)));
         }
+        let m = self.engine.memory_use();
+        v.push(("objects.bytes".into(), m.held));
+        v.push(("objects.bytes_limit".into(), m.limit.unwrap_or(0)));
+        v.push(("objects.refused".into(), m.refused));
         v
     }
 

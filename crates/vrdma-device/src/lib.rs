@@ -25,6 +25,8 @@ pub mod publish;
 pub mod transport;
 pub mod verbs;
 
-pub use device::{Device, Progress, UdpDevice, active_mtu, udp_device};
+pub use device::{
+    Device, ObjectBudget, Progress, UdpDevice, active_mtu, derived_budget, udp_device,
+};
 pub use memory::GuestMem;
 pub use transport::Transport;

@@ -7,6 +7,7 @@ use vrdma_wire::{Lkey, Qpn};
 
 use crate::{
     attr::{DeviceAttr, GidEntry, PortAttr},
+    budget::{self, Budget},
     completion,
     context::Ctx,
     cq::{Arm, Cq, CqSink},
@@ -38,6 +39,20 @@ pub struct Engine {
     /// Everything else, which the data path's roles share
     /// ([`crate::context`]).
     pub(crate) cx: Ctx,
+    /// The memory the consumer's objects hold ([`crate::budget`]).
+    pub(crate) budget: Budget,
+}
+
+/// The memory a consumer's objects hold in the engine, against its limit
+/// ([`Engine::set_memory_limit`]).
+#[derive(Clone, Copy, Debug, Default, Eq, Hash, PartialEq)]
+pub struct MemoryUse {
+    /// Bytes held for work queues, page lists, engine-kept CQs, AHs.
+    pub held: u64,
+    /// `None`: no limit.
+    pub limit: Option<u64>,
+    /// Creates refused with ENOMEM for passing the limit.
+    pub refused: u64,
 }
 
 impl Engine {
@@ -61,6 +76,23 @@ impl Engine {
             ahs: Table::new(1, attr.max_ah),
             cx,
             attr,
+            budget: Budget::default(),
+        }
+    }
+
+    /// Limits the memory the consumer's objects may make the engine hold
+    /// (`None`: no limit). A create that would pass it fails with ENOMEM;
+    /// objects already made stay, even above a lowered limit.
+    pub fn set_memory_limit(&mut self, limit: Option<u64>) {
+        self.budget.limit = limit;
+    }
+
+    /// What the consumer's objects hold, the limit, the refusals.
+    pub fn memory_use(&self) -> MemoryUse {
+        MemoryUse {
+            held: self.budget.held,
+            limit: self.budget.limit,
+            refused: self.budget.refused,
         }
     }
 
@@ -175,12 +207,39 @@ impl Engine {
                 }
             }
         }
-        self.cx.keys.register(req)
+        self.register(req)
+    }
+
+    /// Whether an MR of `pages` pages fits the memory limit now (a face
+    /// asks before it reads a page list of that length from its guest);
+    /// a refusal is counted as a refused registration.
+    pub fn check_mr_pages(&mut self, pages: usize) -> Result<()> {
+        let cost = budget::mr_pages(pages);
+        self.budget.charge(Kind::Mr, cost)?;
+        self.budget.release(cost);
+        Ok(())
+    }
+
+    /// Registers a checked MR request, its page list charged to the
+    /// budget.
+    fn register(&mut self, req: MrRequest) -> Result<(Lkey, vrdma_wire::Rkey)> {
+        let pages = match &req.translation {
+            Translation::Identity => 0,
+            Translation::Pages { pages, .. } => pages.len(),
+        };
+        let cost = budget::mr_pages(pages);
+        self.budget.charge(Kind::Mr, cost)?;
+        self.cx
+            .keys
+            .register(req)
+            .inspect_err(|_| self.budget.release(cost))
     }
 
     /// `ibv_dereg_mr`.
     pub fn dereg_mr(&mut self, lkey: Lkey) -> Result<()> {
-        self.cx.keys.deregister(lkey).map(|_| ())
+        let mr = self.cx.keys.deregister(lkey)?;
+        self.budget.release(budget::mr(&mr));
+        Ok(())
     }
 
     /// The MR an lkey names (for inspection and tests).
@@ -232,7 +291,12 @@ impl Engine {
             max_pages.into(),
             self.attr.max_fast_reg_page_list_len.into(),
         )?;
-        self.cx.keys.alloc_fast_reg(pd, max_pages)
+        let cost = budget::frmr(max_pages);
+        self.budget.charge(Kind::Mr, cost)?;
+        self.cx
+            .keys
+            .alloc_fast_reg(pd, max_pages)
+            .inspect_err(|_| self.budget.release(cost))
     }
 
     /// `ib_map_mr_sg`: the page list the MR's next REG_MR work request
@@ -284,10 +348,16 @@ impl Engine {
         }
         within("CQ size", u64::from(cqe), u64::from(self.attr.max_cqe))?;
         let max = self.cx.cqs.max();
-        let (h, _) = self.cx.cqs.insert(make(cqe)).ok_or(VerbsError::Exhausted {
-            kind: Kind::Cq,
-            max,
-        })?;
+        let c = make(cqe);
+        let cost = budget::cq(cqe, c.has_sink());
+        self.budget.charge(Kind::Cq, cost)?;
+        let Some((h, _)) = self.cx.cqs.insert(c) else {
+            self.budget.release(cost);
+            return Err(VerbsError::Exhausted {
+                kind: Kind::Cq,
+                max,
+            });
+        };
         Ok((CqHandle(h), cqe))
     }
 
@@ -321,9 +391,16 @@ impl Engine {
                 what: "CQ (its ring is the consumer's: resize_cq_sink)",
             });
         }
+        let was = c.capacity();
         c.resize(cqe).map_err(|_| VerbsError::Invalid {
             what: "CQ size (below the completions waiting)",
         })?;
+        let (old, new) = (budget::cq(was, false), budget::cq(cqe, false));
+        if let Err(e) = self.budget.replace(Kind::Cq, old, new) {
+            // Back to the size it had: its completions fitted there.
+            let _ = self.cq_mut(cq)?.resize(was);
+            return Err(e);
+        }
         Ok(cqe)
     }
 
@@ -338,7 +415,9 @@ impl Engine {
                 users,
             });
         }
-        self.cx.cqs.remove(cq.0);
+        if let Some(c) = self.cx.cqs.remove(cq.0) {
+            self.budget.release(budget::cq(c.capacity(), c.has_sink()));
+        }
         Ok(())
     }
 
@@ -404,14 +483,15 @@ impl Engine {
             ..attr
         };
         let max = self.cx.srqs.max();
-        let (h, _) = self
-            .cx
-            .srqs
-            .insert(Srq::new(pd, granted))
-            .ok_or(VerbsError::Exhausted {
+        let cost = budget::srq(granted.max_wr, granted.max_sge);
+        self.budget.charge(Kind::Srq, cost)?;
+        let Some((h, _)) = self.cx.srqs.insert(Srq::new(pd, granted)) else {
+            self.budget.release(cost);
+            return Err(VerbsError::Exhausted {
                 kind: Kind::Srq,
                 max,
-            })?;
+            });
+        };
         Ok((SrqHandle(h), granted))
     }
 
@@ -449,6 +529,9 @@ impl Engine {
             });
         }
         if mask.contains(SrqAttrMask::MAX_WR) {
+            let old = budget::srq(s.attr.max_wr, s.attr.max_sge);
+            let new = budget::srq(attr.max_wr, s.attr.max_sge);
+            self.budget.replace(Kind::Srq, old, new)?;
             s.resize(attr.max_wr);
         }
         if mask.contains(SrqAttrMask::LIMIT) {
@@ -483,7 +566,10 @@ impl Engine {
                 users,
             });
         }
-        self.cx.srqs.remove(srq.0);
+        if let Some(s) = self.cx.srqs.remove(srq.0) {
+            self.budget
+                .release(budget::srq(s.attr.max_wr, s.attr.max_sge));
+        }
         Ok(())
     }
 
@@ -494,24 +580,25 @@ impl Engine {
         self.pd(pd)?;
         self.check_av(&attr)?;
         let max = self.ahs.max();
-        self.ahs
-            .insert(Ah { pd, attr })
-            .map(|(h, _)| AhHandle(h))
-            .ok_or(VerbsError::Exhausted {
+        self.budget.charge(Kind::Ah, budget::ah())?;
+        let Some((h, _)) = self.ahs.insert(Ah { pd, attr }) else {
+            self.budget.release(budget::ah());
+            return Err(VerbsError::Exhausted {
                 kind: Kind::Ah,
                 max,
-            })
+            });
+        };
+        Ok(AhHandle(h))
     }
 
     /// `ibv_destroy_ah`.
     pub fn destroy_ah(&mut self, ah: AhHandle) -> Result<()> {
-        self.ahs
-            .remove(ah.0)
-            .map(|_| ())
-            .ok_or(VerbsError::NotFound {
-                kind: Kind::Ah,
-                handle: ah.0,
-            })
+        self.ahs.remove(ah.0).ok_or(VerbsError::NotFound {
+            kind: Kind::Ah,
+            handle: ah.0,
+        })?;
+        self.budget.release(budget::ah());
+        Ok(())
     }
 
     /// An address vector must name this port and a filled GID slot, and a
@@ -569,7 +656,24 @@ impl Engine {
             c
         };
         let max = self.qps.max();
-        let mut qp = Qp::new(QpInitAttr { cap, ..init });
+        let cost = self.qp_cost(&cap);
+        self.budget.charge(Kind::Qp, cost)?;
+        let made = self.insert_qp(QpInitAttr { cap, ..init }, max);
+        if made.is_err() {
+            self.budget.release(cost);
+        }
+        made.map(|qpn| (qpn, cap))
+    }
+
+    /// What a QP with capabilities `cap` holds ([`crate::budget::qp`]; its
+    /// responder may be given the device's most READ/atomic resources).
+    fn qp_cost(&self, cap: &QpCap) -> u64 {
+        budget::qp(cap, self.attr.max_qp_rd_atom)
+    }
+
+    /// Makes the QP `init` (already checked) describes.
+    fn insert_qp(&mut self, init: QpInitAttr, max: u32) -> Result<Qpn> {
+        let mut qp = Qp::new(init);
         if init.qp_type.is_datagram() {
             // A UD QP has no path MTU attribute: its messages are limited
             // by the port's active MTU (rxe: port->mtu_cap).
@@ -584,7 +688,7 @@ impl Engine {
                 .ok_or(VerbsError::Invalid {
                     what: "GSI QP (the device has one already)",
                 })?;
-            return Ok((Qpn::GSI, cap));
+            return Ok(Qpn::GSI);
         }
         let (h, _) = self.qps.insert(qp).ok_or(VerbsError::Exhausted {
             kind: Kind::Qp,
@@ -601,7 +705,7 @@ impl Engine {
         if let Some(q) = self.qps.get_mut(h) {
             q.qpn = qpn;
         }
-        Ok((qpn, cap))
+        Ok(qpn)
     }
 
     /// `ibv_query_qp`: the attributes and the creation parameters.
@@ -1096,13 +1200,12 @@ impl Engine {
         if self.qps.get(qpn.value()).is_some() {
             self.cx.keys.unbind_qp(qpn);
         }
-        self.qps
-            .remove(qpn.value())
-            .map(|_| ())
-            .ok_or(VerbsError::NotFound {
-                kind: Kind::Qp,
-                handle: qpn.value(),
-            })
+        let q = self.qps.remove(qpn.value()).ok_or(VerbsError::NotFound {
+            kind: Kind::Qp,
+            handle: qpn.value(),
+        })?;
+        self.budget.release(self.qp_cost(&q.init.cap));
+        Ok(())
     }
 
     // ---- what a device face needs ----------------------------------------
@@ -1136,7 +1239,7 @@ impl Engine {
                 what: "zero-based DMA MR",
             });
         }
-        self.cx.keys.register(MrRequest {
+        self.register(MrRequest {
             pd,
             iova: 0,
             length: u64::MAX,

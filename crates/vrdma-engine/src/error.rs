@@ -62,6 +62,15 @@ pub enum VerbsError {
     /// A feature the device does not offer.
     #[error("{what} is not supported")]
     NotSupported { what: &'static str },
+    /// The object would take the memory held for the consumer's objects
+    /// past the device's limit.
+    #[error("a {kind} of {bytes} bytes would pass the memory limit ({held} of {limit} bytes held)")]
+    OverBudget {
+        kind: Kind,
+        bytes: u64,
+        held: u64,
+        limit: u64,
+    },
 }
 
 /// errno values (Linux), as rdma-core reports them.
@@ -82,7 +91,9 @@ impl VerbsError {
             | VerbsError::Invalid { .. }
             | VerbsError::ExceedsLimit { .. }
             | VerbsError::Transition(_) => errno::EINVAL,
-            VerbsError::Exhausted { .. } | VerbsError::QueueFull { .. } => errno::ENOMEM,
+            VerbsError::Exhausted { .. }
+            | VerbsError::QueueFull { .. }
+            | VerbsError::OverBudget { .. } => errno::ENOMEM,
             VerbsError::Busy { .. } => errno::EBUSY,
             VerbsError::NotSupported { .. } => errno::EOPNOTSUPP,
         }

@@ -25,6 +25,7 @@
 
 mod access;
 pub mod attr;
+pub(crate) mod budget;
 mod completer;
 mod completion;
 mod context;

@@ -630,3 +630,105 @@ fn cq_arming_resize_and_polling_through_the_engine() {
         EINVAL
     );
 }
+
+/// A guest's page list: `n` 4 KiB pages.
+fn pages(n: usize) -> Translation {
+    Translation::Pages {
+        page_shift: 12,
+        offset: 0,
+        pages: (0..n as u64).map(|i| 0x10_0000 + i * 4096).collect(),
+    }
+}
+
+#[test]
+fn objects_past_the_memory_limit_are_refused_with_enomem_and_counted() {
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(64, 0).unwrap();
+    // What one QP, one 1 GiB MR's page list, one SRQ cost, unlimited.
+    let held = |e: &Engine| e.memory_use().held;
+    let base = held(&e);
+    let qp = e.create_qp(init(pd, cq, QpType::Rc)).unwrap().0;
+    let qp_cost = held(&e) - base;
+    e.destroy_qp(qp).unwrap();
+    assert_eq!(held(&e), base, "a destroyed QP gives back what it held");
+    let big = |pd| MrRequest {
+        pd,
+        iova: 0,
+        length: 1 << 30,
+        access: Access::LOCAL_WRITE,
+        translation: pages(262_144),
+    };
+    let (lkey, _) = e.reg_mr(big(pd)).unwrap();
+    let mr_cost = held(&e) - base;
+    assert!(
+        mr_cost >= 2 << 20,
+        "a 262 144-page list is 2 MiB: {mr_cost}"
+    );
+    e.dereg_mr(lkey).unwrap();
+    assert_eq!(held(&e), base);
+
+    // A limit with room for one such MR and one QP.
+    e.set_memory_limit(Some(base + mr_cost + qp_cost));
+    let (lkey, _) = e.reg_mr(big(pd)).unwrap();
+    let err = e.reg_mr(big(pd)).unwrap_err();
+    assert_eq!(err.errno(), ENOMEM);
+    assert!(
+        matches!(err, VerbsError::OverBudget { kind: Kind::Mr, .. }),
+        "{err:?}"
+    );
+    let qp = e.create_qp(init(pd, cq, QpType::Rc)).unwrap().0;
+    for err in [
+        e.create_qp(init(pd, cq, QpType::Rc))
+            .map(|_| ())
+            .unwrap_err(),
+        e.create_srq(
+            pd,
+            SrqAttr {
+                max_wr: 1024,
+                max_sge: 8,
+                srq_limit: 0,
+            },
+        )
+        .map(|_| ())
+        .unwrap_err(),
+        e.create_cq(8192, 0).map(|_| ()).unwrap_err(),
+        e.alloc_mr(pd, 512).map(|_| ()).unwrap_err(),
+    ] {
+        assert_eq!(err.errno(), ENOMEM, "{err:?}");
+    }
+    assert_eq!(e.memory_use().refused, 5);
+    assert_eq!(e.counts().qps, 1);
+    // What was made still works; what goes makes room.
+    assert!(e.query_qp(qp).is_ok());
+    e.dereg_mr(lkey).unwrap();
+    let (srq, _) = e
+        .create_srq(
+            pd,
+            SrqAttr {
+                max_wr: 64,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap();
+    // Growing a queue past the limit is refused and leaves it as it was.
+    e.set_memory_limit(Some(held(&e) + 1000));
+    let deepest = e.query_device().max_srq_wr;
+    let err = e
+        .modify_srq(
+            srq,
+            SrqAttr {
+                max_wr: deepest,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+            vrdma_engine::objects::SrqAttrMask::MAX_WR,
+        )
+        .unwrap_err();
+    assert_eq!(err.errno(), ENOMEM, "{err:?}");
+    assert_eq!(e.query_srq(srq).unwrap().max_wr, 64);
+    e.destroy_srq(srq).unwrap();
+    e.destroy_qp(qp).unwrap();
+    assert_eq!(held(&e), base);
+}

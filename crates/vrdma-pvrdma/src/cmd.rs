@@ -475,6 +475,12 @@ impl<T: Transport> Pvrdma<T> {
                 if u64::from(r.nchunks.get()) != span {
                     return Err(fail(EINVAL, "MR page count"));
                 }
+                // The page list is read only if the guest's objects have
+                // room for it: a short directory can name a long one.
+                self.device
+                    .engine_mut()
+                    .check_mr_pages(span as usize)
+                    .map_err(engine_err)?;
                 let pages = PageList::read(bus.mem, r.pdir_dma.get(), span)
                     .map_err(|_| fail(EINVAL, "MR page directory"))?;
                 self.device
@@ -487,7 +493,7 @@ impl<T: Transport> Pvrdma<T> {
                         translation: Translation::Pages {
                             page_shift: 12,
                             offset: start % PAGE_SIZE,
-                            pages: pages.pages().to_vec(),
+                            pages: pages.into_pages(),
                         },
                     })
                     .map_err(engine_err)?

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use nix::errno::Errno;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
-use vrdma_device::{Device, GuestMem, Transport};
+use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
 use vrdma_engine::{Engine, SrqHandle, attr::PortAttr, event::AsyncEvent};
 use vrdma_vfio_user::{
     Bus, Function, Region,
@@ -127,6 +127,8 @@ pub struct Pvrdma<T: Transport> {
     /// reads each round (no exit per post).
     pub polling: bool,
     pub(crate) doorbell_pages: Option<crate::doorbells::SharedDoorbells>,
+    /// What the guest's objects may make the engine hold.
+    budget: ObjectBudget,
     pub(crate) stats: FaceStats,
 }
 
@@ -151,7 +153,7 @@ impl<T: Transport> Pvrdma<T> {
         let node_guid = crate::caps::node_guid(mac);
         let engine = Engine::new(limits.device_attr(node_guid), port.clone());
         let device = Device::new(engine, GuestMem::default(), transport);
-        Ok(Pvrdma {
+        let mut p = Pvrdma {
             config,
             limits,
             mac,
@@ -178,8 +180,25 @@ impl<T: Transport> Pvrdma<T> {
             face_events: Vec::new(),
             polling: false,
             doorbell_pages: None,
+            budget: ObjectBudget::Derived,
             stats: FaceStats::default(),
-        })
+        };
+        p.apply_budget();
+        Ok(p)
+    }
+
+    /// What the guest's objects may make the engine hold (by default,
+    /// [`ObjectBudget::Derived`] from the memory the guest shares; applied
+    /// again whenever that memory changes and after each reset).
+    pub fn set_object_budget(&mut self, budget: ObjectBudget) {
+        self.budget = budget;
+        self.apply_budget();
+    }
+
+    fn apply_budget(&mut self) {
+        let mapped = self.device.mem().size();
+        let limit = self.budget.limit(mapped);
+        self.device.engine_mut().set_memory_limit(limit);
     }
 
     pub fn device(&self) -> &Device<GuestMem, T> {
@@ -294,6 +313,7 @@ impl<T: Transport> Pvrdma<T> {
         // one (and nothing of it reaches guest memory again).
         let fresh = Engine::new(self.limits.device_attr(self.node_guid), self.port.clone());
         *self.device.engine_mut() = fresh;
+        self.apply_budget();
         self.qps.clear();
         self.srqs.clear();
         self.cqs.clear();
@@ -739,6 +759,7 @@ impl<T: Transport> Pvrdma<T> {
         if let Ok(guard) = self.shared.lock() {
             guard.replace(mem.clone());
         }
+        self.apply_budget();
     }
 }
 

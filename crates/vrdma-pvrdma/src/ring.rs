@@ -116,6 +116,11 @@ impl PageList {
         Ok(PageList(pages))
     }
 
+    /// The page addresses, taken.
+    pub fn into_pages(self) -> Vec<u64> {
+        self.0
+    }
+
     /// A list of the given pages (tests).
     pub fn from_pages(pages: Vec<u64>) -> Self {
         PageList(pages)
