@@ -64,6 +64,13 @@ pub trait Transport {
     /// is addressed to these. A UDP port is bound to its one address and
     /// ignores this.
     fn set_local(&mut self, _gids: &[Gid]) {}
+
+    /// Whether the device may take `gid` as one of its addresses (a face
+    /// refuses a GID its guest binds otherwise): a port shared with a
+    /// guest's NIC admits the addresses the guest was given.
+    fn admits_gid(&self, _gid: &Gid) -> bool {
+        true
+    }
 }
 
 impl Transport for UdpPort {
@@ -167,5 +174,9 @@ impl Transport for EthPort {
 
     fn set_local(&mut self, gids: &[Gid]) {
         EthPort::set_local(self, gids);
+    }
+
+    fn admits_gid(&self, gid: &Gid) -> bool {
+        self.filter().allows_addr(self.mac(), gid.ip())
     }
 }

@@ -318,8 +318,15 @@ impl<T: Transport> Pvrdma<T> {
                 if r.gid_type != abi::GID_TYPE_ROCE_V2 {
                     return Err(fail(EINVAL, "GID type (RoCEv2 only)"));
                 }
+                let gid = Gid(r.new_gid);
+                if !self.device.transport().admits_gid(&gid) {
+                    // An address the guest was not given (spoofing
+                    // another tenant's, through the device).
+                    self.stats.gids_refused += 1;
+                    return Err(fail(EINVAL, "GID (not one of the port's addresses)"));
+                }
                 let entry = GidEntry {
-                    gid: Gid(r.new_gid),
+                    gid,
                     ty: GidType::RoceV2,
                 };
                 self.device

@@ -65,6 +65,11 @@ pub struct FaceStats {
     /// Device-ring entries dropped (the guest did not consume them).
     pub ring_drops: u64,
     pub resets: u64,
+    /// GIDs the guest tried to bind that are not its port's addresses.
+    pub gids_refused: u64,
+    /// Device threads that panicked while serving this device (each
+    /// reported, the device reset).
+    pub panics: u64,
 }
 
 /// The rings and slots a loaded shared region names.
@@ -235,6 +240,8 @@ impl<T: Transport> Pvrdma<T> {
             ("notifications", s.notifications),
             ("ring_drops", ring_drops),
             ("resets", s.resets),
+            ("gids_refused", s.gids_refused),
+            ("panics", s.panics),
             ("active", u64::from(self.active)),
         ] {
             v.push((format!("pvrdma.{k}"), n));
@@ -748,6 +755,26 @@ impl<T: Transport> Pvrdma<T> {
         if evented {
             self.raise(bus.irqs, intr::ASYNC);
         }
+    }
+
+    /// The device failed inside (its thread panicked while serving it):
+    /// the guest is told (DEVICE_FATAL, if its async ring is there), then
+    /// everything it made goes as in a reset. Its driver must probe the
+    /// device again, as after any reset; the daemon and its other devices
+    /// go on.
+    pub fn fail(&mut self, bus: &mut Bus<'_>) {
+        self.stats.panics += 1;
+        if let Some(l) = self.loaded.as_mut() {
+            let fatal = abi::Eqe {
+                kind: eqe::DEVICE_FATAL.into(),
+                info: 1.into(),
+            };
+            if l.async_ring.push(bus.mem, &fatal) {
+                self.stats.events += 1;
+                self.raise(bus.irqs, intr::ASYNC);
+            }
+        }
+        self.reset_device();
     }
 
     /// The DMA maps changed: the engine, the CQ sinks and the transport's

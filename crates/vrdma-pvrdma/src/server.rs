@@ -81,8 +81,28 @@ impl<T: Transport> Server<T> {
     }
 
     /// One turn: the device's round, then a wait for whatever comes next
-    /// (the client, the network, the engine's next deadline).
+    /// (the client, the network, the engine's next deadline). A panic
+    /// inside (a bug: no input should cause one) is reported and fails
+    /// the device — the guest is told and everything it made goes, as in
+    /// a reset — instead of ending the thread with the device silently
+    /// gone; the client stays connected and may probe the device again.
     pub fn turn(&mut self) -> io::Result<()> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve_turn())) {
+            Ok(r) => r,
+            Err(_) => {
+                // The panic hook has printed the panic's message.
+                tracing::error!(
+                    socket = %self.listener.path().display(),
+                    "the device's thread panicked: the device is reset"
+                );
+                let mut bus = self.session.bus();
+                self.function.fail(&mut bus);
+                Ok(())
+            }
+        }
+    }
+
+    fn serve_turn(&mut self) -> io::Result<()> {
         let p = {
             let mut bus = self.session.bus();
             self.function.progress(&mut bus)?

@@ -1798,3 +1798,85 @@ fn page_lists_past_the_guests_budget_are_refused_and_its_work_goes_on() {
     exchange(&mut a, &mut b);
     let (_, _, _) = a.g.user_mr(a.pd, MR_VA, &[a.mr], 1);
 }
+
+/// A UDP port that panics in the receive after `trip` is set (a bug
+/// inside a device's round, as the daemon could have one).
+struct Tripwire {
+    port: vrdma_fabric::udp::UdpPort,
+    trip: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl vrdma_device::Transport for Tripwire {
+    fn receive(
+        &mut self,
+        deliver: impl FnMut(&vrdma_wire::frame::IpRepr, &[u8]),
+    ) -> std::io::Result<usize> {
+        if self.trip.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            panic!("tripwire: a bug in the device's round");
+        }
+        self.port.receive(deliver)
+    }
+    fn batch(&self) -> usize {
+        self.port.batch()
+    }
+    fn rx_bytes(&self) -> u64 {
+        self.port.rx_bytes()
+    }
+    fn slot(&mut self, mem: &impl vrdma_fabric::Lender) -> (&mut [u8], usize) {
+        vrdma_device::Transport::slot(&mut self.port, mem)
+    }
+    fn queue(
+        &mut self,
+        t: &vrdma_engine::transmit::Transmit,
+        lent: &[vrdma_fabric::Piece],
+        mem: &impl vrdma_fabric::Lender,
+    ) -> usize {
+        vrdma_device::Transport::queue(&mut self.port, t, lent, mem)
+    }
+    fn flush(&mut self, mem: &impl vrdma_fabric::Lender) -> usize {
+        vrdma_device::Transport::flush(&mut self.port, mem)
+    }
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.port.fd()
+    }
+    fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>) {
+        vrdma_device::Transport::counters(&self.port)
+    }
+}
+
+#[test]
+fn a_device_thread_that_panics_is_reported_and_its_device_reset() {
+    let trip = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wire = trip.clone();
+    let da = Served::start("hostile-panic-a", move || {
+        let port = vrdma_fabric::udp::UdpPort::bind(vrdma_fabric::udp::Config::new(
+            "127.0.9.44".parse().unwrap(),
+        ))
+        .unwrap();
+        let mut attr = vrdma_engine::attr::PortAttr::with_gids(&[]);
+        attr.gids = vec![None; vrdma_pvrdma::caps::Limits::default().gid_tbl_len as usize];
+        let t = Tripwire { port, trip: wire };
+        vrdma_pvrdma::Pvrdma::new(Default::default(), [2, 0, 0, 0, 0, 1], attr, t).unwrap()
+    });
+    let db = device("hostile-panic-b", 45);
+    let mut a = side(&da, 44);
+    let mut b = side(&db, 45);
+    pair(&mut a, &mut b);
+    exchange(&mut a, &mut b);
+
+    trip.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The guest hears of it; the device counts it and forgets the guest's
+    // objects (a reset).
+    wait_event(&mut a.g, (eqe::DEVICE_FATAL, 1));
+    assert_eq!(da.counter_when("pvrdma.panics", |n| n == 1), 1);
+    assert_eq!(da.counter_when("objects.qps", |n| n == 0), 0);
+    assert_eq!(da.stats_when(|s| s.resets >= 1).panics, 1);
+    // The device thread lives on: a new client (the VM restarted) probes
+    // the device and its objects exchange with the other device.
+    drop(a);
+    drop(b);
+    let mut a = side(&da, 44);
+    let mut b = side(&db, 45);
+    pair(&mut a, &mut b);
+    exchange(&mut a, &mut b);
+}
