@@ -48,15 +48,24 @@ pub struct SharedDoorbells {
 }
 
 impl SharedDoorbells {
-    /// `pages` zeroed doorbell pages.
+    /// `pages` zeroed doorbell pages, in a memfd sealed at that size
+    /// before it is handed out: the client that maps it cannot shrink it
+    /// under the device's reads (a SIGBUS in the daemon), nor grow it, nor
+    /// lift the seals.
     pub fn new(pages: u32) -> io::Result<Self> {
-        let fd = nix::sys::memfd::memfd_create(
+        use nix::{
+            fcntl::{FcntlArg, SealFlag, fcntl},
+            sys::memfd::{MFdFlags, memfd_create},
+        };
+        let fd = memfd_create(
             c"vrdma-pvrdma-doorbells",
-            nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
         )?;
         let size = u64::from(pages) * PAGE_SIZE;
         let file = File::from(fd.try_clone()?);
         file.set_len(size)?;
+        let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(seals))?;
         let map = GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(0),
             size as usize,
@@ -142,5 +151,23 @@ mod tests {
             .unwrap();
         d.clear();
         assert_eq!(d.take(0, 8), 0);
+    }
+
+    #[test]
+    fn the_pages_are_sealed_before_they_are_handed_out() {
+        use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+        let d = SharedDoorbells::new(2).unwrap();
+        let fd = d.region().fd;
+        let seals = SealFlag::from_bits_truncate(fcntl(&*fd, FcntlArg::F_GET_SEALS).unwrap());
+        assert!(
+            seals.contains(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL)
+        );
+        // The client (with the descriptor) can neither shrink nor grow it.
+        let file = File::from(fd.try_clone().unwrap());
+        for len in [0, PAGE_SIZE, 4 * PAGE_SIZE] {
+            let e = file.set_len(len).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(nix::errno::Errno::EPERM as i32), "{len}");
+        }
+        assert_eq!(file.metadata().unwrap().len(), 2 * PAGE_SIZE);
     }
 }
