@@ -1,11 +1,15 @@
-//! A hostile PVRDMA driver: a whole function (`Pvrdma` on a transport
-//! that sends nothing) behind its registers, over 32 pages of guest
-//! memory, activated with a good shared region, then driven by the input —
-//! commands through the command slot, pokes into the free pages (page
-//! directories, rings, WQEs), doorbells, register writes (a new shared
-//! region, CTL, IMR) and rounds of the device at a simulated clock. The
-//! device must never panic nor hang (it reaches memory only through
-//! vm-memory, which bounds every access to the 32 pages).
+//! A hostile PVRDMA driver and a hostile network: a whole function
+//! (`Pvrdma`) on its Ethernet port — the guest NIC's side and the uplink
+//! are socket pairs this target holds, so nothing reaches a real network
+//! and what the device sends to its own addresses loops back into it —
+//! behind its registers, over 32 pages of guest memory, activated with a
+//! good shared region, then driven by the input: commands through the
+//! command slot, pokes into the free pages (page directories, rings,
+//! WQEs), doorbells, register writes (a new shared region, CTL, IMR),
+//! frames from the uplink and from the guest's NIC, and rounds of the
+//! device at a simulated clock. The device must never panic nor hang (it
+//! reaches memory only through vm-memory, which bounds every access to the
+//! 32 pages).
 //!
 //! Input: records, each a tag byte then its fields (little-endian):
 //! - 0 command: a length byte, then that many bytes (at most 184) of the
@@ -15,9 +19,16 @@
 //!   SRQ, other), a u32 value.
 //! - 3 round: a byte of milliseconds the clock moves on, then a round.
 //! - 4 register: a byte choosing the register, a u32 value.
+//! - 5 frame from the uplink: a u16 length, then that many bytes (at most
+//!   9018), sent as one stream frame; the device takes it in its next
+//!   round (RoCEv2 for an address the guest bound goes to the engine).
+//! - 6 frame from the guest's NIC: the same, checked against the guest's
+//!   MAC and addresses before it may leave on the uplink.
 #![no_main]
 
 mod common;
+
+use std::io::Write;
 
 use libfuzzer_sys::fuzz_target;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -88,7 +99,7 @@ fuzz_target!(|data: &[u8]| {
     static ZERO: [u8; (PAGES * PAGE_SIZE) as usize] = [0; (PAGES * PAGE_SIZE) as usize];
     mem.write_slice(&ZERO, GuestAddress(BASE)).unwrap();
     let mut irqs = Irqs::new(&[0, 0, abi::intr::VECTORS]);
-    let mut f = common::function();
+    let (mut f, mut guest_nic, mut uplink) = common::eth_function();
     let mut bus = Bus {
         mem: &mem,
         irqs: &mut irqs,
@@ -113,9 +124,10 @@ fuzz_target!(|data: &[u8]| {
         ..abi::Dsr::default()
     };
     mem.write_slice(dsr.as_bytes(), GuestAddress(DSR)).unwrap();
-    let write = |f: &mut Pvrdma<common::Null>, bus: &mut Bus<'_>, region, off, v: u32| {
-        let _ = f.region_write(bus, region, off, &v.to_le_bytes());
-    };
+    let write =
+        |f: &mut Pvrdma<vrdma_fabric::eth::EthPort>, bus: &mut Bus<'_>, region, off, v: u32| {
+            let _ = f.region_write(bus, region, off, &v.to_le_bytes());
+        };
     write(&mut f, &mut bus, 1, reg::DSRLOW, DSR as u32);
     write(&mut f, &mut bus, 1, reg::DSRHIGH, 0);
     write(&mut f, &mut bus, 1, reg::IMR, 0);
@@ -125,7 +137,7 @@ fuzz_target!(|data: &[u8]| {
     let mut now = 0u64;
     let mut input = Input(data);
     while let Some(tag) = input.u8() {
-        match tag % 5 {
+        match tag % 7 {
             0 => {
                 let len = usize::from(input.u8().unwrap_or(0)).min(abi::MAX_REQUEST);
                 let mut slot = [0u8; abi::MAX_REQUEST];
@@ -170,7 +182,7 @@ fuzz_target!(|data: &[u8]| {
                 let _ = f.device_mut().progress_at(now);
                 f.deliver(&mut bus);
             }
-            _ => {
+            4 => {
                 let off = match input.u8().unwrap_or(0) % 8 {
                     0 => reg::DSRLOW,
                     1 => reg::DSRHIGH,
@@ -185,6 +197,17 @@ fuzz_target!(|data: &[u8]| {
                 write(&mut f, &mut bus, 1, off, v);
                 let mut r = [0u8; 4];
                 let _ = f.region_read(&mut bus, 1, reg::ERR, &mut r);
+            }
+            _ => {
+                let len = usize::from(input.u16().unwrap_or(0)).min(9018);
+                let frame = input.bytes(len);
+                let to = if tag % 7 == 5 {
+                    &mut uplink
+                } else {
+                    &mut guest_nic
+                };
+                // A full socket loses the frame, as a wire would.
+                let _ = to.write_all(&[&(frame.len() as u32).to_be_bytes()[..], frame].concat());
             }
         }
     }

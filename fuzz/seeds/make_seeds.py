@@ -132,11 +132,11 @@ qp = pdir(fp(4), fp(5), [fp(6), fp(7), fp(8)]) + command(
 
 
 def qpattr(state, mtu=0, rq_psn=0, sq_psn=0, dest=0, access=0, max_rd=0,
-           max_dest_rd=0, rnr=0, timeout=0, retry=0, rnr_retry=0):
+           max_dest_rd=0, rnr=0, timeout=0, retry=0, rnr_retry=0, dgid=PEER):
     a = bytearray(160)
     struct.pack_into("<IIIIIIIII", a, 0, state, 0, mtu, 0, 0, rq_psn, sq_psn, dest, access)
     a[42:49] = bytes([max_rd, max_dest_rd, rnr, 1, timeout, retry, rnr_retry])
-    a[80:96] = PEER  # ah_attr.dgid
+    a[80:96] = dgid  # ah_attr.dgid
     a[101] = 64  # hop_limit
     a[111] = 1  # ah_flags: GRH
     a[112] = 1  # port_num
@@ -209,6 +209,60 @@ write(
     "pvrdma_command",
     "reset-reprobe",
     pd + regw(2, 2) + pd + regw(0, BASE) + regw(1, 0) + regw(3, 0) + regw(2, 0) + pd,
+)
+
+# The device on its Ethernet port: QP 17 connected to itself (its packets
+# loop back through the port), a SEND and a receive for it.
+loop_up = (
+    modify(17, INIT, qpattr(1, access=7))
+    + modify(17, RTR, qpattr(2, mtu=3, dest=17, rq_psn=0x100, max_dest_rd=4, rnr=12, dgid=GID))
+    + modify(17, RTS, qpattr(3, sq_psn=0x100, timeout=14, retry=7, rnr_retry=7, max_rd=4, dgid=GID))
+)
+write(
+    "pvrdma_command",
+    "eth-loopback-send",
+    bind + pd + dma_mr + cq + arm + qp + loop_up + recv + rnd(1) + send + rnd(1) + rnd(1) + rnd(5),
+)
+
+
+def frame(tag, data):
+    return bytes([tag]) + struct.pack("<H", len(data)) + data
+
+
+GUEST_MAC = bytes([2, 0, 0, 0, 0, 1])
+PEER_MAC = bytes([2, 0, 0, 0, 0, 2])
+
+
+def ipv4_udp(src, dst, sport, dport, payload):
+    udp = struct.pack(">HHHH", sport, dport, 8 + len(payload), 0) + payload
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0, src, dst)
+    return ip + udp
+
+
+# An RC SEND_ONLY (opcode 4) to QP 17 at PSN 0x100 with AckReq, 64 bytes,
+# ICRC left zero (checksums and the ICRC pass under cfg(fuzzing)).
+bth = struct.pack(">BBHII", 4, 0x40, 0xFFFF, 17, 1 << 31 | 0x100)
+roce = ipv4_udp(bytes([127, 0, 0, 2]), bytes([127, 0, 0, 1]), 0xC011, 4791, bth + bytes(64) + bytes(4))
+from_uplink = frame(5, GUEST_MAC + PEER_MAC + b"\x08\x00" + roce)
+write(
+    "pvrdma_command",
+    "eth-uplink-send",
+    bind + pd + dma_mr + cq + arm + qp + up + recv + from_uplink + rnd(1) + rnd(1) + rnd(5),
+)
+# Frames from the guest's NIC: its own (127.0.0.1), a forged source MAC,
+# a forged address, an ARP for itself.
+plain = ipv4_udp(bytes([127, 0, 0, 1]), bytes([127, 0, 0, 2]), 1000, 2000, bytes(32))
+forged = ipv4_udp(bytes([127, 0, 0, 9]), bytes([127, 0, 0, 2]), 1000, 2000, bytes(32))
+arp = struct.pack(">HHBBH", 1, 0x0800, 6, 4, 1) + GUEST_MAC + bytes([127, 0, 0, 1]) + bytes(6) + bytes([127, 0, 0, 2])
+write(
+    "pvrdma_command",
+    "eth-guest-frames",
+    frame(6, PEER_MAC + GUEST_MAC + b"\x08\x00" + plain)
+    + frame(6, PEER_MAC + PEER_MAC + b"\x08\x00" + plain)
+    + frame(6, PEER_MAC + GUEST_MAC + b"\x08\x00" + forged)
+    + frame(6, b"\xff" * 6 + GUEST_MAC + b"\x08\x06" + arp)
+    + rnd(1)
+    + rnd(1),
 )
 
 # ---- pvrdma_wqe: QP type, SGEs, offset, one page (in all four) ------------

@@ -166,7 +166,11 @@ mod tests {
         let file = File::from(fd.try_clone().unwrap());
         for len in [0, PAGE_SIZE, 4 * PAGE_SIZE] {
             let e = file.set_len(len).unwrap_err();
-            assert_eq!(e.raw_os_error(), Some(nix::errno::Errno::EPERM as i32), "{len}");
+            assert_eq!(
+                e.raw_os_error(),
+                Some(nix::errno::Errno::EPERM as i32),
+                "{len}"
+            );
         }
         assert_eq!(file.metadata().unwrap().len(), 2 * PAGE_SIZE);
     }

@@ -99,11 +99,18 @@ pub struct ServeArgs {
     /// mac=MAC (the vmxnet3's, as given to QEMU: the source of the device's frames),
     /// and optionally mtu=BYTES (the link's Ethernet MTU, default 1500: the port's
     /// active MTU is the largest IB MTU that fits), name=NAME (for `vrdma stat`;
-    /// default pvrdmaN) and doorbells=trap|shared (trap, the default: each doorbell is
+    /// default pvrdmaN), doorbells=trap|shared (trap, the default: each doorbell is
     /// a write QEMU forwards; shared: the doorbell pages are memory the guest writes
     /// without an exit and the device's thread busy-polls them and every ring, a core
     /// per device; an arm can then not be told from a poll, so a CQ may get a
-    /// notification nobody asked for). Repeat for more guests.
+    /// notification nobody asked for), spoof=on|off (the guest may send only from its
+    /// MAC, and from the addresses ip= gives, and bind only those as GIDs; on by
+    /// default with a TAP uplink), ip=ADDR[+ADDR…] (the guest's IPv4/IPv6 addresses;
+    /// its MAC's IPv6 link-local address is always allowed) and
+    /// objects=SIZE|derived|unlimited (the memory the guest's QPs, CQs, SRQs and MR
+    /// page lists may make the daemon hold, e.g. 256M; derived, the default: 64 MiB
+    /// plus 1/256 of the memory the guest shares; past it, creates fail with ENOMEM).
+    /// Repeat for more guests.
     #[arg(
         long = "device",
         required = true,
@@ -115,6 +122,20 @@ pub struct ServeArgs {
     /// PVRDMA had these as dev-caps-*).
     #[command(flatten)]
     pub caps: CapsArgs,
+
+    /// Once the devices are open, confine the process to the system calls
+    /// serving needs: kill (a call outside the list kills the process),
+    /// log (the kernel logs it and lets it through), or off.
+    #[arg(long, value_enum, default_value_t = crate::sandbox::Seccomp::Off)]
+    pub seccomp: crate::sandbox::Seccomp,
+
+    /// Once the devices are open, become this user (name or uid; root
+    /// only): its uid and primary group, no other group, no capability.
+    /// Counters are then published in a subdirectory of the run directory
+    /// named after the user. A root daemon without --user that confines
+    /// itself (--seccomp) drops its capabilities instead.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
 }
 
 /// The device's capabilities (every device served gets the same).

@@ -11,6 +11,7 @@
 //! | [`perf`] | `vrdma perf`: perftest 4.5's ib_*_bw / ib_*_lat, interoperable |
 //! | [`pingpong`] | `vrdma pingpong rc\|uc\|ud`: rdma-core's ibv_*_pingpong, interoperable |
 //! | [`rawudp`] | the raw UDP baseline the benchmark compares against |
+//! | [`sandbox`] | `vrdma serve`'s confinement: privileges dropped, a seccomp allow-list |
 //! | [`serve`] | `vrdma serve`: PVRDMA devices for QEMU guests over vfio-user |
 //! | [`stat`] | `vrdma stat`: the counters every device publishes in the run directory |
 //!
@@ -26,5 +27,6 @@ pub mod demo;
 pub mod perf;
 pub mod pingpong;
 pub mod rawudp;
+pub mod sandbox;
 pub mod serve;
 pub mod stat;

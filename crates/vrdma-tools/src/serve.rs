@@ -9,6 +9,7 @@
 //! stderr, while the others go on serving.
 
 use std::{
+    net::IpAddr,
     path::PathBuf,
     sync::{
         Arc,
@@ -23,12 +24,15 @@ use nix::{
     sys::signal::{SigSet, Signal, kill},
     unistd::getpid,
 };
-use vrdma_device::active_mtu;
+use vrdma_device::{ObjectBudget, active_mtu};
 use vrdma_engine::attr::PortAttr;
-use vrdma_fabric::eth::{EthPort, Link};
+use vrdma_fabric::eth::{EthPort, Link, SourceFilter};
 use vrdma_pvrdma::{Pvrdma, Server, caps::Limits};
 
-use crate::args::{CapsArgs, ServeArgs};
+use crate::{
+    args::{CapsArgs, ServeArgs},
+    sandbox::{self, Seccomp},
+};
 
 /// Where a device's uplink goes.
 #[derive(Clone, Debug, Eq, PartialEq)]
@@ -53,6 +57,14 @@ pub struct DeviceSpec {
     /// Doorbell pages shared with the guest, read by a busy-polling device
     /// thread (no exit per post), instead of trapped.
     pub shared_doorbells: bool,
+    /// The guest may send only from its MAC (and from `addrs`, when
+    /// given), and bind only `addrs` as GIDs: on by default with a TAP
+    /// uplink (a bridge shared with other tenants).
+    pub spoof_check: bool,
+    /// The addresses the guest was given (`ip=A+B…`).
+    pub addrs: Vec<IpAddr>,
+    /// What the guest's objects may make the daemon hold.
+    pub objects: ObjectBudget,
 }
 
 /// Parses a MAC address, `aa:bb:cc:dd:ee:ff`: a unicast one (a device
@@ -84,6 +96,7 @@ impl DeviceSpec {
     pub fn parse(s: &str, index: usize) -> Result<Self> {
         let (mut socket, mut netdev, mut uplink, mut mac, mut mtu, mut name, mut doorbells) =
             (None, None, None, None, None, None, None);
+        let (mut spoof, mut addrs, mut objects) = (None, None, None);
         for kv in s.split(',') {
             let (k, v) = kv
                 .split_once('=')
@@ -127,8 +140,37 @@ impl DeviceSpec {
                     };
                     doorbells.replace(shared).is_some()
                 }
+                "spoof" => {
+                    let on = match v {
+                        "on" => true,
+                        "off" => false,
+                        _ => bail!("--device: spoof {v:?}: on or off"),
+                    };
+                    spoof.replace(on).is_some()
+                }
+                "ip" => {
+                    let list = v
+                        .split('+')
+                        .map(|a| {
+                            a.parse::<IpAddr>()
+                                .with_context(|| format!("--device: ip {a:?}: an address"))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    addrs.replace(list).is_some()
+                }
+                "objects" => {
+                    let b = match v {
+                        "derived" => ObjectBudget::Derived,
+                        "unlimited" => ObjectBudget::Unlimited,
+                        _ => ObjectBudget::Fixed(
+                            parse_size(v).with_context(|| format!("--device: objects {v:?}"))?,
+                        ),
+                    };
+                    objects.replace(b).is_some()
+                }
                 _ => bail!(
-                    "--device: unknown key {k:?} (socket, netdev, uplink, mac, mtu, name, doorbells)"
+                    "--device: unknown key {k:?} (socket, netdev, uplink, mac, mtu, name, \
+                     doorbells, spoof, ip, objects)"
                 ),
             };
             if seen {
@@ -141,16 +183,42 @@ impl DeviceSpec {
         if socket == netdev {
             bail!("--device: socket and netdev are the same path");
         }
+        let uplink = uplink.ok_or_else(|| need("uplink"))?;
+        let spoof_check = spoof.unwrap_or(matches!(uplink, Uplink::Tap(_)));
+        let addrs = addrs.unwrap_or_default();
+        if !spoof_check && !addrs.is_empty() {
+            bail!("--device: ip= names the guest's addresses for spoof=on");
+        }
         Ok(DeviceSpec {
             socket,
             netdev,
-            uplink: uplink.ok_or_else(|| need("uplink"))?,
+            uplink,
             mac: mac.ok_or_else(|| need("mac"))?,
             mtu: mtu.unwrap_or(1500),
             name: name.unwrap_or_else(|| format!("pvrdma{index}")),
             shared_doorbells: doorbells.unwrap_or(false),
+            spoof_check,
+            addrs,
+            objects: objects.unwrap_or(ObjectBudget::Derived),
         })
     }
+}
+
+/// A size in bytes: a number with an optional K, M, G or T suffix (powers
+/// of 1024).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let (digits, shift) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 20),
+        Some((i, 'G' | 'g')) => (&s[..i], 30),
+        Some((i, 'T' | 't')) => (&s[..i], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .context("a size: a number, then K, M, G or T")?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| anyhow!("{s}: too large"))
 }
 
 impl CapsArgs {
@@ -183,11 +251,18 @@ fn open(spec: &DeviceSpec, limits: &Limits) -> Result<Server<EthPort>> {
             Link::connect(p).with_context(|| format!("connecting to {}", p.display()))?
         }
     };
-    let port = EthPort::listen(&spec.netdev, link, spec.mac)
+    let mut port = EthPort::listen(&spec.netdev, link, spec.mac)
         .with_context(|| format!("listening at {}", spec.netdev.display()))?;
+    if spec.spoof_check {
+        port.set_filter(SourceFilter {
+            mac: true,
+            addrs: spec.addrs.clone(),
+        });
+    }
     let mut attr = PortAttr::with_gids(&[]);
     attr.active_mtu = active_mtu(spec.mtu);
     let mut function = Pvrdma::new(limits.clone(), spec.mac, attr, port)?;
+    function.set_object_budget(spec.objects);
     if spec.shared_doorbells {
         function
             .share_doorbells()
@@ -195,6 +270,43 @@ fn open(spec: &DeviceSpec, limits: &Limits) -> Result<Server<EthPort>> {
     }
     Server::bind(&spec.socket, function, &spec.name)
         .with_context(|| format!("listening at {}", spec.socket.display()))
+}
+
+/// Confines the whole process once every device is open: another user
+/// or no capabilities, then the seccomp filter on every thread.
+fn confine(user: Option<&sandbox::Identity>, drop_caps: bool, seccomp: Seccomp) -> Result<()> {
+    if let Some(u) = user {
+        sandbox::drop_privileges(u)?;
+    }
+    if drop_caps {
+        sandbox::drop_thread_capabilities()?;
+    }
+    sandbox::apply(seccomp)
+}
+
+/// Makes `dir` a directory of `user`'s, closed to others, for its
+/// counters.
+fn prepare_run_dir(dir: &std::path::Path, user: &sandbox::Identity) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("making {}", dir.display()))?;
+    nix::unistd::chown(dir, Some(user.uid), Some(user.gid))
+        .with_context(|| format!("giving {} to {}", dir.display(), user.name))?;
+    // The user must pass through the run directory to reach its own (and
+    // may not list or write it).
+    if let Some(parent) = dir.parent() {
+        use std::os::unix::fs::PermissionsExt;
+        let m = std::fs::metadata(parent)?;
+        let mode = m.permissions().mode() & 0o7777;
+        if mode & 0o001 == 0 {
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(mode | 0o011))
+                .with_context(|| format!("opening {} to traversal", parent.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// A device's thread.
@@ -228,6 +340,23 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         }
     }
 
+    let user = a.user.as_deref().map(sandbox::identity).transpose()?;
+    // A root daemon that confines itself without becoming another user
+    // gives up its capabilities: each device thread its own, once its
+    // device is open (capabilities are per thread), the main thread last.
+    let drop_caps =
+        user.is_none() && a.seccomp != Seccomp::Off && nix::unistd::Uid::effective().is_root();
+    if let Some(u) = &user {
+        // The counters go where the user may write them, which `vrdma
+        // stat` reads too.
+        let dir = vrdma_device::publish::run_dir().join(&u.name);
+        prepare_run_dir(&dir, u)?;
+        // SAFETY: no other thread exists yet (the device threads start
+        // below), so nothing reads the environment concurrently.
+        unsafe { std::env::set_var("VRDMA_RUN_DIR", &dir) };
+    }
+    sandbox::raise_fd_limit();
+
     // Signals are taken by the main thread alone, synchronously: blocked
     // here, before any device thread exists (threads inherit the mask).
     let mut signals = SigSet::empty();
@@ -252,7 +381,13 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             std::thread::Builder::new()
                 .name(spec.name.clone())
                 .spawn(move || -> Result<()> {
-                    let mut server = match open(&spec, &limits) {
+                    let opened = open(&spec, &limits).and_then(|s| {
+                        if drop_caps {
+                            sandbox::drop_thread_capabilities()?;
+                        }
+                        Ok(s)
+                    });
+                    let mut server = match opened {
                         Ok(s) => {
                             let _ = tx.send(Ok(()));
                             s
@@ -279,6 +414,11 @@ pub fn run(a: &ServeArgs) -> Result<()> {
                 break;
             }
         }
+    }
+    if failed.is_none()
+        && let Err(e) = confine(user.as_ref(), drop_caps, a.seccomp)
+    {
+        failed = Some(e);
     }
     if let Some(e) = failed {
         stop.store(true, Ordering::Relaxed);
@@ -354,6 +494,32 @@ mod tests {
         )
         .unwrap();
         assert!(d.shared_doorbells);
+        // A TAP uplink checks what the guest sends by default; a stream
+        // does not unless told.
+        assert!(d.spoof_check && d.addrs.is_empty());
+        assert_eq!(d.objects, ObjectBudget::Derived);
+        let d = DeviceSpec::parse(
+            "socket=/s,netdev=/n,uplink=stream:/u,mac=52:54:00:4c:00:01,spoof=on,\
+             ip=10.0.0.5+fd00::5,objects=256M",
+            0,
+        )
+        .unwrap();
+        assert!(d.spoof_check);
+        assert_eq!(
+            d.addrs,
+            [
+                "10.0.0.5".parse::<IpAddr>().unwrap(),
+                "fd00::5".parse().unwrap()
+            ]
+        );
+        assert_eq!(d.objects, ObjectBudget::Fixed(256 << 20));
+        let d = DeviceSpec::parse(
+            "socket=/s,netdev=/n,uplink=stream:/u,mac=52:54:00:4c:00:01,objects=unlimited",
+            0,
+        )
+        .unwrap();
+        assert!(!d.spoof_check);
+        assert_eq!(d.objects, ObjectBudget::Unlimited);
         for bad in [
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00",
             "socket=/s,netdev=/n,uplink=tap:t,mac=01:54:00:4c:00:01",
@@ -370,6 +536,11 @@ mod tests {
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,name=",
             "socket=/s;netdev=/n",
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,doorbells=polled",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,spoof=maybe",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,ip=10.0.0.256",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,spoof=off,ip=10.0.0.5",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,objects=12Q",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,objects=99999999999T",
         ] {
             assert!(DeviceSpec::parse(bad, 0).is_err(), "{bad}");
         }

@@ -59,9 +59,22 @@ pub fn run(a: &StatArgs) -> Result<()> {
         }
         Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
     };
-    let mut snaps = Vec::new();
+    // Snapshots in the run directory, and in its subdirectories: a daemon
+    // that serves as a user of its own (`vrdma serve --user`) publishes
+    // into one named after that user.
+    let mut paths = Vec::new();
     for e in entries {
         let path = e?.path();
+        if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            if let Ok(sub) = fs::read_dir(&path) {
+                paths.extend(sub.filter_map(|e| e.ok().map(|e| e.path())));
+            }
+        } else {
+            paths.push(path);
+        }
+    }
+    let mut snaps = Vec::new();
+    for path in paths {
         if !path.to_string_lossy().ends_with(SUFFIX) {
             continue;
         }

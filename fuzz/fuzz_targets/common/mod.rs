@@ -11,8 +11,11 @@ use std::{
     sync::OnceLock,
 };
 
+use std::os::unix::net::UnixStream;
+
 use vrdma_device::Transport;
 use vrdma_engine::transmit::{MAX_PACKET, Transmit};
+use vrdma_fabric::eth::{EthPort, Link, SourceFilter, Stream};
 use vrdma_fabric::{Lender, Piece};
 use vrdma_pvrdma::{Pvrdma, caps::Limits};
 use vrdma_wire::frame::IpRepr;
@@ -90,6 +93,36 @@ pub fn function() -> Pvrdma<Null> {
     port.gids = vec![None; limits.gid_tbl_len as usize];
     Pvrdma::new(limits, [2, 0, 0, 0, 0, 1], port, Null::new()).expect("the default limits")
 }
+
+/// A PVRDMA function with the default limits on an Ethernet port whose
+/// guest NIC and uplink are the far ends of socket pairs the caller holds
+/// (nothing reaches a real network; what the device sends to its own
+/// addresses loops back into it). The port checks what the guest sends
+/// (its MAC; 127.0.0.1, the seeds' GID, and fd00::1 as its addresses).
+pub fn eth_function() -> (Pvrdma<EthPort>, UnixStream, UnixStream) {
+    let (guest, guest_peer) = UnixStream::pair().expect("socketpair");
+    let (uplink, uplink_peer) = UnixStream::pair().expect("socketpair");
+    for s in [&guest_peer, &uplink_peer] {
+        s.set_nonblocking(true).expect("non-blocking");
+    }
+    let link = Link::Stream(Stream::new(uplink).expect("stream"));
+    let mut port = EthPort::with_stream(guest, link, MAC).expect("port");
+    port.set_filter(SourceFilter {
+        mac: true,
+        addrs: vec![
+            "127.0.0.1".parse().expect("address"),
+            "fd00::1".parse().expect("address"),
+        ],
+    });
+    let limits = Limits::default();
+    let mut attr = vrdma_engine::attr::PortAttr::with_gids(&[]);
+    attr.gids = vec![None; limits.gid_tbl_len as usize];
+    let f = Pvrdma::new(limits, MAC, attr, port).expect("the default limits");
+    (f, guest_peer, uplink_peer)
+}
+
+/// The guest NIC's MAC in [`eth_function`].
+pub const MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 
 /// Whether to say what each step did (`VRDMA_FUZZ_TRACE=1`, for checking
 /// that a seed does what it was written to do).

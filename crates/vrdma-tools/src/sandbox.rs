@@ -1,0 +1,284 @@
+//! `vrdma serve`'s confinement, once its devices are open: no privileges
+//! beyond what serving needs, and a system-call allow-list.
+//!
+//! A device that is serving needs no privilege: its sockets are bound,
+//! its TAP open, its doorbell memory made. What it still does is wait
+//! (`poll`, `epoll_wait`), move bytes on descriptors it holds (`read`,
+//! `write`, `recvmsg`, `sendmsg` with descriptors, `sendmmsg`), accept
+//! clients on its sockets and check them (`accept4`, `getsockopt`
+//! `SO_PEERCRED`), map and unmap the memory a client shares (`mmap`,
+//! `munmap`, `fstat`, `fcntl` for seals and flags), inspect a descriptor
+//! it was given (`readlinkat` on `/proc/self/fd`), publish its counters
+//! (`openat`, `renameat`, `unlinkat` in its run directory), allocate, use
+//! futexes and clocks, and exit. So:
+//!
+//! - [`drop_privileges`]: with `--user`, the process takes that user's
+//!   uid and gid (and no supplementary groups), which clears every
+//!   capability; a root daemon without `--user` drops each thread's
+//!   capabilities ([`drop_thread_capabilities`]: capabilities are per
+//!   thread, so every device thread calls it after opening its device).
+//! - [`apply`]: a seccomp filter (rust-vmm's `seccompiler`) on every
+//!   thread at once (TSYNC), with `no_new_privs`: a system call outside
+//!   [`allowed`] kills the process (`kill`) or is logged by the kernel
+//!   and allowed (`log`, to find what a new code path needs). `ioctl` is
+//!   allowed only as `FIONBIO` (what setting a socket non-blocking uses).
+//!
+//! Seccomp cannot look at paths: a confined daemon may still open files
+//! its user may open, which is why a multi-tenant host runs it as a user
+//! of its own (README).
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, bail};
+use nix::unistd::{Gid, Uid, User};
+use seccompiler::{
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+};
+
+/// What a system call outside the allow-list does.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq, clap::ValueEnum)]
+pub enum Seccomp {
+    /// No filter.
+    #[default]
+    Off,
+    /// The process is killed (SIGSYS).
+    Kill,
+    /// The kernel logs the call (audit) and lets it through.
+    Log,
+}
+
+/// The user a daemon becomes.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub name: String,
+    pub uid: Uid,
+    pub gid: Gid,
+}
+
+/// Looks up `name` (a user name or a numeric uid) in the user database:
+/// before anything is opened, so that a bad name fails at once.
+pub fn identity(name: &str) -> Result<Identity> {
+    let user = match name.parse::<u32>() {
+        Ok(n) => User::from_uid(Uid::from_raw(n)),
+        Err(_) => User::from_name(name),
+    }
+    .with_context(|| format!("looking up user {name}"))?;
+    let Some(u) = user else {
+        bail!("no user {name}");
+    };
+    Ok(Identity {
+        name: u.name,
+        uid: u.uid,
+        gid: u.gid,
+    })
+}
+
+/// Becomes `who` (uid, gid, no supplementary groups): every thread of the
+/// process at once (the C library's set*id calls reach all threads), and
+/// every capability goes with root.
+pub fn drop_privileges(who: &Identity) -> Result<()> {
+    if Uid::effective() == who.uid {
+        return Ok(());
+    }
+    if !Uid::effective().is_root() {
+        bail!("--user {}: only root can change user", who.name);
+    }
+    nix::unistd::setgroups(&[who.gid]).context("setgroups")?;
+    nix::unistd::setgid(who.gid).context("setgid")?;
+    nix::unistd::setuid(who.uid).context("setuid")?;
+    if nix::unistd::setuid(Uid::from_raw(0)).is_ok() {
+        bail!("--user {}: root could be regained", who.name);
+    }
+    Ok(())
+}
+
+/// Drops every capability of the calling thread (effective, permitted,
+/// inheritable): a root daemon that keeps its uid keeps no power beyond a
+/// user's file permissions.
+pub fn drop_thread_capabilities() -> Result<()> {
+    // linux/capability.h: _LINUX_CAPABILITY_VERSION_3, two 32-bit words.
+    const VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset(2) reads one header and, for version 3, two data
+    // structs, both laid out as the kernel defines them (repr(C)) and
+    // alive for the call; pid 0 is the calling thread.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("capset");
+    }
+    Ok(())
+}
+
+/// The system calls a serving daemon makes (see the module's doc).
+pub fn allowed() -> Vec<i64> {
+    let mut v = vec![
+        // Waiting.
+        libc::SYS_ppoll,
+        libc::SYS_epoll_pwait,
+        libc::SYS_epoll_ctl,
+        libc::SYS_clock_nanosleep,
+        libc::SYS_nanosleep,
+        libc::SYS_clock_gettime,
+        libc::SYS_gettimeofday,
+        libc::SYS_rt_sigtimedwait,
+        libc::SYS_rt_sigprocmask,
+        libc::SYS_rt_sigreturn,
+        libc::SYS_sigaltstack,
+        libc::SYS_futex,
+        libc::SYS_sched_yield,
+        // Bytes on descriptors it holds.
+        libc::SYS_read,
+        libc::SYS_write,
+        libc::SYS_readv,
+        libc::SYS_writev,
+        libc::SYS_recvfrom,
+        libc::SYS_sendto,
+        libc::SYS_recvmsg,
+        libc::SYS_sendmsg,
+        libc::SYS_recvmmsg,
+        libc::SYS_sendmmsg,
+        libc::SYS_close,
+        libc::SYS_fcntl,
+        libc::SYS_fstat,
+        libc::SYS_newfstatat,
+        libc::SYS_statx,
+        libc::SYS_lseek,
+        libc::SYS_pread64,
+        libc::SYS_pwrite64,
+        // Clients on its sockets.
+        libc::SYS_accept4,
+        libc::SYS_getsockopt,
+        libc::SYS_setsockopt,
+        libc::SYS_getsockname,
+        libc::SYS_shutdown,
+        // Memory: its own and what clients share.
+        libc::SYS_mmap,
+        libc::SYS_munmap,
+        libc::SYS_mremap,
+        libc::SYS_mprotect,
+        libc::SYS_madvise,
+        libc::SYS_brk,
+        // Descriptors it was given, and its counters' files.
+        libc::SYS_readlinkat,
+        libc::SYS_openat,
+        libc::SYS_renameat2,
+        libc::SYS_unlinkat,
+        libc::SYS_mkdirat,
+        libc::SYS_getdents64,
+        // Who it is, threads, signals to itself, the end.
+        libc::SYS_getpid,
+        libc::SYS_gettid,
+        libc::SYS_getuid,
+        libc::SYS_geteuid,
+        libc::SYS_getgid,
+        libc::SYS_getegid,
+        libc::SYS_getrandom,
+        libc::SYS_kill,
+        libc::SYS_tgkill,
+        libc::SYS_rt_sigaction,
+        libc::SYS_exit,
+        libc::SYS_exit_group,
+        libc::SYS_restart_syscall,
+        libc::SYS_rseq,
+        libc::SYS_set_robust_list,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        libc::SYS_poll,
+        libc::SYS_epoll_wait,
+        libc::SYS_readlink,
+        libc::SYS_open,
+        libc::SYS_rename,
+        libc::SYS_renameat,
+        libc::SYS_unlink,
+        libc::SYS_mkdir,
+        libc::SYS_stat,
+        libc::SYS_lstat,
+        libc::SYS_arch_prctl,
+    ]);
+    v
+}
+
+/// Confines every thread of the process to [`allowed`] (and `ioctl` to
+/// `FIONBIO`), with `no_new_privs`.
+pub fn apply(mode: Seccomp) -> Result<()> {
+    let action = match mode {
+        Seccomp::Off => return Ok(()),
+        Seccomp::Kill => SeccompAction::KillProcess,
+        Seccomp::Log => SeccompAction::Log,
+    };
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("--seccomp: not supported on {}", std::env::consts::ARCH))?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        allowed().into_iter().map(|n| (n, Vec::new())).collect();
+    let fionbio =
+        SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::FIONBIO)?;
+    rules.insert(libc::SYS_ioctl, vec![SeccompRule::new(vec![fionbio])?]);
+    let filter = SeccompFilter::new(rules, action, SeccompAction::Allow, arch)?;
+    let program: seccompiler::BpfProgram = filter.try_into()?;
+    seccompiler::apply_filter_all_threads(&program).context("installing the seccomp filter")?;
+    Ok(())
+}
+
+/// Raises the soft limit of open descriptors to the hard one: each device
+/// holds its guest's memory maps and interrupts (bounded by its budgets),
+/// all in one table.
+pub fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allow_list_has_no_duplicates_and_nothing_that_grants_power() {
+        let v = allowed();
+        let set: std::collections::BTreeSet<_> = v.iter().collect();
+        assert_eq!(set.len(), v.len());
+        for forbidden in [
+            libc::SYS_execve,
+            libc::SYS_execveat,
+            libc::SYS_ptrace,
+            libc::SYS_setuid,
+            libc::SYS_setgid,
+            libc::SYS_capset,
+            libc::SYS_mount,
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_bind,
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            libc::SYS_process_vm_readv,
+            libc::SYS_process_vm_writev,
+            libc::SYS_memfd_create,
+            libc::SYS_ioctl,
+        ] {
+            assert!(!set.contains(&forbidden), "{forbidden}");
+        }
+    }
+}
