@@ -7,7 +7,7 @@
 //! longer than that.
 
 use std::{
-    io::{self, IoSlice, IoSliceMut, Read},
+    io::{self, IoSlice, IoSliceMut},
     os::{
         fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
         unix::net::{UnixListener, UnixStream},
@@ -105,23 +105,13 @@ impl Connection {
     /// between messages. Call it only when the socket is readable (it then
     /// waits at most [`IO_TIMEOUT`] for the rest). An error ends the
     /// connection: a malformed header, a message over
-    /// [`proto::MAX_MESSAGE`], descriptors cut off, a message cut off.
+    /// [`proto::MAX_MESSAGE`], more than [`proto::MAX_FDS`] descriptors
+    /// (all of them closed), a message cut off.
     pub fn receive(&mut self) -> io::Result<Option<Message>> {
         let mut head = [0u8; proto::HEADER_LEN];
         let mut fds = Vec::new();
-        let mut got = 0;
-        while got < head.len() {
-            let n = self.recv_with_fds(&mut head[got..], &mut fds)?;
-            if n == 0 {
-                if got == 0 && fds.is_empty() {
-                    return Ok(None);
-                }
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the client closed the connection inside a message",
-                ));
-            }
-            got += n;
+        if !self.recv_exact(&mut head, &mut fds)? {
+            return Ok(None);
         }
         let header = Header::read_from_bytes(&head).map_err(|_| invalid("header"))?;
         let len = header
@@ -131,7 +121,9 @@ impl Connection {
             return Err(invalid("message larger than max_data_xfer_size"));
         }
         let mut payload = vec![0u8; len];
-        self.stream.read_exact(&mut payload)?;
+        if !self.recv_exact(&mut payload, &mut fds)? && len > 0 {
+            return Err(cut_off());
+        }
         Ok(Some(Message {
             header,
             payload,
@@ -139,33 +131,22 @@ impl Connection {
         }))
     }
 
-    /// One `recvmsg` into `buf`, collecting descriptors.
-    fn recv_with_fds(&mut self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
-        let mut cmsg = nix::cmsg_space!([RawFd; proto::MAX_FDS]);
-        let mut iov = [IoSliceMut::new(buf)];
-        let msg = socket::recvmsg::<()>(
-            self.stream.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(io::Error::from)?;
-        let n = msg.bytes;
-        let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
-        for c in msg.cmsgs().map_err(io::Error::from)? {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                for fd in raw {
-                    // SAFETY: the kernel just installed `fd` in this
-                    // process for this message (SCM_RIGHTS); nothing else
-                    // owns it, so it is ours to own and close.
-                    fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    /// Fills `buf`, collecting descriptors into `fds`; false if the client
+    /// closed the connection before the first byte (and sent nothing of
+    /// this message before).
+    fn recv_exact(&mut self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            let n = recv_with_fds(self.stream.as_fd(), &mut buf[got..], fds)?;
+            if n == 0 {
+                if got == 0 && fds.is_empty() {
+                    return Ok(false);
                 }
+                return Err(cut_off());
             }
+            got += n;
         }
-        if truncated {
-            return Err(invalid("more descriptors than max_msg_fds"));
-        }
-        Ok(n)
+        Ok(true)
     }
 
     /// Sends `bytes` as one message, with `fds` (a server's reply carries
@@ -210,6 +191,61 @@ impl AsFd for Connection {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
     }
+}
+
+/// The most descriptors the kernel passes with one message
+/// (`SCM_MAX_FD`, include/net/scm.h).
+const SCM_MAX_FD: usize = 253;
+
+/// One `recvmsg` into `buf`; the descriptors that came with it are owned
+/// at once and added to `fds`. More than [`proto::MAX_FDS`] in `fds` is an
+/// error (and every one of them is closed when the caller drops `fds`).
+///
+/// The control buffer has room for the kernel's maximum, so the kernel
+/// never truncates it: a truncated buffer would still have installed the
+/// descriptors that fit, and nix reports a truncated buffer as an error
+/// without handing them over — they would stay open in this process for
+/// ever. Nothing but `SCM_RIGHTS` can arrive: the socket asks for no
+/// credentials or security labels (`SO_PASSCRED`, `SO_PASSSEC`,
+/// `SO_PASSPIDFD` are off).
+fn recv_with_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
+    let mut cmsg = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = socket::recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
+    let n = msg.bytes;
+    // An error here (a truncated buffer) cannot happen with this buffer
+    // (see above); it ends the connection all the same.
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            for fd in raw {
+                // SAFETY: the kernel just installed `fd` in this process
+                // for this message (SCM_RIGHTS); nothing else owns it, so
+                // it is ours to own and close.
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    if fds.len() > proto::MAX_FDS {
+        return Err(invalid("more descriptors than max_msg_fds"));
+    }
+    Ok(n)
+}
+
+fn cut_off() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the client closed the connection inside a message",
+    )
 }
 
 fn invalid(what: &str) -> io::Error {
