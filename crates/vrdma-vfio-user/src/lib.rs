@@ -29,3 +29,10 @@ pub mod session;
 pub mod socket;
 
 pub use session::{Bus, Function, Mmap, Region, Session};
+
+/// How a server treats its clients; every default suits QEMU.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    /// The listening socket's and its connections'.
+    pub socket: socket::SocketConfig,
+}

@@ -4,10 +4,7 @@
 //! that came with it, a reply (and the descriptor to send with it) comes
 //! out, so that tests and the fuzzer drive it without a socket.
 
-use std::{
-    os::fd::{AsFd, OwnedFd},
-    sync::Arc,
-};
+use std::{os::fd::OwnedFd, sync::Arc};
 
 use nix::errno::Errno;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
@@ -432,11 +429,6 @@ impl Session {
             fd: mmap.map(|m| m.fd),
         })
     }
-}
-
-/// The descriptors to send with a reply (at most one).
-pub fn reply_fds(r: &Reply) -> Vec<std::os::fd::BorrowedFd<'_>> {
-    r.fd.as_deref().map(|f| f.as_fd()).into_iter().collect()
 }
 
 #[cfg(test)]

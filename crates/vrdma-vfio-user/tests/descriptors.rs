@@ -13,12 +13,13 @@ use std::{
         fd::{AsRawFd, OwnedFd, RawFd},
         unix::net::UnixStream,
     },
+    time::Instant,
 };
 
 use nix::sys::socket::{self, ControlMessage, MsgFlags};
 use vrdma_vfio_user::{
     proto::{self, Header, cmd},
-    socket::Connection,
+    socket::{Connection, DEADLINE, Received},
 };
 use zerocopy::IntoBytes;
 
@@ -66,9 +67,9 @@ fn send_with(peer: &UnixStream, bytes: &[u8], fd: &OwnedFd, n: usize) {
 /// The server's verdict on what the client sent: a message and how many
 /// descriptors came with it, or the error that ended the connection.
 fn receive(server: &mut Connection) -> io::Result<usize> {
-    match server.receive()? {
-        Some(m) => Ok(m.fds.len()),
-        None => Err(io::ErrorKind::UnexpectedEof.into()),
+    match server.receive(Instant::now())? {
+        Received::Message(m) => Ok(m.fds.len()),
+        other => panic!("the whole message was sent: {other:?}"),
     }
 }
 
@@ -80,7 +81,7 @@ fn descriptors_over_the_limit_are_all_closed() {
     // Up to the limit: the message and its descriptors arrive.
     {
         let (a, peer) = UnixStream::pair().unwrap();
-        let mut server = Connection::new(a).unwrap();
+        let mut server = Connection::new(a, DEADLINE).unwrap();
         send_with(&peer, &message(8), &fd, proto::MAX_FDS);
         assert_eq!(receive(&mut server).unwrap(), proto::MAX_FDS);
     }
@@ -91,7 +92,7 @@ fn descriptors_over_the_limit_are_all_closed() {
     for n in [proto::MAX_FDS + 1, 20, 100, 253] {
         let e = {
             let (a, peer) = UnixStream::pair().unwrap();
-            let mut server = Connection::new(a).unwrap();
+            let mut server = Connection::new(a, DEADLINE).unwrap();
             send_with(&peer, &message(8), &fd, n);
             receive(&mut server).unwrap_err()
         };
@@ -103,7 +104,7 @@ fn descriptors_over_the_limit_are_all_closed() {
     // descriptors: the total over the message counts.
     let e = {
         let (a, peer) = UnixStream::pair().unwrap();
-        let mut server = Connection::new(a).unwrap();
+        let mut server = Connection::new(a, DEADLINE).unwrap();
         let m = message(8);
         for b in m.chunks(1) {
             send_with(&peer, b, &fd, 10);
@@ -116,7 +117,7 @@ fn descriptors_over_the_limit_are_all_closed() {
     // Descriptors with the payload's bytes count too.
     let e = {
         let (a, peer) = UnixStream::pair().unwrap();
-        let mut server = Connection::new(a).unwrap();
+        let mut server = Connection::new(a, DEADLINE).unwrap();
         let m = message(64);
         send_with(&peer, &m[..proto::HEADER_LEN], &fd, 8);
         send_with(&peer, &m[proto::HEADER_LEN..], &fd, 253);

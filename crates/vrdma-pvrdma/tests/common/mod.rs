@@ -33,7 +33,7 @@ use vrdma_vfio_user::{
     proto::{
         self, DmaMap, Header, IrqSet, RegionAccess, VersionHead, cmd as vcmd, flags, irq, irq_index,
     },
-    socket::Connection,
+    socket::Client,
 };
 use vrdma_wire::Gid;
 use zerocopy::{FromBytes, IntoBytes};
@@ -91,6 +91,15 @@ impl Served {
         name: &str,
         make: impl FnOnce() -> Pvrdma<T> + Send + 'static,
     ) -> Self {
+        Self::start_with(name, vrdma_vfio_user::Config::default(), make)
+    }
+
+    /// [`Served::start`] with a server `config`.
+    pub fn start_with<T: Transport + 'static>(
+        name: &str,
+        config: vrdma_vfio_user::Config,
+        make: impl FnOnce() -> Pvrdma<T> + Send + 'static,
+    ) -> Self {
         let socket =
             std::env::temp_dir().join(format!("vrdma-test-{}-{name}.sock", std::process::id()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -105,7 +114,7 @@ impl Served {
         let path = socket.clone();
         let name = name.to_owned();
         let thread = std::thread::spawn(move || {
-            let mut server = Server::bind(&path, make(), &name).unwrap();
+            let mut server = Server::bind_with(&path, make(), &name, &config).unwrap();
             tx.send(()).unwrap();
             // Server::run's loop, with the counters copied out each turn,
             // and held at the gate while a test pauses it.
@@ -242,7 +251,7 @@ pub fn udp_function(addr: &str) -> Pvrdma<vrdma_fabric::udp::UdpPort> {
 /// canary bytes, as it checks the canary pages it allocates inside RAM and
 /// never hands to the device ([`Guest::canary`], [`Guest::guarded`]).
 pub struct Guest {
-    pub conn: Connection,
+    pub conn: Client,
     /// The test's view: the RAM and the two guard pages.
     pub ram: GuestMemoryMmap<()>,
     memfd: OwnedFd,
@@ -308,7 +317,7 @@ impl Guest {
         )])
         .unwrap();
         let mut g = Guest {
-            conn: Connection::new(stream).unwrap(),
+            conn: Client::new(stream).unwrap(),
             ram,
             memfd,
             ram_size,
