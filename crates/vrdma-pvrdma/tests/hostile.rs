@@ -1942,3 +1942,44 @@ fn run_returns_when_stopped_while_a_client_stalls_mid_message() {
     );
     t.join().unwrap();
 }
+
+#[test]
+fn interrupt_descriptors_that_are_not_eventfds_are_refused() {
+    use std::io::Read;
+
+    use nix::fcntl::{FcntlArg, fcntl};
+    use vrdma_vfio_user::proto::{irq, irq_index};
+
+    let da = device("hostile-irq-kind", 49);
+    let mut g = Guest::connect(&da.socket, RAM);
+    let set = |flags: u32| IrqSet {
+        argsz: 20,
+        flags,
+        index: irq_index::MSIX,
+        start: 0,
+        count: 1,
+    };
+    let eventfds = set(irq::DATA_EVENTFD | irq::ACTION_TRIGGER);
+    // A pipe of one page (512 interrupts) nobody reads, a socket nobody
+    // reads, /dev/null, a memfd: a write to the first two would block
+    // the device's thread once they are full.
+    let (pipe_r, pipe_w) = nix::unistd::pipe().unwrap();
+    fcntl(&pipe_w, FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
+    let (sock, _peer) = UnixStream::pair().unwrap();
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let memfd = nix::sys::memfd::memfd_create(c"irq", nix::sys::memfd::MFdFlags::empty()).unwrap();
+    for fd in [pipe_w.as_fd(), sock.as_fd(), null.as_fd(), memfd.as_fd()] {
+        let (h, _) = g.request(vcmd::DEVICE_SET_IRQS, eventfds.as_bytes(), &[fd]);
+        assert_eq!(h.error, EINVAL, "{fd:?}");
+    }
+    // Vector 0 keeps its eventfd, and the device raises it more times
+    // than the pipe would have held.
+    let trigger = set(irq::DATA_NONE | irq::ACTION_TRIGGER);
+    for _ in 0..1000 {
+        g.ok(vcmd::DEVICE_SET_IRQS, trigger.as_bytes(), &[]);
+    }
+    let mut n = [0u8; 8];
+    g.irq[0].read_exact(&mut n).unwrap();
+    assert_eq!(u64::from_ne_bytes(n), 1000);
+    drop(pipe_r);
+}
