@@ -68,7 +68,7 @@ impl<T: Transport> Server<T> {
         config: &Config,
     ) -> io::Result<Self> {
         let listener = Listener::bind(socket, &config.socket)?;
-        let session = Session::new(&function);
+        let session = Session::with_config(&function, config.dma.clone());
         Ok(Server {
             listener,
             conn: None,
@@ -94,8 +94,20 @@ impl<T: Transport> Server<T> {
         while !stop.load(Ordering::Relaxed) {
             self.turn()?;
         }
+        // The client's memory and descriptors go now, not with the
+        // process.
+        if self.conn.is_some() {
+            self.disconnect();
+        }
         self.publish(true);
         Ok(())
+    }
+
+    /// The device's counters for `vrdma stat`: the function's and the
+    /// vfio-user server's (`vfio.*`: clients, messages, what the session
+    /// holds of the process's resources, what it refused).
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        counters(&self.function, &self.session, self.clients, self.dropped)
     }
 
     /// One turn: the device's round, then a wait for whatever comes next
@@ -251,9 +263,35 @@ impl<T: Transport> Server<T> {
             return;
         };
         let now = self.function.device().now();
-        let f = &self.function;
-        p.publish(now, || f.counters(), last);
+        let (f, session) = (&self.function, &self.session);
+        let (clients, dropped) = (self.clients, self.dropped);
+        p.publish(now, || counters(f, session, clients, dropped), last);
     }
+}
+
+fn counters<T: Transport>(
+    f: &Pvrdma<T>,
+    session: &Session,
+    clients: u64,
+    dropped: u64,
+) -> Vec<(String, u64)> {
+    let mut v = f.counters();
+    let s = session.stats();
+    let h = session.holdings();
+    for (k, n) in [
+        ("clients", clients),
+        ("clients_dropped", dropped),
+        ("messages", s.messages),
+        ("errors", s.errors),
+        ("dma_refused", s.dma_refused),
+        ("dma_maps", h.dma_maps as u64),
+        ("dma_bytes", h.dma_bytes),
+        ("fds", h.fds as u64),
+        ("dma_faults", h.dma_faults),
+    ] {
+        v.push((format!("vfio.{k}"), n));
+    }
+    v
 }
 
 /// A flag a signal handler or another thread sets to stop servers.

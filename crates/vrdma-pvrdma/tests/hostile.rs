@@ -1694,8 +1694,7 @@ fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
     g.ok(vcmd::REGION_WRITE, &w, &[]);
     // DMA maps overlapping, unaligned, of a file too short; unmapping
     // what was never mapped.
-    let fd = nix::sys::memfd::memfd_create(c"short", nix::sys::memfd::MFdFlags::empty()).unwrap();
-    nix::unistd::ftruncate(&fd, 4096).unwrap();
+    let fd = sealed_memfd(c"short", 4096);
     let map = |addr: u64, size: u64| DmaMap {
         argsz: 32,
         flags: proto::dma::READ | proto::dma::WRITE,
@@ -1982,4 +1981,46 @@ fn interrupt_descriptors_that_are_not_eventfds_are_refused() {
     g.irq[0].read_exact(&mut n).unwrap();
     assert_eq!(u64::from_ne_bytes(n), 1000);
     drop(pipe_r);
+}
+
+#[test]
+fn dma_maps_of_other_files_unsealed_memory_or_over_budget_are_refused() {
+    let mut config = vrdma_vfio_user::Config::default();
+    // The guest's RAM and one more.
+    config.dma.max_maps = 2;
+    let da = Served::start_with("hostile-dma-kind", config, || udp_function("127.0.9.50"));
+    let mut g = Guest::connect(&da.socket, RAM);
+    let map = |addr: u64| DmaMap {
+        argsz: 32,
+        flags: proto::dma::READ | proto::dma::WRITE,
+        offset: 0,
+        addr,
+        size: PAGE_SIZE,
+    };
+    let unsealed =
+        nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::empty()).unwrap();
+    nix::unistd::ftruncate(&unsealed, 4096).unwrap();
+    let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
+    let sealed = sealed_memfd(c"sealed", PAGE_SIZE);
+    for (fd, addr, want) in [
+        (unsealed.as_fd(), 0x4_0000_0000, 1),
+        (pipe_r.as_fd(), 0x4_0000_0000, EINVAL),
+        (sealed.as_fd(), 0x4_0000_0000, 0),
+        (sealed.as_fd(), 0x5_0000_0000, 28),
+    ] {
+        let (h, _) = g.request(vcmd::DMA_MAP, map(addr).as_bytes(), &[fd]);
+        assert_eq!(h.error, want, "{fd:?}");
+    }
+    assert_eq!(g.probe(), 0, "the device goes on");
+    assert_eq!(da.counter_when("vfio.dma_refused", |n| n == 3), 3);
+    assert_eq!(da.counter_when("vfio.dma_maps", |n| n == 2), 2);
+    assert_eq!(
+        da.counter_when("vfio.dma_bytes", |n| n == RAM + PAGE_SIZE),
+        RAM + PAGE_SIZE
+    );
+    // Two files and three eventfds.
+    assert_eq!(da.counter_when("vfio.fds", |n| n == 5), 5);
+    drop(g);
+    assert_eq!(da.counter_when("vfio.fds", |n| n == 0), 0);
+    assert_eq!(da.counter_when("vfio.dma_bytes", |n| n == 0), 0);
 }

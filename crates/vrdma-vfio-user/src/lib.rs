@@ -38,6 +38,8 @@ pub use session::{Bus, Function, Mmap, Region, Session};
 pub struct Config {
     /// The listening socket's and its connections'.
     pub socket: socket::SocketConfig,
+    /// What a client may map.
+    pub dma: dma::DmaConfig,
 }
 
 /// Tests that must watch a process die (or survive what would kill it) run

@@ -132,6 +132,14 @@ pub unsafe fn register(start: usize, len: usize, page: usize) -> Result<Guard, E
     Err(Error::Full)
 }
 
+/// The system's page size (the smallest `page` to register with).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf(3) reads a system constant; it touches no memory
+    // of ours.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).unwrap_or(4096)
+}
+
 /// Ranges registered now.
 pub fn registered() -> usize {
     SLOTS

@@ -132,7 +132,7 @@ impl Served {
                 }
                 server.turn().unwrap();
                 *snap.lock().unwrap() = (server.function().stats(), server.clients);
-                *count.lock().unwrap() = server.function().counters();
+                *count.lock().unwrap() = server.counters();
             }
         });
         rx.recv().unwrap();
@@ -294,6 +294,18 @@ fn write32_payload(region: u32, off: u64, v: u32) -> Vec<u8> {
     p
 }
 
+/// A memfd of `len` bytes sealed as QEMU's `memory-backend-memfd` seals
+/// guest RAM (it can neither shrink nor grow).
+pub fn sealed_memfd(name: &std::ffi::CStr, len: u64) -> OwnedFd {
+    use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+    let fd =
+        nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING).unwrap();
+    nix::unistd::ftruncate(&fd, i64::try_from(len).unwrap()).unwrap();
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).unwrap();
+    fd
+}
+
 fn eventfd() -> (OwnedFd, File) {
     let e: OwnedFd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK).unwrap().into();
     let r = File::from(e.try_clone().unwrap());
@@ -305,10 +317,7 @@ impl Guest {
     /// device up as QEMU does: version, DMA map, interrupts, bus master.
     pub fn connect(socket: &Path, ram_size: u64) -> Self {
         let stream = UnixStream::connect(socket).unwrap();
-        let memfd: OwnedFd =
-            nix::sys::memfd::memfd_create(c"guest-ram", nix::sys::memfd::MFdFlags::empty())
-                .unwrap();
-        nix::unistd::ftruncate(&memfd, i64::try_from(ram_size + 2 * PAGE_SIZE).unwrap()).unwrap();
+        let memfd = sealed_memfd(c"guest-ram", ram_size + 2 * PAGE_SIZE);
         let file = File::from(memfd.try_clone().unwrap());
         let ram = GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(RAM_BASE - PAGE_SIZE),
@@ -707,10 +716,7 @@ impl Guest {
     /// Shares `size` more bytes of memory at `addr` (a memfd of their
     /// own): the test's view of them.
     pub fn map_extra(&mut self, addr: u64, size: u64) -> GuestMemoryMmap<()> {
-        let fd: OwnedFd =
-            nix::sys::memfd::memfd_create(c"guest-extra", nix::sys::memfd::MFdFlags::empty())
-                .unwrap();
-        nix::unistd::ftruncate(&fd, i64::try_from(size).unwrap()).unwrap();
+        let fd = sealed_memfd(c"guest-extra", size);
         let view = GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(addr),
             size as usize,
