@@ -107,7 +107,8 @@ impl<T: Transport> Server<T> {
     /// vfio-user server's (`vfio.*`: clients, messages, what the session
     /// holds of the process's resources, what it refused).
     pub fn counters(&self) -> Vec<(String, u64)> {
-        counters(&self.function, &self.session, self.clients, self.dropped)
+        let (clients, dropped, refused) = (self.clients, self.dropped, self.listener.refused());
+        counters(&self.function, &self.session, [clients, dropped, refused])
     }
 
     /// One turn: the device's round, then a wait for whatever comes next
@@ -264,23 +265,22 @@ impl<T: Transport> Server<T> {
         };
         let now = self.function.device().now();
         let (f, session) = (&self.function, &self.session);
-        let (clients, dropped) = (self.clients, self.dropped);
-        p.publish(now, || counters(f, session, clients, dropped), last);
+        let peers = [self.clients, self.dropped, self.listener.refused()];
+        p.publish(now, || counters(f, session, peers), last);
     }
 }
 
-fn counters<T: Transport>(
-    f: &Pvrdma<T>,
-    session: &Session,
-    clients: u64,
-    dropped: u64,
-) -> Vec<(String, u64)> {
+/// The function's counters and the server's; `peers` are the clients
+/// served, dropped and refused.
+fn counters<T: Transport>(f: &Pvrdma<T>, session: &Session, peers: [u64; 3]) -> Vec<(String, u64)> {
     let mut v = f.counters();
     let s = session.stats();
     let h = session.holdings();
+    let [clients, dropped, refused] = peers;
     for (k, n) in [
         ("clients", clients),
         ("clients_dropped", dropped),
+        ("peers_refused", refused),
         ("messages", s.messages),
         ("errors", s.errors),
         ("dma_refused", s.dma_refused),

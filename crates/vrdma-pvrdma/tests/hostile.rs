@@ -2024,3 +2024,33 @@ fn dma_maps_of_other_files_unsealed_memory_or_over_budget_are_refused() {
     assert_eq!(da.counter_when("vfio.fds", |n| n == 0), 0);
     assert_eq!(da.counter_when("vfio.dma_bytes", |n| n == 0), 0);
 }
+
+#[test]
+fn a_peer_not_allowed_is_turned_away_without_a_word() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let mut config = vrdma_vfio_user::Config::default();
+    config.socket.allowed_uids = vec![4242];
+    let da = Served::start_with("hostile-peer", config, || udp_function("127.0.9.51"));
+    let mode = std::fs::metadata(&da.socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let mut v = proto::VersionHead { major: 0, minor: 0 }
+        .as_bytes()
+        .to_vec();
+    v.extend_from_slice(b"{}\0");
+    let mut msg = header(vcmd::VERSION, (16 + v.len()) as u32)
+        .as_bytes()
+        .to_vec();
+    msg.extend_from_slice(&v);
+    let mut s = UnixStream::connect(&da.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(&msg);
+    let mut b = [0u8; 64];
+    match s.read(&mut b) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("an answer: {other:?}"),
+    }
+    assert_eq!(da.counter_when("vfio.peers_refused", |n| n == 1), 1);
+    assert_eq!(da.clients(), 0);
+}

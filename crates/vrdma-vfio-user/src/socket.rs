@@ -13,6 +13,10 @@
 //! slower is dropped (QEMU sends each message in one call and waits for
 //! its reply). So a client can hold neither the device's thread nor its
 //! memory. [`Client`] is the client's end, blocking, for tests and tools.
+//!
+//! The socket is private: its file is 0600 (0660 when a group is allowed),
+//! and a peer whose credentials (`SO_PEERCRED`) are not allowed is closed
+//! at once, counted.
 
 use std::{
     io::{self, IoSlice, IoSliceMut},
@@ -25,7 +29,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::{
+    fcntl::{AT_FDCWD, AtFlags},
+    sys::socket::{
+        self, AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
+        SockType, UnixAddr, sockopt,
+    },
+    unistd::{Gid, fchownat, geteuid},
+};
 use zerocopy::FromBytes;
 
 use crate::proto::{self, Header};
@@ -38,11 +49,25 @@ pub struct SocketConfig {
     /// that is slower is dropped. QEMU sends a message in one call and
     /// reads its reply at once; [`DEADLINE`] by default.
     pub deadline: Duration,
+    /// Users whose processes may connect (the peer's effective uid when it
+    /// connected): by default this process's effective user, and root.
+    pub allowed_uids: Vec<u32>,
+    /// Groups whose processes may connect (the peer's effective gid when
+    /// it connected; not its supplementary groups): none by default. With
+    /// any, the socket file is 0660 and belongs to the first (which this
+    /// process must be allowed to give it); without, 0600.
+    pub allowed_gids: Vec<u32>,
 }
 
 impl Default for SocketConfig {
     fn default() -> Self {
-        SocketConfig { deadline: DEADLINE }
+        let mut allowed_uids = vec![geteuid().as_raw(), 0];
+        allowed_uids.dedup();
+        SocketConfig {
+            deadline: DEADLINE,
+            allowed_uids,
+            allowed_gids: Vec::new(),
+        }
     }
 }
 
@@ -53,17 +78,31 @@ pub const DEADLINE: Duration = Duration::from_secs(1);
 /// gives up (a test fails rather than hangs).
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Connections looked at in one [`Listener::accept`] (peers turned away
+/// do not count against the next turn).
+const ACCEPTS_PER_CALL: usize = 16;
+
 /// A listening socket at a path.
 #[derive(Debug)]
 pub struct Listener {
     listener: UnixListener,
     path: PathBuf,
     config: SocketConfig,
+    /// Peers turned away (credentials not allowed).
+    refused: u64,
 }
 
 impl Listener {
-    /// Listens at `path`. A socket file left there by an earlier run is
-    /// replaced only if nothing accepts connections on it.
+    /// Listens at `path`, a socket file of mode 0600 (0660 with allowed
+    /// groups; see [`SocketConfig::allowed_gids`]). A socket file left
+    /// there by an earlier run is replaced only if nothing accepts
+    /// connections on it.
+    ///
+    /// The file gets its mode after `bind` and before `listen`: until then
+    /// nothing can connect to it (ECONNREFUSED), so it is never connectable
+    /// with a wider mode; the process's umask, which other threads share,
+    /// is left alone. Someone who can write to the directory could swap the
+    /// file in that moment, as they could at any time after.
     pub fn bind(path: &Path, config: &SocketConfig) -> io::Result<Self> {
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
@@ -74,12 +113,39 @@ impl Listener {
             }
             std::fs::remove_file(path)?;
         }
-        let listener = UnixListener::bind(path)?;
-        listener.set_nonblocking(true)?;
+        let fd = socket::socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )?;
+        socket::bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+        let private = || -> io::Result<()> {
+            let mode = if let Some(&gid) = config.allowed_gids.first() {
+                fchownat(
+                    AT_FDCWD,
+                    path,
+                    None,
+                    Some(Gid::from_raw(gid)),
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )?;
+                0o660
+            } else {
+                0o600
+            };
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+            socket::listen(&fd, Backlog::MAXCONN)?;
+            Ok(())
+        };
+        if let Err(e) = private() {
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
         Ok(Listener {
-            listener,
+            listener: UnixListener::from(fd),
             path: path.to_owned(),
             config: config.clone(),
+            refused: 0,
         })
     }
 
@@ -87,13 +153,66 @@ impl Listener {
         &self.path
     }
 
-    /// A client that is waiting, if any.
-    pub fn accept(&self) -> io::Result<Option<Connection>> {
-        match self.listener.accept() {
-            Ok((stream, _)) => Connection::new(stream, self.config.deadline).map(Some),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(e),
+    /// A client that is waiting and allowed, if any; peers not allowed are
+    /// closed at once (no reply), counted and logged.
+    pub fn accept(&mut self) -> io::Result<Option<Connection>> {
+        for _ in 0..ACCEPTS_PER_CALL {
+            let stream = match self.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) => return accept_error(e),
+            };
+            match socket::getsockopt(&stream, sockopt::PeerCredentials) {
+                Ok(c) if self.allows(c.uid(), c.gid()) => {
+                    return Connection::new(stream, self.config.deadline).map(Some);
+                }
+                Ok(c) => {
+                    self.refused += 1;
+                    tracing::warn!(
+                        socket = %self.path.display(),
+                        uid = c.uid(),
+                        gid = c.gid(),
+                        pid = c.pid(),
+                        "a peer not allowed was turned away"
+                    );
+                }
+                Err(e) => {
+                    self.refused += 1;
+                    tracing::warn!(socket = %self.path.display(), error = %e, "a peer without credentials was turned away");
+                }
+            }
         }
+        Ok(None)
+    }
+
+    /// Peers turned away since the start.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    fn allows(&self, uid: u32, gid: u32) -> bool {
+        self.config.allowed_uids.contains(&uid) || self.config.allowed_gids.contains(&gid)
+    }
+}
+
+/// What an error of `accept` means for the listener: none waiting, a
+/// connection gone before it was taken, or a shortage (of descriptors,
+/// memory) that passes — none of them the listener's end.
+fn accept_error(e: io::Error) -> io::Result<Option<Connection>> {
+    match e.raw_os_error().map(nix::errno::Errno::from_raw) {
+        _ if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Some(
+            nix::errno::Errno::ECONNABORTED | nix::errno::Errno::EINTR | nix::errno::Errno::EPROTO,
+        ) => Ok(None),
+        Some(
+            nix::errno::Errno::EMFILE
+            | nix::errno::Errno::ENFILE
+            | nix::errno::Errno::ENOBUFS
+            | nix::errno::Errno::ENOMEM,
+        ) => {
+            tracing::warn!(error = %e, "accept: no resources for a new client now");
+            Ok(None)
+        }
+        _ => Err(e),
     }
 }
 
@@ -511,6 +630,70 @@ mod tests {
 
     fn error(r: io::Result<Received>) -> io::ErrorKind {
         r.unwrap_err().kind()
+    }
+
+    fn temp_socket(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("vrdma-sock-{}-{name}.sock", std::process::id()))
+    }
+
+    #[test]
+    fn the_socket_file_is_private_to_its_user_or_its_group() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+        let path = temp_socket("private");
+        let l = Listener::bind(&path, &SocketConfig::default()).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+        drop(l);
+        assert!(!path.exists());
+        let egid = nix::unistd::getegid().as_raw();
+        let config = SocketConfig {
+            allowed_gids: vec![egid],
+            ..SocketConfig::default()
+        };
+        let l = Listener::bind(&path, &config).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o660);
+        assert_eq!(meta.gid(), egid);
+        drop(l);
+    }
+
+    #[test]
+    fn peers_not_allowed_are_turned_away_and_counted() {
+        let path = temp_socket("peers");
+        let me = nix::unistd::geteuid().as_raw();
+        let config = SocketConfig {
+            allowed_uids: vec![4242],
+            allowed_gids: vec![],
+            ..SocketConfig::default()
+        };
+        let mut l = Listener::bind(&path, &config).unwrap();
+        assert_ne!(me, 4242);
+        let mut peer = UnixStream::connect(&path).unwrap();
+        assert!(l.accept().unwrap().is_none());
+        assert_eq!(l.refused(), 1);
+        // Closed without a word.
+        let mut b = [0u8; 16];
+        match std::io::Read::read(&mut peer, &mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+            other => panic!("{other:?}"),
+        }
+        drop(l);
+        // Allowed by user (the default: this process's), or by group.
+        for config in [
+            SocketConfig::default(),
+            SocketConfig {
+                allowed_uids: vec![4242],
+                allowed_gids: vec![nix::unistd::getegid().as_raw()],
+                ..SocketConfig::default()
+            },
+        ] {
+            let mut l = Listener::bind(&path, &config).unwrap();
+            let _peer = UnixStream::connect(&path).unwrap();
+            assert!(l.accept().unwrap().is_some(), "{config:?}");
+            assert_eq!(l.refused(), 0);
+        }
     }
 
     #[test]
