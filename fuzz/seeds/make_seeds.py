@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seeds of the PVRDMA and vfio-user fuzz targets
-(seeds/vfio_user_message, seeds/pvrdma_command, seeds/pvrdma_wqe): a few
+(seeds/vfio_user_message, seeds/vfio_user_fds, seeds/pvrdma_command,
+seeds/pvrdma_wqe): a few
 valid inputs each, in the formats the targets' doc comments describe.
 VRDMA_FUZZ_TRACE=1 makes the PVRDMA targets say what each seed did:
 
@@ -63,6 +64,82 @@ write(
     + msg(3, struct.pack("<IIQQ", 24, 0, 0x100000, 0x10000), 4)
     + msg(13, b"", 5)
     + msg(10, reg_write(2, 0, 0x40000011), 6, 0x10),
+)
+
+# ---- vfio_user_fds: a policy byte, then messages with descriptors --------
+SEALED, UNSEALED, EVENTFD, PIPE_R, PIPE_W, DEV_NULL, SOCKET, SHRINK = range(8)
+
+
+def fd(kind, pages=0):
+    return kind | pages << 3
+
+
+def with_fds(fds, message):
+    return bytes([len(fds)]) + bytes(fds) + message
+
+
+def policy(unsealed, max_maps, bytes_shift):
+    return bytes([int(unsealed) | (max_maps - 1) << 1 | bytes_shift << 4])
+
+
+RAM = 0x100000
+BUS_MASTER = msg(10, access(7, 4, 2) + struct.pack("<H", 6), 4)
+# The device reads the shared region from the first page of RAM.
+ACTIVATE = (
+    with_fds([], msg(10, reg_write(1, 0x04, RAM), 5))
+    + with_fds([], msg(10, reg_write(1, 0x08, 0), 6))
+    + with_fds([], msg(10, reg_write(1, 0x0C, 0), 7))
+)
+
+
+def dma_map(addr, size, id):
+    return msg(2, struct.pack("<IIQQQ", 32, 3, 0, addr, size), id)
+
+
+IRQS = msg(8, struct.pack("<IIIII", 20, 4 | 32, 2, 0, 3), 3)
+write(
+    "vfio_user_fds",
+    "sealed-ram-irqs-activate",
+    policy(False, 4, 15)
+    + with_fds([], msg(1, VERSION, 1))
+    + with_fds([fd(SEALED, 16)], dma_map(RAM, 16 * PAGE, 2))
+    + with_fds([fd(EVENTFD)] * 3, IRQS)
+    + with_fds([], BUS_MASTER)
+    + ACTIVATE,
+)
+write(
+    "vfio_user_fds",
+    "unsealed-ram-shrunk",
+    policy(True, 4, 15)
+    + with_fds([], msg(1, VERSION, 1))
+    + with_fds([fd(UNSEALED, 16)], dma_map(RAM, 16 * PAGE, 2))
+    + with_fds([fd(EVENTFD)] * 3, IRQS)
+    + with_fds([], BUS_MASTER)
+    + with_fds([fd(SHRINK, 0)], msg(10, reg_write(1, 0x04, RAM), 5))
+    + with_fds([], msg(10, reg_write(1, 0x08, 0), 6))
+    + with_fds([], msg(10, reg_write(1, 0x0C, 0), 7)),
+)
+write(
+    "vfio_user_fds",
+    "wrong-kinds",
+    policy(False, 8, 15)
+    + with_fds([], msg(1, VERSION, 1))
+    + with_fds([fd(PIPE_W), fd(SOCKET), fd(EVENTFD)], IRQS)
+    + with_fds([fd(PIPE_R)], dma_map(RAM, PAGE, 2))
+    + with_fds([fd(DEV_NULL)], dma_map(RAM, PAGE, 3))
+    + with_fds([fd(SOCKET)], dma_map(RAM, PAGE, 4))
+    + with_fds([fd(UNSEALED, 1)], dma_map(RAM, PAGE, 5))
+    + with_fds([fd(EVENTFD)] * 17, IRQS),
+)
+write(
+    "vfio_user_fds",
+    "over-budget",
+    policy(False, 1, 0)
+    + with_fds([], msg(1, VERSION, 1))
+    + with_fds([fd(SEALED, 2)], dma_map(RAM, 2 * PAGE, 2))
+    + with_fds([fd(SEALED, 1)], dma_map(RAM, PAGE, 3))
+    + with_fds([], dma_map(RAM + PAGE, PAGE, 4))
+    + with_fds([fd(SEALED, 1)], dma_map(RAM + 2 * PAGE, PAGE, 5)),
 )
 
 # ---- pvrdma_command: records on a probed device --------------------------

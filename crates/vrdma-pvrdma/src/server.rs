@@ -3,7 +3,11 @@
 //! waiting on the vfio-user socket and the device's network port at once,
 //! no locks. A client that goes away leaves the device reset and the
 //! socket ready for the next one; a second client while one is connected
-//! is turned away.
+//! is turned away. The client's socket is never waited on: a message is
+//! taken as it comes, a reply sent as the client takes it (and nothing
+//! more read until it has), and a client that takes longer than the
+//! deadline for either is dropped, so a slow or stuck client holds neither
+//! the device's thread nor its shutdown.
 
 use std::{
     io,
@@ -13,15 +17,14 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use vrdma_device::{Transport, publish::Publisher};
 use vrdma_vfio_user::{
-    Session,
-    session::reply_fds,
-    socket::{Connection, Listener},
+    Config, Session,
+    socket::{Connection, Listener, Received},
 };
 
 use crate::Pvrdma;
@@ -44,14 +47,28 @@ pub struct Server<T: Transport> {
     publisher: Option<Publisher>,
     /// Clients served since the start.
     pub clients: u64,
+    /// Clients dropped for what they did: a malformed message, too many
+    /// descriptors, too slow to send a message or to take a reply.
+    pub dropped: u64,
 }
 
 impl<T: Transport> Server<T> {
-    /// Serves `function` on a UNIX socket at `socket`; its counters are
-    /// published under `name` (for `vrdma stat`).
+    /// Serves `function` on a UNIX socket at `socket`, with the default
+    /// [`Config`]; its counters are published under `name` (for `vrdma
+    /// stat`).
     pub fn bind(socket: &Path, function: Pvrdma<T>, name: &str) -> io::Result<Self> {
-        let listener = Listener::bind(socket)?;
-        let session = Session::new(&function);
+        Self::bind_with(socket, function, name, &Config::default())
+    }
+
+    /// [`Server::bind`] with `config`.
+    pub fn bind_with(
+        socket: &Path,
+        function: Pvrdma<T>,
+        name: &str,
+        config: &Config,
+    ) -> io::Result<Self> {
+        let listener = Listener::bind(socket, &config.socket)?;
+        let session = Session::with_config(&function, config.dma.clone());
         Ok(Server {
             listener,
             conn: None,
@@ -59,6 +76,7 @@ impl<T: Transport> Server<T> {
             function,
             publisher: Publisher::new(name),
             clients: 0,
+            dropped: 0,
         })
     }
 
@@ -76,16 +94,30 @@ impl<T: Transport> Server<T> {
         while !stop.load(Ordering::Relaxed) {
             self.turn()?;
         }
+        // The client's memory and descriptors go now, not with the
+        // process.
+        if self.conn.is_some() {
+            self.disconnect();
+        }
         self.publish(true);
         Ok(())
     }
 
+    /// The device's counters for `vrdma stat`: the function's and the
+    /// vfio-user server's (`vfio.*`: clients, messages, what the session
+    /// holds of the process's resources, what it refused).
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let (clients, dropped, refused) = (self.clients, self.dropped, self.listener.refused());
+        counters(&self.function, &self.session, [clients, dropped, refused])
+    }
+
     /// One turn: the device's round, then a wait for whatever comes next
-    /// (the client, the network, the engine's next deadline). A panic
-    /// inside (a bug: no input should cause one) is reported and fails
-    /// the device — the guest is told and everything it made goes, as in
-    /// a reset — instead of ending the thread with the device silently
-    /// gone; the client stays connected and may probe the device again.
+    /// (the client, the network, the engine's next deadline, the client's
+    /// deadline). A panic inside (a bug: no input should cause one) is
+    /// reported and fails the device — the guest is told and everything it
+    /// made goes, as in a reset — instead of ending the thread with the
+    /// device silently gone; the client stays connected and may probe the
+    /// device again.
     pub fn turn(&mut self) -> io::Result<()> {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve_turn())) {
             Ok(r) => r,
@@ -109,7 +141,7 @@ impl<T: Transport> Server<T> {
         };
         self.publish(false);
         let busy = !p.is_idle() || self.function.polling;
-        let timeout = if busy {
+        let mut timeout = if busy {
             Duration::ZERO
         } else {
             match p.deadline {
@@ -120,6 +152,9 @@ impl<T: Transport> Server<T> {
                 None => IDLE,
             }
         };
+        if let Some(d) = self.conn.as_ref().and_then(Connection::deadline) {
+            timeout = timeout.min(d.saturating_duration_since(Instant::now()));
+        }
         let (client, listener) = self.wait(timeout)?;
         // The client first: one that closed its connection (readable at
         // EOF) is gone before a newcomer is looked at, which would
@@ -127,14 +162,20 @@ impl<T: Transport> Server<T> {
         if client {
             self.serve_client();
         }
+        if let Some(c) = &self.conn
+            && let Err(e) = c.check_deadline(Instant::now())
+        {
+            self.drop_client(&e);
+        }
         if listener {
             self.accept()?;
         }
         Ok(())
     }
 
-    /// Waits until the client, the listener or the device has input, or
-    /// `timeout`; which of the first two is readable.
+    /// Waits until the client, the listener or the device has input (the
+    /// client: room for its reply, when one waits), or `timeout`; which of
+    /// the first two is ready.
     fn wait(&self, timeout: Duration) -> io::Result<(bool, bool)> {
         let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         let to = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
@@ -144,7 +185,12 @@ impl<T: Transport> Server<T> {
             PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
         ];
         if let Some(c) = &self.conn {
-            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+            let want = if c.is_sending() {
+                PollFlags::POLLOUT
+            } else {
+                PollFlags::POLLIN
+            };
+            fds.push(PollFd::new(c.as_fd(), want));
         }
         loop {
             match poll(&mut fds, to) {
@@ -155,7 +201,12 @@ impl<T: Transport> Server<T> {
         }
         let ready = |f: &PollFd<'_>| {
             f.revents().is_some_and(|r| {
-                r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+                r.intersects(
+                    PollFlags::POLLIN
+                        | PollFlags::POLLOUT
+                        | PollFlags::POLLHUP
+                        | PollFlags::POLLERR,
+                )
             })
         };
         let listener = ready(&fds[1]);
@@ -179,40 +230,44 @@ impl<T: Transport> Server<T> {
         Ok(())
     }
 
-    /// Handles the client's messages that are waiting.
+    /// Sends what the client takes of a waiting reply, then handles the
+    /// messages that came (until one's reply waits).
     fn serve_client(&mut self) {
-        for _ in 0..MESSAGES_PER_TURN {
-            let Some(conn) = &mut self.conn else {
-                return;
-            };
-            match conn.receive() {
-                Ok(Some(m)) => {
-                    let reply =
-                        self.session
-                            .handle(&mut self.function, &m.header, &m.payload, m.fds);
-                    if let Some(r) = reply
-                        && let Err(e) = conn.send(&r.bytes, &reply_fds(&r))
-                    {
-                        tracing::warn!(error = %e, "reply failed: client dropped");
-                        self.disconnect();
-                        return;
-                    }
-                }
-                Ok(None) => {
-                    tracing::info!(socket = %self.listener.path().display(), "client disconnected");
-                    self.disconnect();
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "client dropped");
-                    self.disconnect();
-                    return;
+        let Some(conn) = &mut self.conn else {
+            return;
+        };
+        let mut served = || -> io::Result<bool> {
+            conn.flush()?;
+            for _ in 0..MESSAGES_PER_TURN {
+                let m = match conn.receive(Instant::now())? {
+                    Received::Message(m) => m,
+                    Received::Pending => return Ok(true),
+                    Received::Closed => return Ok(false),
+                };
+                let reply = self
+                    .session
+                    .handle(&mut self.function, &m.header, &m.payload, m.fds);
+                if let Some(r) = reply {
+                    conn.send(r.bytes, r.fd, Instant::now())?;
                 }
             }
-            if !self.conn.as_ref().is_some_and(Connection::has_more) {
-                return;
+            Ok(true)
+        };
+        match served() {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(socket = %self.listener.path().display(), "client disconnected");
+                self.disconnect();
             }
+            Err(e) => self.drop_client(&e),
         }
+    }
+
+    /// Ends the connection of a client that misbehaved.
+    fn drop_client(&mut self, e: &io::Error) {
+        tracing::warn!(socket = %self.listener.path().display(), error = %e, "client dropped");
+        self.dropped += 1;
+        self.disconnect();
     }
 
     /// The client is gone: its memory and interrupts go with it, and the
@@ -229,9 +284,34 @@ impl<T: Transport> Server<T> {
             return;
         };
         let now = self.function.device().now();
-        let f = &self.function;
-        p.publish(now, || f.counters(), last);
+        let (f, session) = (&self.function, &self.session);
+        let peers = [self.clients, self.dropped, self.listener.refused()];
+        p.publish(now, || counters(f, session, peers), last);
     }
+}
+
+/// The function's counters and the server's; `peers` are the clients
+/// served, dropped and refused.
+fn counters<T: Transport>(f: &Pvrdma<T>, session: &Session, peers: [u64; 3]) -> Vec<(String, u64)> {
+    let mut v = f.counters();
+    let s = session.stats();
+    let h = session.holdings();
+    let [clients, dropped, refused] = peers;
+    for (k, n) in [
+        ("clients", clients),
+        ("clients_dropped", dropped),
+        ("peers_refused", refused),
+        ("messages", s.messages),
+        ("errors", s.errors),
+        ("dma_refused", s.dma_refused),
+        ("dma_maps", h.dma_maps as u64),
+        ("dma_bytes", h.dma_bytes),
+        ("fds", h.fds as u64),
+        ("dma_faults", h.dma_faults),
+    ] {
+        v.push((format!("vfio.{k}"), n));
+    }
+    v
 }
 
 /// A flag a signal handler or another thread sets to stop servers.

@@ -19,10 +19,15 @@ mod common;
 use std::{
     io::{Read, Write},
     os::{fd::AsFd, unix::net::UnixStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use common::*;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
 use vrdma_engine::qp::AttrMask as M;
 use vrdma_pvrdma::abi::{
     self, PAGE_SIZE, cmd, eqe, qp_type, reg, send_flags, uar, wc_opcode, wr_opcode,
@@ -1689,8 +1694,7 @@ fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
     g.ok(vcmd::REGION_WRITE, &w, &[]);
     // DMA maps overlapping, unaligned, of a file too short; unmapping
     // what was never mapped.
-    let fd = nix::sys::memfd::memfd_create(c"short", nix::sys::memfd::MFdFlags::empty()).unwrap();
-    nix::unistd::ftruncate(&fd, 4096).unwrap();
+    let fd = sealed_memfd(c"short", 4096);
     let map = |addr: u64, size: u64| DmaMap {
         argsz: 32,
         flags: proto::dma::READ | proto::dma::WRITE,
@@ -1760,10 +1764,10 @@ fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
 
 #[test]
 fn page_lists_past_the_guests_budget_are_refused_and_its_work_goes_on() {
-    let da = device("hostile-budget-a", 42);
-    let db = device("hostile-budget-b", 43);
-    let mut a = side(&da, 42);
-    let mut b = side(&db, 43);
+    let da = device("hostile-budget-a", 52);
+    let db = device("hostile-budget-b", 53);
+    let mut a = side(&da, 52);
+    let mut b = side(&db, 53);
     pair(&mut a, &mut b);
     exchange(&mut a, &mut b);
 
@@ -1850,7 +1854,7 @@ fn a_device_thread_that_panics_is_reported_and_its_device_reset() {
     let wire = trip.clone();
     let da = Served::start("hostile-panic-a", move || {
         let port = vrdma_fabric::udp::UdpPort::bind(vrdma_fabric::udp::Config::new(
-            "127.0.9.44".parse().unwrap(),
+            "127.0.9.54".parse().unwrap(),
         ))
         .unwrap();
         let mut attr = vrdma_engine::attr::PortAttr::with_gids(&[]);
@@ -1858,9 +1862,9 @@ fn a_device_thread_that_panics_is_reported_and_its_device_reset() {
         let t = Tripwire { port, trip: wire };
         vrdma_pvrdma::Pvrdma::new(Default::default(), [2, 0, 0, 0, 0, 1], attr, t).unwrap()
     });
-    let db = device("hostile-panic-b", 45);
-    let mut a = side(&da, 44);
-    let mut b = side(&db, 45);
+    let db = device("hostile-panic-b", 55);
+    let mut a = side(&da, 54);
+    let mut b = side(&db, 55);
     pair(&mut a, &mut b);
     exchange(&mut a, &mut b);
 
@@ -1875,8 +1879,301 @@ fn a_device_thread_that_panics_is_reported_and_its_device_reset() {
     // the device and its objects exchange with the other device.
     drop(a);
     drop(b);
-    let mut a = side(&da, 44);
-    let mut b = side(&db, 45);
+    let mut a = side(&da, 54);
+    let mut b = side(&db, 55);
     pair(&mut a, &mut b);
     exchange(&mut a, &mut b);
+}
+
+/// Writes `bytes` to `s` one at a time, `pace` apart, in a thread of its
+/// own, until they are all written or the server closes the connection;
+/// `sent` counts what went.
+fn trickle(
+    mut s: UnixStream,
+    bytes: Vec<u8>,
+    pace: Duration,
+    sent: Arc<AtomicUsize>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for b in bytes {
+            if s.write_all(&[b]).is_err() {
+                return;
+            }
+            sent.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(pace);
+        }
+    })
+}
+
+/// A REGION_WRITE of `n` bytes into BAR2 (which the device ignores).
+fn bar2_write(n: usize) -> Vec<u8> {
+    let mut m = header(vcmd::REGION_WRITE, (16 + 16 + n) as u32)
+        .as_bytes()
+        .to_vec();
+    m.extend_from_slice(
+        RegionAccess {
+            offset: 0,
+            region: 2,
+            count: n as u32,
+        }
+        .as_bytes(),
+    );
+    m.resize(16 + 16 + n, 0xee);
+    m
+}
+
+/// A REGION_READ of 1 MiB of BAR2: its reply is more than a socket holds.
+fn bar2_read_1m() -> Vec<u8> {
+    let mut m = header(vcmd::REGION_READ, 16 + 16).as_bytes().to_vec();
+    m.extend_from_slice(
+        RegionAccess {
+            offset: 0,
+            region: 2,
+            count: 1 << 20,
+        }
+        .as_bytes(),
+    );
+    m
+}
+
+/// Waits (at most `limit`) until `fd` has one of `events`; which it had.
+fn poll_for(fd: std::os::fd::BorrowedFd<'_>, events: PollFlags, limit: Duration) -> PollFlags {
+    let mut p = [PollFd::new(fd, events)];
+    let ms = u16::try_from(limit.as_millis()).unwrap_or(u16::MAX);
+    match nix::poll::poll(&mut p, PollTimeout::from(ms)) {
+        Ok(n) if n > 0 => p[0].revents().unwrap_or(PollFlags::empty()),
+        _ => PollFlags::empty(),
+    }
+}
+
+#[test]
+fn a_trickled_message_is_dropped_before_it_completes_and_other_devices_go_on() {
+    let da = device("hostile-trickle-a", 42);
+    let db = device("hostile-trickle-b", 43);
+    let dc = device("hostile-trickle-c", 44);
+    let mut b = side(&db, 43);
+    let mut c = side(&dc, 44);
+    pair(&mut b, &mut c);
+    // A message whose header and first bytes come at once and the rest a
+    // byte every 20 ms: 20 s for the whole, every byte well within a
+    // per-read timeout, so only a deadline for the whole message ends it.
+    let msg = bar2_write(1000);
+    let mut s = UnixStream::connect(&da.socket).unwrap();
+    s.write_all(&msg[..40]).unwrap();
+    let sent = Arc::new(AtomicUsize::new(40));
+    let t = trickle(
+        s,
+        msg[40..].to_vec(),
+        Duration::from_millis(20),
+        sent.clone(),
+    );
+    // Other devices of the process go on meanwhile.
+    exchange(&mut b, &mut c);
+    t.join().unwrap();
+    assert!(
+        sent.load(Ordering::SeqCst) < msg.len(),
+        "the server waited for the whole trickled message"
+    );
+    // The device serves its next client (B's QP, connected to C, makes
+    // way for one connected to it).
+    let mut a = side(&da, 42);
+    b.qp =
+        b.g.create_qp(qp_type::RC, b.pd, b.cq.handle, b.cq.handle, 16);
+    pair(&mut a, &mut b);
+    exchange(&mut a, &mut b);
+}
+
+#[test]
+fn a_client_that_does_not_read_its_reply_does_not_hold_the_device() {
+    // A deadline long enough that the client is not dropped while B's
+    // WRITE goes (the default's drop is the next test's).
+    let mut config = vrdma_vfio_user::Config::default();
+    config.socket.deadline = Duration::from_secs(60);
+    let da = Served::start_with("hostile-unread-a", config, || udp_function("127.0.9.45"));
+    let db = device("hostile-unread-b", 46);
+    let mut a = side(&da, 45);
+    let mut b = side(&db, 46);
+    pair(&mut a, &mut b);
+    // A's client asks for 1 MiB and does not read the reply; once the
+    // reply has started, the device holds more than the socket takes.
+    a.g.conn.send(&bar2_read_1m(), &[]).unwrap();
+    let r = poll_for(a.g.conn.as_fd(), PollFlags::POLLIN, Duration::from_secs(5));
+    assert!(r.contains(PollFlags::POLLIN), "the reply started");
+    // B WRITEs into A's memory: A's thread answers it meanwhile.
+    let data: Vec<u8> = (0..200u8).collect();
+    b.g.put(b.buf, &data);
+    let mut w = wqe(77, wr_opcode::RDMA_WRITE, send_flags::SIGNALED, 1);
+    w.wr[0] = MR_VA.into();
+    w.wr[1] = u64::from(a.rkey).into();
+    b.g.post_send(&mut b.qp, &w, &[sge(b.buf, 200, b.lkey)]);
+    let c = completion(&mut b.g, &mut b.cq, 77);
+    assert_eq!(c.status.get(), WC_SUCCESS);
+    assert_eq!(a.g.get(a.mr, 200), data);
+}
+
+#[test]
+fn a_client_that_never_reads_its_replies_is_dropped() {
+    let da = device("hostile-unread-drop", 47);
+    let mut g = Guest::connect(&da.socket, RAM);
+    for _ in 0..4 {
+        g.conn.send(&bar2_read_1m(), &[]).unwrap();
+    }
+    // Without reading anything: the server hangs up.
+    let r = poll_for(g.conn.as_fd(), PollFlags::empty(), Duration::from_secs(20));
+    assert!(r.contains(PollFlags::POLLHUP), "{r:?}");
+    drop(g);
+    let mut g = Guest::connect(&da.socket, RAM);
+    assert_eq!(g.probe(), 0);
+}
+
+#[test]
+fn run_returns_when_stopped_while_a_client_stalls_mid_message() {
+    let socket = std::env::temp_dir().join(format!(
+        "vrdma-test-{}-hostile-stop.sock",
+        std::process::id()
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (path, halt) = (socket.clone(), stop.clone());
+    let server = std::thread::spawn(move || {
+        let f = udp_function("127.0.9.48");
+        let mut s = vrdma_pvrdma::Server::bind(&path, f, "hostile-stop").unwrap();
+        tx.send(()).unwrap();
+        s.run(&halt).unwrap();
+    });
+    rx.recv().unwrap();
+    let msg = bar2_write(1000);
+    let mut s = UnixStream::connect(&socket).unwrap();
+    s.write_all(&msg[..40]).unwrap();
+    let sent = Arc::new(AtomicUsize::new(40));
+    let t = trickle(
+        s,
+        msg[40..].to_vec(),
+        Duration::from_millis(20),
+        sent.clone(),
+    );
+    // The server has the header and is waiting for the rest.
+    while sent.load(Ordering::SeqCst) < 50 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::SeqCst);
+    server.join().unwrap();
+    assert!(
+        sent.load(Ordering::SeqCst) < msg.len(),
+        "run() returned only once the client had sent the whole message"
+    );
+    t.join().unwrap();
+}
+
+#[test]
+fn interrupt_descriptors_that_are_not_eventfds_are_refused() {
+    use std::io::Read;
+
+    use nix::fcntl::{FcntlArg, fcntl};
+    use vrdma_vfio_user::proto::{irq, irq_index};
+
+    let da = device("hostile-irq-kind", 49);
+    let mut g = Guest::connect(&da.socket, RAM);
+    let set = |flags: u32| IrqSet {
+        argsz: 20,
+        flags,
+        index: irq_index::MSIX,
+        start: 0,
+        count: 1,
+    };
+    let eventfds = set(irq::DATA_EVENTFD | irq::ACTION_TRIGGER);
+    // A pipe of one page (512 interrupts) nobody reads, a socket nobody
+    // reads, /dev/null, a memfd: a write to the first two would block
+    // the device's thread once they are full.
+    let (pipe_r, pipe_w) = nix::unistd::pipe().unwrap();
+    fcntl(&pipe_w, FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
+    let (sock, _peer) = UnixStream::pair().unwrap();
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let memfd = nix::sys::memfd::memfd_create(c"irq", nix::sys::memfd::MFdFlags::empty()).unwrap();
+    for fd in [pipe_w.as_fd(), sock.as_fd(), null.as_fd(), memfd.as_fd()] {
+        let (h, _) = g.request(vcmd::DEVICE_SET_IRQS, eventfds.as_bytes(), &[fd]);
+        assert_eq!(h.error, EINVAL, "{fd:?}");
+    }
+    // Vector 0 keeps its eventfd, and the device raises it more times
+    // than the pipe would have held.
+    let trigger = set(irq::DATA_NONE | irq::ACTION_TRIGGER);
+    for _ in 0..1000 {
+        g.ok(vcmd::DEVICE_SET_IRQS, trigger.as_bytes(), &[]);
+    }
+    let mut n = [0u8; 8];
+    g.irq[0].read_exact(&mut n).unwrap();
+    assert_eq!(u64::from_ne_bytes(n), 1000);
+    drop(pipe_r);
+}
+
+#[test]
+fn dma_maps_of_other_files_unsealed_memory_or_over_budget_are_refused() {
+    let mut config = vrdma_vfio_user::Config::default();
+    // The guest's RAM and one more.
+    config.dma.max_maps = 2;
+    let da = Served::start_with("hostile-dma-kind", config, || udp_function("127.0.9.50"));
+    let mut g = Guest::connect(&da.socket, RAM);
+    let map = |addr: u64| DmaMap {
+        argsz: 32,
+        flags: proto::dma::READ | proto::dma::WRITE,
+        offset: 0,
+        addr,
+        size: PAGE_SIZE,
+    };
+    let unsealed =
+        nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::empty()).unwrap();
+    nix::unistd::ftruncate(&unsealed, 4096).unwrap();
+    let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
+    let sealed = sealed_memfd(c"sealed", PAGE_SIZE);
+    for (fd, addr, want) in [
+        (unsealed.as_fd(), 0x4_0000_0000, 1),
+        (pipe_r.as_fd(), 0x4_0000_0000, EINVAL),
+        (sealed.as_fd(), 0x4_0000_0000, 0),
+        (sealed.as_fd(), 0x5_0000_0000, 28),
+    ] {
+        let (h, _) = g.request(vcmd::DMA_MAP, map(addr).as_bytes(), &[fd]);
+        assert_eq!(h.error, want, "{fd:?}");
+    }
+    assert_eq!(g.probe(), 0, "the device goes on");
+    assert_eq!(da.counter_when("vfio.dma_refused", |n| n == 3), 3);
+    assert_eq!(da.counter_when("vfio.dma_maps", |n| n == 2), 2);
+    assert_eq!(
+        da.counter_when("vfio.dma_bytes", |n| n == RAM + PAGE_SIZE),
+        RAM + PAGE_SIZE
+    );
+    // Two files and three eventfds.
+    assert_eq!(da.counter_when("vfio.fds", |n| n == 5), 5);
+    drop(g);
+    assert_eq!(da.counter_when("vfio.fds", |n| n == 0), 0);
+    assert_eq!(da.counter_when("vfio.dma_bytes", |n| n == 0), 0);
+}
+
+#[test]
+fn a_peer_not_allowed_is_turned_away_without_a_word() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let mut config = vrdma_vfio_user::Config::default();
+    config.socket.allowed_uids = vec![4242];
+    let da = Served::start_with("hostile-peer", config, || udp_function("127.0.9.51"));
+    let mode = std::fs::metadata(&da.socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let mut v = proto::VersionHead { major: 0, minor: 0 }
+        .as_bytes()
+        .to_vec();
+    v.extend_from_slice(b"{}\0");
+    let mut msg = header(vcmd::VERSION, (16 + v.len()) as u32)
+        .as_bytes()
+        .to_vec();
+    msg.extend_from_slice(&v);
+    let mut s = UnixStream::connect(&da.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(&msg);
+    let mut b = [0u8; 64];
+    match s.read(&mut b) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("an answer: {other:?}"),
+    }
+    assert_eq!(da.counter_when("vfio.peers_refused", |n| n == 1), 1);
+    assert_eq!(da.clients(), 0);
 }

@@ -4,10 +4,22 @@
 //! behind a vector, so a device only ever writes to the one it holds; the
 //! mask actions are still honoured for a client that uses them (a masked
 //! vector's interrupt is held and raised on unmask).
+//!
+//! Only eventfds are taken, made non-blocking: a write to one never waits
+//! (it fails, and the interrupt is lost, only if the client saturated the
+//! counter), where a pipe or a socket nobody reads would hold the device's
+//! thread once full.
 
-use std::{fs::File, io::Write, os::fd::OwnedFd};
+use std::{
+    fs::File,
+    io::Write,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
+};
 
-use nix::errno::Errno;
+use nix::{
+    errno::Errno,
+    fcntl::{FcntlArg, OFlag, fcntl},
+};
 
 use crate::proto::{IrqSet, irq};
 
@@ -44,7 +56,8 @@ impl Irqs {
     }
 
     /// `DEVICE_SET_IRQS` (flags already checked by the decoder: one data
-    /// kind, at most one action).
+    /// kind, at most one action). A descriptor that is not an eventfd is
+    /// EINVAL, and nothing changes.
     pub fn set(&mut self, s: &IrqSet, fds: Vec<OwnedFd>) -> Result<(), Errno> {
         let vectors = self
             .indexes
@@ -78,6 +91,9 @@ impl Irqs {
                         v.fd = None;
                     }
                 } else if fds.len() == s.count as usize {
+                    for fd in &fds {
+                        take_eventfd(fd.as_fd())?;
+                    }
                     for (v, fd) in vectors[range].iter_mut().zip(fds) {
                         v.fd = Some(File::from(fd));
                     }
@@ -146,6 +162,15 @@ impl Irqs {
         }
     }
 
+    /// Descriptors held (one per vector with an eventfd).
+    pub fn fds(&self) -> usize {
+        self.indexes
+            .iter()
+            .flatten()
+            .filter(|v| v.fd.is_some())
+            .count()
+    }
+
     /// Whether vector `n` of `index` has an eventfd.
     pub fn is_enabled(&self, index: u32, n: u32) -> bool {
         self.indexes
@@ -165,6 +190,30 @@ impl Irqs {
     pub fn counts(&self) -> (u64, u64) {
         (self.raised, self.dropped)
     }
+}
+
+/// Checks that `fd` is an eventfd and makes it non-blocking (EINVAL if it
+/// is not one).
+///
+/// An eventfd has no file type of its own (it is an anonymous inode, as
+/// timerfds, signalfds and epoll instances are); its link in
+/// `/proc/self/fd` names it, `anon_inode:[eventfd]` — a name only the
+/// kernel's anonymous-inode files have (a file's link is its path, which
+/// starts with `/`). Without `/proc` every descriptor is refused.
+///
+/// `O_NONBLOCK` belongs to the open file, which the client shares: QEMU's
+/// eventfds are non-blocking already; a client that clears the flag again
+/// and fills the counter itself can stall only its own device's thread.
+fn take_eventfd(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|_| Errno::EINVAL)?;
+    if link.as_os_str() != "anon_inode:[eventfd]" {
+        tracing::debug!(kind = %link.display(), "SET_IRQS: not an eventfd");
+        return Err(Errno::EINVAL);
+    }
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -239,6 +288,42 @@ mod tests {
         irqs.set(&set(irq::DATA_NONE | irq::ACTION_UNMASK, 0, 1), vec![])
             .unwrap();
         assert_eq!(count(&mut r), 1);
+    }
+
+    #[test]
+    fn descriptors_that_are_not_eventfds_are_refused_and_change_nothing() {
+        let mut irqs = Irqs::new(&[0, 0, 2]);
+        let t = irq::DATA_EVENTFD | irq::ACTION_TRIGGER;
+        let (good, mut r) = eventfd();
+        irqs.set(&set(t, 0, 1), vec![good]).unwrap();
+        let (pipe_r, pipe_w) = nix::unistd::pipe().unwrap();
+        let (sock, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let memfd =
+            nix::sys::memfd::memfd_create(c"irq", nix::sys::memfd::MFdFlags::empty()).unwrap();
+        // Another anonymous inode.
+        let epoll =
+            nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::empty()).unwrap();
+        for bad in [pipe_w, pipe_r, sock.into(), memfd, epoll.0] {
+            let (e, _) = eventfd();
+            assert_eq!(irqs.set(&set(t, 0, 2), vec![e, bad]), Err(Errno::EINVAL));
+        }
+        assert!(!irqs.is_enabled(irq_index::MSIX, 1));
+        assert!(irqs.raise(irq_index::MSIX, 0));
+        assert_eq!(count(&mut r), 1);
+        assert_eq!(irqs.fds(), 1);
+    }
+
+    #[test]
+    fn an_eventfd_is_made_non_blocking_so_a_full_counter_loses_the_interrupt() {
+        let mut irqs = Irqs::new(&[0, 0, 1]);
+        let e: OwnedFd = EventFd::from_flags(EfdFlags::empty()).unwrap().into();
+        let mut client = File::from(e.try_clone().unwrap());
+        irqs.set(&set(irq::DATA_EVENTFD | irq::ACTION_TRIGGER, 0, 1), vec![e])
+            .unwrap();
+        // The largest count an eventfd holds: one more would wait.
+        client.write_all(&(u64::MAX - 1).to_ne_bytes()).unwrap();
+        assert!(!irqs.raise(irq_index::MSIX, 0));
+        assert_eq!(irqs.counts(), (0, 1));
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //!   implements; no I/O.
 //! - [`dma`]: the client's memory, mapped with `vm-memory`.
 //! - [`irq`]: MSI-X vectors as eventfds.
+//! - [`sigbus`]: a guard that turns faults in memory a client shrank into
+//!   zero pages instead of a dead daemon.
 //! - [`pci`]: the config space.
 //! - [`socket`]: the listening socket and a connection (messages with
 //!   their descriptors).
@@ -26,6 +28,42 @@ pub mod irq;
 pub mod pci;
 pub mod proto;
 pub mod session;
+pub mod sigbus;
 pub mod socket;
 
 pub use session::{Bus, Function, Mmap, Region, Session};
+
+/// How a server treats its clients; every default suits QEMU.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    /// The listening socket's and its connections'.
+    pub socket: socket::SocketConfig,
+    /// What a client may map.
+    pub dma: dma::DmaConfig,
+}
+
+/// Tests that must watch a process die (or survive what would kill it) run
+/// their scenario in a child: the test binary again, running only that
+/// test, told by an environment variable that it is the child.
+#[cfg(test)]
+mod child {
+    use std::process::{Command, ExitStatus, Stdio};
+
+    const VAR: &str = "VRDMA_TEST_CHILD";
+
+    /// Whether this process is the child running test `name` (its path in
+    /// the crate, `module::tests::name`).
+    pub fn is(name: &str) -> bool {
+        std::env::var(VAR).is_ok_and(|v| v == name)
+    }
+
+    /// Runs test `name` in a child; how the child ended.
+    pub fn run(name: &str) -> ExitStatus {
+        Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--test-threads=1", "--nocapture"])
+            .env(VAR, name)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap()
+    }
+}

@@ -480,14 +480,14 @@ pub fn error_reply(h: &Header, errno: Errno) -> Vec<u8> {
 /// The capabilities this server announces in its VERSION reply: fds and
 /// data per message, page size, DMA maps. No `write_multiple` (QEMU would
 /// then batch posted writes into a command this server does not take) and
-/// no migration.
-pub fn server_caps() -> Vec<u8> {
+/// no migration. `max_dma_maps` is the session's budget of maps.
+pub fn server_caps(max_dma_maps: usize) -> Vec<u8> {
     let caps = serde_json::json!({
         "capabilities": {
             "max_msg_fds": MAX_FDS,
             "max_data_xfer_size": MAX_DATA_XFER,
             "pgsizes": 4096,
-            "max_dma_maps": 65535,
+            "max_dma_maps": max_dma_maps,
         }
     });
     let mut v = caps.to_string().into_bytes();
@@ -592,10 +592,11 @@ mod tests {
         );
         p.pop();
         assert_eq!(parse(&h, &p), Err(Errno::EINVAL));
-        let caps = server_caps();
+        let caps = server_caps(1024);
         assert_eq!(caps.last(), Some(&0));
         let v: serde_json::Value = serde_json::from_slice(&caps[..caps.len() - 1]).unwrap();
         assert_eq!(v["capabilities"]["max_msg_fds"], MAX_FDS);
+        assert_eq!(v["capabilities"]["max_dma_maps"], 1024);
     }
 
     #[test]

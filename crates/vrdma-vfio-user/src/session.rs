@@ -4,17 +4,14 @@
 //! that came with it, a reply (and the descriptor to send with it) comes
 //! out, so that tests and the fuzzer drive it without a socket.
 
-use std::{
-    os::fd::{AsFd, OwnedFd},
-    sync::Arc,
-};
+use std::{os::fd::OwnedFd, sync::Arc};
 
 use nix::errno::Errno;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use zerocopy::IntoBytes;
 
 use crate::{
-    dma::DmaTable,
+    dma::{DmaConfig, DmaTable},
     irq::Irqs,
     pci::ConfigSpace,
     proto::{
@@ -112,6 +109,26 @@ pub struct SessionStats {
     pub errors: u64,
     pub dma_maps: u64,
     pub dma_unmaps: u64,
+    /// DMA maps refused (a bad file, over a budget, a bad range, ...).
+    pub dma_refused: u64,
+}
+
+/// What a session holds of the process's resources now.
+///
+/// Its descriptors are at most [`DmaConfig::max_maps`] (one per mapping)
+/// plus the function's interrupt vectors (one eventfd each), and the
+/// connection's at most [`proto::MAX_FDS`] of a message being received.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct Holdings {
+    /// DMA maps, accessible or not (and those taken back but still held).
+    pub dma_maps: usize,
+    /// Bytes of the client's memory mapped into this process.
+    pub dma_bytes: u64,
+    /// Descriptors: the mappings' files and the interrupt eventfds.
+    pub fds: usize,
+    /// Pages of unsealed memory the client took away while they were
+    /// mapped (faults the SIGBUS guard repaired), since the start.
+    pub dma_faults: u64,
 }
 
 /// A client's session.
@@ -127,10 +144,16 @@ pub struct Session {
 }
 
 impl Session {
+    /// A session for `f` with the default [`DmaConfig`].
     pub fn new(f: &impl Function) -> Self {
+        Self::with_config(f, DmaConfig::default())
+    }
+
+    /// A session for `f` whose client maps memory as `dma` allows.
+    pub fn with_config(f: &impl Function, dma: DmaConfig) -> Self {
         Session {
             versioned: false,
-            dma: DmaTable::new(),
+            dma: DmaTable::new(dma),
             irqs: Irqs::new(&f.irq_counts()),
             visible: GuestMemoryMmap::default(),
             stats: SessionStats::default(),
@@ -149,9 +172,20 @@ impl Session {
         }
     }
 
-    /// Bytes of guest memory the client shared.
+    /// DMA maps the client made.
     pub fn dma_maps(&self) -> usize {
         self.dma.len()
+    }
+
+    /// What the session holds now.
+    pub fn holdings(&self) -> Holdings {
+        let u = self.dma.usage();
+        Holdings {
+            dma_maps: u.maps,
+            dma_bytes: u.bytes,
+            fds: u.fds + self.irqs.fds(),
+            dma_faults: self.dma.faults(),
+        }
     }
 
     /// Recomputes the memory the function sees; tells it if it changed.
@@ -171,6 +205,8 @@ impl Session {
             let mut bus = self.bus();
             f.memory_changed(&mut bus);
         }
+        // The function let go of the old memory: the maps taken back go.
+        self.dma.reap();
     }
 
     /// The client went away: every map and eventfd goes; the function
@@ -243,10 +279,14 @@ impl Session {
                 }
                 self.versioned = true;
                 let head = VersionHead { major: 0, minor: 0 };
-                ok(proto::reply(h, &[head.as_bytes(), &proto::server_caps()]))
+                let caps = proto::server_caps(self.dma.config().max_maps);
+                ok(proto::reply(h, &[head.as_bytes(), &caps]))
             }
             Request::DmaMap(m) => {
-                self.dma.map(&m, fds.pop())?;
+                if let Err(e) = self.dma.map(&m, fds.pop()) {
+                    self.stats.dma_refused += 1;
+                    return Err(e);
+                }
                 self.stats.dma_maps += 1;
                 self.refresh(f);
                 ok(proto::reply(h, &[]))
@@ -434,11 +474,6 @@ impl Session {
     }
 }
 
-/// The descriptors to send with a reply (at most one).
-pub fn reply_fds(r: &Reply) -> Vec<std::os::fd::BorrowedFd<'_>> {
-    r.fd.as_deref().map(|f| f.as_fd()).into_iter().collect()
-}
-
 #[cfg(test)]
 mod tests {
     use zerocopy::FromBytes;
@@ -575,8 +610,12 @@ mod tests {
     }
 
     fn versioned() -> (Session, Toy) {
+        versioned_with(DmaConfig::default())
+    }
+
+    fn versioned_with(config: DmaConfig) -> (Session, Toy) {
         let mut f = Toy::new();
-        let mut s = Session::new(&f);
+        let mut s = Session::with_config(&f, config);
         let mut p = VersionHead { major: 0, minor: 0 }.as_bytes().to_vec();
         p.extend_from_slice(b"{\"capabilities\":{}}\0");
         let r = send(&mut s, &mut f, cmd::VERSION, &p, vec![]).unwrap();
@@ -668,8 +707,7 @@ mod tests {
     #[test]
     fn config_space_goes_through_its_masks_and_bus_master_gates_memory() {
         let (mut s, mut f) = versioned();
-        let fd = nix::sys::memfd::memfd_create(c"t", nix::sys::memfd::MFdFlags::empty()).unwrap();
-        nix::unistd::ftruncate(&fd, 0x1000).unwrap();
+        let fd = crate::dma::tests::memfd(0x1000);
         let m = DmaMap {
             argsz: 32,
             flags: proto::dma::READ | proto::dma::WRITE,
@@ -775,5 +813,124 @@ mod tests {
             .0;
         assert_eq!((area.offset, area.size), (4096, 4096));
         assert!(full.fd.is_some());
+    }
+
+    fn dma_map(addr: u64, size: u64) -> DmaMap {
+        DmaMap {
+            argsz: 32,
+            flags: proto::dma::READ | proto::dma::WRITE,
+            offset: 0,
+            addr,
+            size,
+        }
+    }
+
+    fn bus_master(s: &mut Session, f: &mut Toy) {
+        let mut w = access(region::CONFIG, 4, 2);
+        w.extend_from_slice(&crate::pci::command::BUS_MASTER.to_le_bytes());
+        send(s, f, cmd::REGION_WRITE, &w, vec![]).unwrap();
+    }
+
+    #[test]
+    fn refused_maps_are_counted_and_the_session_goes_on() {
+        let (mut s, mut f) = versioned_with(DmaConfig {
+            max_maps: 2,
+            ..DmaConfig::default()
+        });
+        let unsealed = crate::dma::tests::unsealed(0x1000);
+        let r = send(
+            &mut s,
+            &mut f,
+            cmd::DMA_MAP,
+            dma_map(0x1000, 0x1000).as_bytes(),
+            vec![unsealed],
+        );
+        assert_eq!(header(&r.unwrap()).error, Errno::EPERM as u32);
+        for addr in [0x1000, 0x2000, 0x3000] {
+            let fd = crate::dma::tests::memfd(0x1000);
+            send(
+                &mut s,
+                &mut f,
+                cmd::DMA_MAP,
+                dma_map(addr, 0x1000).as_bytes(),
+                vec![fd],
+            );
+        }
+        assert_eq!(s.stats().dma_refused, 2);
+        assert_eq!(s.stats().dma_maps, 2);
+        let set = IrqSet {
+            argsz: 20,
+            flags: irq::DATA_EVENTFD | irq::ACTION_TRIGGER,
+            index: irq_index::MSIX,
+            start: 0,
+            count: 1,
+        };
+        let e: OwnedFd = nix::sys::eventfd::EventFd::new().unwrap().into();
+        send(
+            &mut s,
+            &mut f,
+            cmd::DEVICE_SET_IRQS,
+            set.as_bytes(),
+            vec![e],
+        )
+        .unwrap();
+        assert_eq!(
+            s.holdings(),
+            Holdings {
+                dma_maps: 2,
+                dma_bytes: 0x2000,
+                fds: 3,
+                dma_faults: 0
+            }
+        );
+        let r = send(&mut s, &mut f, cmd::REGION_READ, &access(0, 0, 4), vec![]).unwrap();
+        assert_eq!(header(&r).flags, flags::TYPE_REPLY);
+        s.disconnect(&mut f);
+        assert_eq!(s.holdings(), Holdings::default());
+    }
+
+    #[test]
+    fn unsealed_memory_when_allowed_survives_the_client_shrinking_it() {
+        const NAME: &str =
+            "session::tests::unsealed_memory_when_allowed_survives_the_client_shrinking_it";
+        if !crate::child::is(NAME) {
+            let st = crate::child::run(NAME);
+            assert!(st.success(), "the child: {st:?}");
+            return;
+        }
+        use vm_memory::{Bytes, GuestAddress};
+        let (mut s, mut f) = versioned_with(DmaConfig {
+            allow_unsealed: true,
+            ..DmaConfig::default()
+        });
+        let fd = crate::dma::tests::unsealed(0x2000);
+        let client = fd.try_clone().unwrap();
+        let r = send(
+            &mut s,
+            &mut f,
+            cmd::DMA_MAP,
+            dma_map(0x10000, 0x2000).as_bytes(),
+            vec![fd],
+        );
+        assert_eq!(header(&r.unwrap()).flags, flags::TYPE_REPLY);
+        bus_master(&mut s, &mut f);
+        let mem = s.bus().mem.clone();
+        mem.write_obj(0x1234_u64, GuestAddress(0x11000)).unwrap();
+        // The client takes its memory away.
+        nix::unistd::ftruncate(&client, 0).unwrap();
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(0x11000)).unwrap(), 0);
+        mem.write_obj(0x5678_u64, GuestAddress(0x10008)).unwrap();
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(0x10008)).unwrap(), 0x5678);
+        assert_eq!(s.holdings().dma_faults, 2);
+        // Nothing reached the file.
+        nix::unistd::ftruncate(&client, 0x2000).unwrap();
+        let mut b = [0u8; 8];
+        nix::sys::uio::pread(&client, &mut b, 8).unwrap();
+        assert_eq!(b, [0; 8]);
+        // The guard goes with the last user of the memory.
+        drop(mem);
+        s.disconnect(&mut f);
+        assert_eq!(crate::sigbus::registered(), 0);
+        assert_eq!(s.holdings().dma_faults, 2, "counted since the start");
     }
 }

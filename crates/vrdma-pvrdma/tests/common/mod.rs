@@ -33,7 +33,7 @@ use vrdma_vfio_user::{
     proto::{
         self, DmaMap, Header, IrqSet, RegionAccess, VersionHead, cmd as vcmd, flags, irq, irq_index,
     },
-    socket::Connection,
+    socket::Client,
 };
 use vrdma_wire::Gid;
 use zerocopy::{FromBytes, IntoBytes};
@@ -91,6 +91,15 @@ impl Served {
         name: &str,
         make: impl FnOnce() -> Pvrdma<T> + Send + 'static,
     ) -> Self {
+        Self::start_with(name, vrdma_vfio_user::Config::default(), make)
+    }
+
+    /// [`Served::start`] with a server `config`.
+    pub fn start_with<T: Transport + 'static>(
+        name: &str,
+        config: vrdma_vfio_user::Config,
+        make: impl FnOnce() -> Pvrdma<T> + Send + 'static,
+    ) -> Self {
         let socket =
             std::env::temp_dir().join(format!("vrdma-test-{}-{name}.sock", std::process::id()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -105,7 +114,7 @@ impl Served {
         let path = socket.clone();
         let name = name.to_owned();
         let thread = std::thread::spawn(move || {
-            let mut server = Server::bind(&path, make(), &name).unwrap();
+            let mut server = Server::bind_with(&path, make(), &name, &config).unwrap();
             tx.send(()).unwrap();
             // Server::run's loop, with the counters copied out each turn,
             // and held at the gate while a test pauses it.
@@ -123,7 +132,7 @@ impl Served {
                 }
                 server.turn().unwrap();
                 *snap.lock().unwrap() = (server.function().stats(), server.clients);
-                *count.lock().unwrap() = server.function().counters();
+                *count.lock().unwrap() = server.counters();
             }
         });
         rx.recv().unwrap();
@@ -242,7 +251,7 @@ pub fn udp_function(addr: &str) -> Pvrdma<vrdma_fabric::udp::UdpPort> {
 /// canary bytes, as it checks the canary pages it allocates inside RAM and
 /// never hands to the device ([`Guest::canary`], [`Guest::guarded`]).
 pub struct Guest {
-    pub conn: Connection,
+    pub conn: Client,
     /// The test's view: the RAM and the two guard pages.
     pub ram: GuestMemoryMmap<()>,
     memfd: OwnedFd,
@@ -285,6 +294,18 @@ fn write32_payload(region: u32, off: u64, v: u32) -> Vec<u8> {
     p
 }
 
+/// A memfd of `len` bytes sealed as QEMU's `memory-backend-memfd` seals
+/// guest RAM (it can neither shrink nor grow).
+pub fn sealed_memfd(name: &std::ffi::CStr, len: u64) -> OwnedFd {
+    use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+    let fd =
+        nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING).unwrap();
+    nix::unistd::ftruncate(&fd, i64::try_from(len).unwrap()).unwrap();
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).unwrap();
+    fd
+}
+
 fn eventfd() -> (OwnedFd, File) {
     let e: OwnedFd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK).unwrap().into();
     let r = File::from(e.try_clone().unwrap());
@@ -296,10 +317,7 @@ impl Guest {
     /// device up as QEMU does: version, DMA map, interrupts, bus master.
     pub fn connect(socket: &Path, ram_size: u64) -> Self {
         let stream = UnixStream::connect(socket).unwrap();
-        let memfd: OwnedFd =
-            nix::sys::memfd::memfd_create(c"guest-ram", nix::sys::memfd::MFdFlags::empty())
-                .unwrap();
-        nix::unistd::ftruncate(&memfd, i64::try_from(ram_size + 2 * PAGE_SIZE).unwrap()).unwrap();
+        let memfd = sealed_memfd(c"guest-ram", ram_size + 2 * PAGE_SIZE);
         let file = File::from(memfd.try_clone().unwrap());
         let ram = GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(RAM_BASE - PAGE_SIZE),
@@ -308,7 +326,7 @@ impl Guest {
         )])
         .unwrap();
         let mut g = Guest {
-            conn: Connection::new(stream).unwrap(),
+            conn: Client::new(stream).unwrap(),
             ram,
             memfd,
             ram_size,
@@ -698,10 +716,7 @@ impl Guest {
     /// Shares `size` more bytes of memory at `addr` (a memfd of their
     /// own): the test's view of them.
     pub fn map_extra(&mut self, addr: u64, size: u64) -> GuestMemoryMmap<()> {
-        let fd: OwnedFd =
-            nix::sys::memfd::memfd_create(c"guest-extra", nix::sys::memfd::MFdFlags::empty())
-                .unwrap();
-        nix::unistd::ftruncate(&fd, i64::try_from(size).unwrap()).unwrap();
+        let fd = sealed_memfd(c"guest-extra", size);
         let view = GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(addr),
             size as usize,
