@@ -136,6 +136,35 @@ pub struct ServeArgs {
     /// itself (--seccomp) drops its capabilities instead.
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,
+
+    /// A user (name or uid) whose processes may connect to the devices'
+    /// sockets (QEMU's), beside the daemon's own user and root; the socket
+    /// files then belong to the first such user (mode 0600). Repeatable.
+    #[arg(long = "allow-user", value_name = "USER")]
+    pub allow_users: Vec<String>,
+
+    /// A group (name or gid) whose processes may connect to the devices'
+    /// sockets (by the peer's effective group); the socket files then
+    /// belong to the first such group, mode 0660. Repeatable.
+    #[arg(long = "allow-group", value_name = "GROUP")]
+    pub allow_groups: Vec<String>,
+
+    /// Take guest memory whose file is not sealed against shrinking (e.g.
+    /// memory-backend-file on hugetlbfs or /dev/shm), guarded so that a
+    /// truncated file cannot SIGBUS the daemon. By default such memory is
+    /// refused: QEMU's memory-backend-memfd seals its memory.
+    #[arg(long)]
+    pub allow_unsealed: bool,
+
+    /// DMA maps a guest's VMM may hold at once (each holds a descriptor
+    /// and a mapping, which the process shares among its guests).
+    #[arg(long, default_value_t = vrdma_vfio_user::dma::DEFAULT_MAX_MAPS)]
+    pub max_dma_maps: usize,
+
+    /// Bytes of guest memory a guest's VMM may map into the daemon (K, M,
+    /// G, T suffixes).
+    #[arg(long, default_value = "1T", value_parser = crate::serve::parse_size_arg)]
+    pub max_dma_bytes: u64,
 }
 
 /// The device's capabilities (every device served gets the same).

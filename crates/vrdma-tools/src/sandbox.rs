@@ -73,6 +73,19 @@ pub fn identity(name: &str) -> Result<Identity> {
     })
 }
 
+/// Looks up a group by name or number.
+pub fn group(name: &str) -> Result<Gid> {
+    let g = match name.parse::<u32>() {
+        Ok(n) => nix::unistd::Group::from_gid(Gid::from_raw(n)),
+        Err(_) => nix::unistd::Group::from_name(name),
+    }
+    .with_context(|| format!("looking up group {name}"))?;
+    match g {
+        Some(g) => Ok(g.gid),
+        None => bail!("no group {name}"),
+    }
+}
+
 /// Becomes `who` (uid, gid, no supplementary groups): every thread of the
 /// process at once (the C library's set*id calls reach all threads), and
 /// every capability goes with root.
@@ -162,6 +175,7 @@ pub fn allowed() -> Vec<i64> {
         libc::SYS_fstat,
         libc::SYS_newfstatat,
         libc::SYS_statx,
+        libc::SYS_fstatfs,
         libc::SYS_lseek,
         libc::SYS_pread64,
         libc::SYS_pwrite64,

@@ -221,6 +221,32 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .ok_or_else(|| anyhow!("{s}: too large"))
 }
 
+/// [`parse_size`] for clap.
+pub fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
+    parse_size(s).map_err(|e| format!("{e:#}"))
+}
+
+/// Who may connect and what a client may map, from the command line.
+fn vfio_config(a: &ServeArgs) -> Result<vrdma_vfio_user::Config> {
+    let mut c = vrdma_vfio_user::Config::default();
+    for u in &a.allow_users {
+        let uid = sandbox::identity(u)?.uid.as_raw();
+        if !c.socket.allowed_uids.contains(&uid) {
+            c.socket.allowed_uids.push(uid);
+        }
+    }
+    for g in &a.allow_groups {
+        let gid = sandbox::group(g)?.as_raw();
+        if !c.socket.allowed_gids.contains(&gid) {
+            c.socket.allowed_gids.push(gid);
+        }
+    }
+    c.dma.allow_unsealed = a.allow_unsealed;
+    c.dma.max_maps = a.max_dma_maps;
+    c.dma.max_bytes = a.max_dma_bytes;
+    Ok(c)
+}
+
 impl CapsArgs {
     pub fn limits(&self) -> Limits {
         Limits {
@@ -243,16 +269,24 @@ impl CapsArgs {
     }
 }
 
-/// Builds the device `spec` describes and binds its sockets.
-fn open(spec: &DeviceSpec, limits: &Limits) -> Result<Server<EthPort>> {
+/// Builds the device `spec` describes and binds its sockets (both private
+/// to the peers `config` allows).
+fn open(
+    spec: &DeviceSpec,
+    limits: &Limits,
+    config: &vrdma_vfio_user::Config,
+) -> Result<Server<EthPort>> {
     let link = match &spec.uplink {
         Uplink::Tap(t) => Link::tap(t).with_context(|| format!("opening TAP {t}"))?,
         Uplink::Stream(p) => {
             Link::connect(p).with_context(|| format!("connecting to {}", p.display()))?
         }
     };
-    let mut port = EthPort::listen(&spec.netdev, link, spec.mac)
+    let listener = vrdma_vfio_user::socket::bind_private(&spec.netdev, &config.socket)
         .with_context(|| format!("listening at {}", spec.netdev.display()))?;
+    let mut port = EthPort::with_listener(listener, link, spec.mac)?;
+    let peers = config.socket.clone();
+    port.set_peer_check(Box::new(move |s| peers.allows_peer(s).unwrap_or(false)));
     if spec.spoof_check {
         port.set_filter(SourceFilter {
             mac: true,
@@ -268,7 +302,7 @@ fn open(spec: &DeviceSpec, limits: &Limits) -> Result<Server<EthPort>> {
             .share_doorbells()
             .context("sharing the doorbell pages")?;
     }
-    Server::bind(&spec.socket, function, &spec.name)
+    Server::bind_with(&spec.socket, function, &spec.name, config)
         .with_context(|| format!("listening at {}", spec.socket.display()))
 }
 
@@ -341,6 +375,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     }
 
     let user = a.user.as_deref().map(sandbox::identity).transpose()?;
+    let config = vfio_config(a)?;
     // A root daemon that confines itself without becoming another user
     // gives up its capabilities: each device thread its own, once its
     // device is open (capabilities are per thread), the main thread last.
@@ -376,12 +411,13 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         let done = done_tx.clone();
         let stop = stop.clone();
         let limits = limits.clone();
+        let config = config.clone();
         let name = spec.name.clone();
         let thread =
             std::thread::Builder::new()
                 .name(spec.name.clone())
                 .spawn(move || -> Result<()> {
-                    let opened = open(&spec, &limits).and_then(|s| {
+                    let opened = open(&spec, &limits, &config).and_then(|s| {
                         if drop_caps {
                             sandbox::drop_thread_capabilities()?;
                         }

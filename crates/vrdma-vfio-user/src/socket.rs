@@ -35,7 +35,7 @@ use nix::{
         self, AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
         SockType, UnixAddr, sockopt,
     },
-    unistd::{Gid, fchownat, geteuid},
+    unistd::{Gid, Uid, fchownat, geteuid},
 };
 use zerocopy::FromBytes;
 
@@ -82,6 +82,72 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// do not count against the next turn).
 const ACCEPTS_PER_CALL: usize = 16;
 
+/// A listening UNIX socket at `path` whose file only the peers `config`
+/// allows can connect to: mode 0600, owned by the first allowed user that
+/// is neither this process's nor root (QEMU's, when the daemon runs as
+/// another user), or 0660 with the first allowed group. A socket file left
+/// there by an earlier run is replaced only if nothing accepts connections
+/// on it. Non-blocking, close-on-exec.
+///
+/// The file gets its owner and mode after `bind` and before `listen`:
+/// until then nothing can connect to it (ECONNREFUSED), so it is never
+/// connectable with a wider mode; the process's umask, which other threads
+/// share, is left alone. Someone who can write to the directory could swap
+/// the file in that moment, as they could at any time after.
+pub fn bind_private(path: &Path, config: &SocketConfig) -> io::Result<UnixListener> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is served by another process", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    socket::bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+    let private = || -> io::Result<()> {
+        let me = geteuid().as_raw();
+        let owner = config
+            .allowed_uids
+            .iter()
+            .copied()
+            .find(|&u| u != me && u != 0)
+            .map(Uid::from_raw);
+        let group = config.allowed_gids.first().copied().map(Gid::from_raw);
+        if owner.is_some() || group.is_some() {
+            fchownat(AT_FDCWD, path, owner, group, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+        }
+        let mode = if group.is_some() { 0o660 } else { 0o600 };
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+        socket::listen(&fd, Backlog::MAXCONN)?;
+        Ok(())
+    };
+    if let Err(e) = private() {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(UnixListener::from(fd))
+}
+
+impl SocketConfig {
+    /// Whether the peer of `stream` may use the socket (its credentials
+    /// when it connected); `Err` when they cannot be read.
+    pub fn allows_peer(&self, stream: &UnixStream) -> io::Result<bool> {
+        let c = socket::getsockopt(stream, sockopt::PeerCredentials)?;
+        Ok(self.allows(c.uid(), c.gid()))
+    }
+
+    fn allows(&self, uid: u32, gid: u32) -> bool {
+        self.allowed_uids.contains(&uid) || self.allowed_gids.contains(&gid)
+    }
+}
+
 /// A listening socket at a path.
 #[derive(Debug)]
 pub struct Listener {
@@ -93,56 +159,11 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Listens at `path`, a socket file of mode 0600 (0660 with allowed
-    /// groups; see [`SocketConfig::allowed_gids`]). A socket file left
-    /// there by an earlier run is replaced only if nothing accepts
-    /// connections on it.
-    ///
-    /// The file gets its mode after `bind` and before `listen`: until then
-    /// nothing can connect to it (ECONNREFUSED), so it is never connectable
-    /// with a wider mode; the process's umask, which other threads share,
-    /// is left alone. Someone who can write to the directory could swap the
-    /// file in that moment, as they could at any time after.
+    /// Listens at `path`, a socket file only the peers `config` allows can
+    /// connect to ([`bind_private`]).
     pub fn bind(path: &Path, config: &SocketConfig) -> io::Result<Self> {
-        if path.exists() {
-            if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} is served by another process", path.display()),
-                ));
-            }
-            std::fs::remove_file(path)?;
-        }
-        let fd = socket::socket(
-            AddressFamily::Unix,
-            SockType::Stream,
-            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-            None,
-        )?;
-        socket::bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
-        let private = || -> io::Result<()> {
-            let mode = if let Some(&gid) = config.allowed_gids.first() {
-                fchownat(
-                    AT_FDCWD,
-                    path,
-                    None,
-                    Some(Gid::from_raw(gid)),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )?;
-                0o660
-            } else {
-                0o600
-            };
-            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
-            socket::listen(&fd, Backlog::MAXCONN)?;
-            Ok(())
-        };
-        if let Err(e) = private() {
-            let _ = std::fs::remove_file(path);
-            return Err(e);
-        }
         Ok(Listener {
-            listener: UnixListener::from(fd),
+            listener: bind_private(path, config)?,
             path: path.to_owned(),
             config: config.clone(),
             refused: 0,
@@ -162,7 +183,7 @@ impl Listener {
                 Err(e) => return accept_error(e),
             };
             match socket::getsockopt(&stream, sockopt::PeerCredentials) {
-                Ok(c) if self.allows(c.uid(), c.gid()) => {
+                Ok(c) if self.config.allows(c.uid(), c.gid()) => {
                     return Connection::new(stream, self.config.deadline).map(Some);
                 }
                 Ok(c) => {
@@ -187,10 +208,6 @@ impl Listener {
     /// Peers turned away since the start.
     pub fn refused(&self) -> u64 {
         self.refused
-    }
-
-    fn allows(&self, uid: u32, gid: u32) -> bool {
-        self.config.allowed_uids.contains(&uid) || self.config.allowed_gids.contains(&gid)
     }
 }
 

@@ -403,24 +403,15 @@ const TOKEN_GUEST: u64 = 2;
 const TOKEN_UPLINK: u64 = 3;
 
 impl EthPort {
-    /// A port whose guest side listens at `guest_socket` (QEMU's
-    /// `-netdev stream,server=off,addr.path=…` connects there) and whose
-    /// uplink is `uplink`; `mac` is the guest NIC's.
-    pub fn listen(guest_socket: &Path, uplink: Link, mac: [u8; 6]) -> io::Result<Self> {
-        if guest_socket.exists() {
-            if UnixStream::connect(guest_socket).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} is served by another process", guest_socket.display()),
-                ));
-            }
-            std::fs::remove_file(guest_socket)?;
-        }
-        let l = UnixListener::bind(guest_socket)?;
-        l.set_nonblocking(true)?;
+    /// A port whose guest side listens on `listener` (QEMU's `-netdev
+    /// stream,server=off,addr.path=…` connects there; whoever bound it
+    /// chose who may: see [`EthPort::set_peer_check`]) and whose uplink is
+    /// `uplink`; `mac` is the guest NIC's.
+    pub fn with_listener(listener: UnixListener, uplink: Link, mac: [u8; 6]) -> io::Result<Self> {
+        listener.set_nonblocking(true)?;
         Self::with_guest(
             Guest {
-                listener: Some(l),
+                listener: Some(listener),
                 stream: None,
                 check: None,
             },
@@ -1096,10 +1087,12 @@ mod tests {
     #[test]
     fn a_second_connection_never_replaces_a_live_guest() {
         let dir = std::env::temp_dir().join(format!("vrdma-eth-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("second.net");
         let (u, _uplink) = UnixStream::pair().unwrap();
-        let mut p = EthPort::listen(&path, Link::Stream(Stream::new(u).unwrap()), MAC).unwrap();
+        let l = UnixListener::bind(&path).unwrap();
+        let mut p = EthPort::with_listener(l, Link::Stream(Stream::new(u).unwrap()), MAC).unwrap();
         let mut first = UnixStream::connect(&path).unwrap();
         p.receive(|_, _| {}).unwrap();
         assert!(p.guest_connected());
@@ -1125,12 +1118,8 @@ mod tests {
         assert_eq!((p.stats().guest_connects, p.stats().guest_refused), (2, 1));
         // A peer the check refuses is turned away.
         let (u, _uplink2) = UnixStream::pair().unwrap();
-        let mut p2 = EthPort::listen(
-            &dir.join("checked.net"),
-            Link::Stream(Stream::new(u).unwrap()),
-            MAC,
-        )
-        .unwrap();
+        let l = UnixListener::bind(dir.join("checked.net")).unwrap();
+        let mut p2 = EthPort::with_listener(l, Link::Stream(Stream::new(u).unwrap()), MAC).unwrap();
         p2.set_peer_check(Box::new(|_| false));
         let _c = UnixStream::connect(dir.join("checked.net")).unwrap();
         p2.receive(|_, _| {}).unwrap();
