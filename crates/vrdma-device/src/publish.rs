@@ -43,19 +43,24 @@ pub fn run_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct Publisher {
     name: String,
+    dir: PathBuf,
     path: PathBuf,
     /// The device clock at which the next snapshot is due.
     next: u64,
+    /// A failure to publish was logged (once, not every period).
+    warned: bool,
 }
 
 impl Publisher {
     /// For the device called `name` (its address, for a device on a UDP
-    /// port); `None` (logged) when the run directory cannot be made:
-    /// counters are a convenience, never a reason to fail.
+    /// port), in the run directory. The directory is made, or checked,
+    /// before each snapshot: a daemon that becomes another user after its
+    /// devices are open (`vrdma serve --user`) publishes once it has.
+    /// `None` when there is no run directory at all.
     pub fn new(name: &str) -> Option<Self> {
         let dir = run_dir();
-        if let Err(e) = own_dir(&dir) {
-            tracing::warn!(dir = %dir.display(), error = %e, "no run directory: counters not published");
+        if dir.as_os_str().is_empty() {
+            tracing::warn!("no run directory: counters not published");
             return None;
         }
         // The name becomes a file name: nothing that could leave the
@@ -67,7 +72,9 @@ impl Publisher {
         Some(Publisher {
             name: name.to_owned(),
             path: dir.join(format!("{file}{SUFFIX}")),
+            dir,
             next: 0,
+            warned: false,
         })
     }
 
@@ -80,8 +87,13 @@ impl Publisher {
             return;
         }
         self.next = now.saturating_add(PERIOD.as_nanos() as u64);
-        if let Err(e) = self.write(&counters(), last) {
-            tracing::warn!(path = %self.path.display(), error = %e, "counters not published");
+        match own_dir(&self.dir).and_then(|()| self.write(&counters(), last)) {
+            Ok(()) => self.warned = false,
+            Err(e) if !self.warned => {
+                self.warned = true;
+                tracing::warn!(path = %self.path.display(), error = %e, "counters not published");
+            }
+            Err(_) => {}
         }
     }
 

@@ -333,7 +333,8 @@ fn prepare_run_dir(dir: &std::path::Path, user: &sandbox::Identity) -> Result<()
     // may not list or write it).
     if let Some(parent) = dir.parent() {
         use std::os::unix::fs::PermissionsExt;
-        let m = std::fs::metadata(parent)?;
+        let m =
+            std::fs::metadata(parent).with_context(|| format!("reading {}", parent.display()))?;
         let mode = m.permissions().mode() & 0o7777;
         if mode & 0o001 == 0 {
             std::fs::set_permissions(parent, std::fs::Permissions::from_mode(mode | 0o011))
