@@ -78,8 +78,9 @@ for n in 1 2; do
     ip -n "$NS" link set "$tap" master "$BR" txqueuelen 10000 up
     SPECS+=(--device "socket=$SERVE/g$n.vfio.sock,netdev=$SERVE/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n")
 done
+# shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
 setsid nohup timeout -k 10 $((LIFE + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \
-    "$VRDMA" serve "${SPECS[@]}" > "$SERVE/daemon.log" 2>&1 < /dev/null &
+    "$VRDMA" serve "${SPECS[@]}" ${PVRDMA_SERVE_ARGS:-} > "$SERVE/daemon.log" 2>&1 < /dev/null &
 TPID=$!
 echo "$TPID" > "$SERVE/daemon-timeout.pid"
 wait_for 10 bash -c "pgrep -P $TPID > '$SERVE/daemon.pid' || ! kill -0 $TPID 2>/dev/null"
