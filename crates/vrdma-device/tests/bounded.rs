@@ -78,7 +78,6 @@ struct Setup {
     dev: EthDevice,
     /// The far ends of the guest's NIC and of the uplink (kept open).
     _peers: (UnixStream, UnixStream),
-    a: Qpn,
     pd: vrdma_engine::PdHandle,
     cq: vrdma_engine::CqHandle,
     lkey: vrdma_wire::Lkey,
@@ -86,7 +85,7 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let gid = Gid::from(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
+    let gid = gid();
     let (guest, guest_peer) = UnixStream::pair().expect("pair");
     let (uplink, uplink_peer) = UnixStream::pair().expect("pair");
     let port = EthPort::with_stream(
@@ -115,39 +114,9 @@ fn setup() -> Setup {
             translation: Translation::Identity,
         })
         .expect("mr");
-    let mut qp = |ty| {
-        e.create_qp(QpInitAttr {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap: QpCap {
-                max_send_wr: 16,
-                max_recv_wr: 16,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: ty,
-            sq_sig_all: false,
-        })
-        .expect("qp")
-        .0
-    };
-    let (a, b) = (qp(QpType::Rc), qp(QpType::Rc));
-    let c = Connection {
-        mtu: Mtu::Mtu4096,
-        psn: Psn::from_masked(0x00ff_ff00),
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
-        ..Connection::default()
-    };
-    c.join(e, a, gid, b);
-    c.join(e, b, gid, a);
     Setup {
         dev,
         _peers: (guest_peer, uplink_peer),
-        a,
         pd,
         cq,
         lkey,
@@ -234,10 +203,8 @@ fn a_long_message_looped_back_costs_its_window_not_its_length() {
         remote_addr: BASE,
         rkey,
     };
-    let (wc, growth) = {
-        let a = s.a;
-        transfer(&mut s, a, read, BASE + UC_LEN, READ_LEN)
-    };
+    let a = qp_pair(&mut s, QpType::Rc);
+    let (wc, growth) = transfer(&mut s, a, read, BASE + UC_LEN, READ_LEN);
     assert_eq!(
         (wc.status, wc.opcode),
         (WcStatus::Success, WcOpcode::RdmaRead)
@@ -250,17 +217,14 @@ fn a_long_message_looped_back_costs_its_window_not_its_length() {
     let read_growth = growth;
 
     // UC WRITE: no window at all on the requester; 256 MiB.
-    let mut s = setup_uc(s);
+    let a = qp_pair(&mut s, QpType::Uc);
     fill(s.dev.mem(), BASE, UC_LEN, 2);
     fill(s.dev.mem(), BASE + UC_LEN, UC_LEN, 3);
     let write = SendOp::RdmaWrite {
         remote_addr: BASE + UC_LEN,
         rkey,
     };
-    let (wc, growth) = {
-        let a = s.a;
-        transfer(&mut s, a, write, BASE, UC_LEN)
-    };
+    let (wc, growth) = transfer(&mut s, a, write, BASE, UC_LEN);
     assert_eq!(
         (wc.status, wc.opcode),
         (WcStatus::Success, WcOpcode::RdmaWrite)
@@ -278,16 +242,21 @@ fn a_long_message_looped_back_costs_its_window_not_its_length() {
     eprintln!("peak growth: READ {read_growth} B, UC WRITE {growth} B");
 }
 
-/// The same device with a UC QP pair in place of the RC one.
-fn setup_uc(mut s: Setup) -> Setup {
-    let gid = Gid::from(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
+/// The device's own address.
+fn gid() -> Gid {
+    Gid::from(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)))
+}
+
+/// Two QPs of type `ty` on the device, connected to each other (at MTU
+/// 4096, 16 READs outstanding); the first.
+fn qp_pair(s: &mut Setup, ty: QpType) -> Qpn {
+    let (pd, cq) = (s.pd, s.cq);
     let e = s.dev.engine_mut();
-    let pd = s.pd;
     let mut qp = || {
         e.create_qp(QpInitAttr {
             pd,
-            send_cq: s.cq,
-            recv_cq: s.cq,
+            send_cq: cq,
+            recv_cq: cq,
             srq: None,
             cap: QpCap {
                 max_send_wr: 16,
@@ -296,7 +265,7 @@ fn setup_uc(mut s: Setup) -> Setup {
                 max_recv_sge: 1,
                 max_inline_data: 0,
             },
-            qp_type: QpType::Uc,
+            qp_type: ty,
             sq_sig_all: false,
         })
         .expect("qp")
@@ -305,10 +274,12 @@ fn setup_uc(mut s: Setup) -> Setup {
     let (a, b) = (qp(), qp());
     let c = Connection {
         mtu: Mtu::Mtu4096,
+        psn: Psn::from_masked(0x00ff_ff00),
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
         ..Connection::default()
     };
-    c.join(e, a, gid, b);
-    c.join(e, b, gid, a);
-    s.a = a;
-    s
+    c.join(e, a, gid(), b);
+    c.join(e, b, gid(), a);
+    a
 }
