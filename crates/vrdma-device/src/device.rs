@@ -278,10 +278,12 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
         ] {
             v.push((format!("objects.{k}"), u64::from(n)));
         }
+        // What the objects hold, then the budget they are held to (not
+        // objects: a device with none shows only these).
         let m = self.engine.memory_use();
         v.push(("objects.bytes".into(), m.held));
-        v.push(("objects.bytes_limit".into(), m.limit.unwrap_or(0)));
-        v.push(("objects.refused".into(), m.refused));
+        v.push(("budget.limit".into(), m.limit.unwrap_or(0)));
+        v.push(("budget.refused".into(), m.refused));
         v
     }
 

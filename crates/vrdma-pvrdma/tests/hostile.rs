@@ -1792,8 +1792,8 @@ fn page_lists_past_the_guests_budget_are_refused_and_its_work_goes_on() {
         assert!(made < 64, "{made} MRs of 1 GiB: no budget");
     };
     assert_eq!(refusal, (12, 12), "ENOMEM");
-    let limit = da.counter_when("objects.bytes_limit", |n| n > 0);
-    let refused = da.counter_when("objects.refused", |n| n >= 2);
+    let limit = da.counter_when("budget.limit", |n| n > 0);
+    let refused = da.counter_when("budget.refused", |n| n >= 2);
     assert!(refused >= 2, "refusals counted: {refused}");
     let bytes = da.counter_when("objects.bytes", |_| true);
     assert!(bytes <= limit, "{bytes} held over a limit of {limit}");
