@@ -1,11 +1,13 @@
 //! The PVRDMA face's test kit (feature `pvrdma`): what the face's suites
-//! (`vrdma-pvrdma/tests`: the driver model, the hostile guest) share.
+//! (`vrdma-pvrdma/tests`: the driver model, the hostile guest on UDP and on
+//! the Ethernet port) share.
 //!
 //! | module | what |
 //! |---|---|
 //! | [`guest`] | a guest as a device sees it: a vfio-user client with RAM in a sealed memfd, and a model of the Linux driver (probe, commands, page directories, rings, doorbells) |
 //! | [`served`] | a device served in a thread of its own, its counters copied out each turn, a gate between turns |
 //! | [`side`] | a well-behaved guest's objects ([`Side`]), two of them connected, an exchange checked byte for byte, one running throughout a test ([`side::Steady`]) |
+//! | [`eth`] | devices on Ethernet ports whose uplinks meet in an in-test [`eth::Switch`], the guest's NIC ([`eth::Nic`]) and the frames it sends |
 //! | [`tripwire`] | a transport that panics on demand (a bug in a device's round) |
 //!
 //! Devices are made through a test binary's [`Net`], which hands out
@@ -21,10 +23,12 @@
 //! |---|---|
 //! | 127.20 | `vrdma-pvrdma/tests/driver.rs` |
 //! | 127.21 | `vrdma-pvrdma/tests/hostile.rs` |
+//! | 127.22 | `vrdma-pvrdma/tests/ethernet.rs` |
 //!
 //! This is test code: a failure is the test's, so it panics, saying what
 //! failed (`expect`), as the tests' own code does.
 
+pub mod eth;
 pub mod guest;
 pub mod served;
 pub mod side;
@@ -33,6 +37,7 @@ pub mod tripwire;
 use std::{
     net::{IpAddr, Ipv4Addr},
     ops::Deref,
+    path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
 };
 
@@ -93,6 +98,8 @@ impl Net {
             served: Served::start_with(name, config, move || make(addr, mac)),
             addr,
             mac,
+            netdev: None,
+            _switch: None,
         }
     }
 
@@ -122,13 +129,19 @@ pub fn mac_of(addr: IpAddr) -> [u8; 6] {
     [2, 0, o[0], o[1], o[2], o[3]]
 }
 
-/// A device a test serves: its address (the GID its guest binds) and its
-/// MAC. It dereferences to the [`Served`] device.
+/// A device a test serves: its address (the GID its guest binds), its
+/// MAC and, on an Ethernet port, where its guest's NIC connects. It
+/// dereferences to the [`Served`] device.
 #[derive(Debug)]
 pub struct Device {
     pub served: Served,
     pub addr: IpAddr,
     pub mac: [u8; 6],
+    /// The guest socket of the device's Ethernet port.
+    pub netdev: Option<PathBuf>,
+    /// The switch its uplink is attached to, kept running while the
+    /// device is (after `served`: dropped once the device thread ended).
+    _switch: Option<eth::Switch>,
 }
 
 impl Device {
