@@ -15,7 +15,7 @@ use std::{
     },
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         mpsc,
     },
     thread::JoinHandle,
@@ -109,6 +109,8 @@ pub struct SwitchStats {
     pub unknown: AtomicU64,
     /// Frames dropped for a port whose backlog was full.
     pub full: AtomicU64,
+    /// Ports attached whose device has not closed its end.
+    pub ports: AtomicUsize,
 }
 
 /// An Ethernet switch in a thread: uplinks attach with their MAC; a frame
@@ -182,6 +184,12 @@ impl Switch {
     pub fn stats(&self) -> &SwitchStats {
         &self.0.stats
     }
+
+    /// Ports attached whose device has not closed its end of the uplink
+    /// (as of the switch's last turn).
+    pub fn ports(&self) -> usize {
+        self.0.stats.ports.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for SwitchInner {
@@ -207,6 +215,7 @@ fn run_switch(add: &mpsc::Receiver<Port>, stop: &AtomicBool, stats: &SwitchStats
     while !stop.load(Ordering::Relaxed) {
         ports.extend(add.try_iter());
         ports.retain(|p| p.open);
+        stats.ports.store(ports.len(), Ordering::Relaxed);
         let ready: Vec<(bool, bool)> = {
             let mut fds: Vec<PollFd<'_>> = ports
                 .iter()

@@ -1,6 +1,6 @@
 //! The PVRDMA face's test kit (feature `pvrdma`): what the face's suites
 //! (`vrdma-pvrdma/tests`: the driver model, the hostile guest on UDP and on
-//! the Ethernet port) share.
+//! the Ethernet port, the bounds) share.
 //!
 //! | module | what |
 //! |---|---|
@@ -9,6 +9,7 @@
 //! | [`side`] | a well-behaved guest's objects ([`Side`]), two of them connected, an exchange checked byte for byte, one running throughout a test ([`side::Steady`]) |
 //! | [`eth`] | devices on Ethernet ports whose uplinks meet in an in-test [`eth::Switch`], the guest's NIC ([`eth::Nic`]) and the frames it sends |
 //! | [`tripwire`] | a transport that panics on demand (a bug in a device's round) |
+//! | [`measure`] | the process's open descriptors and peak memory, from `/proc/self` |
 //!
 //! Devices are made through a test binary's [`Net`], which hands out
 //! their addresses: a binary names its own block of loopback addresses
@@ -24,12 +25,14 @@
 //! | 127.20 | `vrdma-pvrdma/tests/driver.rs` |
 //! | 127.21 | `vrdma-pvrdma/tests/hostile.rs` |
 //! | 127.22 | `vrdma-pvrdma/tests/ethernet.rs` |
+//! | 127.23 | `vrdma-pvrdma/tests/bounds.rs` |
 //!
 //! This is test code: a failure is the test's, so it panics, saying what
 //! failed (`expect`), as the tests' own code does.
 
 pub mod eth;
 pub mod guest;
+pub mod measure;
 pub mod served;
 pub mod side;
 pub mod tripwire;
