@@ -62,25 +62,24 @@ impl Net {
     ) -> Device {
         let addr = self.addr();
         let mac = mac_of(addr);
-        let netdev =
-            std::env::temp_dir().join(format!("vrdma-test-{}-{name}.net", std::process::id()));
-        // A socket file left by an earlier run of this process id.
-        let _ = std::fs::remove_file(&netdev);
-        let listener = UnixListener::bind(&netdev).expect("binding the guest socket");
-        let uplink = Stream::new(switch.attach(mac)).expect("the uplink stream");
-        let mut port =
-            EthPort::with_listener(listener, Link::Stream(uplink), mac).expect("the Ethernet port");
-        port.set_filter(SourceFilter {
-            mac: true,
-            addrs: vec![addr],
-        });
-        Device {
-            served: Served::start_with(name, config, move || make(port, mac)),
+        let uplink = switch.attach(mac);
+        let mut d = eth_device_at(name, addr, uplink, config, make);
+        d._switch = Some(switch.clone());
+        d
+    }
+
+    /// A device on an Ethernet port (as [`Net::eth_device`]) whose uplink
+    /// is `uplink` (the far end is the test's: another daemon's uplink, a
+    /// peer it plays).
+    pub fn eth_device_on(&self, name: &str, uplink: UnixStream) -> Device {
+        let addr = self.addr();
+        eth_device_at(
+            name,
             addr,
-            mac,
-            netdev: Some(netdev),
-            _switch: Some(switch.clone()),
-        }
+            uplink,
+            vrdma_vfio_user::Config::default(),
+            eth_function,
+        )
     }
 
     /// Two devices on Ethernet ports of `switch` (`NAME-a`, `NAME-b`), a
@@ -92,6 +91,35 @@ impl Net {
         let mut b = Side::new(&db);
         connect(&mut a, &mut b);
         (da, db, a, b)
+    }
+}
+
+/// A device at `addr` on an Ethernet port whose uplink is `uplink`.
+fn eth_device_at<T: Transport + 'static>(
+    name: &str,
+    addr: std::net::IpAddr,
+    uplink: UnixStream,
+    config: vrdma_vfio_user::Config,
+    make: impl FnOnce(EthPort, [u8; 6]) -> Pvrdma<T> + Send + 'static,
+) -> Device {
+    let mac = mac_of(addr);
+    let netdev = std::env::temp_dir().join(format!("vrdma-test-{}-{name}.net", std::process::id()));
+    // A socket file left by an earlier run of this process id.
+    let _ = std::fs::remove_file(&netdev);
+    let listener = UnixListener::bind(&netdev).expect("binding the guest socket");
+    let uplink = Stream::new(uplink).expect("the uplink stream");
+    let mut port =
+        EthPort::with_listener(listener, Link::Stream(uplink), mac).expect("the Ethernet port");
+    port.set_filter(SourceFilter {
+        mac: true,
+        addrs: vec![addr],
+    });
+    Device {
+        served: Served::start_with(name, config, move || make(port, mac)),
+        addr,
+        mac,
+        netdev: Some(netdev),
+        _switch: None,
     }
 }
 

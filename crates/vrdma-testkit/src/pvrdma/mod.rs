@@ -1,12 +1,13 @@
 //! The PVRDMA face's test kit (feature `pvrdma`): what the face's suites
 //! (`vrdma-pvrdma/tests`: the driver model, the hostile guest on UDP and on
-//! the Ethernet port, the bounds) share.
+//! the Ethernet port, the bounds) and the daemon's end-to-end test
+//! (`vrdma/tests/serve.rs`) share.
 //!
 //! | module | what |
 //! |---|---|
 //! | [`guest`] | a guest as a device sees it: a vfio-user client with RAM in a sealed memfd, and a model of the Linux driver (probe, commands, page directories, rings, doorbells) |
 //! | [`served`] | a device served in a thread of its own, its counters copied out each turn, a gate between turns |
-//! | [`side`] | a well-behaved guest's objects ([`Side`]), two of them connected, an exchange checked byte for byte, one running throughout a test ([`side::Steady`]) |
+//! | [`side`] | a well-behaved guest's objects ([`Side`]), two of them connected, an exchange checked byte for byte (SEND and WRITE; READ and atomics), one running throughout a test ([`side::Steady`]) |
 //! | [`eth`] | devices on Ethernet ports whose uplinks meet in an in-test [`eth::Switch`], the guest's NIC ([`eth::Nic`]) and the frames it sends |
 //! | [`tripwire`] | a transport that panics on demand (a bug in a device's round) |
 //! | [`measure`] | the process's open descriptors and peak memory, from `/proc/self` |
@@ -26,6 +27,7 @@
 //! | 127.21 | `vrdma-pvrdma/tests/hostile.rs` |
 //! | 127.22 | `vrdma-pvrdma/tests/ethernet.rs` |
 //! | 127.23 | `vrdma-pvrdma/tests/bounds.rs` |
+//! | 127.24 | `vrdma/tests/serve.rs` |
 //!
 //! This is test code: a failure is the test's, so it panics, saying what
 //! failed (`expect`), as the tests' own code does.
@@ -48,7 +50,9 @@ pub use guest::{
     Guest, GuestCq, GuestQp, RAM_BASE, UAR_PFN, hdr, le32, rc_up, rc_up_mtu, sealed_memfd, sge, wqe,
 };
 pub use served::Served;
-pub use side::{Side, Steady, completion, connect, eventually, exchange, one_way, wait_event};
+pub use side::{
+    Side, Steady, completion, connect, eventually, exchange, one_way, read_and_atomics, wait_event,
+};
 use vrdma_device::Transport;
 use vrdma_engine::attr::PortAttr;
 use vrdma_fabric::udp::UdpPort;

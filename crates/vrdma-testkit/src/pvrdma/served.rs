@@ -116,6 +116,11 @@ impl Served {
                     g.parked = false;
                     g.steps = g.steps.saturating_sub(1);
                 }
+                // Stopped while held at the gate: no further turn (a test
+                // that paused the device may have taken its peers away).
+                if s.load(Ordering::Relaxed) {
+                    break;
+                }
                 server.turn().expect("the device's turn");
                 *lock(&snap) = (server.function().stats(), server.clients);
                 *lock(&count) = server.counters();

@@ -5,6 +5,7 @@
 //! [`eventually`], [`completion`]).
 
 use std::{
+    path::Path,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -63,13 +64,18 @@ impl Side {
 
     /// [`Side::new`] with `ram` bytes of RAM.
     pub fn with_ram(device: &Device, ram: u64) -> Self {
-        let mut g = Guest::connect(&device.socket, ram);
+        Self::on(&device.socket, device.gid(), device.mac, ram)
+    }
+
+    /// [`Side::new`] for the device served at `socket` (in this process or
+    /// not) whose address is `gid` and MAC `mac`, with `ram` bytes of RAM.
+    pub fn on(socket: &Path, gid: Gid, mac: [u8; 6], ram: u64) -> Self {
+        let mut g = Guest::connect(socket, ram);
         g.guarded = true;
         assert_eq!(g.probe(), 0, "ACTIVATE");
         assert_eq!(g.caps.mode, 0);
         assert_eq!(g.caps.gid_types, abi::GID_TYPE_ROCE_V2);
         assert!(g.caps.max_qp.get() > 17);
-        let gid = device.gid();
         g.bind_gid(0, gid);
         let pd = g.create_pd(0);
         let (_, lkey) = g.dma_mr(pd);
@@ -82,7 +88,7 @@ impl Side {
         Side {
             g,
             gid,
-            mac: device.mac,
+            mac,
             pd,
             lkey,
             cq,
@@ -161,6 +167,80 @@ pub fn one_way(s: &mut Side, r: &mut Side) {
         (write_id, WC_SUCCESS)
     );
     assert_eq!(r.g.get(r.mr + 4000, 200), &data[..200], "the WRITE's bytes");
+    s.g.check_canaries();
+    r.g.check_canaries();
+}
+
+/// `s` READs 200 bytes across `r`'s user MR's page boundary, then
+/// FETCH_ADDs and COMP_SWAPs a word of it: every completion, byte and
+/// returned value checked, then every canary.
+pub fn read_and_atomics(s: &mut Side, r: &mut Side) {
+    s.round += 1;
+    let round = s.round;
+    let seed = u32::from(s.gid.0[15]);
+    let data: Vec<u8> = (0..200u32)
+        .map(|i| (i * 31 + round * 3 + seed) as u8)
+        .collect();
+    r.g.put(r.mr + 4000, &data);
+    let local = s.buf + 3 * PAGE_SIZE;
+    s.g.put(local, &[0u8; 512]);
+    let read_id = 4000 + u64::from(round);
+    let mut w = wqe(read_id, wr_opcode::RDMA_READ, send_flags::SIGNALED, 1);
+    w.wr[0] = (MR_VA + 4000).into();
+    w.wr[1] = u64::from(r.rkey).into();
+    s.g.post_send(&mut s.qp, &w, &[sge(local, 200, s.lkey)]);
+    let c = completion(&mut s.g, &mut s.cq, read_id);
+    assert_eq!(
+        (c.status.get(), c.opcode.get(), c.byte_len.get()),
+        (WC_SUCCESS, wc_opcode::RDMA_READ, 200)
+    );
+    assert_eq!(s.g.get(local, 200), data, "the READ's bytes");
+
+    // A word of the MR's second page.
+    let (word, remote) = (r.mr + PAGE_SIZE + 512, MR_VA + PAGE_SIZE + 512);
+    let old = 0x1000_0000_0000_0000 | (u64::from(seed) << 32) | u64::from(round);
+    r.g.put(word, &old.to_le_bytes());
+    let add_id = 5000 + u64::from(round);
+    let mut w = wqe(
+        add_id,
+        wr_opcode::ATOMIC_FETCH_AND_ADD,
+        send_flags::SIGNALED,
+        1,
+    );
+    w.wr[0] = remote.into();
+    w.wr[1] = 7u64.into();
+    w.wr[3] = u64::from(r.rkey).into();
+    s.g.post_send(&mut s.qp, &w, &[sge(local + 256, 8, s.lkey)]);
+    let c = completion(&mut s.g, &mut s.cq, add_id);
+    assert_eq!(
+        (c.status.get(), c.opcode.get()),
+        (WC_SUCCESS, wc_opcode::FETCH_ADD)
+    );
+    assert_eq!(s.g.get(local + 256, 8), old.to_le_bytes(), "FETCH_ADD's");
+    assert_eq!(r.g.get(word, 8), (old + 7).to_le_bytes(), "added");
+    let swap_id = 6000 + u64::from(round);
+    let mut w = wqe(
+        swap_id,
+        wr_opcode::ATOMIC_CMP_AND_SWP,
+        send_flags::SIGNALED,
+        1,
+    );
+    w.wr[0] = remote.into();
+    w.wr[1] = (old + 7).into();
+    w.wr[2] = (!old).into();
+    w.wr[3] = u64::from(r.rkey).into();
+    s.g.post_send(&mut s.qp, &w, &[sge(local + 264, 8, s.lkey)]);
+    let c = completion(&mut s.g, &mut s.cq, swap_id);
+    assert_eq!(
+        (c.status.get(), c.opcode.get()),
+        (WC_SUCCESS, wc_opcode::COMP_SWAP)
+    );
+    assert_eq!(
+        s.g.get(local + 264, 8),
+        (old + 7).to_le_bytes(),
+        "COMP_SWAP's"
+    );
+    assert_eq!(r.g.get(word, 8), (!old).to_le_bytes(), "swapped");
     s.g.check_canaries();
     r.g.check_canaries();
 }
