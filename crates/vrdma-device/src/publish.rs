@@ -43,6 +43,7 @@ pub fn run_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct Publisher {
     name: String,
+    /// The run directory, and the snapshot's file in it.
     dir: PathBuf,
     path: PathBuf,
     /// The device clock at which the next snapshot is due.
@@ -53,14 +54,20 @@ pub struct Publisher {
 
 impl Publisher {
     /// For the device called `name` (its address, for a device on a UDP
-    /// port), in the run directory. The directory is made, or checked,
-    /// before each snapshot: a daemon that becomes another user after its
-    /// devices are open (`vrdma serve --user`) publishes once it has.
-    /// `None` when there is no run directory at all.
+    /// port); `None` (logged) when the run directory cannot be made:
+    /// counters are a convenience, never a reason to fail. The directory
+    /// must be this user's, closed to others, when a snapshot is written
+    /// (checked each time): a daemon that becomes another user (`vrdma
+    /// serve --user`) makes its publishers before it is that user, in a
+    /// directory that is the user's.
     pub fn new(name: &str) -> Option<Self> {
-        let dir = run_dir();
-        if dir.as_os_str().is_empty() {
-            tracing::warn!("no run directory: counters not published");
+        Self::at(run_dir(), name)
+    }
+
+    /// [`Publisher::new`] in `dir`.
+    fn at(dir: PathBuf, name: &str) -> Option<Self> {
+        if let Err(e) = make_dir(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "no run directory: counters not published");
             return None;
         }
         // The name becomes a file name: nothing that could leave the
@@ -87,7 +94,7 @@ impl Publisher {
             return;
         }
         self.next = now.saturating_add(PERIOD.as_nanos() as u64);
-        match own_dir(&self.dir).and_then(|()| self.write(&counters(), last)) {
+        match self.write(&counters(), last) {
             Ok(()) => self.warned = false,
             Err(e) if !self.warned => {
                 self.warned = true;
@@ -98,6 +105,7 @@ impl Publisher {
     }
 
     fn write(&self, counters: &[(String, u64)], last: bool) -> std::io::Result<()> {
+        check_dir(&self.dir)?;
         let mut text = String::new();
         let updated = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -126,20 +134,25 @@ impl Publisher {
     }
 }
 
-/// Makes `dir` (mode 0700) or accepts it if it is a real directory of
-/// this user that nobody else may write to: in a shared place like /tmp
-/// another user could have made it first, to plant links.
-fn own_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+/// Makes `dir` (mode 0700) unless it exists.
+fn make_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
     match fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
     {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
     }
+}
+
+/// Whether `dir` is a real directory of this user that nobody else may
+/// write to: in a shared place like /tmp another user could have made it
+/// first, to plant links.
+fn check_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     let m = fs::symlink_metadata(dir)?;
     let me = fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
     if !m.is_dir() || m.uid() != me || m.permissions().mode() & 0o022 != 0 {
@@ -161,6 +174,7 @@ mod tests {
         let base = std::env::temp_dir().join(format!("vrdma-stat-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&base);
         let dir = base.join("run");
+        let own_dir = |d: &Path| make_dir(d).and_then(|()| check_dir(d));
         own_dir(&dir).unwrap();
         assert_eq!(
             fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
@@ -174,6 +188,32 @@ mod tests {
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::symlink(&dir, &link).unwrap();
         assert!(own_dir(&link).is_err());
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// `vrdma serve --user` makes its publishers as root, in a directory
+    /// that is the user's: they write once the process is that user.
+    /// Here, a directory open to others (not fit) that is closed later.
+    #[test]
+    fn a_publisher_made_before_its_directory_is_fit_writes_once_it_is() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("vrdma-stat-late-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let dir = base.join("run");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let mut p = Publisher::at(dir.clone(), "late").expect("a publisher");
+        let counters = || vec![("x.y".to_owned(), 7)];
+        p.publish(0, counters, false);
+        let file = dir.join(format!("late{SUFFIX}"));
+        assert!(!file.exists(), "written in a directory open to others");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        p.publish(0, counters, true);
+        let text = fs::read_to_string(&file).unwrap();
+        assert!(
+            text.contains("state closed\n") && text.contains("x.y 7\n"),
+            "{text}"
+        );
         fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -3,72 +3,15 @@
 //! CQ, RC QP), data both ways between two devices, CQ notifications, and a
 //! device reset.
 
-mod common;
-
-use common::*;
 use vrdma_pvrdma::abi::{self, send_flags, wc_opcode, wr_opcode};
-use vrdma_wire::Gid;
+use vrdma_testkit::pvrdma::{Net, Side, connect, hdr, rc_up, sge, udp_function, wqe};
 
-const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
-const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
-
-struct Side {
-    g: Guest,
-    pd: u32,
-    lkey: u32,
-    cq: GuestCq,
-    qp: GuestQp,
-    buf: u64,
-}
-
-fn side(served: &Served, ip: &str) -> Side {
-    let mut g = Guest::connect(&served.socket, 16 << 20);
-    assert_eq!(g.probe(), 0, "ACTIVATE");
-    assert_eq!(g.caps.mode, 0);
-    assert_eq!(g.caps.gid_types, abi::GID_TYPE_ROCE_V2);
-    assert!(g.caps.max_qp.get() > 17);
-    g.bind_gid(0, gid(ip));
-    let pd = g.create_pd(0);
-    let (_, lkey) = g.dma_mr(pd);
-    let cq = g.create_cq(64, 0);
-    let qp = g.create_qp(abi::qp_type::RC, pd, cq.handle, cq.handle, 16);
-    assert!(qp.qpn >= 17, "regular QPNs start at 17");
-    let buf = g.alloc(8);
-    Side {
-        g,
-        pd,
-        lkey,
-        cq,
-        qp,
-        buf,
-    }
-}
-
-fn gid(ip: &str) -> Gid {
-    Gid::from(ip.parse::<std::net::IpAddr>().unwrap())
-}
-
-/// Two devices served (`NAME-a` at `ip_a`, `NAME-b` at `ip_b`), a guest on
-/// each, their QPs connected.
-fn pair(name: &str, ip_a: &str, ip_b: &str) -> (Served, Served, Side, Side) {
-    let (fa, fb) = (ip_a.to_owned(), ip_b.to_owned());
-    let da = Served::start(&format!("{name}-a"), move || udp_function(&fa));
-    let db = Served::start(&format!("{name}-b"), move || udp_function(&fb));
-    let mut a = side(&da, ip_a);
-    let mut b = side(&db, ip_b);
-    connect(&mut a, ip_a, &mut b, ip_b);
-    (da, db, a, b)
-}
-
-/// The sides' QPs (at `ip_a`, `ip_b`) connected to each other: RC, in RTS.
-fn connect(a: &mut Side, ip_a: &str, b: &mut Side, ip_b: &str) {
-    rc_up(&mut a.g, &a.qp, gid(ip_b), b.qp.qpn, MAC_B);
-    rc_up(&mut b.g, &b.qp, gid(ip_a), a.qp.qpn, MAC_A);
-}
+/// This binary's block of addresses (see `vrdma_testkit::pvrdma`).
+static NET: Net = Net::new(20);
 
 #[test]
 fn two_guests_exchange_sends_writes_reads_and_atomics() {
-    let (_da, _db, mut a, mut b) = pair("drv", "127.0.9.1", "127.0.9.2");
+    let (_da, _db, mut a, mut b) = NET.pair("drv");
 
     // SEND 4 KiB, A to B, through the kernel's DMA MR (bus addresses).
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
@@ -133,7 +76,7 @@ fn two_guests_exchange_sends_writes_reads_and_atomics() {
 
 #[test]
 fn an_armed_cq_notifies_once_through_its_ring_and_vector_2() {
-    let (_da, _db, mut a, mut b) = pair("notify", "127.0.9.3", "127.0.9.4");
+    let (_da, _db, mut a, mut b) = NET.pair("notify");
     b.g.arm(&b.cq, 0, false);
     for i in 0..2 {
         b.g.post_recv(&mut b.qp, 10 + i, &[sge(b.buf, 64, b.lkey)]);
@@ -154,8 +97,8 @@ fn an_armed_cq_notifies_once_through_its_ring_and_vector_2() {
 
 #[test]
 fn a_device_reset_forgets_everything_the_guest_made() {
-    let d = Served::start("reset", || udp_function("127.0.10.60"));
-    let mut a = side(&d, "127.0.10.60");
+    let d = NET.device("reset");
+    let mut a = Side::new(&d);
     a.g.write32(1, abi::reg::CTL, abi::reg::CTL_RESET);
     assert_eq!(a.g.read32(1, abi::reg::ERR), 0);
     // No shared region: a command is refused without reading the slot.
@@ -174,20 +117,24 @@ fn a_device_reset_forgets_everything_the_guest_made() {
 /// device beside it works as before.
 #[test]
 fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
-    let da = Served::start("shared-a", || {
-        let mut f = udp_function("127.0.10.50");
-        f.share_doorbells().unwrap();
-        f
-    });
-    let db = Served::start("shared-b", || udp_function("127.0.10.51"));
-    let mut a = side(&da, "127.0.10.50");
-    let mut b = side(&db, "127.0.10.51");
+    let da = NET.device_with(
+        "shared-a",
+        vrdma_vfio_user::Config::default(),
+        |addr, mac| {
+            let mut f = udp_function(addr, mac);
+            f.share_doorbells().unwrap();
+            f
+        },
+    );
+    let db = NET.device("shared-b");
+    let mut a = Side::new(&da);
+    let mut b = Side::new(&db);
     assert!(
         b.g.map_doorbells(0x8000_0000).is_none(),
         "B traps its doorbells"
     );
     let bells = a.g.map_doorbells(0x8000_0000).expect("A's are shared");
-    connect(&mut a, "127.0.10.50", &mut b, "127.0.10.51");
+    connect(&mut a, &mut b);
     for i in 0..4 {
         b.g.post_recv(&mut b.qp, 20 + i, &[sge(b.buf, 64, b.lkey)]);
     }
@@ -247,17 +194,16 @@ fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
 /// and found it full while the consumer index trailed the completion.
 #[test]
 fn a_slot_comes_back_when_its_wqe_is_taken() {
-    let da = Served::start("slot-a", || udp_function("127.0.10.52"));
-    let db = Served::start("slot-b", || udp_function("127.0.10.53"));
-    let mut a = side(&da, "127.0.10.52");
-    let mut b = side(&db, "127.0.10.53");
+    let da = NET.device("slot-a");
+    let db = NET.device("slot-b");
+    let mut a = Side::new(&da);
+    let mut b = Side::new(&db);
     let mut qa =
         a.g.create_qp(abi::qp_type::RC, a.pd, a.cq.handle, a.cq.handle, 1);
     let mut qb =
         b.g.create_qp(abi::qp_type::RC, b.pd, b.cq.handle, b.cq.handle, 1);
-    let (ga, gb) = (gid("127.0.10.52"), gid("127.0.10.53"));
-    rc_up(&mut a.g, &qa, gb, qb.qpn, MAC_B);
-    rc_up(&mut b.g, &qb, ga, qa.qpn, MAC_A);
+    rc_up(&mut a.g, &qa, b.gid, qb.qpn, b.mac);
+    rc_up(&mut b.g, &qb, a.gid, qa.qpn, a.mac);
     for i in 0..20u64 {
         b.g.post_recv(&mut qb, i, &[sge(b.buf, 64, b.lkey)]);
         assert_eq!(
@@ -291,7 +237,7 @@ fn a_slot_comes_back_when_its_wqe_is_taken() {
 /// infinite) resent its last SEND for ever.
 #[test]
 fn a_destroy_qp_does_not_take_the_ack_of_a_message_just_received() {
-    let (da, db, mut a, mut b) = pair("ack", "127.0.10.54", "127.0.10.55");
+    let (da, db, mut a, mut b) = NET.pair("ack");
     b.g.post_recv(&mut b.qp, 5, &[sge(b.buf, 64, b.lkey)]);
 
     // B stops between turns; A's SEND reaches B's socket, and so does B's
@@ -310,7 +256,7 @@ fn a_destroy_qp_does_not_take_the_ack_of_a_message_just_received() {
     );
     // (sent is not yet queued at B when the kernel defers loopback's
     // receive to ksoftirqd: wait for it in B's socket)
-    let b_addr: std::net::SocketAddr = "127.0.10.55:4791".parse().unwrap();
+    let b_addr = std::net::SocketAddr::new(db.addr, 4791);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     while udp_rx_queue(b_addr) == 0 {
         assert!(

@@ -14,8 +14,6 @@
 //! and the guest's RAM sits between two guard pages the device has no map
 //! for.
 
-mod common;
-
 use std::{
     io::{Read, Write},
     os::{fd::AsFd, unix::net::UnixStream},
@@ -26,15 +24,24 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
-use vrdma_engine::qp::AttrMask as M;
+use vrdma_engine::{attr::Mtu, qp::AttrMask as M};
 use vrdma_pvrdma::abi::{
     self, PAGE_SIZE, cmd, eqe, qp_type, reg, send_flags, uar, wc_opcode, wr_opcode,
+};
+use vrdma_testkit::pvrdma::{
+    Guest, GuestCq, GuestQp, Net, RAM_BASE, Side, UAR_PFN, completion, connect, eventually,
+    exchange, function, hdr, mac_of, rc_up, sealed_memfd, sge,
+    side::{MR_VA, RAM},
+    tripwire::Tripwire,
+    udp_function, wait_event, wqe,
 };
 use vrdma_vfio_user::proto::{self, DmaMap, Header, IrqSet, RegionAccess, cmd as vcmd};
 use vrdma_wire::Gid;
 use zerocopy::IntoBytes;
+
+/// This binary's block of addresses (see `vrdma_testkit::pvrdma`).
+static NET: Net = Net::new(21);
 
 const EINVAL: u32 = 22;
 const EBUSY: u32 = 16;
@@ -57,128 +64,10 @@ const RESET: u32 = 0;
 const RTS: u32 = 3;
 const ERR: u32 = 6;
 
-const RAM: u64 = 16 << 20;
-/// The virtual address of each side's user MR.
-const MR_VA: u64 = 0x7f00_0000_0000;
 /// The last page of the 64-bit address space.
 const TOP_PAGE: u64 = !(PAGE_SIZE - 1);
 /// A QP number nobody has: hostile QPs are connected to it.
 const NOBODY: u32 = 0xab_cdef;
-
-fn gid(n: u8) -> Gid {
-    Gid::from(std::net::Ipv4Addr::new(127, 0, 9, n))
-}
-
-fn mac(n: u8) -> [u8; 6] {
-    [2, 0, 0, 0, 9, n]
-}
-
-fn device(name: &str, n: u8) -> Served {
-    Served::start(name, move || udp_function(&format!("127.0.9.{n}")))
-}
-
-/// A well-behaved guest's objects: a PD, the DMA MR, a CQ, an RC QP, a
-/// buffer and a user MR others write into.
-struct Side {
-    g: Guest,
-    n: u8,
-    pd: u32,
-    lkey: u32,
-    cq: GuestCq,
-    qp: GuestQp,
-    /// 4 pages.
-    buf: u64,
-    /// The user MR's 2 pages, at MR_VA.
-    mr: u64,
-    rkey: u32,
-    round: u32,
-}
-
-fn side(served: &Served, n: u8) -> Side {
-    let mut g = Guest::connect(&served.socket, RAM);
-    g.guarded = true;
-    assert_eq!(g.probe(), 0, "ACTIVATE");
-    g.bind_gid(0, gid(n));
-    let pd = g.create_pd(0);
-    let (_, lkey) = g.dma_mr(pd);
-    let cq = g.create_cq(64, 0);
-    let qp = g.create_qp(qp_type::RC, pd, cq.handle, cq.handle, 16);
-    let buf = g.alloc(4);
-    let mr = g.alloc(2);
-    let (_, _, rkey) = g.user_mr(pd, MR_VA, &[mr, mr + PAGE_SIZE], 1 | 2 | 4 | 8);
-    Side {
-        g,
-        n,
-        pd,
-        lkey,
-        cq,
-        qp,
-        buf,
-        mr,
-        rkey,
-        round: 0,
-    }
-}
-
-/// Connects the two sides' QPs.
-fn pair(a: &mut Side, b: &mut Side) {
-    rc_up(&mut a.g, &a.qp, gid(b.n), b.qp.qpn, mac(b.n));
-    rc_up(&mut b.g, &b.qp, gid(a.n), a.qp.qpn, mac(a.n));
-}
-
-/// A good exchange both ways: a 4 KiB SEND and a WRITE across the user
-/// MR's page boundary, every byte checked, then every canary.
-fn exchange(a: &mut Side, b: &mut Side) {
-    one_way(a, b);
-    one_way(b, a);
-}
-
-fn one_way(s: &mut Side, r: &mut Side) {
-    s.round += 1;
-    let round = s.round;
-    let data: Vec<u8> = (0..4096u32)
-        .map(|i| (i * 13 + round * 7 + u32::from(s.n)) as u8)
-        .collect();
-    s.g.put(s.buf, &data);
-    r.g.put(r.buf, &[0u8; 4096]);
-    let recv_id = 1000 + u64::from(round);
-    r.g.post_recv(&mut r.qp, recv_id, &[sge(r.buf, 4096, r.lkey)]);
-    let send_id = 2000 + u64::from(round);
-    s.g.post_send(
-        &mut s.qp,
-        &wqe(send_id, wr_opcode::SEND, send_flags::SIGNALED, 1),
-        &[sge(s.buf, 4096, s.lkey)],
-    );
-    let c = s.g.poll_n(&mut s.cq, 1);
-    assert_eq!(c.len(), 1, "the SEND's completion");
-    assert_eq!(
-        (c[0].wr_id.get(), c[0].status.get(), c[0].opcode.get()),
-        (send_id, WC_SUCCESS, wc_opcode::SEND)
-    );
-    let c = r.g.poll_n(&mut r.cq, 1);
-    assert_eq!(c.len(), 1, "the receive's completion");
-    assert_eq!(
-        (c[0].wr_id.get(), c[0].status.get(), c[0].byte_len.get()),
-        (recv_id, WC_SUCCESS, 4096)
-    );
-    assert_eq!(r.g.get(r.buf, 4096), data, "the SEND's bytes");
-
-    let write_id = 3000 + u64::from(round);
-    s.g.put(s.buf + 2 * PAGE_SIZE, &data[..200]);
-    let mut w = wqe(write_id, wr_opcode::RDMA_WRITE, send_flags::SIGNALED, 1);
-    w.wr[0] = (MR_VA + 4000).into();
-    w.wr[1] = u64::from(r.rkey).into();
-    s.g.post_send(&mut s.qp, &w, &[sge(s.buf + 2 * PAGE_SIZE, 200, s.lkey)]);
-    let c = s.g.poll_n(&mut s.cq, 1);
-    assert_eq!(c.len(), 1, "the WRITE's completion");
-    assert_eq!(
-        (c[0].wr_id.get(), c[0].status.get()),
-        (write_id, WC_SUCCESS)
-    );
-    assert_eq!(r.g.get(r.mr + 4000, 200), &data[..200], "the WRITE's bytes");
-    s.g.check_canaries();
-    r.g.check_canaries();
-}
 
 fn handle(code: u32, h: u32) -> abi::Handle {
     abi::Handle {
@@ -231,7 +120,7 @@ fn qp_on(g: &mut Guest, pd: u32, cq: u32, pages: [u64; 3], uar: u64) -> GuestQp 
 }
 
 /// A hostile QP on fresh pages, in RTS towards a QP nobody has.
-fn hostile_qp(s: &mut Side, cq: u32, peer: u8) -> GuestQp {
+fn hostile_qp(s: &mut Side, cq: u32, peer: &Side) -> GuestQp {
     let pages = s.g.alloc(3);
     let qp = qp_on(
         &mut s.g,
@@ -240,7 +129,7 @@ fn hostile_qp(s: &mut Side, cq: u32, peer: u8) -> GuestQp {
         [pages, pages + PAGE_SIZE, pages + 2 * PAGE_SIZE],
         0,
     );
-    rc_up(&mut s.g, &qp, gid(peer), NOBODY, mac(peer));
+    rc_up(&mut s.g, &qp, peer.gid, NOBODY, peer.mac);
     qp
 }
 
@@ -323,47 +212,9 @@ fn create_uc(g: &mut Guest, page: u64) -> u32 {
     u32::from_le_bytes(r[16..20].try_into().unwrap())
 }
 
-/// The async events until `want` came (2 s at most).
-fn wait_event(g: &mut Guest, want: (u32, u32)) -> Vec<(u32, u32)> {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut seen = Vec::new();
-    while Instant::now() < deadline {
-        seen.extend(g.events());
-        if seen.contains(&want) {
-            return seen;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    panic!("no event {want:?}; saw {seen:?}");
-}
-
-/// Whether `ok` comes to hold within 2 s.
-fn eventually(mut ok: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !ok() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
-}
-
-/// The one completion `wr_id` (2 s at most).
-fn completion(g: &mut Guest, cq: &mut GuestCq, wr_id: u64) -> abi::Cqe {
-    let c = g.poll_n(cq, 1);
-    assert_eq!(c.len(), 1, "completion of {wr_id}");
-    assert_eq!(c[0].wr_id.get(), wr_id);
-    c[0]
-}
-
 #[test]
 fn commands_on_bad_destroyed_or_busy_handles_are_refused() {
-    let da = device("hostile-handles-a", 20);
-    let db = device("hostile-handles-b", 21);
-    let mut a = side(&da, 20);
-    let mut b = side(&db, 21);
-    pair(&mut a, &mut b);
+    let (da, _db, mut a, mut b) = NET.pair("hostile-handles");
     let g = &mut a.g;
 
     // Handles that never existed.
@@ -459,11 +310,7 @@ fn commands_on_bad_destroyed_or_busy_handles_are_refused() {
 
 #[test]
 fn bad_sizes_fields_and_command_codes_are_refused() {
-    let da = device("hostile-fields-a", 22);
-    let db = device("hostile-fields-b", 23);
-    let mut a = side(&da, 22);
-    let mut b = side(&db, 23);
-    pair(&mut a, &mut b);
+    let (_da, _db, mut a, mut b) = NET.pair("hostile-fields");
     let (pd, cqh) = (a.pd, a.cq.handle);
     let g = &mut a.g;
 
@@ -500,7 +347,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
         mtu: 1024.into(),
         vlan: 0.into(),
         index: index.into(),
-        new_gid: gid(99).0,
+        new_gid: Gid::from(NET.addr()).0,
         gid_type: ty,
         reserved: [0; 3],
     };
@@ -695,7 +542,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
     );
     assert_eq!(g.qp_state(&q), RESET);
     // From RTS, back to RTR is not a transition.
-    rc_up(g, &q, gid(23), NOBODY, mac(23));
+    rc_up(g, &q, b.gid, NOBODY, b.mac);
     assert_eq!(
         g.refused(&modify(q.handle, state(2), M::STATE.0)),
         (EINVAL, 22)
@@ -707,11 +554,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
 
 #[test]
 fn objects_of_another_context_and_doorbells_on_the_wrong_page_are_refused() {
-    let da = device("hostile-ctx-a", 24);
-    let db = device("hostile-ctx-b", 25);
-    let mut a = side(&da, 24);
-    let mut b = side(&db, 25);
-    pair(&mut a, &mut b);
+    let (da, _db, mut a, mut b) = NET.pair("hostile-ctx");
     let g = &mut a.g;
 
     // Two user contexts, on doorbell pages 1 and 2.
@@ -782,7 +625,7 @@ fn objects_of_another_context_and_doorbells_on_the_wrong_page_are_refused() {
     let s = da.stats_when(|s| s.doorbells_refused >= before + refused);
     assert_eq!(s.doorbells_refused, before + refused);
     // What is the page's is taken: a receive on qp1 from page 1.
-    rc_up(g, &qp1, gid(25), NOBODY, mac(25));
+    rc_up(g, &qp1, b.gid, NOBODY, b.mac);
     g.post_recv(&mut qp1, 5, &[sge(a.buf, 64, a.lkey)]);
     g.arm(&cq1, 1, false);
     let s = da.stats_when(|_| true);
@@ -806,11 +649,7 @@ fn objects_of_another_context_and_doorbells_on_the_wrong_page_are_refused() {
 
 #[test]
 fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
-    let da = device("hostile-pdir-a", 26);
-    let db = device("hostile-pdir-b", 27);
-    let mut a = side(&da, 26);
-    let mut b = side(&db, 27);
-    pair(&mut a, &mut b);
+    let (da, _db, mut a, mut b) = NET.pair("hostile-pdir");
     let (pd, cqh, lkey) = (a.pd, a.cq.handle, a.lkey);
     let g = &mut a.g;
     let lo = RAM_BASE - PAGE_SIZE;
@@ -847,13 +686,13 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
     // and broken on first use, each with its event.
     let state = g.alloc(1);
     let mut out_cq = cq_on(g, state, hi);
-    let mut q = hostile_qp_g(g, pd, out_cq.handle, 27);
+    let mut q = hostile_qp_g(g, pd, out_cq.handle, &b);
     g.post_send(&mut q, &wqe(1, 99, send_flags::SIGNALED, 0), &[]);
     wait_event(g, (eqe::CQ_ERR, out_cq.handle));
     assert!(g.poll(&mut out_cq).is_empty());
     let p = g.alloc(2);
     let q = qp_on(g, pd, cqh, [p, lo, p + PAGE_SIZE], 0);
-    rc_up(g, &q, gid(27), NOBODY, mac(27));
+    rc_up(g, &q, b.gid, NOBODY, b.mac);
     // (Its WQE would be in the guard page: only the index moves.)
     g.put32(q.state, 1);
     g.ring_qp(&q, uar::QP_SEND);
@@ -866,7 +705,7 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
         .expect("an MR over pages the device cannot reach");
     let out_lkey = u32::from_le_bytes(r[20..24].try_into().unwrap());
     let mut hcq = g.create_cq(64, 0);
-    let mut q = hostile_qp_g(g, pd, hcq.handle, 27);
+    let mut q = hostile_qp_g(g, pd, hcq.handle, &b);
     g.post_send(
         &mut q,
         &wqe(3, wr_opcode::SEND, send_flags::SIGNALED, 1),
@@ -874,7 +713,7 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
     );
     assert_eq!(completion(g, &mut hcq, 3).status.get(), WC_LOC_PROT_ERR);
     // So is an SGE of the DMA MR outside the RAM.
-    let mut q = hostile_qp_g(g, pd, hcq.handle, 27);
+    let mut q = hostile_qp_g(g, pd, hcq.handle, &b);
     g.post_send(
         &mut q,
         &wqe(4, wr_opcode::SEND, send_flags::SIGNALED, 1),
@@ -948,11 +787,11 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
     // only reads WQEs from it, as garbage). The device settles.
     let st = g.alloc(2);
     let mut q2 = qp_on(g, pd, hcq.handle, [st, slot, st + PAGE_SIZE], 0);
-    rc_up(g, &q2, gid(27), NOBODY, mac(27));
+    rc_up(g, &q2, b.gid, NOBODY, b.mac);
     g.write_send(&mut q2, &wqe(9, 99, 0, 0), &[]);
     g.post_recv(&mut q2, 10, &[]);
     g.ring_qp(&q2, uar::QP_SEND);
-    rc_up(g, &q, gid(27), NOBODY, mac(27));
+    rc_up(g, &q, b.gid, NOBODY, b.mac);
     g.post_recv(&mut q, 7, &[sge(a.buf, 64, lkey)]);
     g.post_send(&mut q, &wqe(8, 99, send_flags::SIGNALED, 0), &[]);
     // The device settles: its counters stop moving (over longer than its
@@ -976,7 +815,7 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
 
 /// A hostile QP on `pd` (with `g` alone), in RTS towards nobody on
 /// device `peer`.
-fn hostile_qp_g(g: &mut Guest, pd: u32, cq: u32, peer: u8) -> GuestQp {
+fn hostile_qp_g(g: &mut Guest, pd: u32, cq: u32, peer: &Side) -> GuestQp {
     let pages = g.alloc(3);
     let qp = qp_on(
         g,
@@ -985,21 +824,17 @@ fn hostile_qp_g(g: &mut Guest, pd: u32, cq: u32, peer: u8) -> GuestQp {
         [pages, pages + PAGE_SIZE, pages + 2 * PAGE_SIZE],
         0,
     );
-    rc_up(g, &qp, gid(peer), NOBODY, mac(peer));
+    rc_up(g, &qp, peer.gid, NOBODY, peer.mac);
     qp
 }
 
 #[test]
 fn wild_ring_indices_break_only_their_queue_once() {
-    let da = device("hostile-rings-a", 28);
-    let db = device("hostile-rings-b", 29);
-    let mut a = side(&da, 28);
-    let mut b = side(&db, 29);
-    pair(&mut a, &mut b);
+    let (da, _db, mut a, mut b) = NET.pair("hostile-rings");
     let mut hcq = a.g.create_cq(256, 0);
 
     // A send producer index the driver could never write.
-    let mut q1 = hostile_qp(&mut a, hcq.handle, 29);
+    let mut q1 = hostile_qp(&mut a, hcq.handle, &b);
     let g = &mut a.g;
     let broken = da.stats().broken_rings;
     g.put32(q1.state, 0xdead_beef);
@@ -1018,13 +853,13 @@ fn wild_ring_indices_break_only_their_queue_once() {
     );
 
     // A receive producer index of twice the ring (the first one invalid).
-    let q2 = hostile_qp_g(g, a.pd, hcq.handle, 29);
+    let q2 = hostile_qp_g(g, a.pd, hcq.handle, &b);
     g.put32(q2.state + 8, 32);
     g.ring_qp(&q2, uar::QP_RECV);
     wait_event(g, (eqe::QP_FATAL, q2.qpn));
     // A valid index, but more than a ring ahead of what the device gave
     // back: 17 WQEs in a ring of 16.
-    let q3 = hostile_qp_g(g, a.pd, hcq.handle, 29);
+    let q3 = hostile_qp_g(g, a.pd, hcq.handle, &b);
     g.put32(q3.state, 17);
     g.ring_qp(&q3, uar::QP_SEND);
     wait_event(g, (eqe::QP_FATAL, q3.qpn));
@@ -1034,7 +869,7 @@ fn wild_ring_indices_break_only_their_queue_once() {
     // CQ overflows (CQ_ERR) and its QP fails.
     let mut wild = g.create_cq(64, 0);
     g.put32(wild.state + 12, 0xffff_fff0);
-    let mut q4 = hostile_qp_g(g, a.pd, wild.handle, 29);
+    let mut q4 = hostile_qp_g(g, a.pd, wild.handle, &b);
     g.post_send(&mut q4, &wqe(40, 99, send_flags::SIGNALED, 0), &[]);
     wait_event(g, (eqe::CQ_ERR, wild.handle));
     assert_eq!(g.qp_state(&q4), ERR);
@@ -1059,7 +894,7 @@ fn wild_ring_indices_break_only_their_queue_once() {
     }
     q1.sq_tail = 0;
     q1.rq_tail = 0;
-    rc_up(g, &q1, gid(29), NOBODY, mac(29));
+    rc_up(g, &q1, b.gid, NOBODY, b.mac);
     g.post_send(&mut q1, &wqe(41, 99, send_flags::SIGNALED, 0), &[]);
     assert_eq!(completion(g, &mut hcq, 41).status.get(), WC_LOC_QP_OP_ERR);
 
@@ -1091,14 +926,14 @@ fn wild_ring_indices_break_only_their_queue_once() {
     let drops = da.stats().ring_drops;
     let head = g.async_head;
     g.put32(g.async_ring + 12, 0xffff_ffff);
-    let q5 = hostile_qp_g(g, a.pd, hcq.handle, 29);
+    let q5 = hostile_qp_g(g, a.pd, hcq.handle, &b);
     g.put32(q5.state, 0xffff);
     g.ring_qp(&q5, uar::QP_SEND);
     let s = da.stats_when(|s| s.ring_drops > drops);
     assert_eq!(s.ring_drops, drops + 1);
     g.put32(g.async_ring + 12, head);
     assert_eq!(g.events(), vec![]);
-    let q6 = hostile_qp_g(g, a.pd, hcq.handle, 29);
+    let q6 = hostile_qp_g(g, a.pd, hcq.handle, &b);
     g.put32(q6.state + 8, 0xffff);
     g.ring_qp(&q6, uar::QP_RECV);
     wait_event(g, (eqe::QP_FATAL, q6.qpn));
@@ -1108,17 +943,13 @@ fn wild_ring_indices_break_only_their_queue_once() {
 
 #[test]
 fn malformed_wqes_complete_in_error_in_their_turn() {
-    let da = device("hostile-wqe-a", 30);
-    let db = device("hostile-wqe-b", 31);
-    let mut a = side(&da, 30);
-    let mut b = side(&db, 31);
-    pair(&mut a, &mut b);
+    let (da, _db, mut a, mut b) = NET.pair("hostile-wqe");
     let (pd, lkey, buf) = (a.pd, a.lkey, a.buf);
     let g = &mut a.g;
     let mut hcq = g.create_cq(256, 0);
 
     let mut case = |g: &mut Guest, w: abi::SqWqeHdr, sges: &[abi::Sge], status: u32| {
-        let mut q = hostile_qp_g(g, pd, hcq.handle, 31);
+        let mut q = hostile_qp_g(g, pd, hcq.handle, &b);
         let id = w.wr_id.get();
         g.post_send(&mut q, &w, sges);
         // A good WQE after it is flushed: the QP is in ERR.
@@ -1222,7 +1053,7 @@ fn malformed_wqes_complete_in_error_in_their_turn() {
 
     // A receive WQE with more SGEs than the QP has: the QP fails (with
     // its event) and the WQE is flushed.
-    let mut q = hostile_qp_g(g, pd, hcq.handle, 31);
+    let mut q = hostile_qp_g(g, pd, hcq.handle, &b);
     g.post_recv(&mut q, 300, &[sge(buf, 8, lkey); 3]);
     wait_event(g, (eqe::QP_FATAL, q.qpn));
     let c = completion(g, &mut hcq, 300);
@@ -1270,7 +1101,7 @@ fn malformed_wqes_complete_in_error_in_their_turn() {
         w.wr[0] = (u64::from(0x1111u32) << 32 | u64::from(NOBODY)).into();
         let av = abi::Av {
             port_pd: (1 << 24 | av_pd).into(),
-            dgid: gid(31).0,
+            dgid: b.gid.0,
             hop_limit: 64,
             ..abi::Av::default()
         };
@@ -1300,11 +1131,7 @@ fn malformed_wqes_complete_in_error_in_their_turn() {
 
 #[test]
 fn wqes_and_buffers_rewritten_after_the_doorbell() {
-    let da = device("hostile-toctou-a", 32);
-    let db = device("hostile-toctou-b", 33);
-    let mut a = side(&da, 32);
-    let mut b = side(&db, 33);
-    pair(&mut a, &mut b);
+    let (_da, _db, mut a, mut b) = NET.pair("hostile-toctou");
 
     // A SEND WQE rewritten once its doorbell returned: the device copied
     // it, what it sends is what was there.
@@ -1387,9 +1214,9 @@ fn wqes_and_buffers_rewritten_after_the_doorbell() {
 
 #[test]
 fn a_shared_region_of_garbage_is_refused_and_a_good_one_still_taken() {
-    let da = device("hostile-dsr-a", 34);
-    let db = device("hostile-dsr-b", 35);
-    let mut b = side(&db, 35);
+    let da = NET.device("hostile-dsr-a");
+    let db = NET.device("hostile-dsr-b");
+    let mut b = Side::new(&db);
     let mut g = Guest::connect(&da.socket, RAM);
     g.guarded = true;
 
@@ -1479,16 +1306,16 @@ fn a_shared_region_of_garbage_is_refused_and_a_good_one_still_taken() {
     g.check_canaries();
     drop(g);
 
-    let mut a = side(&da, 34);
-    pair(&mut a, &mut b);
+    let mut a = Side::new(&da);
+    connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 }
 
 #[test]
 fn a_command_whose_response_cannot_be_written_does_not_run() {
-    let da = device("hostile-resp-a", 36);
-    let db = device("hostile-resp-b", 37);
-    let mut b = side(&db, 37);
+    let da = NET.device("hostile-resp-a");
+    let db = NET.device("hostile-resp-b");
+    let mut b = Side::new(&db);
     let mut g = Guest::connect(&da.socket, RAM);
     // The response slot in memory of its own, which goes away.
     let extra = 0x1_0000_0000u64;
@@ -1513,8 +1340,8 @@ fn a_command_whose_response_cannot_be_written_does_not_run() {
     g.check_canaries();
     drop(g);
 
-    let mut a = side(&da, 36);
-    pair(&mut a, &mut b);
+    let mut a = Side::new(&da);
+    connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 }
 
@@ -1539,12 +1366,12 @@ fn create_pd_via(g: &mut Guest, view: &vm_memory::GuestMemoryMmap<()>, ctx: u32)
 
 #[test]
 fn a_client_gone_mid_write_stream_leaves_the_device_reset_for_the_next() {
-    let da = device("hostile-gone-a", 38);
-    let db = device("hostile-gone-b", 39);
-    let mut b = side(&db, 39);
-    let mut a = side(&da, 38);
+    let da = NET.device("hostile-gone-a");
+    let db = NET.device("hostile-gone-b");
+    let mut b = Side::new(&db);
+    let mut a = Side::new(&da);
     let first_pd = a.pd;
-    pair(&mut a, &mut b);
+    connect(&mut a, &mut b);
     // A stream of 256 KiB WRITEs into B, and the client gone while they
     // go.
     const LEN: u64 = 256 << 10;
@@ -1566,14 +1393,14 @@ fn a_client_gone_mid_write_stream_leaves_the_device_reset_for_the_next() {
 
     // The next client: a device from nothing (the first PD's handle
     // again), which works.
-    let mut a = side(&da, 38);
+    let mut a = Side::new(&da);
     assert_eq!(a.pd, first_pd);
     assert!(da.stats().resets > resets);
     assert_eq!(da.clients(), 2);
     // B's QP was mid-message from the old one: B's guest makes a new one.
     b.qp =
         b.g.create_qp(qp_type::RC, b.pd, b.cq.handle, b.cq.handle, 16);
-    pair(&mut a, &mut b);
+    connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
     b.g.check_canaries();
 }
@@ -1608,9 +1435,9 @@ fn header(command: u16, size: u32) -> Header {
 
 #[test]
 fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
-    let da = device("hostile-vfio-a", 40);
-    let db = device("hostile-vfio-b", 41);
-    let mut b = side(&db, 41);
+    let da = NET.device("hostile-vfio-a");
+    let db = NET.device("hostile-vfio-b");
+    let mut b = Side::new(&db);
 
     // Framing the server cannot follow ends the connection; the next
     // client is served.
@@ -1757,18 +1584,14 @@ fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
     assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
     g.check_canaries();
     drop(g);
-    let mut a = side(&da, 40);
-    pair(&mut a, &mut b);
+    let mut a = Side::new(&da);
+    connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 }
 
 #[test]
 fn page_lists_past_the_guests_budget_are_refused_and_its_work_goes_on() {
-    let da = device("hostile-budget-a", 52);
-    let db = device("hostile-budget-b", 53);
-    let mut a = side(&da, 52);
-    let mut b = side(&db, 53);
-    pair(&mut a, &mut b);
+    let (da, _db, mut a, mut b) = NET.pair("hostile-budget");
     exchange(&mut a, &mut b);
 
     // Two pages name a 1 GiB MR: a directory whose 512 entries all point
@@ -1803,72 +1626,26 @@ fn page_lists_past_the_guests_budget_are_refused_and_its_work_goes_on() {
     let (_, _, _) = a.g.user_mr(a.pd, MR_VA, &[a.mr], 1);
 }
 
-/// A UDP port that panics in the receive after `trip` is set (a bug
-/// inside a device's round, as the daemon could have one).
-struct Tripwire {
-    port: vrdma_fabric::udp::UdpPort,
-    trip: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl vrdma_device::Transport for Tripwire {
-    fn receive(
-        &mut self,
-        deliver: impl FnMut(&vrdma_wire::frame::IpRepr, &[u8]),
-    ) -> std::io::Result<usize> {
-        if self.trip.swap(false, std::sync::atomic::Ordering::Relaxed) {
-            panic!("tripwire: a bug in the device's round");
-        }
-        self.port.receive(deliver)
-    }
-    fn batch(&self) -> usize {
-        self.port.batch()
-    }
-    fn rx_bytes(&self) -> u64 {
-        self.port.rx_bytes()
-    }
-    fn slot(&mut self, mem: &impl vrdma_fabric::Lender) -> (&mut [u8], usize) {
-        vrdma_device::Transport::slot(&mut self.port, mem)
-    }
-    fn queue(
-        &mut self,
-        t: &vrdma_engine::transmit::Transmit,
-        lent: &[vrdma_fabric::Piece],
-        mem: &impl vrdma_fabric::Lender,
-    ) -> usize {
-        vrdma_device::Transport::queue(&mut self.port, t, lent, mem)
-    }
-    fn flush(&mut self, mem: &impl vrdma_fabric::Lender) -> usize {
-        vrdma_device::Transport::flush(&mut self.port, mem)
-    }
-    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.port.fd()
-    }
-    fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>) {
-        vrdma_device::Transport::counters(&self.port)
-    }
-}
-
 #[test]
 fn a_device_thread_that_panics_is_reported_and_its_device_reset() {
-    let trip = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trip = Arc::new(AtomicBool::new(false));
     let wire = trip.clone();
-    let da = Served::start("hostile-panic-a", move || {
-        let port = vrdma_fabric::udp::UdpPort::bind(vrdma_fabric::udp::Config::new(
-            "127.0.9.54".parse().unwrap(),
-        ))
-        .unwrap();
-        let mut attr = vrdma_engine::attr::PortAttr::with_gids(&[]);
-        attr.gids = vec![None; vrdma_pvrdma::caps::Limits::default().gid_tbl_len as usize];
-        let t = Tripwire { port, trip: wire };
-        vrdma_pvrdma::Pvrdma::new(Default::default(), [2, 0, 0, 0, 0, 1], attr, t).unwrap()
-    });
-    let db = device("hostile-panic-b", 55);
-    let mut a = side(&da, 54);
-    let mut b = side(&db, 55);
-    pair(&mut a, &mut b);
+    let da = NET.device_with(
+        "hostile-panic-a",
+        vrdma_vfio_user::Config::default(),
+        move |addr, mac| {
+            let port =
+                vrdma_fabric::udp::UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).unwrap();
+            function(Tripwire::new(port, wire), mac, Mtu::Mtu1024)
+        },
+    );
+    let db = NET.device("hostile-panic-b");
+    let mut a = Side::new(&da);
+    let mut b = Side::new(&db);
+    connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 
-    trip.store(true, std::sync::atomic::Ordering::Relaxed);
+    trip.store(true, Ordering::Relaxed);
     // The guest hears of it; the device counts it and forgets the guest's
     // objects (a reset).
     wait_event(&mut a.g, (eqe::DEVICE_FATAL, 1));
@@ -1879,9 +1656,9 @@ fn a_device_thread_that_panics_is_reported_and_its_device_reset() {
     // the device and its objects exchange with the other device.
     drop(a);
     drop(b);
-    let mut a = side(&da, 54);
-    let mut b = side(&db, 55);
-    pair(&mut a, &mut b);
+    let mut a = Side::new(&da);
+    let mut b = Side::new(&db);
+    connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 }
 
@@ -1948,12 +1725,12 @@ fn poll_for(fd: std::os::fd::BorrowedFd<'_>, events: PollFlags, limit: Duration)
 
 #[test]
 fn a_trickled_message_is_dropped_before_it_completes_and_other_devices_go_on() {
-    let da = device("hostile-trickle-a", 42);
-    let db = device("hostile-trickle-b", 43);
-    let dc = device("hostile-trickle-c", 44);
-    let mut b = side(&db, 43);
-    let mut c = side(&dc, 44);
-    pair(&mut b, &mut c);
+    let da = NET.device("hostile-trickle-a");
+    let db = NET.device("hostile-trickle-b");
+    let dc = NET.device("hostile-trickle-c");
+    let mut b = Side::new(&db);
+    let mut c = Side::new(&dc);
+    connect(&mut b, &mut c);
     // A message whose header and first bytes come at once and the rest a
     // byte every 20 ms: 20 s for the whole, every byte well within a
     // per-read timeout, so only a deadline for the whole message ends it.
@@ -1976,10 +1753,10 @@ fn a_trickled_message_is_dropped_before_it_completes_and_other_devices_go_on() {
     );
     // The device serves its next client (B's QP, connected to C, makes
     // way for one connected to it).
-    let mut a = side(&da, 42);
+    let mut a = Side::new(&da);
     b.qp =
         b.g.create_qp(qp_type::RC, b.pd, b.cq.handle, b.cq.handle, 16);
-    pair(&mut a, &mut b);
+    connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 }
 
@@ -1989,11 +1766,11 @@ fn a_client_that_does_not_read_its_reply_does_not_hold_the_device() {
     // WRITE goes (the default's drop is the next test's).
     let mut config = vrdma_vfio_user::Config::default();
     config.socket.deadline = Duration::from_secs(60);
-    let da = Served::start_with("hostile-unread-a", config, || udp_function("127.0.9.45"));
-    let db = device("hostile-unread-b", 46);
-    let mut a = side(&da, 45);
-    let mut b = side(&db, 46);
-    pair(&mut a, &mut b);
+    let da = NET.device_with("hostile-unread-a", config, udp_function);
+    let db = NET.device("hostile-unread-b");
+    let mut a = Side::new(&da);
+    let mut b = Side::new(&db);
+    connect(&mut a, &mut b);
     // A's client asks for 1 MiB and does not read the reply; once the
     // reply has started, the device holds more than the socket takes.
     a.g.conn.send(&bar2_read_1m(), &[]).unwrap();
@@ -2013,7 +1790,7 @@ fn a_client_that_does_not_read_its_reply_does_not_hold_the_device() {
 
 #[test]
 fn a_client_that_never_reads_its_replies_is_dropped() {
-    let da = device("hostile-unread-drop", 47);
+    let da = NET.device("hostile-unread-drop");
     let mut g = Guest::connect(&da.socket, RAM);
     for _ in 0..4 {
         g.conn.send(&bar2_read_1m(), &[]).unwrap();
@@ -2035,8 +1812,9 @@ fn run_returns_when_stopped_while_a_client_stalls_mid_message() {
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel();
     let (path, halt) = (socket.clone(), stop.clone());
+    let addr = NET.addr();
     let server = std::thread::spawn(move || {
-        let f = udp_function("127.0.9.48");
+        let f = udp_function(addr, mac_of(addr));
         let mut s = vrdma_pvrdma::Server::bind(&path, f, "hostile-stop").unwrap();
         tx.send(()).unwrap();
         s.run(&halt).unwrap();
@@ -2072,7 +1850,7 @@ fn interrupt_descriptors_that_are_not_eventfds_are_refused() {
     use nix::fcntl::{FcntlArg, fcntl};
     use vrdma_vfio_user::proto::{irq, irq_index};
 
-    let da = device("hostile-irq-kind", 49);
+    let da = NET.device("hostile-irq-kind");
     let mut g = Guest::connect(&da.socket, RAM);
     let set = |flags: u32| IrqSet {
         argsz: 20,
@@ -2111,7 +1889,7 @@ fn dma_maps_of_other_files_unsealed_memory_or_over_budget_are_refused() {
     let mut config = vrdma_vfio_user::Config::default();
     // The guest's RAM and one more.
     config.dma.max_maps = 2;
-    let da = Served::start_with("hostile-dma-kind", config, || udp_function("127.0.9.50"));
+    let da = NET.device_with("hostile-dma-kind", config, udp_function);
     let mut g = Guest::connect(&da.socket, RAM);
     let map = |addr: u64| DmaMap {
         argsz: 32,
@@ -2154,7 +1932,7 @@ fn a_peer_not_allowed_is_turned_away_without_a_word() {
 
     let mut config = vrdma_vfio_user::Config::default();
     config.socket.allowed_uids = vec![4242];
-    let da = Served::start_with("hostile-peer", config, || udp_function("127.0.9.51"));
+    let da = NET.device_with("hostile-peer", config, udp_function);
     let mode = std::fs::metadata(&da.socket).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
     let mut v = proto::VersionHead { major: 0, minor: 0 }

@@ -97,15 +97,20 @@ impl Stream {
     }
 
     /// Reads what is there; each whole frame goes to `f`. Ok(false) when
-    /// the peer closed the stream (or sent a frame no Ethernet has).
+    /// the peer closed the stream (after the whole frames it sent before
+    /// closing went to `f`) or sent a frame no Ethernet has.
     /// At most [`READ_PER_TURN`] bytes are read per call (what is left
     /// keeps the socket readable for the next).
     fn read_frames(&mut self, mut f: impl FnMut(&[u8])) -> io::Result<bool> {
         let mut buf = [0u8; 16384];
         let mut read = 0;
+        let mut open = true;
         while read < READ_PER_TURN {
             match self.sock.read(&mut buf) {
-                Ok(0) => return Ok(false),
+                Ok(0) => {
+                    open = false;
+                    break;
+                }
                 Ok(n) => {
                     self.rx.extend_from_slice(&buf[..n]);
                     read += n;
@@ -130,7 +135,7 @@ impl Stream {
             at += 4 + len;
         }
         self.rx.drain(..at);
-        Ok(true)
+        Ok(open)
     }
 
     /// Queues a frame; false (dropped) if the backlog is full.
@@ -1082,6 +1087,28 @@ mod tests {
             bytes += k;
         }
         assert_eq!(bytes + p.uplink.backlog(), written * one.len());
+    }
+
+    #[test]
+    fn frames_sent_before_the_guest_closed_its_stream_are_taken() {
+        let (mut p, mut guest, mut uplink) = port();
+        let frame = eth(MAC, 0x0800, &[0u8; 1000]);
+        for _ in 0..10 {
+            guest
+                .write_all(&(frame.len() as u32).to_be_bytes())
+                .unwrap();
+            guest.write_all(&frame).unwrap();
+        }
+        // QEMU stopping: its last frames, then the end of the stream, read
+        // in one turn.
+        drop(guest);
+        p.receive(|_, _| {}).unwrap();
+        assert!(!p.guest_connected());
+        assert_eq!((p.stats().guest_rx, p.stats().uplink_tx), (10, 10));
+        uplink.set_nonblocking(true).unwrap();
+        let mut got = vec![0u8; 64 << 10];
+        let n = uplink.read(&mut got).unwrap();
+        assert_eq!(n, 10 * (4 + frame.len()));
     }
 
     #[test]

@@ -1,9 +1,8 @@
-//! A guest, as far as a PVRDMA device can tell: a vfio-user client (as
+//! The guest, as far as a PVRDMA device can tell: a vfio-user client (as
 //! QEMU is) with "RAM" in a memfd it shares, and a model of the Linux
-//! driver on top — the probe handshake, commands, page directories, rings,
-//! doorbells — that the tests drive directly, well-behaved or not.
-
-#![allow(dead_code)]
+//! `vmw_pvrdma` driver on top — the probe handshake, commands, page
+//! directories, rings, doorbells — that the tests drive directly,
+//! well-behaved or not.
 
 use std::{
     fs::File,
@@ -12,23 +11,13 @@ use std::{
         fd::{AsFd, OwnedFd},
         unix::net::UnixStream,
     },
-    path::{Path, PathBuf},
-    sync::{
-        Arc, Condvar, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
+    path::Path,
     time::Duration,
 };
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
-use vrdma_device::Transport;
-use vrdma_pvrdma::{
-    FaceStats, Pvrdma, Server,
-    abi::{self, PAGE_SIZE, cmd, reg},
-    caps::Limits,
-};
+use vrdma_pvrdma::abi::{self, PAGE_SIZE, cmd, reg};
 use vrdma_vfio_user::{
     proto::{
         self, DmaMap, Header, IrqSet, RegionAccess, VersionHead, cmd as vcmd, flags, irq, irq_index,
@@ -44,202 +33,10 @@ pub const RAM_BASE: u64 = 0x10_0000;
 /// The frame number of doorbell page 0 the probe announces.
 pub const UAR_PFN: u64 = 0xfe000;
 
-/// A device served on a socket in a thread of its own.
-pub struct Served {
-    pub socket: PathBuf,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    /// The face's counters and the clients served, as of the device
-    /// thread's last turn.
-    snapshot: Arc<Mutex<(FaceStats, u64)>>,
-    /// The device's counters by name (`vrdma stat`'s), as of its last turn.
-    counters: Arc<Mutex<Vec<(String, u64)>>>,
-    gate: Arc<(Mutex<Gate>, Condvar)>,
-}
-
-/// How long a test waits for the device thread at its gate (a turn lasts
-/// at most the server's idle wait; a thread that died never comes).
-const GATE_LIMIT: Duration = Duration::from_secs(10);
-
-fn gate_wait<'a>(
-    cv: &Condvar,
-    g: std::sync::MutexGuard<'a, Gate>,
-    deadline: std::time::Instant,
-) -> std::sync::MutexGuard<'a, Gate> {
-    let left = deadline.saturating_duration_since(std::time::Instant::now());
-    assert!(
-        !left.is_zero(),
-        "the device thread did not come to its gate"
-    );
-    cv.wait_timeout(g, left).unwrap().0
-}
-
-/// Holds the device thread between turns (for a test that needs two inputs
-/// taken in one turn): `paused` stops it before its next turn, `steps`
-/// lets it take that many; `parked` says it is waiting.
-#[derive(Default)]
-struct Gate {
-    paused: bool,
-    steps: u32,
-    parked: bool,
-}
-
-impl Served {
-    /// Serves the function `make` builds (in the device's own thread: a
-    /// device is not moved between threads).
-    pub fn start<T: Transport + 'static>(
-        name: &str,
-        make: impl FnOnce() -> Pvrdma<T> + Send + 'static,
-    ) -> Self {
-        Self::start_with(name, vrdma_vfio_user::Config::default(), make)
-    }
-
-    /// [`Served::start`] with a server `config`.
-    pub fn start_with<T: Transport + 'static>(
-        name: &str,
-        config: vrdma_vfio_user::Config,
-        make: impl FnOnce() -> Pvrdma<T> + Send + 'static,
-    ) -> Self {
-        let socket =
-            std::env::temp_dir().join(format!("vrdma-test-{}-{name}.sock", std::process::id()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let snapshot = Arc::new(Mutex::new((FaceStats::default(), 0)));
-        let snap = snapshot.clone();
-        let counters = Arc::new(Mutex::new(Vec::new()));
-        let count = counters.clone();
-        let gate = Arc::new((Mutex::new(Gate::default()), Condvar::new()));
-        let gated = gate.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let path = socket.clone();
-        let name = name.to_owned();
-        let thread = std::thread::spawn(move || {
-            let mut server = Server::bind_with(&path, make(), &name, &config).unwrap();
-            tx.send(()).unwrap();
-            // Server::run's loop, with the counters copied out each turn,
-            // and held at the gate while a test pauses it.
-            while !s.load(Ordering::Relaxed) {
-                {
-                    let (m, cv) = &*gated;
-                    let mut g = m.lock().unwrap();
-                    while g.paused && g.steps == 0 && !s.load(Ordering::Relaxed) {
-                        g.parked = true;
-                        cv.notify_all();
-                        g = cv.wait_timeout(g, Duration::from_millis(20)).unwrap().0;
-                    }
-                    g.parked = false;
-                    g.steps = g.steps.saturating_sub(1);
-                }
-                server.turn().unwrap();
-                *snap.lock().unwrap() = (server.function().stats(), server.clients);
-                *count.lock().unwrap() = server.counters();
-            }
-        });
-        rx.recv().unwrap();
-        Served {
-            socket,
-            stop,
-            thread: Some(thread),
-            snapshot,
-            counters,
-            gate,
-        }
-    }
-
-    /// Stops the device thread before its next turn; returns once it waits
-    /// there (a turn under way ends first).
-    pub fn pause(&self) {
-        let (m, cv) = &*self.gate;
-        let mut g = m.lock().unwrap();
-        g.paused = true;
-        let deadline = std::time::Instant::now() + GATE_LIMIT;
-        while !g.parked {
-            g = gate_wait(cv, g, deadline);
-        }
-    }
-
-    /// Lets a paused device take one turn; returns when it has.
-    pub fn step(&self) {
-        let (m, cv) = &*self.gate;
-        let mut g = m.lock().unwrap();
-        assert!(g.paused, "step() needs pause() first");
-        g.steps += 1;
-        g.parked = false;
-        cv.notify_all();
-        let deadline = std::time::Instant::now() + GATE_LIMIT;
-        while !(g.parked && g.steps == 0) {
-            g = gate_wait(cv, g, deadline);
-        }
-    }
-
-    pub fn resume(&self) {
-        let (m, cv) = &*self.gate;
-        m.lock().unwrap().paused = false;
-        cv.notify_all();
-    }
-
-    /// The device counter `name` once `ok` holds for it (2 s at most).
-    pub fn counter_when(&self, name: &str, ok: impl Fn(u64) -> bool) -> u64 {
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
-        loop {
-            let v = self
-                .counters
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|(k, _)| k == name)
-                .map_or(0, |&(_, n)| n);
-            if ok(v) || std::time::Instant::now() >= deadline {
-                return v;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
-    /// The face's counters once `ok` holds for them (2 s at most; the
-    /// device thread copies them out after each turn).
-    pub fn stats_when(&self, ok: impl Fn(&FaceStats) -> bool) -> FaceStats {
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
-        loop {
-            let s = self.snapshot.lock().unwrap().0;
-            if ok(&s) || std::time::Instant::now() >= deadline {
-                return s;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
-    pub fn stats(&self) -> FaceStats {
-        self.snapshot.lock().unwrap().0
-    }
-
-    /// Clients the server accepted.
-    pub fn clients(&self) -> u64 {
-        self.snapshot.lock().unwrap().1
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take()
-            && t.join().is_err()
-            && !std::thread::panicking()
-        {
-            panic!("the device thread panicked");
-        }
-    }
-}
-
-/// A device on a UDP port at `addr` (the transport the tests use; the
-/// guest binds the address as its GID).
-pub fn udp_function(addr: &str) -> Pvrdma<vrdma_fabric::udp::UdpPort> {
-    let port =
-        vrdma_fabric::udp::UdpPort::bind(vrdma_fabric::udp::Config::new(addr.parse().unwrap()))
-            .unwrap();
-    let mut attr = vrdma_engine::attr::PortAttr::with_gids(&[]);
-    attr.gids = vec![None; Limits::default().gid_tbl_len as usize];
-    Pvrdma::new(Limits::default(), [2, 0, 0, 0, 0, 1], attr, port).unwrap()
+/// A little-endian `u32` from the first 4 bytes of `b` (a slice of a
+/// reply or of guest memory the caller sized).
+pub fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
 /// The vfio-user client and the guest's RAM.
@@ -250,6 +47,7 @@ pub fn udp_function(addr: &str) -> Pvrdma<vrdma_fabric::udp::UdpPort> {
 /// address the device has no map for) and checks that they keep their
 /// canary bytes, as it checks the canary pages it allocates inside RAM and
 /// never hands to the device ([`Guest::canary`], [`Guest::guarded`]).
+#[derive(Debug)]
 pub struct Guest {
     pub conn: Client,
     /// The test's view: the RAM and the two guard pages.
@@ -298,17 +96,19 @@ fn write32_payload(region: u32, off: u64, v: u32) -> Vec<u8> {
 /// guest RAM (it can neither shrink nor grow).
 pub fn sealed_memfd(name: &std::ffi::CStr, len: u64) -> OwnedFd {
     use nix::fcntl::{FcntlArg, SealFlag, fcntl};
-    let fd =
-        nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING).unwrap();
-    nix::unistd::ftruncate(&fd, i64::try_from(len).unwrap()).unwrap();
+    let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING)
+        .expect("memfd_create");
+    nix::unistd::ftruncate(&fd, i64::try_from(len).expect("a memfd's size")).expect("ftruncate");
     let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
-    fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).unwrap();
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).expect("F_ADD_SEALS");
     fd
 }
 
 fn eventfd() -> (OwnedFd, File) {
-    let e: OwnedFd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK).unwrap().into();
-    let r = File::from(e.try_clone().unwrap());
+    let e: OwnedFd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK)
+        .expect("eventfd")
+        .into();
+    let r = File::from(e.try_clone().expect("dup"));
     (e, r)
 }
 
@@ -316,17 +116,17 @@ impl Guest {
     /// Connects to `socket` with `ram_size` bytes of RAM and sets the
     /// device up as QEMU does: version, DMA map, interrupts, bus master.
     pub fn connect(socket: &Path, ram_size: u64) -> Self {
-        let stream = UnixStream::connect(socket).unwrap();
+        let stream = UnixStream::connect(socket).expect("connecting to the device");
         let memfd = sealed_memfd(c"guest-ram", ram_size + 2 * PAGE_SIZE);
-        let file = File::from(memfd.try_clone().unwrap());
+        let file = File::from(memfd.try_clone().expect("dup"));
         let ram = GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(RAM_BASE - PAGE_SIZE),
             (ram_size + 2 * PAGE_SIZE) as usize,
             Some(FileOffset::new(file, 0)),
         )])
-        .unwrap();
+        .expect("mapping guest RAM");
         let mut g = Guest {
-            conn: Client::new(stream).unwrap(),
+            conn: Client::new(stream).expect("the client"),
             ram,
             memfd,
             ram_size,
@@ -358,7 +158,7 @@ impl Guest {
             addr: RAM_BASE,
             size: ram_size,
         };
-        let fd = g.memfd.try_clone().unwrap();
+        let fd = g.memfd.try_clone().expect("dup");
         g.ok(vcmd::DMA_MAP, m.as_bytes(), &[fd.as_fd()]);
         // Memory space and bus mastering on.
         g.config_write(4, &6u16.to_le_bytes());
@@ -405,10 +205,10 @@ impl Guest {
         };
         let mut msg = h.as_bytes().to_vec();
         msg.extend_from_slice(&payload);
-        self.conn.send(&msg, &[]).unwrap();
-        let mut r = self.conn.receive().unwrap().expect("a reply");
+        self.conn.send(&msg, &[]).expect("sending");
+        let mut r = self.conn.receive().expect("receiving").expect("a reply");
         assert_eq!(r.header.error, 0);
-        let (info, _) = proto::RegionInfo::read_from_prefix(&r.payload).unwrap();
+        let (info, _) = proto::RegionInfo::read_from_prefix(&r.payload).expect("a region info");
         if info.flags & proto::info::REGION_MMAP == 0 {
             return None;
         }
@@ -419,7 +219,7 @@ impl Guest {
                 info.size as usize,
                 Some(FileOffset::new(File::from(fd), info.offset)),
             )])
-            .unwrap(),
+            .expect("mapping the doorbell pages"),
         )
     }
 
@@ -430,7 +230,7 @@ impl Guest {
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> (Header, Vec<u8>) {
         self.send(command, payload, fds);
-        let r = self.conn.receive().unwrap().expect("a reply");
+        let r = self.conn.receive().expect("receiving").expect("a reply");
         assert_eq!(r.header.id, self.id);
         (r.header, r.payload)
     }
@@ -447,7 +247,7 @@ impl Guest {
         };
         let mut msg = h.as_bytes().to_vec();
         msg.extend_from_slice(payload);
-        self.conn.send(&msg, fds).unwrap();
+        self.conn.send(&msg, fds).expect("sending");
     }
 
     /// Sends a message that must succeed.
@@ -488,7 +288,7 @@ impl Guest {
 
     /// The reply to [`Guest::start_write32`]'s write.
     pub fn finish_write(&mut self) {
-        let r = self.conn.receive().unwrap().expect("a reply");
+        let r = self.conn.receive().expect("receiving").expect("a reply");
         assert_eq!(r.header.id, self.id);
         assert_eq!(
             r.header.flags & flags::ERROR,
@@ -510,7 +310,7 @@ impl Guest {
             count: 4,
         };
         let r = self.ok(vcmd::REGION_READ, p.as_bytes(), &[]);
-        u32::from_le_bytes(r[16..20].try_into().unwrap())
+        le32(&r[16..20])
     }
 
     /// `n` zeroed pages of RAM (followed by a canary page when guarded).
@@ -520,7 +320,7 @@ impl Guest {
         assert!(self.next <= RAM_BASE + self.ram_size, "guest RAM exhausted");
         self.ram
             .write_slice(&vec![0u8; (n * PAGE_SIZE) as usize], GuestAddress(at))
-            .unwrap();
+            .expect("zeroing guest RAM");
         if self.guarded {
             self.canary(1);
         }
@@ -551,6 +351,20 @@ impl Guest {
         }
     }
 
+    /// Writes every page of the RAM (zeros where nothing was allocated
+    /// yet), so that all of it is resident before a test measures what
+    /// the device's process holds: what grows after is the device's own.
+    pub fn touch_ram(&self) {
+        let chunk = vec![0u8; 1 << 20];
+        let mut at = self.next;
+        let end = RAM_BASE + self.ram_size;
+        while at < end {
+            let n = chunk.len().min((end - at) as usize);
+            self.put(at, &chunk[..n]);
+            at += n as u64;
+        }
+    }
+
     /// The first page past the RAM the device was given (a guard page).
     pub fn ram_end(&self) -> u64 {
         RAM_BASE + self.ram_size
@@ -578,17 +392,21 @@ impl Guest {
     }
 
     pub fn put(&self, addr: u64, data: &[u8]) {
-        self.ram.write_slice(data, GuestAddress(addr)).unwrap();
+        self.ram
+            .write_slice(data, GuestAddress(addr))
+            .expect("a write into guest RAM");
     }
 
     pub fn get(&self, addr: u64, len: usize) -> Vec<u8> {
         let mut v = vec![0; len];
-        self.ram.read_slice(&mut v, GuestAddress(addr)).unwrap();
+        self.ram
+            .read_slice(&mut v, GuestAddress(addr))
+            .expect("a read of guest RAM");
         v
     }
 
     pub fn get32(&self, addr: u64) -> u32 {
-        u32::from_le_bytes(self.get(addr, 4).try_into().unwrap())
+        le32(&self.get(addr, 4))
     }
 
     pub fn put32(&self, addr: u64, v: u32) {
@@ -612,7 +430,7 @@ impl Guest {
         self.put(self.dsr, dsr.as_bytes());
         self.write32(1, reg::DSRLOW, self.dsr as u32);
         self.write32(1, reg::DSRHIGH, (self.dsr >> 32) as u32);
-        let d = abi::Dsr::read_from_bytes(&self.get(self.dsr, 280)).unwrap();
+        let d = abi::Dsr::read_from_bytes(&self.get(self.dsr, 280)).expect("280 bytes");
         self.caps = d.caps;
         self.read32(1, reg::ERR)
     }
@@ -655,7 +473,7 @@ impl Guest {
     /// interrupt when the driver would.
     pub fn command<T: IntoBytes + zerocopy::Immutable>(&mut self, req: &T) -> Result<Vec<u8>, u32> {
         let bytes = req.as_bytes();
-        let code = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+        let code = le32(&bytes[8..12]);
         let mut slot = vec![0u8; abi::MAX_REQUEST];
         slot[..bytes.len()].copy_from_slice(bytes);
         self.put(self.cmd_slot, &slot);
@@ -679,7 +497,7 @@ impl Guest {
         if waits {
             assert!(self.wait_irq(0), "no response interrupt for command {code}");
             let resp = self.get(self.resp_slot, abi::MAX_RESPONSE);
-            let ack = u32::from_le_bytes(resp[8..12].try_into().unwrap());
+            let ack = le32(&resp[8..12]);
             assert_eq!(ack, cmd::ACK | code, "ack");
             Ok(resp)
         } else {
@@ -692,13 +510,13 @@ impl Guest {
     /// this command and that no response interrupt came (the driver does
     /// not wait for a refused command).
     pub fn refused<T: IntoBytes + zerocopy::Immutable>(&mut self, req: &T) -> (u32, u8) {
-        let code = u32::from_le_bytes(req.as_bytes()[8..12].try_into().unwrap());
+        let code = le32(&req.as_bytes()[8..12]);
         self.put(self.resp_slot, &[0u8; 16]);
         let err = match self.command(req) {
             Ok(_) => panic!("command {code} was accepted"),
             Err(e) => e,
         };
-        let h = abi::RespHdr::read_from_bytes(&self.get(self.resp_slot, 16)).unwrap();
+        let h = abi::RespHdr::read_from_bytes(&self.get(self.resp_slot, 16)).expect("16 bytes");
         assert_eq!(h.ack.get(), cmd::ACK | code, "the refusal's ack");
         assert_eq!(h.response.get(), 0x1234, "the refusal's response key");
         assert!(
@@ -720,9 +538,9 @@ impl Guest {
         let view = GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(addr),
             size as usize,
-            Some(FileOffset::new(File::from(fd.try_clone().unwrap()), 0)),
+            Some(FileOffset::new(File::from(fd.try_clone().expect("dup")), 0)),
         )])
-        .unwrap();
+        .expect("mapping the extra memory");
         let m = DmaMap {
             argsz: 32,
             flags: proto::dma::READ | proto::dma::WRITE,
@@ -780,10 +598,7 @@ impl Guest {
             }
             let slot = (self.async_head & 1535) as u64;
             let e = self.get(self.async_ring + PAGE_SIZE + slot * 8, 8);
-            out.push((
-                u32::from_le_bytes(e[0..4].try_into().unwrap()),
-                u32::from_le_bytes(e[4..8].try_into().unwrap()),
-            ));
+            out.push((le32(&e[0..4]), le32(&e[4..8])));
             self.async_head = (self.async_head + 1) & (2 * 1536 - 1);
             self.put32(self.async_ring + 12, self.async_head);
         }
@@ -815,7 +630,7 @@ impl Guest {
             gid_type: abi::GID_TYPE_ROCE_V2,
             reserved: [0; 3],
         };
-        self.command(&req).unwrap();
+        self.command(&req).expect("CREATE_BIND");
     }
 
     pub fn create_pd(&mut self, ctx: u32) -> u32 {
@@ -825,8 +640,8 @@ impl Guest {
                 handle: ctx.into(),
                 reserved: [0; 4],
             })
-            .unwrap();
-        u32::from_le_bytes(r[16..20].try_into().unwrap())
+            .expect("CREATE_PD");
+        le32(&r[16..20])
     }
 
     /// A DMA MR of `pd` (the kernel's local_dma_lkey): (handle, lkey).
@@ -839,8 +654,8 @@ impl Guest {
                 flags: abi::MR_FLAG_DMA.into(),
                 ..abi::CreateMr::default()
             })
-            .unwrap();
-        let resp = abi::CreateMrResp::read_from_bytes(&r[..32]).unwrap();
+            .expect("CREATE_MR (DMA)");
+        let resp = abi::CreateMrResp::read_from_bytes(&r[..32]).expect("32 bytes");
         (resp.mr_handle.get(), resp.lkey.get())
     }
 
@@ -859,8 +674,8 @@ impl Guest {
                 flags: 0.into(),
                 nchunks: (pages.len() as u32).into(),
             })
-            .unwrap();
-        let resp = abi::CreateMrResp::read_from_bytes(&r[..32]).unwrap();
+            .expect("CREATE_MR");
+        let resp = abi::CreateMrResp::read_from_bytes(&r[..32]).expect("32 bytes");
         (resp.mr_handle.get(), resp.lkey.get(), resp.rkey.get())
     }
 }
@@ -875,6 +690,7 @@ pub fn hdr(code: u32) -> abi::CmdHdr {
 }
 
 /// A CQ as the guest holds it.
+#[derive(Debug)]
 pub struct GuestCq {
     pub handle: u32,
     pub state: u64,
@@ -886,6 +702,7 @@ pub struct GuestCq {
 }
 
 /// A QP as the guest holds it.
+#[derive(Debug)]
 pub struct GuestQp {
     pub qpn: u32,
     pub handle: u32,
@@ -915,8 +732,8 @@ impl Guest {
                 nchunks: (n as u32).into(),
                 reserved: [0; 4],
             })
-            .unwrap();
-        let resp = abi::CreateCqResp::read_from_bytes(&r[..24]).unwrap();
+            .expect("CREATE_CQ");
+        let resp = abi::CreateCqResp::read_from_bytes(&r[..24]).expect("24 bytes");
         assert_eq!(resp.cqe.get(), cqe);
         GuestCq {
             handle: resp.cq_handle.get(),
@@ -939,7 +756,8 @@ impl Guest {
             let slot = u64::from(cq.head & (cq.cqe - 1));
             let off = slot * 64;
             let page = cq.data[(off / PAGE_SIZE) as usize];
-            let e = abi::Cqe::read_from_bytes(&self.get(page + off % PAGE_SIZE, 64)).unwrap();
+            let e =
+                abi::Cqe::read_from_bytes(&self.get(page + off % PAGE_SIZE, 64)).expect("64 bytes");
             out.push(e);
             cq.head = (cq.head + 1) & (2 * cq.cqe - 1);
             self.put32(cq.state + 12, cq.head);
@@ -948,7 +766,12 @@ impl Guest {
 
     /// Polls `cq` until `n` completions came (5 s at most).
     pub fn poll_n(&mut self, cq: &mut GuestCq, n: usize) -> Vec<abi::Cqe> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        self.poll_n_for(cq, n, Duration::from_secs(5))
+    }
+
+    /// Polls `cq` until `n` completions came (`limit` at most).
+    pub fn poll_n_for(&mut self, cq: &mut GuestCq, n: usize, limit: Duration) -> Vec<abi::Cqe> {
+        let deadline = std::time::Instant::now() + limit;
         let mut out = Vec::new();
         while out.len() < n && std::time::Instant::now() < deadline {
             out.extend(self.poll(cq));
@@ -1010,8 +833,8 @@ impl Guest {
                 qp_type: ty,
                 ..abi::CreateQp::default()
             })
-            .unwrap();
-        let resp = abi::CreateQpRespV2::read_from_bytes(&r[..48]).unwrap();
+            .expect("CREATE_QP");
+        let resp = abi::CreateQpRespV2::read_from_bytes(&r[..48]).expect("48 bytes");
         GuestQp {
             qpn: resp.qpn.get(),
             handle: resp.qp_handle.get(),
@@ -1087,8 +910,8 @@ impl Guest {
                 qp_handle: qp.handle.into(),
                 attr_mask: 0.into(),
             })
-            .unwrap();
-        let a = abi::QpAttr::read_from_bytes(&r[16..176]).unwrap();
+            .expect("QUERY_QP");
+        let a = abi::QpAttr::read_from_bytes(&r[16..176]).expect("160 bytes");
         a.qp_state.get()
     }
 
@@ -1106,6 +929,12 @@ impl Guest {
 /// RC bring-up to RTS towards `dest_qpn` at `dgid`, the way perftest sets
 /// it (MTU 1024, timeout 14, retries 7).
 pub fn rc_up(g: &mut Guest, qp: &GuestQp, dgid: Gid, dest_qpn: u32, dmac: [u8; 6]) {
+    rc_up_mtu(g, qp, dgid, dest_qpn, dmac, 3);
+}
+
+/// [`rc_up`] with the path MTU `mtu` (the verbs' code: 3 for 1024, 5 for
+/// 4096).
+pub fn rc_up_mtu(g: &mut Guest, qp: &GuestQp, dgid: Gid, dest_qpn: u32, dmac: [u8; 6], mtu: u32) {
     use vrdma_engine::qp::AttrMask as M;
     let mut a = abi::QpAttr {
         qp_state: 1.into(),
@@ -1119,9 +948,9 @@ pub fn rc_up(g: &mut Guest, qp: &GuestQp, dgid: Gid, dest_qpn: u32, dmac: [u8; 6
         a,
         (M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).0,
     )
-    .unwrap();
+    .expect("MODIFY_QP to INIT");
     a.qp_state = 2.into();
-    a.path_mtu = 3.into();
+    a.path_mtu = mtu.into();
     a.dest_qp_num = dest_qpn.into();
     a.rq_psn = 0x100.into();
     a.max_dest_rd_atomic = 4;
@@ -1143,7 +972,7 @@ pub fn rc_up(g: &mut Guest, qp: &GuestQp, dgid: Gid, dest_qpn: u32, dmac: [u8; 6
             | M::MIN_RNR_TIMER)
             .0,
     )
-    .unwrap();
+    .expect("MODIFY_QP to RTR");
     a.qp_state = 3.into();
     a.sq_psn = 0x100.into();
     a.timeout = 14;
@@ -1155,7 +984,7 @@ pub fn rc_up(g: &mut Guest, qp: &GuestQp, dgid: Gid, dest_qpn: u32, dmac: [u8; 6
         a,
         (M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC).0,
     )
-    .unwrap();
+    .expect("MODIFY_QP to RTS");
 }
 
 /// A send WQE header.
