@@ -344,10 +344,11 @@ fn prepare_run_dir(dir: &std::path::Path, user: &sandbox::Identity) -> Result<()
     Ok(())
 }
 
-/// A device's thread.
+/// A device's thread, and the word that lets it serve.
 struct Running {
     name: String,
     thread: JoinHandle<Result<()>>,
+    go: mpsc::Sender<()>,
 }
 
 /// `vrdma serve`.
@@ -414,6 +415,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         let limits = limits.clone();
         let config = config.clone();
         let name = spec.name.clone();
+        let (go, go_rx) = mpsc::channel::<()>();
         let thread =
             std::thread::Builder::new()
                 .name(spec.name.clone())
@@ -434,13 +436,19 @@ pub fn run(a: &ServeArgs) -> Result<()> {
                             return Ok(());
                         }
                     };
+                    // Nothing is served before the whole process is
+                    // confined (or if confining it failed: the sender
+                    // is dropped).
+                    if go_rx.recv().is_err() {
+                        return Ok(());
+                    }
                     let r = server.run(&stop).map_err(anyhow::Error::from);
                     let _ = done.send(spec.name.clone());
                     let _ = kill(getpid(), Signal::SIGUSR1);
                     r.with_context(|| format!("device {}", spec.name))
                 })?;
         match rx.recv() {
-            Ok(Ok(())) => running.push(Running { name, thread }),
+            Ok(Ok(())) => running.push(Running { name, thread, go }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 failed = Some(e.context(format!("device {name}")));
@@ -460,11 +468,13 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     if let Some(e) = failed {
         stop.store(true, Ordering::Relaxed);
         for r in running {
+            drop(r.go);
             let _ = r.thread.join();
         }
         return Err(e);
     }
     for r in &running {
+        let _ = r.go.send(());
         eprintln!("vrdma serve: {} ready", r.name);
     }
 
