@@ -198,8 +198,11 @@ host_bg() {   # host_bg NAME ARGS...: `vrdma ARGS` in the namespace, in the back
     echo $! > "$OUT/host.$name.pid"
 }
 host_listens() { wait_for 30 bash -c "ip netns exec $NS ss -Hltn 'sport = :$1' | grep -q ."; }
-host_bg bw perf write_bw -m 1024 -s 1048576 -n 100000 -p 18601 --timeout 30
-host_bg pp pingpong rc -m 1024 -s 4096 -n 20000 -p 18602 --timeout 120
+# (both sleep for completions: two busy-polling host tools take both of this machine's cores
+# from the emulated guests and the daemon, and the write_bw server, starved, let pv1's RC QP
+# time out until its retries ran out — RETRY_EXC_ERR in the guest, old daemon and new alike)
+host_bg bw perf write_bw -e -m 1024 -s 1048576 -n 100000 -p 18601 --timeout 30
+host_bg pp pingpong rc -e -m 1024 -s 4096 -n 20000 -p 18602 --timeout 120
 host_listens 18601 && host_listens 18602 || { say "the host's servers did not listen"; exit 125; }
 J1=$($X1 -t 280 -b "ib_write_bw -d \$RXE_DEV -x \$RXE_GID_IDX -F -m 1024 -s 1048576 -n 100000 -p 18601 $HOST_IP")
 # mid-transfer: pv1's device has moved data, and keeps moving it
@@ -211,9 +214,13 @@ wait_for 60 busy
 J2=$($X2 -t 280 -b "ibv_rc_pingpong -d \$RXE_DEV -g \$RXE_GID_IDX -m 1024 -s 4096 -n 20000 -p 18602 $HOST2")
 busy2() { mark; [ "$(tx 2)" -gt $((${base2:-0} + 500)) ] 2>/dev/null; }
 wait_for 60 busy2
-mark; t1=$(tx 1); mark; t2=$(tx 1)     # two publications in a row
-echo "pv1 mid-transfer: engine.tx_packets $t1 -> $t2 between two publications (a second)" | tee -a "$OUT/summary.txt"
+# pv1's transfer moves on: a later publication (within five, a second apart: an RC retry after
+# a loss on this loaded host can pause it for a few hundred milliseconds) shows more packets
+mark; t1=$(tx 1); t2=$t1
+for _ in 1 2 3 4 5; do mark; t2=$(tx 1); [ "${t2:-0}" -gt "${t1:-0}" ] && break; done
+echo "pv1 mid-transfer: engine.tx_packets $t1 -> $t2" | tee -a "$OUT/summary.txt"
 check "4. pv1 is mid-transfer when its QEMU is killed ($t1 -> $t2 packets)" test "${t2:-0}" -gt "${t1:-0}"
+check "4. pv1's ib_write_bw is still running" test ! -e "$J1.rc"
 check "4. pv2's pingpong is under way when pv1's QEMU is killed" test ! -e "$J2.rc"
 kill -KILL "$(qemu_pid 1)"
 mark
