@@ -27,14 +27,14 @@ use std::{
 };
 
 use vrdma_fabric::eth::MAX_FRAME;
-use vrdma_pvrdma::abi::{self, PAGE_SIZE, cmd, qp_type, send_flags, wc_opcode, wr_opcode};
+use vrdma_pvrdma::abi::{PAGE_SIZE, qp_type, send_flags, wc_opcode, wr_opcode};
 use vrdma_testkit::pvrdma::{
     Device, Guest, Net, Side, Steady,
     eth::{Nic, Switch, eth_function, frame},
-    exchange, hdr,
+    exchange,
     measure::{open_fds, peak_growth, reset_peak, status},
     rc_up_mtu, sealed_memfd, sge,
-    side::{MR_VA, RAM, eventually_within},
+    side::{RAM, eventually_within},
     wqe,
 };
 use vrdma_vfio_user::proto::{self, DmaMap, RegionAccess, cmd as vcmd};
@@ -181,22 +181,8 @@ fn page_lists(switch: &Switch) {
     let h = NET.eth_device("bounds-mr", switch);
     let mut a = Side::new(&h);
     a.g.touch_ram();
+    let mr = a.giant_mr_request();
     let g = &mut a.g;
-    let dir = g.alloc(2);
-    let table = dir + PAGE_SIZE;
-    g.put(dir, [table.to_le_bytes(); 512].as_flattened());
-    g.put(table, [a.mr.to_le_bytes(); 512].as_flattened());
-    let gib: u64 = 1 << 30;
-    let mr = abi::CreateMr {
-        hdr: hdr(cmd::CREATE_MR),
-        start: MR_VA.into(),
-        length: gib.into(),
-        pdir_dma: dir.into(),
-        pd_handle: a.pd.into(),
-        access_flags: 1.into(),
-        flags: 0.into(),
-        nchunks: ((gib / PAGE_SIZE) as u32).into(),
-    };
     reset_peak();
     let before = status("VmRSS");
     // 48 of them would hold 96 MiB.

@@ -29,8 +29,8 @@ use vrdma_pvrdma::abi::{self, PAGE_SIZE, cmd, eqe, qp_type, send_flags, wc_opcod
 use vrdma_testkit::pvrdma::{
     Device, Net, Side, Steady, connect,
     eth::{Nic, Switch, eth_function, frame},
-    exchange, function, hdr, rc_up_mtu, sealed_memfd, sge,
-    side::{MR_VA, RAM},
+    exchange, function, hdr, page_lists_past_the_budget, rc_up_mtu, sealed_memfd, sge,
+    side::RAM,
     tripwire::Tripwire,
     wait_event, wqe,
 };
@@ -298,42 +298,7 @@ fn page_lists_past_the_budget_are_refused_on_the_ethernet_port_too() {
     let others = Bystanders::start("eth-budget-w", &switch);
     let (h, _x, mut a, mut b) = NET.eth_pair("eth-budget", &switch);
     exchange(&mut a, &mut b);
-    // Two pages name a 1 GiB MR (a directory whose entries all point at
-    // one table, whose entries all point at one page): 2 MiB of page list
-    // each in the daemon, until the budget refuses.
-    let g = &mut a.g;
-    let dir = g.alloc(2);
-    let table = dir + PAGE_SIZE;
-    g.put(dir, [table.to_le_bytes(); 512].as_flattened());
-    g.put(table, [a.mr.to_le_bytes(); 512].as_flattened());
-    let gib: u64 = 1 << 30;
-    let mr = abi::CreateMr {
-        hdr: hdr(cmd::CREATE_MR),
-        start: MR_VA.into(),
-        length: gib.into(),
-        pdir_dma: dir.into(),
-        pd_handle: a.pd.into(),
-        access_flags: 1.into(),
-        flags: 0.into(),
-        nchunks: ((gib / PAGE_SIZE) as u32).into(),
-    };
-    let mut made = 0;
-    let refusal = loop {
-        match g.command(&mr) {
-            Ok(_) => made += 1,
-            Err(_) => break g.refused(&mr),
-        }
-        assert!(made < 64, "{made} MRs of 1 GiB: no budget");
-    };
-    assert_eq!(refusal, (12, 12), "ENOMEM");
-    let limit = h.counter_when("budget.limit", |n| n > 0);
-    let refused = h.counter_when("budget.refused", |n| n >= 2);
-    assert!(refused >= 2, "refusals counted: {refused}");
-    let bytes = h.counter_when("objects.bytes", |_| true);
-    assert!(bytes <= limit, "{bytes} held over a limit of {limit}");
-    assert!(made >= 16, "the budget leaves room for real MRs: {made}");
-    exchange(&mut a, &mut b);
-    let (_, _, _) = a.g.user_mr(a.pd, MR_VA, &[a.mr], 1);
+    page_lists_past_the_budget(&h, &mut a, &mut b);
     // The guest gone, what it held goes with it.
     drop(a);
     assert_eq!(h.counter_when("objects.bytes", |n| n == 0), 0);

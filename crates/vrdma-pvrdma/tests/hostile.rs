@@ -31,7 +31,7 @@ use vrdma_pvrdma::abi::{
 };
 use vrdma_testkit::pvrdma::{
     Guest, GuestCq, GuestQp, Net, RAM_BASE, Side, UAR_PFN, completion, connect, eventually,
-    exchange, function, hdr, mac_of, rc_up, sealed_memfd, sge,
+    exchange, function, hdr, mac_of, page_lists_past_the_budget, rc_up, sealed_memfd, sge,
     side::{MR_VA, RAM},
     tripwire::Tripwire,
     udp_function, wait_event, wqe,
@@ -1593,37 +1593,7 @@ fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
 fn page_lists_past_the_guests_budget_are_refused_and_its_work_goes_on() {
     let (da, _db, mut a, mut b) = NET.pair("hostile-budget");
     exchange(&mut a, &mut b);
-
-    // Two pages name a 1 GiB MR: a directory whose 512 entries all point
-    // at one table, whose 512 entries all point at one page. Unbounded,
-    // each such MR made the daemon hold a 2 MiB page list (4096 of them:
-    // 8 GiB for one guest).
-    let g = &mut a.g;
-    let dir = g.alloc(2);
-    let table = dir + PAGE_SIZE;
-    g.put(dir, [table.to_le_bytes(); 512].as_flattened());
-    g.put(table, [a.mr.to_le_bytes(); 512].as_flattened());
-    let gib: u64 = 1 << 30;
-    let pages = (gib / PAGE_SIZE) as u32;
-    let mut made = 0;
-    let refusal = loop {
-        let req = user_mr_req(a.pd, MR_VA, gib, dir, 1, pages);
-        match g.command(&req) {
-            Ok(_) => made += 1,
-            Err(_) => break g.refused(&req),
-        }
-        assert!(made < 64, "{made} MRs of 1 GiB: no budget");
-    };
-    assert_eq!(refusal, (12, 12), "ENOMEM");
-    let limit = da.counter_when("budget.limit", |n| n > 0);
-    let refused = da.counter_when("budget.refused", |n| n >= 2);
-    assert!(refused >= 2, "refusals counted: {refused}");
-    let bytes = da.counter_when("objects.bytes", |_| true);
-    assert!(bytes <= limit, "{bytes} held over a limit of {limit}");
-    assert!(made >= 16, "the budget leaves room for real MRs: {made}");
-    // The guest's own work goes on, and a small MR still fits.
-    exchange(&mut a, &mut b);
-    let (_, _, _) = a.g.user_mr(a.pd, MR_VA, &[a.mr], 1);
+    page_lists_past_the_budget(&da, &mut a, &mut b);
 }
 
 #[test]

@@ -51,7 +51,8 @@ pub use guest::{
 };
 pub use served::Served;
 pub use side::{
-    Side, Steady, completion, connect, eventually, exchange, one_way, read_and_atomics, wait_event,
+    Side, Steady, completion, connect, eventually, exchange, one_way, page_lists_past_the_budget,
+    read_and_atomics, wait_event,
 };
 use vrdma_device::Transport;
 use vrdma_engine::attr::PortAttr;

@@ -14,12 +14,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vrdma_pvrdma::abi::{self, PAGE_SIZE, qp_type, send_flags, wc_opcode, wr_opcode};
+use vrdma_pvrdma::abi::{self, PAGE_SIZE, cmd, qp_type, send_flags, wc_opcode, wr_opcode};
 use vrdma_wire::Gid;
 
 use super::{
-    Device,
-    guest::{Guest, GuestCq, GuestQp, rc_up, sge, wqe},
+    Device, Served,
+    guest::{Guest, GuestCq, GuestQp, hdr, rc_up, sge, wqe},
 };
 
 /// The guest RAM of a side.
@@ -107,6 +107,58 @@ impl Side {
             .g
             .create_qp(qp_type::RC, self.pd, self.cq.handle, self.cq.handle, 16);
     }
+}
+
+impl Side {
+    /// A CREATE_MR for a 1 GiB MR whose page directory is two of this
+    /// guest's pages: a directory whose 512 entries all point at one
+    /// table, whose 512 entries all point at the side's MR page. Each one
+    /// made holds 2 MiB of page list in the daemon (unbounded, 4096 of
+    /// them: 8 GiB for one guest) — what the object budget must refuse.
+    pub fn giant_mr_request(&mut self) -> abi::CreateMr {
+        let dir = self.g.alloc(2);
+        let table = dir + PAGE_SIZE;
+        self.g.put(dir, [table.to_le_bytes(); 512].as_flattened());
+        self.g
+            .put(table, [self.mr.to_le_bytes(); 512].as_flattened());
+        let gib: u64 = 1 << 30;
+        abi::CreateMr {
+            hdr: hdr(cmd::CREATE_MR),
+            start: MR_VA.into(),
+            length: gib.into(),
+            pdir_dma: dir.into(),
+            pd_handle: self.pd.into(),
+            access_flags: 1.into(),
+            flags: 0.into(),
+            nchunks: ((gib / PAGE_SIZE) as u32).into(),
+        }
+    }
+}
+
+/// Makes [`Side::giant_mr_request`]'s MRs on `a` until the device refuses
+/// one, which must be with ENOMEM, counted, before 64 (a budget holds)
+/// and after 16 (it leaves room for real MRs), the memory held within the
+/// budget; then `a` and `b` still exchange and a small MR still fits.
+/// The device's counters are `served`'s.
+pub fn page_lists_past_the_budget(served: &Served, a: &mut Side, b: &mut Side) {
+    let req = a.giant_mr_request();
+    let mut made = 0;
+    let refusal = loop {
+        match a.g.command(&req) {
+            Ok(_) => made += 1,
+            Err(_) => break a.g.refused(&req),
+        }
+        assert!(made < 64, "{made} MRs of 1 GiB: no budget");
+    };
+    assert_eq!(refusal, (12, 12), "ENOMEM");
+    let limit = served.counter_when("budget.limit", |n| n > 0);
+    let refused = served.counter_when("budget.refused", |n| n >= 2);
+    assert!(refused >= 2, "refusals counted: {refused}");
+    let bytes = served.counter_when("objects.bytes", |_| true);
+    assert!(bytes <= limit, "{bytes} held over a limit of {limit}");
+    assert!(made >= 16, "the budget leaves room for real MRs: {made}");
+    exchange(a, b);
+    let (_, _, _) = a.g.user_mr(a.pd, MR_VA, &[a.mr], 1);
 }
 
 /// Connects the two sides' QPs to each other (RC, in RTS).
