@@ -33,11 +33,11 @@ use vrdma_testkit::pvrdma::{
     eth::{Nic, Switch, eth_function, frame},
     exchange,
     measure::{open_fds, peak_growth, reset_peak, status},
-    rc_up_mtu, sealed_memfd, sge,
+    one_page, rc_up_mtu, sealed_memfd, sge,
     side::{RAM, eventually_within},
     wqe,
 };
-use vrdma_vfio_user::proto::{self, DmaMap, RegionAccess, cmd as vcmd};
+use vrdma_vfio_user::proto::{self, RegionAccess, cmd as vcmd};
 use zerocopy::IntoBytes;
 
 /// This binary's block of addresses (see `vrdma_testkit::pvrdma`).
@@ -304,20 +304,13 @@ fn descriptors(switch: &Switch) {
     );
     reset_peak();
     let before = status("VmRSS");
-    let map = |addr: u64| DmaMap {
-        argsz: 32,
-        flags: proto::dma::READ | proto::dma::WRITE,
-        offset: 0,
-        addr,
-        size: PAGE_SIZE,
-    };
     let (mut mapped, mut refused) = (0, 0);
     let mut peak = connected;
     for i in 0..2 * MAPS as u64 {
         let fd = sealed_memfd(c"bounds-map", PAGE_SIZE);
         let (hd, _) = g.request(
             vcmd::DMA_MAP,
-            map(0x10_0000_0000 + i * 0x10_0000).as_bytes(),
+            one_page(0x10_0000_0000 + i * 0x10_0000).as_bytes(),
             &[fd.as_fd()],
         );
         drop(fd);
@@ -376,9 +369,12 @@ fn descriptors(switch: &Switch) {
     assert_eq!(h.counter_when("vfio.fds", |n| n == 0), 0);
     drop(g);
     drop(event);
-    // Nothing of the guest's is left open, at either end.
+    // Nothing of the guest's is left open, at either end. (At most as
+    // many as before, not exactly as many: a descriptor of an earlier
+    // scenario that was still closing when `base` was read may have gone
+    // since.)
     assert!(
-        eventually_within(Duration::from_secs(5), || open_fds() == base),
+        eventually_within(Duration::from_secs(5), || open_fds() <= base),
         "{} descriptors left of the {base} before the guest came",
         open_fds()
     );

@@ -29,12 +29,12 @@ use vrdma_pvrdma::abi::{self, PAGE_SIZE, cmd, eqe, qp_type, send_flags, wc_opcod
 use vrdma_testkit::pvrdma::{
     Device, Net, Side, Steady, connect,
     eth::{Nic, Switch, eth_function, frame},
-    exchange, function, hdr, page_lists_past_the_budget, rc_up_mtu, sealed_memfd, sge,
+    exchange, function, hdr, one_page, page_lists_past_the_budget, rc_up_mtu, sealed_memfd, sge,
     side::RAM,
     tripwire::Tripwire,
-    wait_event, wqe,
+    unsealed_page, wait_event, wqe,
 };
-use vrdma_vfio_user::proto::{self, DmaMap, RegionAccess, cmd as vcmd};
+use vrdma_vfio_user::proto::{self, RegionAccess, cmd as vcmd};
 use zerocopy::IntoBytes;
 
 /// This binary's block of addresses (see `vrdma_testkit::pvrdma`).
@@ -318,16 +318,7 @@ fn dma_maps_and_descriptor_floods_are_refused_and_nothing_stays_held() {
     let mut b = Side::new(&x);
     connect(&mut a, &mut b);
 
-    let map = |addr: u64| DmaMap {
-        argsz: 32,
-        flags: proto::dma::READ | proto::dma::WRITE,
-        offset: 0,
-        addr,
-        size: PAGE_SIZE,
-    };
-    let unsealed =
-        nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::empty()).unwrap();
-    nix::unistd::ftruncate(&unsealed, 4096).unwrap();
+    let unsealed = unsealed_page();
     let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
     let sealed = sealed_memfd(c"sealed", PAGE_SIZE);
     for (fd, addr, want) in [
@@ -336,7 +327,7 @@ fn dma_maps_and_descriptor_floods_are_refused_and_nothing_stays_held() {
         (sealed.as_fd(), 0x4_0000_0000, 0),
         (sealed.as_fd(), 0x5_0000_0000, ENOSPC),
     ] {
-        let (hd, _) = a.g.request(vcmd::DMA_MAP, map(addr).as_bytes(), &[fd]);
+        let (hd, _) = a.g.request(vcmd::DMA_MAP, one_page(addr).as_bytes(), &[fd]);
         assert_eq!(hd.error, want, "{fd:?}");
     }
     assert_eq!(h.counter_when("vfio.dma_refused", |n| n == 3), 3);

@@ -31,10 +31,11 @@ use vrdma_pvrdma::abi::{
 };
 use vrdma_testkit::pvrdma::{
     Guest, GuestCq, GuestQp, Net, RAM_BASE, Side, UAR_PFN, completion, connect, eventually,
-    exchange, function, hdr, mac_of, page_lists_past_the_budget, rc_up, sealed_memfd, sge,
+    exchange, function, hdr, mac_of, one_page, page_lists_past_the_budget, rc_up, sealed_memfd,
+    sge,
     side::{MR_VA, RAM},
     tripwire::Tripwire,
-    udp_function, wait_event, wqe,
+    udp_function, unsealed_page, wait_event, wqe,
 };
 use vrdma_vfio_user::proto::{self, DmaMap, Header, IrqSet, RegionAccess, cmd as vcmd};
 use vrdma_wire::Gid;
@@ -1861,16 +1862,7 @@ fn dma_maps_of_other_files_unsealed_memory_or_over_budget_are_refused() {
     config.dma.max_maps = 2;
     let da = NET.device_with("hostile-dma-kind", config, udp_function);
     let mut g = Guest::connect(&da.socket, RAM);
-    let map = |addr: u64| DmaMap {
-        argsz: 32,
-        flags: proto::dma::READ | proto::dma::WRITE,
-        offset: 0,
-        addr,
-        size: PAGE_SIZE,
-    };
-    let unsealed =
-        nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::empty()).unwrap();
-    nix::unistd::ftruncate(&unsealed, 4096).unwrap();
+    let unsealed = unsealed_page();
     let (pipe_r, _pipe_w) = nix::unistd::pipe().unwrap();
     let sealed = sealed_memfd(c"sealed", PAGE_SIZE);
     for (fd, addr, want) in [
@@ -1879,7 +1871,7 @@ fn dma_maps_of_other_files_unsealed_memory_or_over_budget_are_refused() {
         (sealed.as_fd(), 0x4_0000_0000, 0),
         (sealed.as_fd(), 0x5_0000_0000, 28),
     ] {
-        let (h, _) = g.request(vcmd::DMA_MAP, map(addr).as_bytes(), &[fd]);
+        let (h, _) = g.request(vcmd::DMA_MAP, one_page(addr).as_bytes(), &[fd]);
         assert_eq!(h.error, want, "{fd:?}");
     }
     assert_eq!(g.probe(), 0, "the device goes on");

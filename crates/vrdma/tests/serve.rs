@@ -14,7 +14,7 @@ use std::{
     io::{BufRead, BufReader, Read, Write},
     net::IpAddr,
     os::{
-        fd::{AsFd, OwnedFd},
+        fd::AsFd,
         unix::net::{UnixListener, UnixStream},
     },
     path::{Path, PathBuf},
@@ -30,9 +30,10 @@ use std::{
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use vrdma_pvrdma::abi::{self, PAGE_SIZE, cmd, reg};
 use vrdma_testkit::pvrdma::{
-    Guest, Net, Side, connect, eth::frame, exchange, hdr, le32, mac_of, read_and_atomics, side::RAM,
+    Guest, Net, Side, connect, eth::frame, exchange, hdr, le32, mac_of, one_page, read_and_atomics,
+    side::RAM, unsealed_page,
 };
-use vrdma_vfio_user::proto::{self, DmaMap, Header, cmd as vcmd};
+use vrdma_vfio_user::proto::{self, Header, cmd as vcmd};
 use vrdma_wire::Gid;
 use zerocopy::IntoBytes;
 
@@ -228,25 +229,6 @@ fn confined(pid: u32) {
     }
     // The main thread and the device's.
     assert!(n >= 2, "{n} threads");
-}
-
-/// A memfd of one page, not sealed.
-fn unsealed_page() -> OwnedFd {
-    let fd =
-        nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::empty()).unwrap();
-    nix::unistd::ftruncate(&fd, PAGE_SIZE.cast_signed()).unwrap();
-    fd
-}
-
-/// A DMA map of one page at `addr`.
-fn one_page(addr: u64) -> DmaMap {
-    DmaMap {
-        argsz: 32,
-        flags: proto::dma::READ | proto::dma::WRITE,
-        offset: 0,
-        addr,
-        size: PAGE_SIZE,
-    }
 }
 
 /// Sends `bytes` on a new connection to `socket`; true if the daemon

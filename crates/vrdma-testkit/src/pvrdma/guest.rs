@@ -104,6 +104,27 @@ pub fn sealed_memfd(name: &std::ffi::CStr, len: u64) -> OwnedFd {
     fd
 }
 
+/// A memfd of one page with no seal (what the daemon refuses as guest
+/// memory unless told to allow it).
+pub fn unsealed_page() -> OwnedFd {
+    let fd = nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::empty())
+        .expect("memfd_create");
+    nix::unistd::ftruncate(&fd, PAGE_SIZE.cast_signed()).expect("ftruncate");
+    fd
+}
+
+/// A DMA_MAP of one page at guest address `addr`, readable and writable,
+/// from offset 0 of the descriptor that goes with it.
+pub fn one_page(addr: u64) -> DmaMap {
+    DmaMap {
+        argsz: 32,
+        flags: proto::dma::READ | proto::dma::WRITE,
+        offset: 0,
+        addr,
+        size: PAGE_SIZE,
+    }
+}
+
 fn eventfd() -> (OwnedFd, File) {
     let e: OwnedFd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK)
         .expect("eventfd")

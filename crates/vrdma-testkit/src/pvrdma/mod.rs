@@ -47,7 +47,8 @@ use std::{
 };
 
 pub use guest::{
-    Guest, GuestCq, GuestQp, RAM_BASE, UAR_PFN, hdr, le32, rc_up, rc_up_mtu, sealed_memfd, sge, wqe,
+    Guest, GuestCq, GuestQp, RAM_BASE, UAR_PFN, hdr, le32, one_page, rc_up, rc_up_mtu,
+    sealed_memfd, sge, unsealed_page, wqe,
 };
 pub use served::Served;
 pub use side::{
