@@ -1,0 +1,12 @@
+//! vrdma's virtio-rdma face: the virtio RDMA device (device ID 42) that
+//! `docs/virtio-rdma.md` specifies, served to a virtual machine over
+//! vhost-user. A thin translation of that ABI onto a vrdma device.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`abi`] | the device ABI: features, configuration, virtqueues, commands, ring entries, doorbell areas, events |
+//! | [`decode`] | requests and ring entries decoded from copies into typed values, and completions encoded |
+#![forbid(unsafe_code)]
+
+pub mod abi;
+pub mod decode;
