@@ -58,6 +58,42 @@ impl GuestMem {
         let word = slice.get_atomic_ref::<AtomicU64>(0).map_err(|_| err)?;
         Ok(f(word))
     }
+
+    /// Takes the little-endian word at `addr` and leaves `v` in its place,
+    /// in one atomic step (sequentially consistent): a doorbell word the
+    /// guest sets bits in concurrently loses none.
+    pub fn swap_u64(&self, addr: u64, v: u64) -> Result<u64, MemoryError> {
+        self.with_word(addr, |w| u64::from_le(w.swap(v.to_le(), Ordering::SeqCst)))
+    }
+
+    /// Reads the little-endian word at `addr` atomically (sequentially
+    /// consistent): after a store the guest made before it, or not at all.
+    pub fn load_u64(&self, addr: u64) -> Result<u64, MemoryError> {
+        self.with_word(addr, |w| u64::from_le(w.load(Ordering::SeqCst)))
+    }
+
+    /// Writes the little-endian 32-bit word at `addr` atomically
+    /// (sequentially consistent: ordered against every load after it, as a
+    /// full barrier between a device's flag and its next scan needs).
+    pub fn store_u32(&self, addr: u64, v: u32) -> Result<(), MemoryError> {
+        let err = MemoryError { addr, len: 4 };
+        let slice = self.map.get_slice(GuestAddress(addr), 4).map_err(|_| err)?;
+        let word = slice
+            .get_atomic_ref::<std::sync::atomic::AtomicU32>(0)
+            .map_err(|_| err)?;
+        word.store(v.to_le(), Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Reads the little-endian 32-bit word at `addr` atomically.
+    pub fn load_u32(&self, addr: u64) -> Result<u32, MemoryError> {
+        let err = MemoryError { addr, len: 4 };
+        let slice = self.map.get_slice(GuestAddress(addr), 4).map_err(|_| err)?;
+        let word = slice
+            .get_atomic_ref::<std::sync::atomic::AtomicU32>(0)
+            .map_err(|_| err)?;
+        Ok(u32::from_le(word.load(Ordering::SeqCst)))
+    }
 }
 
 impl Memory for GuestMem {
@@ -144,6 +180,23 @@ mod tests {
         assert!(m.lends(0x2000, 0x1000));
         assert!(!m.lends(0x2001, 0x1000));
         assert_eq!(m.size(), 0x2000);
+    }
+
+    #[test]
+    fn doorbell_words_are_swapped_loaded_and_stored_whole() {
+        let mut m = GuestMem::anonymous(0x1000, 0x1000).unwrap();
+        m.write(0x1010, &0x8000_0000_0000_0005u64.to_le_bytes())
+            .unwrap();
+        assert_eq!(m.swap_u64(0x1010, 0), Ok(0x8000_0000_0000_0005));
+        assert_eq!(m.load_u64(0x1010), Ok(0));
+        m.store_u32(0x1004, 0x0102_0304).unwrap();
+        let mut b = [0u8; 4];
+        m.read(0x1004, &mut b).unwrap();
+        assert_eq!(b, [4, 3, 2, 1]);
+        assert_eq!(m.load_u32(0x1004), Ok(0x0102_0304));
+        assert!(m.swap_u64(0x1004, 0).is_err(), "unaligned");
+        assert!(m.store_u32(0x1ffe, 0).is_err(), "unaligned");
+        assert!(m.load_u64(0x2000,).is_err(), "past the end");
     }
 
     /// Two mappings of one file (as a guest's RAM is mapped by QEMU and by

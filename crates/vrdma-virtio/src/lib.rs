@@ -5,8 +5,10 @@
 //! | module | what |
 //! |---|---|
 //! | [`abi`] | the device ABI: features, configuration, virtqueues, commands, ring entries, doorbell areas, events |
+//! | [`doorbell`] | doorbell areas: which rings moved, and whether the device is polling |
 //! | [`decode`] | requests and ring entries decoded from copies into typed values, and completions encoded |
 #![forbid(unsafe_code)]
 
 pub mod abi;
 pub mod decode;
+pub mod doorbell;
