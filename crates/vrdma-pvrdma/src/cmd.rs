@@ -22,9 +22,10 @@ use crate::{
     cq::GuestCq,
     function::{CqInfo, Pvrdma},
     qp::{self, QpContext, QpFace},
-    ring::{GuestRing, Owner, PageList},
+    ring,
     srq::SrqFace,
 };
+use vrdma_face::Owner;
 
 /// A command that ran: its response, and whether the driver waits for it
 /// (and so gets an interrupt).
@@ -299,7 +300,7 @@ impl<T: Transport> Pvrdma<T> {
                 let Some(q) = self.qps.get(&h) else {
                     return Err(fail(EINVAL, "QP"));
                 };
-                let qpn = q.qpn;
+                let qpn = q.qpn();
                 self.device
                     .engine_mut()
                     .destroy_qp(qpn)
@@ -488,7 +489,7 @@ impl<T: Transport> Pvrdma<T> {
                     .engine_mut()
                     .check_mr_pages(span as usize)
                     .map_err(engine_err)?;
-                let pages = PageList::read(bus.mem, r.pdir_dma.get(), span)
+                let pages = ring::read_pdir(bus.mem, r.pdir_dma.get(), span)
                     .map_err(|_| fail(EINVAL, "MR page directory"))?;
                 self.device
                     .engine_mut()
@@ -546,20 +547,20 @@ impl<T: Transport> Pvrdma<T> {
         if n < need || n > need + 1 {
             return Err(fail(EINVAL, "CQ pages"));
         }
-        let pages = PageList::read(bus.mem, r.pdir_dma.get(), n)
+        let pages = ring::read_pdir(bus.mem, r.pdir_dma.get(), n)
             .map_err(|_| fail(EINVAL, "CQ page directory"))?;
         if self.ring_pages.conflict(pages.pages()).is_some() {
             return Err(fail(EINVAL, "CQ pages (another ring's)"));
         }
-        let ring = GuestRing::new(
+        let ring = ring::ring(
             cqe,
             size_of::<abi::Cqe>() as u64,
             pages.pages()[0] + abi::ring_state::RX,
             pages.skip(1),
         )
         .ok_or(fail(EINVAL, "CQ ring"))?;
-        let sink =
-            GuestCq::new(self.shared.clone(), ring).map_err(|_| fail(EINVAL, "CQ ring state"))?;
+        let sink = GuestCq::new(self.shared.clone(), ring, crate::cq::cqe)
+            .map_err(|_| fail(EINVAL, "CQ ring state"))?;
         let (cq, granted) = self
             .device
             .engine_mut()
@@ -652,7 +653,7 @@ impl<T: Transport> Pvrdma<T> {
         {
             return Err(fail(EINVAL, "QP pages"));
         }
-        let pages = PageList::read(bus.mem, r.pdir_dma.get(), total)
+        let pages = ring::read_pdir(bus.mem, r.pdir_dma.get(), total)
             .map_err(|_| fail(EINVAL, "QP page directory"))?;
         if self.ring_pages.conflict(pages.pages()).is_some() {
             return Err(fail(EINVAL, "QP pages (another ring's)"));
@@ -724,7 +725,7 @@ impl<T: Transport> Pvrdma<T> {
         let code = cmd::MODIFY_QP;
         let fail = failer(code, key);
         let h = r.qp_handle.get();
-        let qpn = self.qps.get(&h).ok_or(fail(EINVAL, "QP"))?.qpn;
+        let qpn = self.qps.get(&h).ok_or(fail(EINVAL, "QP"))?.qpn();
         let mask = AttrMask(r.attr_mask.get() & 0x1f_ffff);
         let a = &r.attrs;
         let m = |bit: AttrMask| mask.contains(bit);
@@ -795,7 +796,7 @@ impl<T: Transport> Pvrdma<T> {
             && now == QpState::Reset
         {
             // The driver zeroes the rings' indices; so does the device.
-            q.reset();
+            q.queues.reset();
         }
         // WQEs that waited for RTS (or for INIT, receives).
         self.take_sends(bus.mem, h);
@@ -811,7 +812,7 @@ impl<T: Transport> Pvrdma<T> {
         let code = cmd::QUERY_QP;
         let fail = failer(code, key);
         let h = r.qp_handle.get();
-        let qpn = self.qps.get(&h).ok_or(fail(EINVAL, "QP"))?.qpn;
+        let qpn = self.qps.get(&h).ok_or(fail(EINVAL, "QP"))?.qpn();
         let (a, init) = self
             .device
             .engine()
@@ -892,12 +893,12 @@ impl<T: Transport> Pvrdma<T> {
         if n < need || n > 2 * need + 1 {
             return Err(fail(EINVAL, "SRQ pages"));
         }
-        let pages = PageList::read(bus.mem, r.pdir_dma.get(), n)
+        let pages = ring::read_pdir(bus.mem, r.pdir_dma.get(), n)
             .map_err(|_| fail(EINVAL, "SRQ page directory"))?;
         if self.ring_pages.conflict(pages.pages()).is_some() {
             return Err(fail(EINVAL, "SRQ pages (another ring's)"));
         }
-        let ring = GuestRing::new(
+        let ring = ring::ring(
             wr,
             stride,
             pages.pages()[0] + abi::ring_state::RX,

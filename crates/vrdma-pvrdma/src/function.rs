@@ -16,6 +16,7 @@ use nix::errno::Errno;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
 use vrdma_engine::{Engine, SrqHandle, attr::PortAttr, event::AsyncEvent};
+use vrdma_face::{GuestError, Owner, RingPages, Taken, guest};
 use vrdma_vfio_user::{
     Bus, Function, Region,
     irq::Irqs,
@@ -28,8 +29,8 @@ use crate::{
     abi::{self, Caps, Dsr, PAGE_SIZE, eqe, intr, reg, uar},
     caps::Limits,
     cq::{CQNE_SIZE, DeviceRing, EQE_SIZE, SharedMem},
-    qp::{self, QpFace},
-    ring::{self, GuestRing, Owner, PageList, RingPages},
+    qp::QpFace,
+    ring,
     srq::SrqFace,
 };
 
@@ -358,7 +359,7 @@ impl<T: Transport> Pvrdma<T> {
         match self.try_load(mem, addr) {
             Ok(l) => {
                 let caps: Caps = self.limits.caps(self.node_guid);
-                if ring::write(mem, addr + abi::DSR_CAPS_OFFSET, &caps).is_err() {
+                if guest::write(mem, addr + abi::DSR_CAPS_OFFSET, &caps).is_err() {
                     self.err = err::INVALID;
                     return;
                 }
@@ -373,32 +374,32 @@ impl<T: Transport> Pvrdma<T> {
         }
     }
 
-    fn try_load(&self, mem: &GuestMemoryMmap<()>, addr: u64) -> Result<Loaded, ring::GuestError> {
-        let dsr: Dsr = ring::read(mem, addr)?;
-        let slot = |a: u64| -> Result<u64, ring::GuestError> {
+    fn try_load(&self, mem: &GuestMemoryMmap<()>, addr: u64) -> Result<Loaded, GuestError> {
+        let dsr: Dsr = guest::read(mem, addr)?;
+        let slot = |a: u64| -> Result<u64, GuestError> {
             if !a.is_multiple_of(PAGE_SIZE) {
-                return Err(ring::GuestError::Unaligned(a));
+                return Err(GuestError::Unaligned(a));
             }
             // Both slots must be there now (they are checked again on
             // each use).
-            ring::read::<[u8; 8]>(mem, a).map(|_| a)
+            guest::read::<[u8; 8], _>(mem, a).map(|_| a)
         };
         let cmd_slot = slot(dsr.cmd_slot_dma.get())?;
         let resp_slot = slot(dsr.resp_slot_dma.get())?;
         let mut all = Vec::new();
         let mut device_ring =
-            |pages: &abi::RingPages, stride: u64| -> Result<DeviceRing, ring::GuestError> {
+            |pages: &abi::RingPages, stride: u64| -> Result<DeviceRing, GuestError> {
                 let n = u64::from(pages.num_pages.get());
                 // The state page and at least one data page; the driver uses
                 // 4 (CVE-2021-3607, CVE-2023-1544: bounded, never 0).
                 if !(2..=512).contains(&n) {
-                    return Err(ring::GuestError::PageCount(n));
+                    return Err(GuestError::PageCount(n));
                 }
-                let list = PageList::read(mem, pages.pdir_dma.get(), n)?;
+                let list = ring::read_pdir(mem, pages.pdir_dma.get(), n)?;
                 let count = ((n - 1) * PAGE_SIZE / stride) as u32;
                 let state = list.pages()[0] + abi::ring_state::RX;
-                let ring = GuestRing::new(count, stride, state, list.skip(1))
-                    .ok_or(ring::GuestError::PageCount(n))?;
+                let ring = ring::ring(count, stride, state, list.skip(1))
+                    .ok_or(GuestError::PageCount(n))?;
                 all.extend_from_slice(list.pages());
                 Ok(DeviceRing::new(ring))
             };
@@ -406,7 +407,7 @@ impl<T: Transport> Pvrdma<T> {
         let cq_ring = device_ring(&dsr.cq_ring_pages, CQNE_SIZE)?;
         // Each ring on pages of its own (see RingPages).
         if let Some(page) = RingPages::default().conflict(&all) {
-            return Err(ring::GuestError::Shared(page));
+            return Err(GuestError::Shared(page));
         }
         Ok(Loaded {
             cmd_slot,
@@ -495,7 +496,7 @@ impl<T: Transport> Pvrdma<T> {
         // command that made an object and could not say so would leave
         // the object behind, the driver told it failed. (Nothing unmaps
         // it in between: maps change only between messages.)
-        if ring::read_into(bus.mem, cmd_slot, &mut req).is_err()
+        if guest::read_into(bus.mem, cmd_slot, &mut req).is_err()
             || !bus
                 .mem
                 .check_range(vm_memory::GuestAddress(resp_slot), abi::MAX_RESPONSE)
@@ -507,7 +508,7 @@ impl<T: Transport> Pvrdma<T> {
         let outcome = self.command(bus, &req);
         match outcome {
             Ok(crate::cmd::Done { response, wait }) => {
-                if ring::write_bytes(bus.mem, resp_slot, &response).is_err() {
+                if guest::write_bytes(bus.mem, resp_slot, &response).is_err() {
                     self.err = err::INVALID;
                     self.stats.command_errors += 1;
                     return;
@@ -526,7 +527,7 @@ impl<T: Transport> Pvrdma<T> {
                     "PVRDMA command refused"
                 );
                 // The response header says it too (MODIFY_QP reads it).
-                let _ = ring::write_bytes(bus.mem, resp_slot, &f.response());
+                let _ = guest::write_bytes(bus.mem, resp_slot, &f.response());
                 self.err = f.err;
             }
         }
@@ -581,33 +582,27 @@ impl<T: Transport> Pvrdma<T> {
     }
 
     pub(crate) fn take_sends(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
-        self.take_qp(mem, qpn, |q, engine| q.take_sends(mem, engine));
+        self.take_qp(qpn, |q, engine| q.take_sends(mem, engine));
     }
 
     pub(crate) fn take_recvs(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
-        self.take_qp(mem, qpn, |q, engine| q.take_recvs(mem, engine));
+        self.take_qp(qpn, |q, engine| q.take_recvs(mem, engine));
     }
 
-    /// Takes from one of QP `qpn`'s rings with `take`, gives the slots
-    /// back at once, counts what it took, fails the QP whose ring broke,
-    /// and keeps it in the busy set.
-    fn take_qp(
-        &mut self,
-        mem: &GuestMemoryMmap<()>,
-        qpn: u32,
-        take: impl FnOnce(&mut QpFace, &mut Engine) -> qp::Taken,
-    ) {
+    /// Takes from one of QP `qpn`'s rings with `take` (which gives the
+    /// slots back at once), counts what it took, fails the QP whose ring
+    /// broke, and keeps it in the busy set.
+    fn take_qp(&mut self, qpn: u32, take: impl FnOnce(&mut QpFace, &mut Engine) -> Taken) {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
         let engine = self.device.engine_mut();
         let t = take(q, engine);
-        q.publish(mem);
-        self.stats.wqes += u64::from(t.wqes);
+        self.stats.wqes += u64::from(t.entries);
         self.stats.malformed_wqes += u64::from(t.malformed);
         if t.broken {
             self.stats.broken_rings += 1;
-            let _ = engine.qp_fatal(q.qpn);
+            let _ = engine.qp_fatal(q.qpn());
         }
         self.busy_qps.insert(qpn);
     }
@@ -618,15 +613,14 @@ impl<T: Transport> Pvrdma<T> {
         };
         let engine = self.device.engine_mut();
         let t = s.take(mem, engine);
-        s.publish(mem);
         self.srq_taken(srq, t);
         self.busy_srqs.insert(srq);
     }
 
     /// Counts what an SRQ's ring gave; a ring that broke (it happens once:
     /// nothing more is taken from it) raises SRQ_ERR for it.
-    fn srq_taken(&mut self, srq: u32, t: qp::Taken) {
-        self.stats.wqes += u64::from(t.wqes);
+    fn srq_taken(&mut self, srq: u32, t: Taken) {
+        self.stats.wqes += u64::from(t.entries);
         self.stats.malformed_wqes += u64::from(t.malformed);
         if t.broken {
             self.stats.broken_rings += 1;
@@ -673,20 +667,20 @@ impl<T: Transport> Pvrdma<T> {
                 continue;
             };
             let engine = self.device.engine_mut();
-            if q.pending(mem) {
+            if q.queues.pending(mem) {
                 let t = q.take_sends(mem, engine);
                 let r = q.take_recvs(mem, engine);
-                self.stats.wqes += u64::from(t.wqes + r.wqes);
+                self.stats.wqes += u64::from(t.entries + r.entries);
                 self.stats.malformed_wqes += u64::from(t.malformed + r.malformed);
                 if t.broken || r.broken {
                     self.stats.broken_rings += 1;
-                    let _ = engine.qp_fatal(q.qpn);
+                    let _ = engine.qp_fatal(q.qpn());
                 }
             }
-            q.publish(mem);
-            let idle = engine.sq_len(q.qpn).unwrap_or(0) == 0
-                && engine.rq_len(q.qpn).unwrap_or(0) == 0
-                && !q.pending(mem);
+            q.queues.publish(mem);
+            let idle = engine.sq_len(q.qpn()).unwrap_or(0) == 0
+                && engine.rq_len(q.qpn()).unwrap_or(0) == 0
+                && !q.queues.pending(mem);
             if idle {
                 self.busy_qps.remove(&qpn);
             }
@@ -698,13 +692,13 @@ impl<T: Transport> Pvrdma<T> {
                 continue;
             };
             let engine = self.device.engine_mut();
-            let t = if s.pending(mem) {
+            let t = if s.queue.pending(mem) {
                 s.take(mem, engine)
             } else {
-                qp::Taken::default()
+                Taken::default()
             };
-            s.publish(mem);
-            let idle = engine.srq_len(SrqHandle(srq)).unwrap_or(0) == 0 && !s.pending(mem);
+            s.queue.publish(mem);
+            let idle = engine.srq_len(SrqHandle(srq)).unwrap_or(0) == 0 && !s.queue.pending(mem);
             self.srq_taken(srq, t);
             if idle {
                 self.busy_srqs.remove(&srq);

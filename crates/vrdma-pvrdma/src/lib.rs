@@ -8,12 +8,14 @@
 //! - [`abi`]: the device ABI's registers, shared region, commands, ring
 //!   entries and enums, laid out as in guest memory.
 //! - [`caps`]: the device's limits and the capabilities it announces.
-//! - [`ring`]: page directories and rings in guest memory.
+//! - [`ring`]: page directories and the PVRDMA ring layout, on the face
+//!   core's page lists and rings (`vrdma-face`).
 //! - [`function`]: the PCI function — config space, BARs, registers, the
 //!   shared-region handshake, doorbells, the device rings.
 //! - `cmd`: the command channel.
-//! - [`qp`], [`srq`], [`cq`]: work queues taken from guest rings, and
-//!   completions written into them.
+//! - [`qp`], [`srq`], [`cq`]: PVRDMA's WQE, CQE and device-ring entry
+//!   formats, decoded and encoded for the face core's work queues, CQ sink
+//!   and ring producers.
 //! - [`doorbells`]: doorbell pages shared with the guest (no exit per
 //!   post).
 
