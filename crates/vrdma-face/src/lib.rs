@@ -29,10 +29,6 @@ pub mod wq;
 
 pub use budget::Budget;
 pub use guest::GuestError;
-pub use pages::{Owner, PageList, RingPages};
+pub use pages::{Owner, PAGE_SIZE, PageList, RingPages};
 pub use ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Producer, Taken};
 pub use status::{OrRefuse, Refused};
-
-/// The page size of the guest structures a face reads: page lists name
-/// pages of this size, and no ring entry crosses one.
-pub const PAGE_SIZE: u64 = 4096;

@@ -12,10 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use vm_memory::GuestMemory;
 use zerocopy::IntoBytes;
 
-use crate::{
-    PAGE_SIZE,
-    guest::{self, GuestError},
-};
+use crate::guest::{self, GuestError};
+
+/// The page size of the guest structures a face reads: page lists name
+/// pages of this size, and no ring entry crosses one.
+pub const PAGE_SIZE: u64 = 4096;
 
 /// An object's guest pages, in order, each page-aligned: a copy the
 /// daemon owns.

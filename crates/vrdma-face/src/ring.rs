@@ -26,9 +26,8 @@ use vm_memory::GuestMemory;
 use zerocopy::{Immutable, IntoBytes};
 
 use crate::{
-    PAGE_SIZE,
     guest::{self, GuestError},
-    pages::PageList,
+    pages::{PAGE_SIZE, PageList},
 };
 
 /// An index scheme: how the 32-bit indices of a ring of
