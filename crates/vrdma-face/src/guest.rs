@@ -22,6 +22,8 @@ pub enum GuestError {
     BadIndex(u32),
     #[error("page {0:#x} is another ring's")]
     Shared(u64),
+    #[error("an entry of {0} bytes does not fit its ring's slot")]
+    Oversized(u64),
 }
 
 /// Reads a `T` (a copy) at `addr`.

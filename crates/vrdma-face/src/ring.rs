@@ -79,17 +79,6 @@ impl WrapBit {
     fn mask2(&self) -> u32 {
         self.count.wrapping_mul(2).wrapping_sub(1)
     }
-
-    /// `idx` moved `n` entries on (for a power of two, the driver's
-    /// `(idx + n) & (2·count − 1)`).
-    pub fn advance(&self, idx: u32, n: u32) -> u32 {
-        idx.wrapping_add(n) & (self.period() - 1)
-    }
-
-    /// `idx` moved `n` entries back.
-    pub fn back(&self, idx: u32, n: u32) -> u32 {
-        idx.wrapping_sub(n) & (self.period() - 1)
-    }
 }
 
 impl Indices for WrapBit {
@@ -111,8 +100,9 @@ impl Indices for WrapBit {
         idx & (self.count - 1)
     }
 
+    /// For a power of two, the driver's `(idx + 1) & (2·count − 1)`.
     fn next(&self, idx: u32) -> u32 {
-        self.advance(idx, 1)
+        idx.wrapping_add(1) & (self.period() - 1)
     }
 
     fn used(&self, prod: u32, cons: u32) -> u32 {
@@ -257,7 +247,7 @@ impl<I: Indices> GuestRing<I> {
         buf: &mut [u8],
     ) -> Result<(), GuestError> {
         if buf.len() as u64 > self.stride {
-            return Err(GuestError::Unmapped(self.entry_addr(idx)));
+            return Err(GuestError::Oversized(buf.len() as u64));
         }
         guest::read_into(mem, self.entry_addr(idx), buf)
     }
@@ -269,12 +259,12 @@ impl<I: Indices> GuestRing<I> {
         idx: u32,
         entry: &T,
     ) -> Result<(), GuestError> {
-        let addr = self.entry_addr(idx);
-        if entry.as_bytes().len() as u64 > self.stride {
+        let len = entry.as_bytes().len() as u64;
+        if len > self.stride {
             // Into the next slot, or past the page: never.
-            return Err(GuestError::Unmapped(addr));
+            return Err(GuestError::Oversized(len));
         }
-        guest::write(mem, addr, entry)
+        guest::write(mem, self.entry_addr(idx), entry)
     }
 }
 
@@ -567,7 +557,6 @@ mod tests {
         assert_eq!(r.next(7), 0);
         assert_eq!(r.used(1, 6), 3);
         assert_eq!(r.capacity(), 4);
-        assert_eq!(r.back(1, 3), 6);
         // PVRDMA's async ring: 3 pages of 8-byte events.
         let a = WrapBit::new(1536).unwrap();
         assert_eq!(a.capacity(), 512);
