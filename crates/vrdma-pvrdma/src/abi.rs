@@ -49,6 +49,14 @@ pub mod reg {
     pub const CTL_RESET: u32 = 2;
 }
 
+/// Values of the ERR register: the device's own (the driver only tests
+/// for non-zero).
+pub mod err {
+    pub const INVALID: u32 = 1;
+    pub const NO_DSR: u32 = 2;
+    pub const BAD_COMMAND: u32 = 0xffff;
+}
+
 /// Interrupt causes and their MSI-X vectors.
 pub mod intr {
     pub const RESPONSE: u32 = 0;

@@ -1,7 +1,8 @@
-//! Completions into guest memory: a CQ's ring, written by the engine as
-//! each completion happens ([`GuestCq`], the engine's `CqSink`), and the
-//! device's own rings (async events, CQ notifications) that the device
-//! produces into and the driver consumes ([`DeviceRing`]).
+//! Completions into guest memory in PVRDMA's formats: a CQ's ring of
+//! `pvrdma_cqe`s, written by the engine as each completion happens
+//! ([`GuestCq`], the face core's CQ sink with [`cqe`] as its encoding),
+//! and the device's own rings (async events, CQ notifications) that the
+//! device produces into and the driver consumes ([`DeviceRing`]).
 //!
 //! The device keeps its own producer index; the guest's consumer index is
 //! read, checked, and only then trusted to say how much room is left. A
@@ -9,21 +10,19 @@
 //! no more: the CQ overflows (the engine raises CQ_ERR and takes its QPs
 //! to ERR), a device ring drops the entry and counts it.
 
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
-use vrdma_engine::{
-    cq::CqSink,
-    wc::{NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus},
-};
-use zerocopy::{FromZeros, little_endian::U32, little_endian::U64};
+use vm_memory::GuestMemory;
+use vrdma_engine::wc::{NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus};
+pub use vrdma_face::cq::SharedMem;
+use vrdma_face::{Producer, ring::WrapBit};
+use zerocopy::{FromZeros, Immutable, IntoBytes, little_endian::U32, little_endian::U64};
 
 use crate::{
     abi::{self, Cqe, network_hdr, wc_flags, wc_opcode},
-    ring::{self, GuestRing},
+    ring::Ring,
 };
 
-/// Guest memory as the current DMA maps give it; the sinks load it on
-/// every completion, so a map change reaches them at once.
-pub type SharedMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+/// A CQ whose ring is in guest memory: made with [`cqe`] as its encoding.
+pub type GuestCq = vrdma_face::cq::GuestCq<WrapBit, Cqe>;
 
 /// The CQE the driver expects for `wc`.
 pub fn cqe(wc: &Wc) -> Cqe {
@@ -86,82 +85,30 @@ pub fn status_code(s: WcStatus) -> u32 {
     s as u32
 }
 
-/// A CQ whose ring is in guest memory.
-#[derive(Debug)]
-pub struct GuestCq {
-    mem: SharedMem,
-    ring: GuestRing,
-    /// The next entry the device writes.
-    tail: u32,
-}
-
-impl GuestCq {
-    /// A CQ of `ring.count()` entries. Its producer index starts at the
-    /// one the guest set up (0 for a new ring).
-    pub fn new(mem: SharedMem, ring: GuestRing) -> Result<Self, ring::GuestError> {
-        let tail = ring.prod_tail(&mem.memory())?;
-        Ok(GuestCq { mem, ring, tail })
-    }
-}
-
-impl CqSink for GuestCq {
-    fn push(&mut self, wc: &Wc) -> bool {
-        let mem = self.mem.memory();
-        let Ok(head) = self.ring.cons_head(&mem) else {
-            return false;
-        };
-        if self.ring.ring.used(self.tail, head) >= self.ring.ring.count() {
-            return false;
-        }
-        let e = cqe(wc);
-        if ring::write(&mem, self.ring.element(self.tail), &e).is_err() {
-            return false;
-        }
-        let next = self.ring.ring.next(self.tail);
-        if self.ring.set_prod_tail(&mem, next).is_err() {
-            return false;
-        }
-        self.tail = next;
-        true
-    }
-}
-
 /// A ring the device produces into (async events, CQ notifications).
 #[derive(Debug)]
 pub struct DeviceRing {
-    ring: GuestRing,
-    tail: u32,
+    producer: Producer<WrapBit>,
     /// Entries dropped: the ring was full or broken.
     pub dropped: u64,
 }
 
 impl DeviceRing {
-    pub fn new(ring: GuestRing) -> Self {
+    /// A ring the device writes from index 0 on.
+    pub fn new(ring: Ring) -> Self {
         DeviceRing {
-            ring,
-            tail: 0,
+            producer: Producer::new(ring, 0),
             dropped: 0,
         }
     }
 
     /// Appends `entry`; false (counted) if the ring had no room.
-    pub fn push<T: zerocopy::IntoBytes + zerocopy::Immutable>(
-        &mut self,
-        mem: &GuestMemoryMmap<()>,
-        entry: &T,
-    ) -> bool {
-        let ok = (|| {
-            let head = self.ring.cons_head(mem).ok()?;
-            if self.ring.ring.used(self.tail, head) >= self.ring.ring.capacity() {
-                return None;
-            }
-            ring::write(mem, self.ring.element(self.tail), entry).ok()?;
-            let next = self.ring.ring.next(self.tail);
-            self.ring.set_prod_tail(mem, next).ok()?;
-            self.tail = next;
-            Some(())
-        })()
-        .is_some();
+    pub fn push<M, T>(&mut self, mem: &M, entry: &T) -> bool
+    where
+        M: GuestMemory + ?Sized,
+        T: IntoBytes + Immutable,
+    {
+        let ok = self.producer.push(mem, entry);
         if !ok {
             self.dropped += 1;
         }
@@ -175,27 +122,29 @@ pub const CQNE_SIZE: u64 = size_of::<abi::Cqne>() as u64;
 
 #[cfg(test)]
 mod tests {
-    use vm_memory::{Bytes, GuestAddress};
+    use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
+    use vrdma_engine::cq::CqSink;
+    use vrdma_face::{PageList, guest};
     use zerocopy::FromBytes;
 
     use super::*;
-    use crate::ring::PageList;
+    use crate::ring;
 
     fn shared() -> SharedMem {
-        GuestMemoryAtomic::new(
+        SharedMem::new(
             GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x10_0000), 0x4000)]).unwrap(),
         )
     }
 
     fn sink(mem: &SharedMem, count: u32) -> GuestCq {
-        let ring = GuestRing::new(
+        let ring = ring::ring(
             count,
             64,
             0x10_0000 + abi::ring_state::RX,
-            PageList::from_pages(vec![0x10_1000]),
+            PageList::new(vec![0x10_1000]).unwrap(),
         )
         .unwrap();
-        GuestCq::new(mem.clone(), ring).unwrap()
+        GuestCq::new(mem.clone(), ring, cqe).unwrap()
     }
 
     #[test]
@@ -211,7 +160,7 @@ mod tests {
         );
         let m = mem.memory();
         assert_eq!(m.read_obj::<u32>(GuestAddress(0x10_0008)).unwrap(), 4);
-        let e: Cqe = ring::read(&m, 0x10_1000 + 3 * 64).unwrap();
+        let e: Cqe = guest::read(&*m, 0x10_1000 + 3 * 64).unwrap();
         assert_eq!((e.wr_id.get(), e.qp.get(), e.port_num), (3, 17, 1));
         // The guest consumes two: room for two more, wrapping.
         m.write_obj(2u32, GuestAddress(0x10_000c)).unwrap();
@@ -256,11 +205,11 @@ mod tests {
     fn a_device_ring_keeps_to_its_capacity() {
         let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x10_0000), 0x4000)]).unwrap();
         // 3 data pages of 4-byte entries: 3072, of which 1024 usable.
-        let ring = GuestRing::new(
+        let ring = ring::ring(
             3072,
             4,
             0x10_0000 + abi::ring_state::RX,
-            PageList::from_pages(vec![0x10_1000, 0x10_2000, 0x10_3000]),
+            PageList::new(vec![0x10_1000, 0x10_2000, 0x10_3000]).unwrap(),
         )
         .unwrap();
         let mut r = DeviceRing::new(ring);

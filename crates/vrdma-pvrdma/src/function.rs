@@ -1,7 +1,9 @@
 //! The PVRDMA PCI function: its config space and BARs (MSI-X in BAR0, the
 //! registers in BAR1, doorbell pages in BAR2), the shared-region handshake,
-//! the command channel, doorbells, and the device rings it produces into —
-//! a thin translation of VMware's device ABI onto a vrdma device.
+//! the command channel, doorbells, the device rings it produces into and
+//! its interrupts — a thin translation of VMware's device ABI onto a vrdma
+//! device. What the guest made on the device is the face's state
+//! (`state`), which commands (`cmd`) and doorbells act on.
 //!
 //! Everything the guest writes is copied out of guest memory and checked
 //! before it is used: the shared region when its address is written, a
@@ -10,12 +12,11 @@
 //! memory only through the client's DMA maps, and guest data only through
 //! the engine's MR checks.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use nix::errno::Errno;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
-use vrdma_engine::{Engine, SrqHandle, attr::PortAttr, event::AsyncEvent};
+use vrdma_engine::{attr::PortAttr, event::AsyncEvent};
+use vrdma_face::{GuestError, Owner, RingPages, guest};
 use vrdma_vfio_user::{
     Bus, Function, Region,
     irq::Irqs,
@@ -25,12 +26,13 @@ use vrdma_vfio_user::{
 use zerocopy::IntoBytes;
 
 use crate::{
-    abi::{self, Caps, Dsr, PAGE_SIZE, eqe, intr, reg, uar},
+    abi::{self, Caps, Dsr, PAGE_SIZE, eqe, err, intr, reg},
     caps::Limits,
-    cq::{CQNE_SIZE, DeviceRing, EQE_SIZE, SharedMem},
-    qp::{self, QpFace},
-    ring::{self, GuestRing, Owner, PageList, RingPages},
-    srq::SrqFace,
+    cmd,
+    cq::{CQNE_SIZE, DeviceRing, EQE_SIZE},
+    doorbells::SharedDoorbells,
+    ring,
+    state::{FaceStats, State},
 };
 
 /// BAR0: the MSI-X table at 0, its pending bits at 0x2000 (QEMU emulates
@@ -40,101 +42,39 @@ pub const MSIX_PBA: u64 = 0x2000;
 /// BAR1: the registers.
 pub const BAR1_SIZE: u64 = 0x1000;
 
-/// Error codes in the ERR register (the driver only tests for non-zero).
-pub mod err {
-    pub const INVALID: u32 = 1;
-    pub const NO_DSR: u32 = 2;
-    pub const BAD_COMMAND: u32 = 0xffff;
-}
-
-/// Counters of the face.
-#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
-pub struct FaceStats {
-    pub commands: u64,
-    pub command_errors: u64,
-    pub doorbells: u64,
-    /// Doorbells rung for an object that does not exist or is not the
-    /// page's (another context's).
-    pub doorbells_refused: u64,
-    pub wqes: u64,
-    pub malformed_wqes: u64,
-    /// QPs and SRQs whose rings the guest broke (taken to ERR).
-    pub broken_rings: u64,
-    pub events: u64,
-    pub notifications: u64,
-    /// Device-ring entries dropped (the guest did not consume them).
-    pub ring_drops: u64,
-    pub resets: u64,
-    /// GIDs the guest tried to bind that are not its port's addresses.
-    pub gids_refused: u64,
-    /// Device threads that panicked while serving this device (each
-    /// reported, the device reset).
-    pub panics: u64,
-}
-
 /// The rings and slots a loaded shared region names.
 #[derive(Debug)]
-pub(crate) struct Loaded {
-    pub cmd_slot: u64,
-    pub resp_slot: u64,
-    pub async_ring: DeviceRing,
-    pub cq_ring: DeviceRing,
+struct Loaded {
+    cmd_slot: u64,
+    resp_slot: u64,
+    async_ring: DeviceRing,
+    cq_ring: DeviceRing,
     /// The page frame of doorbell page 0 (BAR2's first page).
-    pub uar_pfn: u64,
+    uar_pfn: u64,
     /// The two rings' pages.
-    pub pages: Vec<u64>,
-}
-
-/// A CQ's owner, for its doorbells.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CqInfo {
-    pub uar: u32,
+    pages: Vec<u64>,
 }
 
 /// The function.
 #[derive(Debug)]
 pub struct Pvrdma<T: Transport> {
     config: ConfigSpace,
-    pub(crate) limits: Limits,
-    pub(crate) mac: [u8; 6],
-    pub(crate) node_guid: u64,
-    /// The Ethernet MTU of the port (frames the uplink carries).
-    pub(crate) port: PortAttr,
+    mac: [u8; 6],
     // Registers.
     dsr_low: u32,
     dsr_high: u32,
-    pub(crate) err: u32,
+    err: u32,
     icr: u32,
     imr: u32,
     active: bool,
-    pub(crate) loaded: Option<Loaded>,
-    pub(crate) device: Device<GuestMem, T>,
-    pub(crate) shared: SharedMem,
-    /// User contexts: handle → doorbell page.
-    pub(crate) ucs: BTreeMap<u32, u32>,
-    pub(crate) next_uc: u32,
-    /// PDs: handle → context handle (0: the kernel's).
-    pub(crate) pds: BTreeMap<u32, u32>,
-    pub(crate) cqs: BTreeMap<u32, CqInfo>,
-    pub(crate) qps: BTreeMap<u32, QpFace>,
-    pub(crate) srqs: BTreeMap<u32, SrqFace>,
-    /// The pages of every ring (the device's and the guest's objects').
-    pub(crate) ring_pages: RingPages,
-    /// QPs and SRQs with WQEs the engine holds or the guest posted and the
-    /// device did not take yet: their indices are published each round.
-    pub(crate) busy_qps: BTreeSet<u32>,
-    pub(crate) busy_srqs: BTreeSet<u32>,
-    /// Async events of the face's own (an SRQ whose ring broke: the engine
-    /// knows no SRQ errors), delivered after the engine's.
-    face_events: Vec<(u32, u32)>,
+    loaded: Option<Loaded>,
+    /// The device and what the guest made on it.
+    state: State<T>,
     /// Poll every ring each round instead of waiting for doorbells; with
     /// `doorbell_pages`, the doorbell pages are shared memory the device
     /// reads each round (no exit per post).
     pub polling: bool,
-    pub(crate) doorbell_pages: Option<crate::doorbells::SharedDoorbells>,
-    /// What the guest's objects may make the engine hold.
-    budget: ObjectBudget,
-    pub(crate) stats: FaceStats,
+    doorbell_pages: Option<SharedDoorbells>,
 }
 
 impl<T: Transport> Pvrdma<T> {
@@ -156,14 +96,9 @@ impl<T: Transport> Pvrdma<T> {
         config.set_bar(2, Bar::Mem32);
         config.add_msix(intr::VECTORS as u16, 0, 0, 0, MSIX_PBA as u32);
         let node_guid = crate::caps::node_guid(mac);
-        let engine = Engine::new(limits.device_attr(node_guid), port.clone());
-        let device = Device::new(engine, GuestMem::default(), transport);
-        let mut p = Pvrdma {
+        Ok(Pvrdma {
             config,
-            limits,
             mac,
-            node_guid,
-            port,
             dsr_low: 0,
             dsr_high: 0,
             err: err::NO_DSR,
@@ -171,58 +106,36 @@ impl<T: Transport> Pvrdma<T> {
             imr: u32::MAX,
             active: false,
             loaded: None,
-            device,
-            shared: SharedMem::new(GuestMemoryMmap::default()),
-            ucs: BTreeMap::new(),
-            next_uc: 1,
-            pds: BTreeMap::new(),
-            cqs: BTreeMap::new(),
-            qps: BTreeMap::new(),
-            srqs: BTreeMap::new(),
-            ring_pages: RingPages::default(),
-            busy_qps: BTreeSet::new(),
-            busy_srqs: BTreeSet::new(),
-            face_events: Vec::new(),
+            state: State::new(limits, node_guid, port, transport),
             polling: false,
             doorbell_pages: None,
-            budget: ObjectBudget::Derived,
-            stats: FaceStats::default(),
-        };
-        p.apply_budget();
-        Ok(p)
+        })
     }
 
     /// What the guest's objects may make the engine hold (by default,
     /// [`ObjectBudget::Derived`] from the memory the guest shares; applied
     /// again whenever that memory changes and after each reset).
     pub fn set_object_budget(&mut self, budget: ObjectBudget) {
-        self.budget = budget;
-        self.apply_budget();
-    }
-
-    fn apply_budget(&mut self) {
-        let mapped = self.device.mem().size();
-        let limit = self.budget.limit(mapped);
-        self.device.engine_mut().set_memory_limit(limit);
+        self.state.set_budget(budget);
     }
 
     pub fn device(&self) -> &Device<GuestMem, T> {
-        &self.device
+        &self.state.device
     }
 
     pub fn device_mut(&mut self) -> &mut Device<GuestMem, T> {
-        &mut self.device
+        &mut self.state.device
     }
 
     pub fn stats(&self) -> FaceStats {
-        self.stats
+        self.state.stats
     }
 
     /// The device's counters (port, engine, objects) and the face's, for
     /// `vrdma stat`.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        let mut v = self.device.counters();
-        let s = self.stats;
+        let mut v = self.state.device.counters();
+        let s = self.state.stats;
         let ring_drops = s.ring_drops
             + self
                 .loaded
@@ -260,13 +173,13 @@ impl<T: Transport> Pvrdma<T> {
 
     /// Doorbell pages (BAR2).
     pub fn uar_pages(&self) -> u32 {
-        self.limits.max_uar
+        self.state.limits.max_uar
     }
 
     /// Raises interrupt cause `vector` (0 response, 1 async, 2 CQ): through
     /// its MSI-X vector unless IMR masks it, when it waits in ICR until
     /// unmasked.
-    pub(crate) fn raise(&mut self, irqs: &mut Irqs, vector: u32) {
+    fn raise(&mut self, irqs: &mut Irqs, vector: u32) {
         if self.imr & (1 << vector) != 0 {
             self.icr |= 1 << vector;
             return;
@@ -274,63 +187,20 @@ impl<T: Transport> Pvrdma<T> {
         irqs.raise(irq_index::MSIX, vector);
     }
 
-    /// Everything the guest made goes, the shared region is forgotten
-    /// (CTL RESET, a function reset, a new shared region, the client gone).
     /// The mode with no exit per post: the doorbell pages (BAR2) become
     /// memory shared with the client, which maps them, and the device reads
     /// them and every ring each round (its thread busy-polls). Before the
     /// client connects: the region's layout is what the client is told.
     pub fn share_doorbells(&mut self) -> std::io::Result<()> {
-        self.doorbell_pages = Some(crate::doorbells::SharedDoorbells::new(self.limits.max_uar)?);
+        self.doorbell_pages = Some(SharedDoorbells::new(self.state.limits.max_uar)?);
         self.polling = true;
         Ok(())
     }
 
-    /// Reads the shared doorbell pages of the contexts in use (the
-    /// kernel's, page 0, and each user context's): QP and SRQ doorbells
-    /// are counted (every ring is taken from anyway); a store to a page's
-    /// CQ word arms every CQ of that page (see `doorbells`).
-    fn read_shared_doorbells(&mut self) {
-        let Some(d) = self.doorbell_pages.as_ref() else {
-            return;
-        };
-        // Page 0 is the kernel's; a user context's page is never 0 and
-        // never another's (CREATE_UC checks both): no page twice.
-        for page in std::iter::once(0).chain(self.ucs.values().copied()) {
-            for offset in [uar::QP_OFFSET, uar::SRQ_OFFSET] {
-                if d.take(page, offset) != 0 {
-                    self.stats.doorbells += 1;
-                }
-            }
-            if d.take(page, uar::CQ_OFFSET) == 0 {
-                continue;
-            }
-            self.stats.doorbells += 1;
-            let engine = self.device.engine_mut();
-            for (&cq, info) in &self.cqs {
-                if info.uar == page {
-                    let _ = engine.req_notify_cq(vrdma_engine::CqHandle(cq), false);
-                }
-            }
-        }
-    }
-
+    /// Everything the guest made goes, the shared region is forgotten
+    /// (CTL RESET, a function reset, a new shared region, the client gone).
     pub fn reset_device(&mut self) {
-        // A new engine: every object the guest made is gone with the old
-        // one (and nothing of it reaches guest memory again).
-        let fresh = Engine::new(self.limits.device_attr(self.node_guid), self.port.clone());
-        *self.device.engine_mut() = fresh;
-        self.apply_budget();
-        self.qps.clear();
-        self.srqs.clear();
-        self.cqs.clear();
-        self.pds.clear();
-        self.ucs.clear();
-        self.ring_pages.clear();
-        self.next_uc = 1;
-        self.busy_qps.clear();
-        self.busy_srqs.clear();
-        self.face_events.clear();
+        self.state.reset();
         self.loaded = None;
         self.active = false;
         self.err = err::NO_DSR;
@@ -338,11 +208,10 @@ impl<T: Transport> Pvrdma<T> {
         self.imr = u32::MAX;
         self.dsr_low = 0;
         self.dsr_high = 0;
-        self.device.transport_mut().set_local(&[]);
         if let Some(d) = &self.doorbell_pages {
             d.clear();
         }
-        self.stats.resets += 1;
+        self.state.stats.resets += 1;
     }
 
     /// DSRHIGH: the driver handed over its shared region. Read it, check
@@ -357,12 +226,12 @@ impl<T: Transport> Pvrdma<T> {
         let addr = u64::from(high) << 32 | u64::from(low);
         match self.try_load(mem, addr) {
             Ok(l) => {
-                let caps: Caps = self.limits.caps(self.node_guid);
-                if ring::write(mem, addr + abi::DSR_CAPS_OFFSET, &caps).is_err() {
+                let caps: Caps = self.state.limits.caps(self.state.node_guid);
+                if guest::write(mem, addr + abi::DSR_CAPS_OFFSET, &caps).is_err() {
                     self.err = err::INVALID;
                     return;
                 }
-                self.ring_pages.claim(Owner::Device, &l.pages);
+                self.state.ring_pages.claim(Owner::Device, &l.pages);
                 self.loaded = Some(l);
                 self.err = 0;
             }
@@ -373,32 +242,32 @@ impl<T: Transport> Pvrdma<T> {
         }
     }
 
-    fn try_load(&self, mem: &GuestMemoryMmap<()>, addr: u64) -> Result<Loaded, ring::GuestError> {
-        let dsr: Dsr = ring::read(mem, addr)?;
-        let slot = |a: u64| -> Result<u64, ring::GuestError> {
+    fn try_load(&self, mem: &GuestMemoryMmap<()>, addr: u64) -> Result<Loaded, GuestError> {
+        let dsr: Dsr = guest::read(mem, addr)?;
+        let slot = |a: u64| -> Result<u64, GuestError> {
             if !a.is_multiple_of(PAGE_SIZE) {
-                return Err(ring::GuestError::Unaligned(a));
+                return Err(GuestError::Unaligned(a));
             }
             // Both slots must be there now (they are checked again on
             // each use).
-            ring::read::<[u8; 8]>(mem, a).map(|_| a)
+            guest::read::<[u8; 8], _>(mem, a).map(|_| a)
         };
         let cmd_slot = slot(dsr.cmd_slot_dma.get())?;
         let resp_slot = slot(dsr.resp_slot_dma.get())?;
         let mut all = Vec::new();
         let mut device_ring =
-            |pages: &abi::RingPages, stride: u64| -> Result<DeviceRing, ring::GuestError> {
+            |pages: &abi::RingPages, stride: u64| -> Result<DeviceRing, GuestError> {
                 let n = u64::from(pages.num_pages.get());
                 // The state page and at least one data page; the driver uses
                 // 4 (CVE-2021-3607, CVE-2023-1544: bounded, never 0).
                 if !(2..=512).contains(&n) {
-                    return Err(ring::GuestError::PageCount(n));
+                    return Err(GuestError::PageCount(n));
                 }
-                let list = PageList::read(mem, pages.pdir_dma.get(), n)?;
+                let list = ring::read_pdir(mem, pages.pdir_dma.get(), n)?;
                 let count = ((n - 1) * PAGE_SIZE / stride) as u32;
                 let state = list.pages()[0] + abi::ring_state::RX;
-                let ring = GuestRing::new(count, stride, state, list.skip(1))
-                    .ok_or(ring::GuestError::PageCount(n))?;
+                let ring = ring::ring(count, stride, state, list.skip(1))
+                    .ok_or(GuestError::PageCount(n))?;
                 all.extend_from_slice(list.pages());
                 Ok(DeviceRing::new(ring))
             };
@@ -406,7 +275,7 @@ impl<T: Transport> Pvrdma<T> {
         let cq_ring = device_ring(&dsr.cq_ring_pages, CQNE_SIZE)?;
         // Each ring on pages of its own (see RingPages).
         if let Some(page) = RingPages::default().conflict(&all) {
-            return Err(ring::GuestError::Shared(page));
+            return Err(GuestError::Shared(page));
         }
         Ok(Loaded {
             cmd_slot,
@@ -488,28 +357,27 @@ impl<T: Transport> Pvrdma<T> {
             self.err = err::NO_DSR;
             return;
         }
-        let (cmd_slot, resp_slot) = (loaded.cmd_slot, loaded.resp_slot);
-        self.stats.commands += 1;
+        let (cmd_slot, resp_slot, uar_pfn) = (loaded.cmd_slot, loaded.resp_slot, loaded.uar_pfn);
+        self.state.stats.commands += 1;
         let mut req = [0u8; abi::MAX_REQUEST];
         // The response slot must be there before the command runs: a
         // command that made an object and could not say so would leave
         // the object behind, the driver told it failed. (Nothing unmaps
         // it in between: maps change only between messages.)
-        if ring::read_into(bus.mem, cmd_slot, &mut req).is_err()
+        if guest::read_into(bus.mem, cmd_slot, &mut req).is_err()
             || !bus
                 .mem
                 .check_range(vm_memory::GuestAddress(resp_slot), abi::MAX_RESPONSE)
         {
             self.err = err::INVALID;
-            self.stats.command_errors += 1;
+            self.state.stats.command_errors += 1;
             return;
         }
-        let outcome = self.command(bus, &req);
-        match outcome {
-            Ok(crate::cmd::Done { response, wait }) => {
-                if ring::write_bytes(bus.mem, resp_slot, &response).is_err() {
+        match cmd::run(&mut self.state, bus.mem, &req, uar_pfn) {
+            Ok(cmd::Done { response, wait }) => {
+                if guest::write_bytes(bus.mem, resp_slot, &response).is_err() {
                     self.err = err::INVALID;
-                    self.stats.command_errors += 1;
+                    self.state.stats.command_errors += 1;
                     return;
                 }
                 self.err = 0;
@@ -518,7 +386,7 @@ impl<T: Transport> Pvrdma<T> {
                 }
             }
             Err(f) => {
-                self.stats.command_errors += 1;
+                self.state.stats.command_errors += 1;
                 tracing::debug!(
                     command = f.cmd,
                     error = f.err,
@@ -526,112 +394,18 @@ impl<T: Transport> Pvrdma<T> {
                     "PVRDMA command refused"
                 );
                 // The response header says it too (MODIFY_QP reads it).
-                let _ = ring::write_bytes(bus.mem, resp_slot, &f.response());
+                let _ = guest::write_bytes(bus.mem, resp_slot, &f.response());
                 self.err = f.err;
             }
         }
     }
 
-    /// A doorbell: a 32-bit write at `offset` of BAR2.
+    /// A doorbell: a 32-bit write at `offset` of BAR2 (doorbell page
+    /// `offset / PAGE_SIZE`).
     fn doorbell(&mut self, bus: &mut Bus<'_>, offset: u64, v: u32) {
-        self.stats.doorbells += 1;
+        self.state.stats.doorbells += 1;
         let page = (offset / PAGE_SIZE) as u32;
-        let handle = v & uar::HANDLE_MASK;
-        let mem = bus.mem;
-        match offset % PAGE_SIZE {
-            uar::QP_OFFSET => {
-                let Some(q) = self.qps.get(&handle).filter(|q| q.uar == page) else {
-                    self.stats.doorbells_refused += 1;
-                    return;
-                };
-                let _ = q;
-                if v & uar::QP_SEND != 0 {
-                    self.take_sends(mem, handle);
-                }
-                if v & uar::QP_RECV != 0 {
-                    self.take_recvs(mem, handle);
-                }
-            }
-            uar::CQ_OFFSET => {
-                if self.cqs.get(&handle).is_none_or(|c| c.uar != page) {
-                    self.stats.doorbells_refused += 1;
-                    return;
-                }
-                let cq = vrdma_engine::CqHandle(handle);
-                let engine = self.device.engine_mut();
-                if v & uar::CQ_ARM != 0 {
-                    let _ = engine.req_notify_cq(cq, false);
-                } else if v & uar::CQ_ARM_SOL != 0 {
-                    let _ = engine.req_notify_cq(cq, true);
-                }
-                // POLL: completions are written as they happen; nothing
-                // waits to be flushed.
-            }
-            uar::SRQ_OFFSET => {
-                if self.srqs.get(&handle).is_none_or(|s| s.uar != page) {
-                    self.stats.doorbells_refused += 1;
-                    return;
-                }
-                if v & uar::SRQ_RECV != 0 {
-                    self.take_srq(mem, handle);
-                }
-            }
-            _ => self.stats.doorbells_refused += 1,
-        }
-    }
-
-    pub(crate) fn take_sends(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
-        self.take_qp(mem, qpn, |q, engine| q.take_sends(mem, engine));
-    }
-
-    pub(crate) fn take_recvs(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
-        self.take_qp(mem, qpn, |q, engine| q.take_recvs(mem, engine));
-    }
-
-    /// Takes from one of QP `qpn`'s rings with `take`, gives the slots
-    /// back at once, counts what it took, fails the QP whose ring broke,
-    /// and keeps it in the busy set.
-    fn take_qp(
-        &mut self,
-        mem: &GuestMemoryMmap<()>,
-        qpn: u32,
-        take: impl FnOnce(&mut QpFace, &mut Engine) -> qp::Taken,
-    ) {
-        let Some(q) = self.qps.get_mut(&qpn) else {
-            return;
-        };
-        let engine = self.device.engine_mut();
-        let t = take(q, engine);
-        q.publish(mem);
-        self.stats.wqes += u64::from(t.wqes);
-        self.stats.malformed_wqes += u64::from(t.malformed);
-        if t.broken {
-            self.stats.broken_rings += 1;
-            let _ = engine.qp_fatal(q.qpn);
-        }
-        self.busy_qps.insert(qpn);
-    }
-
-    pub(crate) fn take_srq(&mut self, mem: &GuestMemoryMmap<()>, srq: u32) {
-        let Some(s) = self.srqs.get_mut(&srq) else {
-            return;
-        };
-        let engine = self.device.engine_mut();
-        let t = s.take(mem, engine);
-        s.publish(mem);
-        self.srq_taken(srq, t);
-        self.busy_srqs.insert(srq);
-    }
-
-    /// Counts what an SRQ's ring gave; a ring that broke (it happens once:
-    /// nothing more is taken from it) raises SRQ_ERR for it.
-    fn srq_taken(&mut self, srq: u32, t: qp::Taken) {
-        self.stats.wqes += u64::from(t.wqes);
-        self.stats.malformed_wqes += u64::from(t.malformed);
-        if t.broken {
-            self.stats.broken_rings += 1;
-            self.face_events.push((eqe::SRQ_ERR, srq));
-        }
+        self.state.doorbell(bus.mem, page, offset % PAGE_SIZE, v);
     }
 
     /// One round of the device: the network and the engine's timers, then
@@ -641,7 +415,7 @@ impl<T: Transport> Pvrdma<T> {
     /// rings' consumer indices follow what the engine retired. Returns the
     /// device's progress (its next deadline).
     pub fn progress(&mut self, bus: &mut Bus<'_>) -> std::io::Result<vrdma_device::Progress> {
-        let p = self.device.progress()?;
+        let p = self.state.device.progress()?;
         self.deliver(bus);
         Ok(p)
     }
@@ -654,82 +428,33 @@ impl<T: Transport> Pvrdma<T> {
         }
         let mem = bus.mem;
         if self.polling {
-            self.read_shared_doorbells();
-            let qps: Vec<u32> = self.qps.keys().copied().collect();
-            for qpn in qps {
-                self.take_sends(mem, qpn);
-                self.take_recvs(mem, qpn);
+            if let Some(d) = &self.doorbell_pages {
+                self.state.shared_doorbells(d);
             }
-            let srqs: Vec<u32> = self.srqs.keys().copied().collect();
-            for s in srqs {
-                self.take_srq(mem, s);
-            }
+            self.state.take_all(mem);
         }
-        // Room freed in the engine: take what waited, publish what retired.
-        let busy: Vec<u32> = self.busy_qps.iter().copied().collect();
-        for qpn in busy {
-            let Some(q) = self.qps.get_mut(&qpn) else {
-                self.busy_qps.remove(&qpn);
-                continue;
-            };
-            let engine = self.device.engine_mut();
-            if q.pending(mem) {
-                let t = q.take_sends(mem, engine);
-                let r = q.take_recvs(mem, engine);
-                self.stats.wqes += u64::from(t.wqes + r.wqes);
-                self.stats.malformed_wqes += u64::from(t.malformed + r.malformed);
-                if t.broken || r.broken {
-                    self.stats.broken_rings += 1;
-                    let _ = engine.qp_fatal(q.qpn);
-                }
-            }
-            q.publish(mem);
-            let idle = engine.sq_len(q.qpn).unwrap_or(0) == 0
-                && engine.rq_len(q.qpn).unwrap_or(0) == 0
-                && !q.pending(mem);
-            if idle {
-                self.busy_qps.remove(&qpn);
-            }
-        }
-        let busy: Vec<u32> = self.busy_srqs.iter().copied().collect();
-        for srq in busy {
-            let Some(s) = self.srqs.get_mut(&srq) else {
-                self.busy_srqs.remove(&srq);
-                continue;
-            };
-            let engine = self.device.engine_mut();
-            let t = if s.pending(mem) {
-                s.take(mem, engine)
-            } else {
-                qp::Taken::default()
-            };
-            s.publish(mem);
-            let idle = engine.srq_len(SrqHandle(srq)).unwrap_or(0) == 0 && !s.pending(mem);
-            self.srq_taken(srq, t);
-            if idle {
-                self.busy_srqs.remove(&srq);
-            }
-        }
+        self.state.progress_rings(mem);
         // CQ notifications: one entry per armed CQ that completed, one
         // interrupt for the lot.
         let mut notified = false;
-        while let Some(cq) = self.device.engine_mut().poll_notification() {
+        while let Some(cq) = self.state.device.engine_mut().poll_notification() {
             let Some(l) = self.loaded.as_mut() else {
                 break;
             };
             if l.cq_ring.push(mem, &abi::Cqne { info: cq.0.into() }) {
-                self.stats.notifications += 1;
+                self.state.stats.notifications += 1;
                 notified = true;
             } else {
-                self.stats.ring_drops += 1;
+                self.state.stats.ring_drops += 1;
             }
         }
         if notified {
             self.raise(bus.irqs, intr::CQ);
         }
         let mut evented = false;
-        let mut own = std::mem::take(&mut self.face_events).into_iter();
+        let mut own = self.state.take_face_events().into_iter();
         while let Some((kind, info)) = self
+            .state
             .device
             .engine_mut()
             .poll_event()
@@ -746,10 +471,10 @@ impl<T: Transport> Pvrdma<T> {
                     info: info.into(),
                 },
             ) {
-                self.stats.events += 1;
+                self.state.stats.events += 1;
                 evented = true;
             } else {
-                self.stats.ring_drops += 1;
+                self.state.stats.ring_drops += 1;
             }
         }
         if evented {
@@ -763,35 +488,23 @@ impl<T: Transport> Pvrdma<T> {
     /// device again, as after any reset; the daemon and its other devices
     /// go on.
     pub fn fail(&mut self, bus: &mut Bus<'_>) {
-        self.stats.panics += 1;
+        self.state.stats.panics += 1;
         if let Some(l) = self.loaded.as_mut() {
             let fatal = abi::Eqe {
                 kind: eqe::DEVICE_FATAL.into(),
                 info: 1.into(),
             };
             if l.async_ring.push(bus.mem, &fatal) {
-                self.stats.events += 1;
+                self.state.stats.events += 1;
                 self.raise(bus.irqs, intr::ASYNC);
             }
         }
         self.reset_device();
     }
-
-    /// The DMA maps changed: the engine, the CQ sinks and the transport's
-    /// lent pieces move to the new memory at once.
-    fn remap(&mut self, mem: &GuestMemoryMmap<()>) {
-        // Packets queued with pieces lent from the old maps leave first.
-        let _ = self.device.flush();
-        *self.device.mem_mut() = GuestMem::from_map(mem.clone());
-        if let Ok(guard) = self.shared.lock() {
-            guard.replace(mem.clone());
-        }
-        self.apply_budget();
-    }
 }
 
 /// The async event entry for an engine event.
-pub(crate) fn event_code(ev: AsyncEvent) -> (u32, u32) {
+fn event_code(ev: AsyncEvent) -> (u32, u32) {
     match ev {
         AsyncEvent::CqErr { cq } => (eqe::CQ_ERR, cq.0),
         AsyncEvent::QpFatal { qp } => (eqe::QP_FATAL, qp.value()),
@@ -809,7 +522,7 @@ impl<T: Transport> Function for Pvrdma<T> {
         let size = match index {
             0 => BAR0_SIZE,
             1 => BAR1_SIZE,
-            2 => u64::from(self.limits.max_uar) * PAGE_SIZE,
+            2 => u64::from(self.state.limits.max_uar) * PAGE_SIZE,
             _ => 0,
         };
         let mmap = match index {
@@ -891,8 +604,10 @@ impl<T: Transport> Function for Pvrdma<T> {
         self.reset_device();
     }
 
+    /// The DMA maps changed: the engine, the CQ sinks and the transport's
+    /// lent pieces move to the new memory at once.
     fn memory_changed(&mut self, bus: &mut Bus<'_>) {
-        self.remap(bus.mem);
+        self.state.remap(bus.mem);
     }
 }
 

@@ -1,33 +1,34 @@
-//! QPs as the guest sees them: a send and a receive ring of WQEs in guest
-//! memory, which the device takes into the engine — a copy of each WQE,
-//! decoded and checked, never a reference to the guest's — and whose
-//! consumer index it moves as the engine retires what it took.
-//!
-//! The device takes a WQE only when the engine's queue has room for it,
-//! and reports a ring slot free (its consumer index) only when the engine
-//! has retired the WQE taken from it: the guest's ring and the engine's
-//! queue have the same depth, so a full ring means WRs outstanding, as a
-//! verbs consumer expects, and the engine never refuses a WQE for room.
+//! QPs as the guest sees them: a send and a receive ring of PVRDMA WQEs
+//! in guest memory (`pvrdma_sq_wqe_hdr`, `pvrdma_rq_wqe_hdr`, their SGEs),
+//! taken into the engine by the face core ([`QpQueues`]: each WQE copied
+//! out once, decoded here, posted as far as the engine has room, its slot
+//! given back at once).
 //!
 //! A WQE that cannot be decoded (an opcode the QP type has no use for, too
 //! many SGEs, inline data, a fast registration with a bad page list)
 //! completes with LOC_QP_OP_ERR or LOC_LEN_ERR in its turn and takes the
 //! QP to ERR, as a hardware device does with a malformed descriptor.
 
-use vm_memory::GuestMemoryMmap;
+use vm_memory::GuestMemory;
 use vrdma_engine::{
     Engine,
     mr::{Access, Translation},
-    qp::{AhAttr, QpState},
+    qp::AhAttr,
     wc::WcStatus,
-    wr::{Av, Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
+    wr::{Av, SendFlags, SendOp, Sge, UdDest},
+};
+pub use vrdma_face::wq::SendWqe;
+use vrdma_face::{
+    PageList, Taken,
+    ring::WrapBit,
+    wq::{QpQueues, RecvWqe},
 };
 use vrdma_wire::{Gid, Lkey, QKey, Qpn, Rkey};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::{
     abi::{self, PAGE_SIZE, RqWqeHdr, SqWqeHdr, qp_type, send_flags, wr_opcode},
-    ring::{self, GuestError, GuestRing, PageList},
+    ring::{self, Ring},
 };
 
 /// A send WQE's header bytes.
@@ -46,18 +47,6 @@ pub fn rq_stride(max_sge: u32) -> u64 {
     (RQ_WQE_HDR + SGE * u64::from(max_sge)).next_power_of_two()
 }
 
-/// A decoded send WQE, ready for the engine.
-#[derive(Clone, Debug, Eq, PartialEq)]
-pub struct SendWqe {
-    pub wr_id: u64,
-    pub op: SendOp,
-    pub flags: SendFlags,
-    pub sges: Vec<Sge>,
-    pub ud: Option<UdDest>,
-    /// A fast registration's page list, for the MR before it runs.
-    pub fast_reg: Option<(Lkey, Translation)>,
-}
-
 /// The QP a WQE is decoded for.
 #[derive(Clone, Copy, Debug)]
 pub struct QpContext {
@@ -67,25 +56,30 @@ pub struct QpContext {
     pub stride: u64,
 }
 
-/// Why a WQE could not be taken: the status its completion carries.
-fn malformed(status: WcStatus) -> WcStatus {
-    status
-}
+/// A WQE that cannot be taken as it is: its wr_id and the status its
+/// completion carries.
+type Malformed = (u64, WcStatus);
 
-/// Decodes the send WQE at `addr`. `Err(status)`: the WQE is malformed
-/// and completes with `status` (the QP then goes to ERR); a WQE that
-/// cannot even be read is an access error of the QP's ring.
-pub fn decode_send(
-    mem: &GuestMemoryMmap<()>,
-    addr: u64,
+/// Decodes a send WQE from its copy `wqe` (a stride of the ring).
+/// `Err((wr_id, status))`: the WQE is malformed and completes with
+/// `status` (the QP then goes to ERR). A fast registration's page list is
+/// read from `mem`.
+pub fn decode_send<M: GuestMemory + ?Sized>(
+    mem: &M,
+    wqe: &[u8],
     qp: &QpContext,
     engine: &Engine,
-) -> Result<Result<SendWqe, (u64, WcStatus)>, GuestError> {
-    let h: SqWqeHdr = ring::read(mem, addr)?;
+) -> Result<SendWqe, Malformed> {
+    // A copy shorter than a header: never from a ring, whose stride holds
+    // one.
+    let Ok((h, _)) = SqWqeHdr::read_from_prefix(wqe) else {
+        return Err((0, WcStatus::LocLenErr));
+    };
     let wr_id = h.wr_id.get();
-    let bad = |s| Ok(Err((wr_id, malformed(s))));
+    let bad = |s| Err((wr_id, s));
     let num_sge = h.num_sge.get();
-    if num_sge > qp.max_send_sge || SQ_WQE_HDR + SGE * u64::from(num_sge) > qp.stride {
+    let room = qp.stride.min(wqe.len() as u64);
+    if num_sge > qp.max_send_sge || SQ_WQE_HDR + SGE * u64::from(num_sge) > room {
         return bad(WcStatus::LocLenErr);
     }
     let flags_in = h.send_flags.get();
@@ -103,15 +97,9 @@ pub fn decode_send(
             flags = flags | f;
         }
     }
-    let mut sges = Vec::with_capacity(num_sge as usize);
-    for i in 0..u64::from(num_sge) {
-        let s: abi::Sge = ring::read(mem, addr + SQ_WQE_HDR + i * SGE)?;
-        sges.push(Sge {
-            addr: s.addr.get(),
-            length: s.length.get(),
-            lkey: Lkey(s.lkey.get()),
-        });
-    }
+    let Some(sges) = sges(&wqe[SQ_WQE_HDR as usize..], num_sge) else {
+        return bad(WcStatus::LocLenErr);
+    };
     let wr: &[u8] = h.wr.as_bytes();
     let u64_at = |o: usize| u64::from_le_bytes(wr[o..o + 8].try_into().unwrap_or_default());
     let u32_at = |o: usize| u32::from_le_bytes(wr[o..o + 4].try_into().unwrap_or_default());
@@ -155,7 +143,7 @@ pub fn decode_send(
             invalidate: Rkey(h.ex.get()),
         },
         wr_opcode::FAST_REG_MR if !datagram => {
-            return fast_reg(mem, wr_id, flags, wr, qp, engine);
+            return fast_reg(mem, wr_id, flags, wr, engine);
         }
         _ => return bad(WcStatus::LocQpOpErr),
     };
@@ -193,25 +181,40 @@ pub fn decode_send(
     } else {
         None
     };
-    Ok(Ok(SendWqe {
+    Ok(SendWqe {
         wr_id,
         op,
         flags,
         sges,
         ud,
         fast_reg: None,
-    }))
+    })
+}
+
+/// `n` SGEs (`pvrdma_sge`) from the start of `bytes`, if it holds them.
+fn sges(bytes: &[u8], n: u32) -> Option<Vec<Sge>> {
+    let mut sges = Vec::with_capacity(n as usize);
+    let mut rest = bytes;
+    for _ in 0..n {
+        let (s, more) = abi::Sge::read_from_prefix(rest).ok()?;
+        sges.push(Sge {
+            addr: s.addr.get(),
+            length: s.length.get(),
+            lkey: Lkey(s.lkey.get()),
+        });
+        rest = more;
+    }
+    Some(sges)
 }
 
 /// A FAST_REG_MR WQE: the page list (read now, a copy) and the REG_MR.
-fn fast_reg(
-    mem: &GuestMemoryMmap<()>,
+fn fast_reg<M: GuestMemory + ?Sized>(
+    mem: &M,
     wr_id: u64,
     flags: SendFlags,
     wr: &[u8],
-    qp: &QpContext,
     engine: &Engine,
-) -> Result<Result<SendWqe, (u64, WcStatus)>, GuestError> {
+) -> Result<SendWqe, Malformed> {
     let u64_at = |o: usize| u64::from_le_bytes(wr[o..o + 8].try_into().unwrap_or_default());
     let u32_at = |o: usize| u32::from_le_bytes(wr[o..o + 4].try_into().unwrap_or_default());
     let iova = u64_at(0);
@@ -221,7 +224,7 @@ fn fast_reg(
     let length = u64::from(u32_at(24));
     let access = u32_at(28);
     let rkey = u32_at(32);
-    let bad = Ok(Err((wr_id, WcStatus::LocQpOpErr)));
+    let bad = Err((wr_id, WcStatus::LocQpOpErr));
     if page_shift != 12 || list_len == 0 || list_len > abi::MAX_FAST_REG_PAGES {
         return bad;
     }
@@ -230,21 +233,16 @@ fn fast_reg(
     let Some(mr) = engine.current_lkey(rkey >> 8) else {
         return bad;
     };
-    let pages = match PageList::read(mem, pl_pdir, u64::from(list_len)) {
-        Ok(p) => p,
-        Err(GuestError::Unmapped(_) | GuestError::Unaligned(_) | GuestError::PageCount(_)) => {
-            return bad;
-        }
-        Err(e) => return Err(e),
+    let Ok(pages) = ring::read_pdir(mem, pl_pdir, u64::from(list_len)) else {
+        return bad;
     };
     let offset = iova % PAGE_SIZE;
     let translation = Translation::Pages {
         page_shift: 12,
         offset,
-        pages: pages.pages().to_vec(),
+        pages: pages.into_pages(),
     };
-    let _ = qp;
-    Ok(Ok(SendWqe {
+    Ok(SendWqe {
         wr_id,
         op: SendOp::RegMr {
             mr,
@@ -259,71 +257,35 @@ fn fast_reg(
         sges: Vec::new(),
         ud: None,
         fast_reg: Some((mr, translation)),
-    }))
+    })
 }
 
-/// Decodes the receive WQE at `addr`: its wr_id and SGEs, or `Err(wr_id)`
-/// when it has more SGEs than the queue allows.
-pub fn decode_recv(
-    mem: &GuestMemoryMmap<()>,
-    addr: u64,
-    max_sge: u32,
-    stride: u64,
-) -> Result<Result<(u64, Vec<Sge>), u64>, GuestError> {
-    let h: RqWqeHdr = ring::read(mem, addr)?;
+/// Decodes a receive WQE from its copy `wqe` (a stride of the ring):
+/// `Err(wr_id)` when it has more SGEs than the queue allows or the stride
+/// holds.
+pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<RecvWqe, u64> {
+    let Ok((h, rest)) = RqWqeHdr::read_from_prefix(wqe) else {
+        // Shorter than a header: never from a ring.
+        return Err(0);
+    };
+    let wr_id = h.wr_id.get();
     let n = h.num_sge.get();
-    if n > max_sge || RQ_WQE_HDR + SGE * u64::from(n) > stride {
-        return Ok(Err(h.wr_id.get()));
+    if n > max_sge || RQ_WQE_HDR + SGE * u64::from(n) > wqe.len() as u64 {
+        return Err(wr_id);
     }
-    let mut sges = Vec::with_capacity(n as usize);
-    for i in 0..u64::from(n) {
-        let s: abi::Sge = ring::read(mem, addr + RQ_WQE_HDR + i * SGE)?;
-        sges.push(Sge {
-            addr: s.addr.get(),
-            length: s.length.get(),
-            lkey: Lkey(s.lkey.get()),
-        });
-    }
-    Ok(Ok((h.wr_id.get(), sges)))
+    let sges = sges(rest, n).ok_or(wr_id)?;
+    Ok(RecvWqe { wr_id, sges })
 }
 
-/// A QP's face: its rings and how far the device has taken them.
+/// A QP's face: its rings, and what its WQEs are decoded for.
 #[derive(Debug)]
 pub struct QpFace {
-    pub qpn: Qpn,
+    pub queues: QpQueues<WrapBit>,
     pub ctx: QpContext,
     /// The doorbell page that may ring it (its context's; 0 for the
     /// kernel's).
     pub uar: u32,
-    pub sq: GuestRing,
-    /// None when the QP uses an SRQ.
-    pub rq: Option<GuestRing>,
     pub max_recv_sge: u32,
-    /// The next send WQE to take.
-    sq_next: u32,
-    rq_next: u32,
-    /// The consumer indexes last written to the guest.
-    sq_cons: u32,
-    rq_cons: u32,
-    /// WQEs taken from this QP, malformed or not.
-    pub taken: u64,
-    pub malformed: u64,
-    /// The guest broke a ring (an index the driver could never have
-    /// written, unmapped memory): nothing more is taken from either ring
-    /// until the QP goes back to RESET, so the QP_FATAL the break raised is
-    /// raised once, not on every doorbell or round.
-    broken: bool,
-}
-
-/// What taking WQEs did.
-#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
-pub struct Taken {
-    pub wqes: u32,
-    /// Of those, WQEs that could not be decoded.
-    pub malformed: u32,
-    /// The ring itself was unusable (a bad index, unmapped memory): the
-    /// QP is to be taken to ERR with a fatal event.
-    pub broken: bool,
 }
 
 impl QpFace {
@@ -331,224 +293,36 @@ impl QpFace {
         qpn: Qpn,
         ctx: QpContext,
         uar: u32,
-        sq: GuestRing,
-        rq: Option<GuestRing>,
+        sq: Ring,
+        rq: Option<Ring>,
         max_recv_sge: u32,
     ) -> Self {
         QpFace {
-            qpn,
+            queues: QpQueues::new(qpn, sq, rq),
             ctx,
             uar,
-            sq,
-            rq,
             max_recv_sge,
-            sq_next: 0,
-            rq_next: 0,
-            sq_cons: 0,
-            rq_cons: 0,
-            taken: 0,
-            malformed: 0,
-            broken: false,
         }
     }
 
-    /// After a transition to RESET: the driver zeroes both rings; so does
-    /// the device's view of them.
-    pub fn reset(&mut self) {
-        self.sq_next = 0;
-        self.rq_next = 0;
-        self.sq_cons = 0;
-        self.rq_cons = 0;
-        self.broken = false;
-    }
-
-    /// The ring is broken: says so once (the caller raises QP_FATAL).
-    fn break_ring(&mut self, t: &mut Taken) {
-        t.broken = !self.broken;
-        self.broken = true;
+    pub fn qpn(&self) -> Qpn {
+        self.queues.qpn()
     }
 
     /// Takes the send WQEs the guest posted, as far as the engine has room.
-    pub fn take_sends(&mut self, mem: &GuestMemoryMmap<()>, engine: &mut Engine) -> Taken {
-        let mut t = Taken::default();
-        if self.broken {
-            return t;
-        }
-        let Ok((attr, init)) = engine.query_qp(self.qpn) else {
-            return t;
-        };
-        // Nothing is taken before RTS (the WQEs wait in the ring, as the
-        // driver refuses to post them anyway), nor in RESET.
-        if !matches!(attr.qp_state, QpState::Rts | QpState::Sqd | QpState::Err) {
-            return t;
-        }
-        let depth = init.cap.max_send_wr;
-        let ring = self.sq.ring;
-        let prod = match self.sq.prod_tail(mem) {
-            // The driver posts only into free slots: it never gets more
-            // than a ring ahead of the consumer index the device last
-            // gave it. A producer further on would have the device take
-            // slots again that it has not given back.
-            Ok(p) if ring.used(p, self.sq_cons) <= ring.capacity() => p,
-            _ => {
-                self.break_ring(&mut t);
-                return t;
-            }
-        };
-        while self.sq_next != prod {
-            let queued = engine.sq_len(self.qpn).unwrap_or(u32::MAX);
-            if queued >= depth {
-                break;
-            }
-            let addr = self.sq.element(self.sq_next);
-            let wqe = match decode_send(mem, addr, &self.ctx, engine) {
-                Ok(w) => w,
-                Err(_) => {
-                    self.break_ring(&mut t);
-                    break;
-                }
-            };
-            self.sq_next = ring.next(self.sq_next);
-            self.taken += 1;
-            t.wqes += 1;
-            let posted = match wqe {
-                Ok(w) => {
-                    let wr = SendWr {
-                        wr_id: w.wr_id,
-                        op: w.op,
-                        payload: Payload::Sges(&w.sges),
-                        flags: w.flags,
-                        ud: w.ud,
-                    };
-                    match w.fast_reg {
-                        // The page list goes with the REG_MR and is mapped
-                        // when it runs, in its turn (a list the MR cannot
-                        // take fails the REG_MR itself).
-                        Some((_, pages)) => engine.post_reg_mr(self.qpn, &wr, pages),
-                        None => engine.post_send(self.qpn, &wr),
-                    }
-                    .map_err(|_| (w.wr_id, WcStatus::LocQpOpErr))
-                }
-                Err(e) => Err(e),
-            };
-            if let Err((wr_id, status)) = posted {
-                self.malformed += 1;
-                t.malformed += 1;
-                // In its turn: completes in error, takes the QP to ERR.
-                let _ = engine.post_send(
-                    self.qpn,
-                    &SendWr {
-                        wr_id,
-                        op: SendOp::Malformed { status },
-                        payload: Payload::Sges(&[]),
-                        flags: SendFlags::SIGNALED,
-                        ud: None,
-                    },
-                );
-            }
-        }
-        t
+    pub fn take_sends<M: GuestMemory + ?Sized>(&mut self, mem: &M, engine: &mut Engine) -> Taken {
+        let ctx = &self.ctx;
+        self.queues.take_sends(mem, engine, |wqe, engine| {
+            decode_send(mem, wqe, ctx, engine)
+        })
     }
 
     /// Takes the receive WQEs the guest posted, as far as the engine has
     /// room.
-    pub fn take_recvs(&mut self, mem: &GuestMemoryMmap<()>, engine: &mut Engine) -> Taken {
-        let mut t = Taken::default();
-        if self.broken {
-            return t;
-        }
-        let Some(rq) = self.rq.clone() else {
-            return t;
-        };
-        let Ok((attr, init)) = engine.query_qp(self.qpn) else {
-            return t;
-        };
-        if attr.qp_state == QpState::Reset {
-            return t;
-        }
-        let depth = init.cap.max_recv_wr;
-        let prod = match rq.prod_tail(mem) {
-            // Never more than a ring ahead (see take_sends).
-            Ok(p) if rq.ring.used(p, self.rq_cons) <= rq.ring.capacity() => p,
-            _ => {
-                self.break_ring(&mut t);
-                return t;
-            }
-        };
-        while self.rq_next != prod {
-            if engine.rq_len(self.qpn).unwrap_or(u32::MAX) >= depth {
-                break;
-            }
-            let addr = rq.element(self.rq_next);
-            let wqe = match decode_recv(mem, addr, self.max_recv_sge, rq.stride()) {
-                Ok(w) => w,
-                Err(_) => {
-                    self.break_ring(&mut t);
-                    break;
-                }
-            };
-            self.rq_next = rq.ring.next(self.rq_next);
-            self.taken += 1;
-            t.wqes += 1;
-            match wqe {
-                Ok((wr_id, sges)) => {
-                    let _ = engine.post_recv(
-                        self.qpn,
-                        &RecvWr {
-                            wr_id,
-                            sg_list: &sges,
-                        },
-                    );
-                }
-                Err(wr_id) => {
-                    // Too many SGEs: the QP fails, and this WQE is flushed
-                    // with the others.
-                    self.malformed += 1;
-                    t.malformed += 1;
-                    let _ = engine.qp_fatal(self.qpn);
-                    let _ = engine.post_recv(
-                        self.qpn,
-                        &RecvWr {
-                            wr_id,
-                            sg_list: &[],
-                        },
-                    );
-                }
-            }
-        }
-        t
-    }
-
-    /// Moves the guest's consumer indexes to what the device has taken: a
-    /// WQE's slot is free once the device has copied it out. Not later,
-    /// when the engine retires it: the provider posts into a slot as soon
-    /// as its ring has room, and a latency test's one-slot ring would find
-    /// no room between the completion it just polled and an index the
-    /// device publishes a moment after the completion was written. The
-    /// device takes only as many WQEs as the engine has room for, so a
-    /// guest has at most a ring of WQEs waiting beside those in flight.
-    pub fn publish(&mut self, mem: &GuestMemoryMmap<()>) {
-        if self.sq_next != self.sq_cons && self.sq.set_cons_head(mem, self.sq_next).is_ok() {
-            self.sq_cons = self.sq_next;
-        }
-        if let Some(rq) = &self.rq
-            && self.rq_next != self.rq_cons
-            && rq.set_cons_head(mem, self.rq_next).is_ok()
-        {
-            self.rq_cons = self.rq_next;
-        }
-    }
-
-    /// Whether the guest has posted WQEs the device has not taken.
-    pub fn pending(&self, mem: &GuestMemoryMmap<()>) -> bool {
-        if self.broken {
-            return false;
-        }
-        self.sq.prod_tail(mem).is_ok_and(|p| p != self.sq_next)
-            || self
-                .rq
-                .as_ref()
-                .is_some_and(|rq| rq.prod_tail(mem).is_ok_and(|p| p != self.rq_next))
+    pub fn take_recvs<M: GuestMemory + ?Sized>(&mut self, mem: &M, engine: &mut Engine) -> Taken {
+        let max_sge = self.max_recv_sge;
+        self.queues
+            .take_recvs(mem, engine, |wqe| decode_recv(wqe, max_sge))
     }
 }
 
@@ -563,20 +337,20 @@ pub fn rings(
     max_recv_wr: u32,
     recv_stride: u64,
     has_rq: bool,
-) -> Option<(GuestRing, Option<GuestRing>)> {
+) -> Option<(Ring, Option<Ring>)> {
     let state = *pages.pages().first()?;
     let sc = send_chunks as usize;
     if pages.len() < 1 + sc {
         return None;
     }
-    let sq = GuestRing::new(
+    let sq = ring::ring(
         max_send_wr,
         send_stride,
         state + abi::ring_state::SQ,
         pages.skip(1).take(sc),
     )?;
     let rq = if has_rq {
-        Some(GuestRing::new(
+        Some(ring::ring(
             max_recv_wr,
             recv_stride,
             state + abi::ring_state::RX,

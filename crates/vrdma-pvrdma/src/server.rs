@@ -27,7 +27,7 @@ use vrdma_vfio_user::{
     socket::{Connection, Listener, Received},
 };
 
-use crate::Pvrdma;
+use crate::function::Pvrdma;
 
 /// Messages handled in one turn of the loop before the network gets its
 /// turn again.

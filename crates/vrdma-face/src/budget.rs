@@ -1,0 +1,52 @@
+//! The object budget of a face's device: what a guest's objects may make
+//! the engine hold (work queue slots, page lists, CQs kept in the engine),
+//! by default derived from the guest memory the device maps
+//! ([`ObjectBudget::Derived`]). The engine's limit follows the memory and
+//! the engine: a face changes either through [`Budget`], which applies the
+//! budget again each time.
+
+use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
+use vrdma_engine::Engine;
+
+/// An object budget kept applied to a device.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct Budget(ObjectBudget);
+
+impl Budget {
+    /// `budget`, not yet applied to any device.
+    pub const fn new(budget: ObjectBudget) -> Self {
+        Budget(budget)
+    }
+
+    pub fn get(&self) -> ObjectBudget {
+        self.0
+    }
+
+    /// A new budget for `device`, applied at once.
+    pub fn set<T: Transport>(&mut self, budget: ObjectBudget, device: &mut Device<GuestMem, T>) {
+        self.0 = budget;
+        self.apply(device);
+    }
+
+    /// Sets the engine's limit for the memory the device maps now.
+    pub fn apply<T: Transport>(&self, device: &mut Device<GuestMem, T>) {
+        let limit = self.0.limit(device.mem().size());
+        device.engine_mut().set_memory_limit(limit);
+    }
+
+    /// The device's engine replaced (a reset: every object of the old one
+    /// goes with it), the budget applied to the new one.
+    pub fn replace_engine<T: Transport>(&self, device: &mut Device<GuestMem, T>, engine: Engine) {
+        *device.engine_mut() = engine;
+        self.apply(device);
+    }
+
+    /// The device's memory replaced (the guest's maps changed), the budget
+    /// derived again. Packets queued with payloads lent from the old
+    /// memory leave first.
+    pub fn replace_memory<T: Transport>(&self, device: &mut Device<GuestMem, T>, mem: GuestMem) {
+        let _ = device.flush();
+        *device.mem_mut() = mem;
+        self.apply(device);
+    }
+}

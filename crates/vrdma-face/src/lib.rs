@@ -1,0 +1,34 @@
+//! vrdma's face core: what any device face needs to translate a device
+//! ABI with rings in guest memory onto a vrdma device
+//! (`vrdma_device::Device`). A face — PVRDMA over vfio-user,
+//! virtio-rdma over vhost-user — decodes its ABI's commands and entries;
+//! the face core holds what is the same for every face: guest memory
+//! reached from copies, page lists, ring cursors under either index
+//! scheme, work queues taken into the engine, completions written into a
+//! guest's CQ ring, command refusals with their errno, and the object
+//! budget. It knows no transport to the VMM and no device ABI.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`guest`] | copies in and out of guest memory through vm-memory; [`GuestError`] |
+//! | [`pages`] | [`PageList`]: an object's guest pages, copied and checked; [`RingPages`]: which object holds which ring page |
+//! | [`ring`] | rings in guest memory ([`GuestRing`]) under an index scheme ([`ring::WrapBit`], [`ring::FreeRunning`]); the device's cursors: [`Consumer`] (entries copied out once, decoded, slots given back) and [`Producer`] |
+//! | [`wq`] | a QP's send and receive rings and an SRQ's ring, taken into the engine's queues as they have room |
+//! | [`cq`] | [`cq::GuestCq`]: the engine's CQ sink for a CQ ring in guest memory |
+//! | [`status`] | [`Refused`]: a refused command's errno and what was wrong |
+//! | [`budget`] | [`Budget`]: the object budget, applied again when the memory or the engine changes |
+#![forbid(unsafe_code)]
+
+pub mod budget;
+pub mod cq;
+pub mod guest;
+pub mod pages;
+pub mod ring;
+pub mod status;
+pub mod wq;
+
+pub use budget::Budget;
+pub use guest::GuestError;
+pub use pages::{Owner, PAGE_SIZE, PageList, RingPages};
+pub use ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Producer, Taken};
+pub use status::{OrRefuse, Refused};

@@ -1,0 +1,191 @@
+//! Page lists: the guest pages an object (a ring, an MR) was made on,
+//! copied into the daemon when the object is made and checked then. The
+//! guest may rewrite its list afterwards; the device keeps using what it
+//! was given (a page it no longer maps is then a failed access, never
+//! someone else's memory: every access goes through vm-memory).
+//!
+//! And which object holds which ring page ([`RingPages`]): rings never
+//! share pages.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use vm_memory::GuestMemory;
+use zerocopy::IntoBytes;
+
+use crate::guest::{self, GuestError};
+
+/// The page size of the guest structures a face reads: page lists name
+/// pages of this size, and no ring entry crosses one.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// An object's guest pages, in order, each page-aligned: a copy the
+/// daemon owns.
+#[derive(Clone, Debug, Default, Eq, PartialEq)]
+pub struct PageList(Vec<u64>);
+
+impl PageList {
+    /// A list of `pages`, checked: every address page-aligned.
+    pub fn new(pages: Vec<u64>) -> Result<Self, GuestError> {
+        match pages.iter().find(|p| !p.is_multiple_of(PAGE_SIZE)) {
+            Some(&p) => Err(GuestError::Unaligned(p)),
+            None => Ok(PageList(pages)),
+        }
+    }
+
+    /// Copies `n` page addresses (little-endian, 8 bytes each) from the
+    /// array at `at`, and checks them. The caller bounds `n`: it sizes
+    /// the copy.
+    pub fn read<M: GuestMemory + ?Sized>(mem: &M, at: u64, n: usize) -> Result<Self, GuestError> {
+        let mut pages = vec![0u64; n];
+        guest::read_into(mem, at, pages.as_mut_bytes())?;
+        for p in &mut pages {
+            *p = u64::from_le(*p);
+        }
+        PageList::new(pages)
+    }
+
+    /// The page addresses.
+    pub fn pages(&self) -> &[u64] {
+        &self.0
+    }
+
+    /// The page addresses, taken.
+    pub fn into_pages(self) -> Vec<u64> {
+        self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The guest address of byte `offset` of the object (its pages laid
+    /// end to end), if inside.
+    pub fn addr(&self, offset: u64) -> Option<u64> {
+        let page = self.0.get(usize::try_from(offset / PAGE_SIZE).ok()?)?;
+        Some(page + offset % PAGE_SIZE)
+    }
+
+    /// The pages from `first` on (a ring's entries after its index page, a
+    /// QP's receive queue after its send queue).
+    pub fn skip(&self, first: usize) -> PageList {
+        PageList(self.0.get(first..).unwrap_or_default().to_vec())
+    }
+
+    /// The first `n` pages.
+    pub fn take(&self, n: usize) -> PageList {
+        PageList(self.0[..n.min(self.0.len())].to_vec())
+    }
+
+    /// The pages of `more` after these.
+    pub fn extend(&mut self, more: PageList) {
+        self.0.extend(more.0);
+    }
+}
+
+/// Who holds a ring page.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum Owner {
+    /// The device's own rings (events, notifications).
+    Device,
+    Cq(u32),
+    Qp(u32),
+    Srq(u32),
+}
+
+/// The guest pages that hold rings, each page one object's. A driver
+/// gives every ring pages of its own; a guest that does not could make
+/// the device feed itself — a CQ's entries or indices landing on a queue's
+/// producer index, each completion taking a WQE that completes again,
+/// forever — so an object whose pages are another's (or listed twice) is
+/// refused.
+#[derive(Clone, Debug, Default)]
+pub struct RingPages(BTreeMap<u64, Owner>);
+
+impl RingPages {
+    /// The first of `pages` that is taken or listed twice, if any.
+    pub fn conflict(&self, pages: &[u64]) -> Option<u64> {
+        let mut seen = BTreeSet::new();
+        pages
+            .iter()
+            .copied()
+            .find(|&p| self.0.contains_key(&p) || !seen.insert(p))
+    }
+
+    /// Takes `pages` (with no [`RingPages::conflict`]) for `owner`.
+    pub fn claim(&mut self, owner: Owner, pages: &[u64]) {
+        for &p in pages {
+            self.0.insert(p, owner);
+        }
+    }
+
+    /// Gives back `owner`'s pages.
+    pub fn release(&mut self, owner: Owner) {
+        self.0.retain(|_, o| *o != owner);
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+
+    #[test]
+    fn a_page_list_is_copied_checked_and_addressed() {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x10_0000), 0x1000)]).unwrap();
+        for (i, p) in [0x10_4000u64, 0x10_5000, 0x10_6000].iter().enumerate() {
+            m.write_obj(p.to_le(), GuestAddress(0x10_0000 + 8 * i as u64))
+                .unwrap();
+        }
+        let p = PageList::read(&m, 0x10_0000, 3).unwrap();
+        assert_eq!(p.pages(), &[0x10_4000, 0x10_5000, 0x10_6000]);
+        assert_eq!(p.addr(0x1010), Some(0x10_5010));
+        assert_eq!(p.addr(0x3000), None);
+        assert_eq!(p.skip(1).pages(), &[0x10_5000, 0x10_6000]);
+        assert_eq!(p.skip(4), PageList::default());
+        assert_eq!(p.take(1).pages(), &[0x10_4000]);
+        assert_eq!(p.take(9), p);
+        // Rewriting the array afterwards changes nothing.
+        m.write_obj(0x10_4008u64.to_le(), GuestAddress(0x10_0000))
+            .unwrap();
+        assert_eq!(p.pages()[0], 0x10_4000);
+        assert_eq!(
+            PageList::read(&m, 0x10_0000, 3),
+            Err(GuestError::Unaligned(0x10_4008))
+        );
+        assert_eq!(
+            PageList::read(&m, 0x10_0ff8, 2),
+            Err(GuestError::Unmapped(0x10_0ff8))
+        );
+        let mut q = PageList::new(vec![0x1000]).unwrap();
+        q.extend(PageList::new(vec![0x3000]).unwrap());
+        assert_eq!(q.pages(), &[0x1000, 0x3000]);
+        assert_eq!(
+            PageList::new(vec![0x1000, 1]),
+            Err(GuestError::Unaligned(1))
+        );
+    }
+
+    #[test]
+    fn ring_pages_are_one_objects_each() {
+        let mut r = RingPages::default();
+        assert_eq!(r.conflict(&[0x1000, 0x2000]), None);
+        assert_eq!(r.conflict(&[0x1000, 0x1000]), Some(0x1000), "listed twice");
+        r.claim(Owner::Cq(1), &[0x1000, 0x2000]);
+        assert_eq!(r.conflict(&[0x3000, 0x2000]), Some(0x2000));
+        r.claim(Owner::Qp(17), &[0x3000]);
+        r.release(Owner::Cq(1));
+        assert_eq!(r.conflict(&[0x1000, 0x2000]), None);
+        assert_eq!(r.conflict(&[0x3000]), Some(0x3000));
+        r.clear();
+        assert_eq!(r.conflict(&[0x3000]), None);
+    }
+}
