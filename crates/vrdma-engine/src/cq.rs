@@ -36,6 +36,14 @@ pub trait CqSink: fmt::Debug + Send {
     /// Writes `wc` into the consumer's ring; false when the ring has no
     /// room (the completion is lost and the CQ overflows).
     fn push(&mut self, wc: &Wc) -> bool;
+
+    /// [`CqSink::push`], told whether the completion was solicited (the
+    /// sender set SE): a sink that arms notifications of its own (a face
+    /// whose driver arms through guest memory) keeps track of it.
+    fn push_with(&mut self, wc: &Wc, solicited: bool) -> bool {
+        let _ = solicited;
+        self.push(wc)
+    }
 }
 
 /// Where a CQ keeps its completions.
@@ -122,7 +130,7 @@ impl Cq {
                 true
             }
             Store::Queue(_) => false,
-            Store::Sink(sink) => sink.push(&wc),
+            Store::Sink(sink) => sink.push_with(&wc, solicited),
         };
         if !stored {
             self.overflowed = true;

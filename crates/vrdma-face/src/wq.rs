@@ -37,6 +37,8 @@ pub struct SendWqe {
     pub op: SendOp,
     pub flags: SendFlags,
     pub sges: Vec<Sge>,
+    /// The WQE's data carried in the WQE itself (`sges` is then empty).
+    pub inline: Option<Vec<u8>>,
     pub ud: Option<UdDest>,
     /// A fast registration's page list, for the MR before it runs.
     pub fast_reg: Option<(Lkey, Translation)>,
@@ -249,7 +251,10 @@ where
             let wr = SendWr {
                 wr_id: w.wr_id,
                 op: w.op,
-                payload: Payload::Sges(&w.sges),
+                payload: match &w.inline {
+                    Some(data) => Payload::Inline(data),
+                    None => Payload::Sges(&w.sges),
+                },
                 flags: w.flags,
                 ud: w.ud,
             };
@@ -405,6 +410,7 @@ mod tests {
                 op: SendOp::Send,
                 flags: SendFlags::SIGNALED,
                 sges: Vec::new(),
+                inline: None,
                 ud: None,
                 fast_reg: None,
             }),

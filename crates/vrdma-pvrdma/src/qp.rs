@@ -186,6 +186,8 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
         op,
         flags,
         sges,
+        // PVRDMA announces no inline data.
+        inline: None,
         ud,
         fast_reg: None,
     })
@@ -255,6 +257,7 @@ fn fast_reg<M: GuestMemory + ?Sized>(
         },
         flags,
         sges: Vec::new(),
+        inline: None,
         ud: None,
         fast_reg: Some((mr, translation)),
     })

@@ -16,91 +16,51 @@ use vrdma_engine::{
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 use zerocopy::FromBytes;
 
+use vrdma_face::Refused;
+
 use crate::abi::{self, PAGE_SIZE, op, status};
 
-/// Why a request was refused: the status its response carries, the errno
-/// behind it (the response's `detail`), and what was wrong, for the log.
-#[derive(Clone, Copy, Debug, Eq, PartialEq, thiserror::Error)]
-#[error("{what} (status {status}, errno {errno})")]
-pub struct Refusal {
-    pub status: u16,
-    pub errno: u32,
-    pub what: &'static str,
+/// Errnos a refusal carries beyond the engine's (Linux's numbering).
+pub mod errno {
+    pub const ENOENT: u32 = 2;
+    pub const EIO: u32 = 5;
+    pub const ENOMEM: u32 = 12;
+    pub const EFAULT: u32 = 14;
+    pub const EBUSY: u32 = 16;
+    pub const EINVAL: u32 = 22;
+    pub const ENOSPC: u32 = 28;
+    pub const EMSGSIZE: u32 = 90;
+    pub const EOPNOTSUPP: u32 = 95;
 }
 
-impl Refusal {
-    pub const fn invalid(what: &'static str) -> Self {
-        Refusal {
-            status: status::INVALID,
-            errno: 22,
-            what,
-        }
-    }
+/// A request shorter or longer than its command, or a trailing array not
+/// the length it names (EMSGSIZE: status LENGTH).
+pub const fn length(what: &'static str) -> Refused {
+    Refused::new(errno::EMSGSIZE, what)
+}
 
-    pub const fn length(what: &'static str) -> Self {
-        Refusal {
-            status: status::LENGTH,
-            errno: 90,
-            what,
-        }
-    }
+/// A guest address misaligned or outside guest memory (EFAULT: status
+/// FAULT).
+pub const fn fault(what: &'static str) -> Refused {
+    Refused::new(errno::EFAULT, what)
+}
 
-    pub const fn fault(what: &'static str) -> Self {
-        Refusal {
-            status: status::FAULT,
-            errno: 14,
-            what,
-        }
-    }
+/// A handle that names no object of the command's context (ENOENT).
+pub const fn noent(what: &'static str) -> Refused {
+    Refused::new(errno::ENOENT, what)
+}
 
-    pub const fn unsupported(what: &'static str) -> Self {
-        Refusal {
-            status: status::UNSUPPORTED,
-            errno: 95,
-            what,
-        }
-    }
-
-    pub const fn noent(what: &'static str) -> Self {
-        Refusal {
-            status: status::NOENT,
-            errno: 2,
-            what,
-        }
-    }
-
-    pub const fn nomem(what: &'static str) -> Self {
-        Refusal {
-            status: status::NOMEM,
-            errno: 12,
-            what,
-        }
-    }
-
-    pub const fn busy(what: &'static str) -> Self {
-        Refusal {
-            status: status::BUSY,
-            errno: 16,
-            what,
-        }
-    }
-
-    /// From an errno the engine reported (negative or positive).
-    pub fn from_errno(errno: i32, what: &'static str) -> Self {
-        let e = errno.unsigned_abs();
-        let status = match e {
-            2 => status::NOENT,
-            12 | 28 => status::NOMEM,
-            16 => status::BUSY,
-            95 => status::UNSUPPORTED,
-            14 => status::FAULT,
-            _ => status::INVALID,
-        };
-        Refusal {
-            status,
-            errno: e,
-            what,
-        }
+/// The status a refusal answers with: a function of its errno.
+pub const fn status_of(r: &Refused) -> u16 {
+    match r.errno {
+        errno::ENOENT => status::NOENT,
+        errno::ENOMEM | errno::ENOSPC => status::NOMEM,
+        errno::EBUSY => status::BUSY,
+        errno::EOPNOTSUPP => status::UNSUPPORTED,
+        errno::EFAULT => status::FAULT,
+        errno::EMSGSIZE => status::LENGTH,
+        errno::EIO => status::DEVICE,
+        _ => status::INVALID,
     }
 }
 
@@ -260,28 +220,26 @@ pub fn min_recv_stride(max_sge: u32) -> u64 {
 }
 
 /// Reads a fixed body at `at`, or refuses a request too short for it.
-fn body<T: FromBytes>(req: &[u8], at: usize, what: &'static str) -> Result<T, Refusal> {
+fn body<T: FromBytes>(req: &[u8], at: usize, what: &'static str) -> Result<T, Refused> {
     req.get(at..)
         .and_then(|b| T::read_from_prefix(b).ok())
         .map(|(t, _)| t)
-        .ok_or(Refusal::length(what))
+        .ok_or(length(what))
 }
 
 /// The trailing array of `n` le64 page addresses after `at`: exactly `n`,
 /// each 4 KiB aligned (or `align`).
-fn pages(req: &[u8], at: usize, n: u64, align: u64) -> Result<Vec<u64>, Refusal> {
+fn pages(req: &[u8], at: usize, n: u64, align: u64) -> Result<Vec<u64>, Refused> {
     let rest = req.get(at..).unwrap_or_default();
-    let want = n.checked_mul(8).ok_or(Refusal::length("page list"))?;
+    let want = n.checked_mul(8).ok_or(length("page list"))?;
     if rest.len() as u64 != want {
-        return Err(Refusal::length(
-            "page list: not the count the command names",
-        ));
+        return Err(length("page list: not the count the command names"));
     }
     let mut out = Vec::with_capacity(n as usize);
     for c in rest.chunks_exact(8) {
         let a = u64::from_le_bytes(c.try_into().unwrap_or_default());
         if !a.is_multiple_of(align) {
-            return Err(Refusal::fault("page list: a page not aligned"));
+            return Err(fault("page list: a page not aligned"));
         }
         out.push(a);
     }
@@ -289,26 +247,26 @@ fn pages(req: &[u8], at: usize, n: u64, align: u64) -> Result<Vec<u64>, Refusal>
 }
 
 /// A ring's shape: `min_stride` is the smallest entry the object needs.
-fn ring(d: &abi::RingDesc, pages: Vec<u64>, min_stride: u64) -> Result<RingSpec, Refusal> {
+fn ring(d: &abi::RingDesc, pages: Vec<u64>, min_stride: u64) -> Result<RingSpec, Refused> {
     let entries = d.entries.get();
     let stride = d.stride.get();
     if d.reserved.get() != 0 {
-        return Err(Refusal::invalid("ring: reserved field"));
+        return Err(Refused::invalid("ring: reserved field"));
     }
     if !entries.is_power_of_two() || entries < 2 {
-        return Err(Refusal::invalid("ring: entries not a power of two"));
+        return Err(Refused::invalid("ring: entries not a power of two"));
     }
     if !stride.is_power_of_two() || u64::from(stride) < min_stride || u64::from(stride) > PAGE_SIZE
     {
-        return Err(Refusal::invalid("ring: stride"));
+        return Err(Refused::invalid("ring: stride"));
     }
     let header = d.header.get();
     if !header.is_multiple_of(abi::RING_HEADER_SIZE) {
-        return Err(Refusal::fault("ring: header not 64-byte aligned"));
+        return Err(fault("ring: header not 64-byte aligned"));
     }
     let bytes = u64::from(entries) * u64::from(stride);
     if !bytes.is_multiple_of(PAGE_SIZE) || bytes / PAGE_SIZE != pages.len() as u64 {
-        return Err(Refusal::invalid("ring: pages do not hold entries × stride"));
+        return Err(Refused::invalid("ring: pages do not hold entries × stride"));
     }
     Ok(RingSpec {
         header,
@@ -320,9 +278,9 @@ fn ring(d: &abi::RingDesc, pages: Vec<u64>, min_stride: u64) -> Result<RingSpec,
 
 /// The MR access bits (no on-demand paging or relaxed ordering: a bit
 /// the device does not implement is refused, not ignored).
-fn mr_access(v: u32) -> Result<Access, Refusal> {
+fn mr_access(v: u32) -> Result<Access, Refused> {
     if v & !abi::access::MR_BITS != 0 {
-        return Err(Refusal::unsupported("access: unknown bits"));
+        return Err(Refused::unsupported("access: unknown bits"));
     }
     Ok(Access(v))
 }
@@ -332,17 +290,17 @@ pub const MAX_LIST_PAGES: u64 = 1 << 19;
 
 /// Decodes a request (the concatenation of a chain's driver-readable
 /// buffers).
-pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
+pub fn decode_request(req: &[u8]) -> Result<Request, Refused> {
     let hdr: abi::CmdHdr = body(req, 0, "header")?;
     let at = size_of::<abi::CmdHdr>();
     let opcode = hdr.opcode.get();
     if hdr.flags.get() != 0 {
-        return Err(Refusal::invalid("header: flags"));
+        return Err(Refused::invalid("header: flags"));
     }
-    let handle = |what| -> Result<u32, Refusal> {
+    let handle = |what| -> Result<u32, Refused> {
         let b: abi::HandleReq = body(req, at, what)?;
         if b.reserved.get() != 0 {
-            return Err(Refusal::invalid("reserved field"));
+            return Err(Refused::invalid("reserved field"));
         }
         exact(req, at + 8)?;
         Ok(b.handle.get())
@@ -356,7 +314,7 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
             let b: abi::PortReq = body(req, at, "QUERY_PORT")?;
             exact(req, at + 8)?;
             if b.port.get() != 1 || b.reserved.get() != 0 {
-                return Err(Refusal::invalid("port"));
+                return Err(Refused::invalid("port"));
             }
             Command::QueryPort { port: 1 }
         }
@@ -366,11 +324,11 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
             if !bits.is_power_of_two()
                 || !(abi::doorbell::MIN_BITS..=abi::doorbell::MAX_BITS).contains(&bits)
             {
-                return Err(Refusal::invalid("doorbell bits"));
+                return Err(Refused::invalid("doorbell bits"));
             }
             let n = u64::from(b.npages.get());
             if n != abi::doorbell::area_pages(bits) {
-                return Err(Refusal::invalid("doorbell area: page count"));
+                return Err(Refused::invalid("doorbell area: page count"));
             }
             Command::CreateContext {
                 doorbell_bits: bits,
@@ -398,7 +356,7 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
         op::RESIZE_CQ => {
             let b: abi::ResizeCqReq = body(req, at, "RESIZE_CQ")?;
             if b.reserved.get() != 0 {
-                return Err(Refusal::invalid("reserved field"));
+                return Err(Refused::invalid("reserved field"));
             }
             let n = u64::from(b.ring.npages.get());
             let p = pages(req, at + 32, n, PAGE_SIZE)?;
@@ -410,24 +368,24 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
         op::REG_MR => {
             let b: abi::RegMrReq = body(req, at, "REG_MR")?;
             if b.reserved.get() != 0 {
-                return Err(Refusal::invalid("reserved field"));
+                return Err(Refused::invalid("reserved field"));
             }
             let shift = b.page_shift.get();
             if !(12..=30).contains(&shift) {
-                return Err(Refusal::invalid("page shift"));
+                return Err(Refused::invalid("page shift"));
             }
             let page = 1u64 << shift;
             let offset = u64::from(b.offset.get());
             let length = b.length.get();
             if offset >= page {
-                return Err(Refusal::invalid("offset in the first page"));
+                return Err(Refused::invalid("offset in the first page"));
             }
             let n = offset
                 .checked_add(length)
                 .map(|end| end.div_ceil(page))
-                .ok_or(Refusal::invalid("length"))?;
+                .ok_or(Refused::invalid("length"))?;
             if n == 0 || n > MAX_LIST_PAGES || n != u64::from(b.npages.get()) {
-                return Err(Refusal::invalid("page count"));
+                return Err(Refused::invalid("page count"));
             }
             let access = mr_access(b.access.get())?;
             let iova = if access.contains(Access::ZERO_BASED) {
@@ -436,7 +394,7 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
                 b.iova.get()
             };
             if iova.checked_add(length).is_none() {
-                return Err(Refusal::invalid("iova + length"));
+                return Err(Refused::invalid("iova + length"));
             }
             Command::RegMr {
                 pd: b.pd.get(),
@@ -453,7 +411,7 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
             exact(req, at + 8)?;
             let access = mr_access(b.access.get())?;
             if access.contains(Access::ZERO_BASED) || access.contains(Access::MW_BIND) {
-                return Err(Refusal::invalid("access of a DMA MR"));
+                return Err(Refused::invalid("access of a DMA MR"));
             }
             Command::RegDmaMr {
                 pd: b.pd.get(),
@@ -477,7 +435,7 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
             let ty = match b.mw_type.get() {
                 1 => MwType::One,
                 2 => MwType::Two,
-                _ => return Err(Refusal::invalid("window type")),
+                _ => return Err(Refused::invalid("window type")),
             };
             Command::AllocMw { pd: b.pd.get(), ty }
         }
@@ -487,7 +445,7 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
         op::CREATE_SRQ => {
             let b: abi::CreateSrqReq = body(req, at, "CREATE_SRQ")?;
             if b.reserved.get() != 0 {
-                return Err(Refusal::invalid("reserved field"));
+                return Err(Refused::invalid("reserved field"));
             }
             let n = u64::from(b.ring.npages.get());
             let p = pages(req, at + 40, n, PAGE_SIZE)?;
@@ -504,10 +462,10 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
             exact(req, at + 16)?;
             let mask = b.mask.get();
             if mask & 1 != 0 {
-                return Err(Refusal::unsupported("SRQ resize: the ring is the driver's"));
+                return Err(Refused::unsupported("SRQ resize: the ring is the driver's"));
             }
             if mask != 2 {
-                return Err(Refusal::invalid("SRQ attribute mask"));
+                return Err(Refused::invalid("SRQ attribute mask"));
             }
             Command::ModifySrq {
                 srq: b.srq.get(),
@@ -530,12 +488,12 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
                 | AttrMask::RATE_LIMIT.0
                 | AttrMask::CAP.0;
             if mask & unsupported != 0 {
-                return Err(Refusal::unsupported(
+                return Err(Refused::unsupported(
                     "QP attribute the device does not have",
                 ));
             }
             if mask & !0x1f_ffff != 0 {
-                return Err(Refusal::invalid("QP attribute mask"));
+                return Err(Refused::invalid("QP attribute mask"));
             }
             Command::ModifyQp {
                 qpn: b.qpn.get(),
@@ -548,15 +506,15 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
         op::SET_GID => {
             let b: abi::SetGidReq = body(req, at, "SET_GID")?;
             exact(req, at + 24)?;
-            let index = u8::try_from(b.index.get()).map_err(|_| Refusal::invalid("GID index"))?;
+            let index = u8::try_from(b.index.get()).map_err(|_| Refused::invalid("GID index"))?;
             let gid = match b.gid_type.get() {
                 abi::gid_type::NONE => None,
                 abi::gid_type::ROCE_V2 => Some(Gid(b.gid)),
-                _ => return Err(Refusal::unsupported("GID type: RoCEv2 only")),
+                _ => return Err(Refused::unsupported("GID type: RoCEv2 only")),
             };
             Command::SetGid { index, gid }
         }
-        _ => return Err(Refusal::unsupported("opcode")),
+        _ => return Err(Refused::unsupported("opcode")),
     };
     Ok(Request {
         opcode,
@@ -566,25 +524,25 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refusal> {
 }
 
 /// A request must end where its command does.
-fn exact(req: &[u8], len: usize) -> Result<(), Refusal> {
+fn exact(req: &[u8], len: usize) -> Result<(), Refused> {
     match req.len().cmp(&len) {
-        std::cmp::Ordering::Less => Err(Refusal::length("request shorter than its command")),
-        std::cmp::Ordering::Greater => Err(Refusal::length("request longer than its command")),
+        std::cmp::Ordering::Less => Err(length("request shorter than its command")),
+        std::cmp::Ordering::Greater => Err(length("request longer than its command")),
         std::cmp::Ordering::Equal => Ok(()),
     }
 }
 
-fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refusal> {
+fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refused> {
     let b: abi::CreateQpReq = body(req, at, "CREATE_QP")?;
     let qp_type = match b.qp_type {
         abi::qp_type::GSI => QpType::Gsi,
         abi::qp_type::RC => QpType::Rc,
         abi::qp_type::UC => QpType::Uc,
         abi::qp_type::UD => QpType::Ud,
-        _ => return Err(Refusal::unsupported("QP type")),
+        _ => return Err(Refused::unsupported("QP type")),
     };
     if b.reserved0.get() != 0 || b.sq_sig_all > 1 {
-        return Err(Refusal::invalid("reserved field"));
+        return Err(Refused::invalid("reserved field"));
     }
     let srq = match b.srq.get() {
         0 => None,
@@ -595,9 +553,7 @@ fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refusal> {
     let all = pages(
         req,
         at + size_of::<abi::CreateQpReq>(),
-        sq_pages
-            .checked_add(rq_pages)
-            .ok_or(Refusal::length("page list"))?,
+        sq_pages.checked_add(rq_pages).ok_or(length("page list"))?,
         PAGE_SIZE,
     )?;
     let (sqp, rqp) = all.split_at(sq_pages as usize);
@@ -612,7 +568,7 @@ fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refusal> {
     let rq = match srq {
         Some(_) => {
             if b.rq != abi::RingDesc::default() || max_recv_sge != 0 {
-                return Err(Refusal::invalid("a QP on an SRQ has no receive ring"));
+                return Err(Refused::invalid("a QP on an SRQ has no receive ring"));
             }
             None
         }
@@ -660,9 +616,9 @@ pub fn qp_state_code(s: QpState) -> u32 {
 }
 
 /// An address vector, typed.
-pub fn ah_attr(av: &abi::Av, port: u8) -> Result<AhAttr, Refusal> {
+pub fn ah_attr(av: &abi::Av, port: u8) -> Result<AhAttr, Refused> {
     if av.reserved.get() != 0 || av.flow_label.get() > 0xf_ffff {
-        return Err(Refusal::invalid("address vector"));
+        return Err(Refused::invalid("address vector"));
     }
     Ok(AhAttr {
         dgid: Gid(av.dgid),
@@ -679,11 +635,11 @@ pub fn ah_attr(av: &abi::Av, port: u8) -> Result<AhAttr, Refusal> {
 /// The attributes a MODIFY_QP asks for: the masked fields from the
 /// request, the rest from `cur` (the QP as it is). The engine then checks
 /// the transition and the ranges.
-pub fn qp_attr(cur: &QpAttr, mask: AttrMask, a: &abi::QpAttrs) -> Result<QpAttr, Refusal> {
+pub fn qp_attr(cur: &QpAttr, mask: AttrMask, a: &abi::QpAttrs) -> Result<QpAttr, Refused> {
     let m = |bit: AttrMask| mask.contains(bit);
-    let state = |v: u32| qp_state(v).ok_or(Refusal::invalid("QP state"));
+    let state = |v: u32| qp_state(v).ok_or(Refused::invalid("QP state"));
     if a.sq_draining != 0 || a.reserved != 0 {
-        return Err(Refusal::invalid("reserved field"));
+        return Err(Refused::invalid("reserved field"));
     }
     let port = if m(AttrMask::PORT) {
         a.port_num
@@ -703,7 +659,7 @@ pub fn qp_attr(cur: &QpAttr, mask: AttrMask, a: &abi::QpAttrs) -> Result<QpAttr,
         },
         path_mtu: if m(AttrMask::PATH_MTU) {
             vrdma_engine::attr::Mtu::from_code(a.path_mtu.get())
-                .ok_or(Refusal::invalid("path MTU"))?
+                .ok_or(Refused::invalid("path MTU"))?
         } else {
             cur.path_mtu
         },
@@ -723,14 +679,14 @@ pub fn qp_attr(cur: &QpAttr, mask: AttrMask, a: &abi::QpAttrs) -> Result<QpAttr,
             cur.sq_psn
         },
         dest_qp_num: if m(AttrMask::DEST_QPN) {
-            Qpn::try_from(a.dest_qp_num.get()).map_err(|_| Refusal::invalid("destination QPN"))?
+            Qpn::try_from(a.dest_qp_num.get()).map_err(|_| Refused::invalid("destination QPN"))?
         } else {
             cur.dest_qp_num
         },
         qp_access_flags: if m(AttrMask::ACCESS_FLAGS) {
             let v = a.qp_access_flags.get();
             if v & !0xf != 0 {
-                return Err(Refusal::invalid("QP access flags"));
+                return Err(Refused::invalid("QP access flags"));
             }
             Access(v)
         } else {
@@ -1160,9 +1116,9 @@ mod tests {
         // One page too few, one too many: the trailing array is not what
         // the command names.
         let e = decode_request(&request(op::CREATE_CQ, d.as_bytes(), &pages(1))).unwrap_err();
-        assert_eq!(e.status, status::LENGTH);
+        assert_eq!(status_of(&e), status::LENGTH);
         let e = decode_request(&request(op::CREATE_CQ, d.as_bytes(), &pages(3))).unwrap_err();
-        assert_eq!(e.status, status::LENGTH);
+        assert_eq!(status_of(&e), status::LENGTH);
         // Entries not a power of two; a stride below a CQE; a header not
         // 64-byte aligned; a page not aligned; a count that does not hold
         // entries × stride.
@@ -1192,7 +1148,7 @@ mod tests {
             ),
         ] {
             let e = decode_request(&request(op::CREATE_CQ, d.as_bytes(), &p)).unwrap_err();
-            assert_eq!(e.status, want, "{e}");
+            assert_eq!(status_of(&e), want, "{e}");
         }
     }
 
@@ -1208,22 +1164,31 @@ mod tests {
             Command::DestroyQp { qpn: 3 }
         );
         let e = decode_request(&ok[..ok.len() - 1]).unwrap_err();
-        assert_eq!(e.status, status::LENGTH);
+        assert_eq!(status_of(&e), status::LENGTH);
         let mut long = ok.clone();
         long.push(0);
-        assert_eq!(decode_request(&long).unwrap_err().status, status::LENGTH);
+        assert_eq!(
+            status_of(&decode_request(&long).unwrap_err()),
+            status::LENGTH
+        );
         let reserved = abi::HandleReq {
             handle: 3.into(),
             reserved: 1.into(),
         };
         let e = decode_request(&request(op::DESTROY_QP, reserved.as_bytes(), &[])).unwrap_err();
-        assert_eq!(e.status, status::INVALID);
+        assert_eq!(status_of(&e), status::INVALID);
         let e = decode_request(&request(999, &[], &[])).unwrap_err();
-        assert_eq!(e.status, status::UNSUPPORTED);
+        assert_eq!(status_of(&e), status::UNSUPPORTED);
         let mut flags = request(op::ALLOC_PD, &[], &[]);
         flags[2] = 1;
-        assert_eq!(decode_request(&flags).unwrap_err().status, status::INVALID);
-        assert_eq!(decode_request(&[1]).unwrap_err().status, status::LENGTH);
+        assert_eq!(
+            status_of(&decode_request(&flags).unwrap_err()),
+            status::INVALID
+        );
+        assert_eq!(
+            status_of(&decode_request(&[1]).unwrap_err()),
+            status::LENGTH
+        );
     }
 
     #[test]
@@ -1261,7 +1226,7 @@ mod tests {
             (mr(0, u64::MAX, 1, 12), 1),
         ] {
             let e = decode_request(&request(op::REG_MR, m.as_bytes(), &pages(n))).unwrap_err();
-            assert_eq!(e.status, status::INVALID, "{m:?}: {e}");
+            assert_eq!(status_of(&e), status::INVALID, "{m:?}: {e}");
         }
         // A 2 MiB page list must be 2 MiB aligned.
         let e = decode_request(&request(
@@ -1270,14 +1235,14 @@ mod tests {
             &[0x1000],
         ))
         .unwrap_err();
-        assert_eq!(e.status, status::FAULT);
+        assert_eq!(status_of(&e), status::FAULT);
         // Access bits the device does not implement are refused.
         let odd = abi::RegMrReq {
             access: (1u32 << 20).into(),
             ..mr(0, 0x10, 1, 12)
         };
         let e = decode_request(&request(op::REG_MR, odd.as_bytes(), &pages(1))).unwrap_err();
-        assert_eq!(e.status, status::UNSUPPORTED);
+        assert_eq!(status_of(&e), status::UNSUPPORTED);
     }
 
     #[test]
@@ -1324,20 +1289,20 @@ mod tests {
             &pages(3),
         ))
         .unwrap_err();
-        assert_eq!(e.status, status::INVALID);
+        assert_eq!(status_of(&e), status::INVALID);
         let e = decode_request(&request(
             op::CREATE_QP,
             qp(0, ring_desc(64, 64), 4).as_bytes(),
             &pages(3),
         ))
         .unwrap_err();
-        assert_eq!(e.status, status::INVALID);
+        assert_eq!(status_of(&e), status::INVALID);
         let small = abi::CreateQpReq {
             sq: ring_desc(64, 64),
             ..qp(0, ring_desc(64, 64), 3)
         };
         let e = decode_request(&request(op::CREATE_QP, small.as_bytes(), &pages(2))).unwrap_err();
-        assert_eq!(e.status, status::INVALID);
+        assert_eq!(status_of(&e), status::INVALID);
     }
 
     fn wqe(opcode: u8, flags: u8, count: u16, op: &[u8], tail: &[u8]) -> Vec<u8> {
@@ -1527,7 +1492,7 @@ mod tests {
             }
             match decode_request(&r) {
                 Ok(req) => prop_assert_eq!(req.opcode, opcode),
-                Err(e) => prop_assert!(e.status != status::OK),
+                Err(e) => prop_assert!(status_of(&e) != status::OK),
             }
         }
 
