@@ -6,9 +6,15 @@
 //! |---|---|
 //! | [`abi`] | the device ABI: features, configuration, virtqueues, commands, ring entries, doorbell areas, events |
 //! | [`doorbell`] | doorbell areas: which rings moved, and whether the device is polling |
+//! | [`face`] | the device's state: commands carried out on a vrdma device, contexts, objects, doorbells, arming, events |
+//! | [`server`] | a device's vhost-user socket: one connection after another, the device outliving them |
+//! | [`vhost`] | the vhost-user backend: virtqueues to the face, the device's turns in the worker, pause and resume |
 //! | [`decode`] | requests and ring entries decoded from copies into typed values, and completions encoded |
 #![forbid(unsafe_code)]
 
 pub mod abi;
 pub mod decode;
 pub mod doorbell;
+pub mod face;
+pub mod server;
+pub mod vhost;

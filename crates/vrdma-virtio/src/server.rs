@@ -1,0 +1,184 @@
+//! One virtio-rdma device served on a vhost-user socket: a connection at a
+//! time, each with a new `VhostUserDaemon` (rust-vmm's daemon serves one
+//! connection) around the same [`Backend`], whose device state outlives
+//! them all.
+
+use std::{
+    io,
+    os::{fd::AsFd, unix::net::UnixListener},
+    sync::{Arc, Mutex},
+};
+
+use nix::{
+    poll::{PollFd, PollFlags, PollTimeout, poll},
+    sys::eventfd::{EfdFlags, EventFd},
+};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vrdma_device::Transport;
+
+use crate::vhost::Backend;
+
+/// A device's socket and its backend.
+pub struct Server<T: Transport> {
+    name: String,
+    listener: UnixListener,
+    backend: Arc<Backend<T>>,
+    stop: Arc<Stop>,
+}
+
+impl<T: Transport> std::fmt::Debug for Server<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stops a running [`Server`] from another thread.
+pub struct Stop {
+    wake: EventFd,
+    current: Mutex<Option<ShutdownHandle>>,
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stop")
+            .field("stopped", &self.stopped())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stop {
+    /// The server ends its connection, if any, and returns from `run`.
+    pub fn stop(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.wake.write(1);
+        if let Some(h) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            h.shutdown();
+        }
+    }
+
+    /// Ends the current connection only (as a VMM that goes away would):
+    /// the server waits for the next.
+    pub fn drop_connection(&self) {
+        if let Some(h) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            h.shutdown();
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl<T: Transport + Send + 'static> Server<T> {
+    /// A server for `backend` on `listener` (bound by the caller, with the
+    /// mode and owner it chose).
+    pub fn new(name: &str, listener: UnixListener, backend: Arc<Backend<T>>) -> io::Result<Self> {
+        Ok(Server {
+            name: name.to_string(),
+            listener,
+            backend,
+            stop: Arc::new(Stop {
+                wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK)?,
+                current: Mutex::new(None),
+                stopped: std::sync::atomic::AtomicBool::new(false),
+            }),
+        })
+    }
+
+    pub fn backend(&self) -> &Arc<Backend<T>> {
+        &self.backend
+    }
+
+    /// What stops it.
+    pub fn stopper(&self) -> Arc<Stop> {
+        self.stop.clone()
+    }
+
+    /// Serves connections one after another until stopped.
+    pub fn run(&self) -> io::Result<()> {
+        loop {
+            if self.stop.stopped() || !self.wait_for_client()? {
+                return Ok(());
+            }
+            if let Err(e) = self.serve_one() {
+                tracing::warn!(device = %self.name, error = %e, "vhost-user connection ended");
+            }
+            self.backend.disconnected();
+        }
+    }
+
+    /// Waits until a client connects (true) or the server is stopped.
+    fn wait_for_client(&self) -> io::Result<bool> {
+        loop {
+            let mut fds = [
+                PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.stop.wake.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            if self.stop.stopped() {
+                return Ok(false);
+            }
+            let ready = fds[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLIN));
+            if ready {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// One connection, from accept to its end.
+    fn serve_one(&self) -> io::Result<()> {
+        let exit = self.backend.rearm_exit()?;
+        let mut daemon = VhostUserDaemon::new(
+            self.name.clone(),
+            self.backend.clone(),
+            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        )
+        .map_err(|e| io::Error::other(e.to_string()))?;
+        let handler = daemon
+            .get_epoll_handlers()
+            .into_iter()
+            .next()
+            .ok_or_else(|| io::Error::other("no worker"))?;
+        self.backend.attach(handler)?;
+        let mut listener = Listener::from(self.listener.try_clone()?);
+        let started = daemon.start(&mut listener);
+        let result = match started {
+            Ok(()) => {
+                *self.stop.current.lock().unwrap_or_else(|p| p.into_inner()) =
+                    daemon.shutdown_handle();
+                if self.stop.stopped() {
+                    daemon.request_shutdown();
+                }
+                daemon.wait().map_err(|e| io::Error::other(e.to_string()))
+            }
+            Err(e) => Err(io::Error::other(e.to_string())),
+        };
+        *self.stop.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        // The worker goes with the connection.
+        let _ = exit.notify();
+        drop(daemon);
+        result
+    }
+}

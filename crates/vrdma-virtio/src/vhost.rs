@@ -1,0 +1,700 @@
+//! The virtio-rdma device over vhost-user (spec §13.1): a backend on
+//! rust-vmm's `vhost-user-backend`, moving the spec's requests, events and
+//! notifications between the virtqueues and the face ([`VirtioRdma`]), and
+//! running the device's turns in the backend's worker thread — busy-polling
+//! the doorbell areas while work flows, sleeping on the doorbell queue's
+//! kick, the network and the engine's next deadline when it does not.
+//!
+//! A connection ends; the device does not: its state waits, paused (no
+//! guest memory touched, the engine's clock stopped), for the next
+//! connection, which resumes it if it brings back the same memory and the
+//! same control queue, and resets it otherwise (§13.1).
+
+use std::{
+    io,
+    os::fd::AsRawFd,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
+use virtio_queue::{DescriptorChain, QueueT};
+use vm_memory::{
+    Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryLoadGuard,
+    GuestMemoryMmap, GuestMemoryRegion,
+};
+use vmm_sys_util::{
+    epoll::EventSet,
+    event::{EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier},
+    timerfd::TimerFd,
+};
+use vrdma_device::Transport;
+use zerocopy::IntoBytes;
+
+use crate::{
+    abi::{self, feature, vq},
+    face::{MAX_REQUEST, VirtioRdma},
+};
+
+fn queue_error(e: virtio_queue::Error) -> io::Error {
+    io::Error::other(format!("virtqueue: {e}"))
+}
+
+type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+type Vring = VringRwLock<Mem>;
+
+/// Listener tokens past the queues and the exit event.
+const TRANSPORT: u16 = vq::COUNT as u16 + 1;
+const TIMER: u16 = TRANSPORT + 1;
+const SPIN: u16 = TIMER + 1;
+
+/// The largest queue the device takes.
+const QUEUE_SIZE: usize = 1024;
+
+/// How long the device keeps polling after its last work, by default.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
+/// How often a paused device looks whether its queues came back.
+const PAUSED_TICK: Duration = Duration::from_millis(10);
+
+/// Where a guest's memory came from: each region's place and file, to tell
+/// the same VM coming back from another.
+#[derive(Clone, Debug, Eq, PartialEq)]
+struct Region {
+    gpa: u64,
+    len: u64,
+    dev: u64,
+    ino: u64,
+    offset: u64,
+}
+
+fn regions(mem: &GuestMemoryMmap<()>) -> Vec<Region> {
+    use std::os::unix::fs::MetadataExt;
+    mem.iter()
+        .map(|r| {
+            let (dev, ino, offset) = r
+                .file_offset()
+                .and_then(|f| {
+                    f.file()
+                        .metadata()
+                        .ok()
+                        .map(|m| (m.dev(), m.ino(), f.start()))
+                })
+                .unwrap_or((0, 0, 0));
+            Region {
+                gpa: r.start_addr().0,
+                len: r.len(),
+                dev,
+                ino,
+                offset,
+            }
+        })
+        .collect()
+}
+
+/// The control queue as it was when the device paused.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+struct ControlQueue {
+    desc: u64,
+    avail: u64,
+    used: u64,
+    next_avail: u16,
+}
+
+/// What a paused device compares a new start with.
+#[derive(Clone, Debug)]
+struct Paused {
+    memory: Vec<Region>,
+    control: Option<ControlQueue>,
+}
+
+/// The backend's state (behind its lock).
+#[derive(Debug)]
+struct Inner<T: Transport> {
+    face: VirtioRdma<T>,
+    memory: Option<Vec<Region>>,
+    /// Guest memory as the vrings see it.
+    mem: Option<Mem>,
+    acked: u64,
+    event_idx: bool,
+    stopped: [bool; vq::COUNT],
+    paused: Option<Paused>,
+    control: Option<ControlQueue>,
+    spin_for: Duration,
+    last_busy: Instant,
+    spinning: bool,
+    timer: TimerFd,
+    spin: (EventConsumer, EventNotifier),
+    /// Requests whose chain could carry no status.
+    bad_chains: u64,
+}
+
+/// Watches or stops watching the network's descriptor in the current
+/// connection's worker (a paused device must not take packets).
+type Watch = Box<dyn Fn(bool) -> io::Result<()> + Send>;
+
+/// The vhost-user backend of one virtio-rdma device.
+pub struct Backend<T: Transport> {
+    inner: Mutex<Inner<T>>,
+    /// The protocol thread waits for the lock: the worker lets it in.
+    waiting: AtomicUsize,
+    exit: Mutex<Option<(EventConsumer, EventNotifier)>>,
+    watch: Mutex<Option<Watch>>,
+}
+
+impl<T: Transport> std::fmt::Debug for Backend<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend").finish_non_exhaustive()
+    }
+}
+
+impl<T: Transport + Send + 'static> Backend<T> {
+    /// A backend for `face`, polling doorbells for `spin` after its last
+    /// work (when the face polls at all).
+    pub fn new(face: VirtioRdma<T>, spin: Duration) -> io::Result<Arc<Self>> {
+        let inner = Inner {
+            face,
+            memory: None,
+            mem: None,
+            acked: 0,
+            event_idx: false,
+            stopped: [false; vq::COUNT],
+            paused: None,
+            control: None,
+            spin_for: spin,
+            last_busy: Instant::now(),
+            spinning: false,
+            timer: TimerFd::new()?,
+            spin: new_event_consumer_and_notifier(EventFlag::NONBLOCK)?,
+            bad_chains: 0,
+        };
+        Ok(Arc::new(Backend {
+            inner: Mutex::new(inner),
+            waiting: AtomicUsize::new(0),
+            exit: Mutex::new(None),
+            watch: Mutex::new(None),
+        }))
+    }
+
+    /// The state, for the protocol thread: the worker yields to it.
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        g
+    }
+
+    /// The state, for the worker: after any protocol message waiting.
+    fn lock_worker(&self) -> MutexGuard<'_, Inner<T>> {
+        while self.waiting.load(Ordering::SeqCst) > 0 {
+            std::thread::yield_now();
+        }
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the face (for counters, tests, the daemon).
+    pub fn with_face<R>(&self, f: impl FnOnce(&mut VirtioRdma<T>) -> R) -> R {
+        f(&mut self.lock().face)
+    }
+
+    /// A new connection's worker: the device's file descriptors
+    /// registered with its epoll handler.
+    pub(crate) fn attach(
+        self: &Arc<Self>,
+        handler: Arc<VringEpollHandler<Arc<Backend<T>>>>,
+    ) -> io::Result<()> {
+        let g = self.lock();
+        let net = g.face.device.fd().as_raw_fd();
+        handler.register_listener(g.timer.as_raw_fd(), EventSet::IN, u64::from(TIMER))?;
+        handler.register_listener(g.spin.0.as_raw_fd(), EventSet::IN, u64::from(SPIN))?;
+        let paused = g.paused.is_some();
+        drop(g);
+        if !paused {
+            handler.register_listener(net, EventSet::IN, u64::from(TRANSPORT))?;
+        }
+        let watching = std::sync::atomic::AtomicBool::new(!paused);
+        let watch: Watch = Box::new(move |on| {
+            if watching.swap(on, Ordering::SeqCst) == on {
+                return Ok(());
+            }
+            if on {
+                handler.register_listener(net, EventSet::IN, u64::from(TRANSPORT))
+            } else {
+                handler.unregister_listener(net, EventSet::IN, u64::from(TRANSPORT))
+            }
+        });
+        *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(watch);
+        Ok(())
+    }
+
+    fn watch_network(&self, on: bool) {
+        if let Some(w) = self
+            .watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            && let Err(e) = w(on)
+        {
+            tracing::warn!(error = %e, "virtio-rdma: cannot watch the network");
+        }
+    }
+
+    /// A fresh exit event for the next connection's worker.
+    pub(crate) fn rearm_exit(&self) -> io::Result<EventNotifier> {
+        let pair = new_event_consumer_and_notifier(EventFlag::NONBLOCK)?;
+        let notifier = pair.1.try_clone()?;
+        *self.exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(pair);
+        Ok(notifier)
+    }
+
+    /// The connection is gone: the device pauses.
+    pub(crate) fn disconnected(&self) {
+        *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let mut g = self.lock();
+        g.pause();
+        g.stopped = [true; vq::COUNT];
+    }
+
+    /// Requests whose chains could carry no status, so far.
+    pub fn bad_chains(&self) -> u64 {
+        self.lock().bad_chains
+    }
+
+    /// Counters for `vrdma stat`.
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let g = self.lock();
+        let mut c = g.face.counters();
+        c.push(("virtio.bad_chains".into(), g.bad_chains));
+        c.push(("virtio.paused".into(), u64::from(g.paused.is_some())));
+        c
+    }
+}
+
+impl<T: Transport> Inner<T> {
+    /// No more guest memory access until the queues come back: the
+    /// drivers are told to kick (the device stops polling), and what to
+    /// compare a new start with is kept.
+    fn pause(&mut self) {
+        if self.paused.is_some() {
+            return;
+        }
+        self.face.set_polling(false);
+        let _ = self.spin.0.consume();
+        self.spinning = false;
+        self.paused = Some(Paused {
+            memory: self.memory.clone().unwrap_or_default(),
+            control: self.control,
+        });
+        let _ = self.timer.reset(PAUSED_TICK, Some(PAUSED_TICK));
+    }
+
+    /// The queues are back: the same VM resumes, anything else is a
+    /// reset first.
+    fn resume(&mut self, control: ControlQueue) {
+        let Some(p) = self.paused.take() else {
+            return;
+        };
+        let same_memory = match &self.memory {
+            Some(now) => p.memory.iter().all(|r| r.dev != 0 && now.contains(r)),
+            None => false,
+        };
+        let same_queue = p.control == Some(control);
+        let resumes = same_memory && same_queue;
+        if !resumes && !self.face.is_empty() {
+            tracing::info!("virtio-rdma: a new driver or another VM: device reset");
+            self.face.reset();
+        }
+        let _ = self.timer.clear();
+        self.control = Some(control);
+    }
+
+    fn process_control(&mut self, vring: &Vring) -> io::Result<()> {
+        let Some(atomic) = self.mem.clone() else {
+            return Ok(());
+        };
+        loop {
+            if self.event_idx {
+                vring.disable_notification().map_err(queue_error)?;
+            }
+            let mut used_any = false;
+            loop {
+                let chain = vring
+                    .get_mut()
+                    .get_queue_mut()
+                    .pop_descriptor_chain(atomic.memory());
+                let Some(chain) = chain else {
+                    break;
+                };
+                let head = chain.head_index();
+                let len = self.command(chain);
+                vring.add_used(head, len).map_err(queue_error)?;
+                used_any = true;
+            }
+            if used_any {
+                vring.signal_used_queue()?;
+            }
+            if !self.event_idx || !vring.enable_notification().map_err(queue_error)? {
+                break;
+            }
+        }
+        let q = vring.get_ref();
+        let queue = q.get_queue();
+        self.control = Some(ControlQueue {
+            desc: queue.desc_table(),
+            avail: queue.avail_ring(),
+            used: queue.used_ring(),
+            next_avail: queue.next_avail(),
+        });
+        Ok(())
+    }
+
+    /// One request: read whole from its chain's driver-readable part, its
+    /// response written into the device-writable part. Returns the bytes
+    /// written (`used.len`).
+    fn command(
+        &mut self,
+        chain: DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap<()>>>,
+    ) -> u32 {
+        let mem = chain.memory().clone();
+        let mut req = Vec::new();
+        let mut writable = Vec::new();
+        let mut room = 0usize;
+        let mut over = false;
+        for d in chain {
+            if d.is_write_only() {
+                room = room.saturating_add(d.len() as usize);
+                writable.push((d.addr(), d.len() as usize));
+                continue;
+            }
+            if !writable.is_empty() {
+                // A readable buffer after a writable one: no status can
+                // be trusted to its place.
+                self.bad_chains += 1;
+                return 0;
+            }
+            if req.len() + d.len() as usize > MAX_REQUEST as usize {
+                over = true;
+                continue;
+            }
+            let at = req.len();
+            req.resize(at + d.len() as usize, 0);
+            if mem.read_slice(&mut req[at..], d.addr()).is_err() {
+                self.bad_chains += 1;
+                return 0;
+            }
+        }
+        if room < size_of::<abi::RespHdr>() {
+            self.bad_chains += 1;
+            return 0;
+        }
+        let resp = if over {
+            let hdr = abi::RespHdr {
+                status: abi::status::LENGTH.into(),
+                reserved: 0.into(),
+                detail: crate::decode::errno::EMSGSIZE.into(),
+            };
+            self.face.stats.commands += 1;
+            self.face.stats.refused += 1;
+            hdr.as_bytes().to_vec()
+        } else {
+            self.face.command(&req, room)
+        };
+        let mut done = 0;
+        for (addr, len) in writable {
+            if done == resp.len() {
+                break;
+            }
+            let n = len.min(resp.len() - done);
+            if mem.write_slice(&resp[done..done + n], addr).is_err() {
+                self.bad_chains += 1;
+                break;
+            }
+            done += n;
+        }
+        done as u32
+    }
+
+    /// Hands what waits to the driver's eventq or notifyq buffers.
+    fn deliver<E: IntoBytes + zerocopy::Immutable + Copy>(
+        atomic: &Mem,
+        vring: &Vring,
+        mut next: impl FnMut() -> Option<E>,
+        mut unget: impl FnMut(E),
+        bad: &mut u64,
+    ) -> io::Result<()> {
+        let mut used_any = false;
+        while let Some(item) = next() {
+            let chain = vring
+                .get_mut()
+                .get_queue_mut()
+                .pop_descriptor_chain(atomic.memory());
+            let Some(chain) = chain else {
+                unget(item);
+                break;
+            };
+            let head = chain.head_index();
+            let mem = chain.memory().clone();
+            let bytes = item.as_bytes();
+            let mut first = None;
+            let mut readable = false;
+            for d in chain {
+                if !d.is_write_only() {
+                    readable = true;
+                } else if first.is_none() {
+                    first = Some(d);
+                }
+            }
+            let written = match first {
+                Some(d)
+                    if !readable
+                        && d.len() as usize >= bytes.len()
+                        && mem.write_slice(bytes, d.addr()).is_ok() =>
+                {
+                    bytes.len() as u32
+                }
+                _ => {
+                    // Too small, or a buffer the device must not write:
+                    // returned empty, the item waits for the next.
+                    *bad += 1;
+                    unget(item);
+                    0
+                }
+            };
+            vring.add_used(head, written).map_err(queue_error)?;
+            used_any = true;
+            if written == 0 {
+                break;
+            }
+        }
+        if used_any {
+            vring.signal_used_queue()?;
+        }
+        Ok(())
+    }
+
+    /// A turn of the device and what follows from it: deliveries, polling,
+    /// the timer.
+    fn run(&mut self, vrings: &[Vring], kicked: bool) -> io::Result<()> {
+        if self.paused.is_some() {
+            let ready = vrings.iter().all(|v| v.get_ref().get_queue().ready())
+                && self.memory.is_some()
+                && self.stopped.iter().all(|s| !s);
+            if !ready {
+                return Ok(());
+            }
+            let q = vrings[vq::CONTROL as usize].get_ref();
+            let queue = q.get_queue();
+            let control = ControlQueue {
+                desc: queue.desc_table(),
+                avail: queue.avail_ring(),
+                used: queue.used_ring(),
+                next_avail: queue.next_avail(),
+            };
+            drop(q);
+            self.resume(control);
+        }
+        let poll = self.acked & feature::DOORBELL_POLL != 0 && self.face.options().poll;
+        if kicked && poll && !self.face.polling() {
+            self.face.set_polling(true);
+        }
+        let turn = self.face.turn(true)?;
+        let now = Instant::now();
+        if turn.busy {
+            self.last_busy = now;
+        }
+        let mut bad = 0;
+        if let Some(atomic) = self.mem.clone() {
+            let cell = std::cell::RefCell::new(&mut self.face);
+            Self::deliver(
+                &atomic,
+                &vrings[vq::EVENT as usize],
+                || cell.borrow_mut().next_event(),
+                |e| cell.borrow_mut().unget_event(e),
+                &mut bad,
+            )?;
+            Self::deliver(
+                &atomic,
+                &vrings[vq::NOTIFY as usize],
+                || cell.borrow_mut().next_notification(),
+                |n| cell.borrow_mut().unget_notification(n),
+                &mut bad,
+            )?;
+        }
+        self.bad_chains += bad;
+        // Poll on while work flows; past the spin period, tell the drivers
+        // to kick, look once more (a doorbell rung before they read the
+        // word), and sleep.
+        if self.face.polling() && now.duration_since(self.last_busy) >= self.spin_for {
+            self.face.set_polling(false);
+            if self.face.doorbells() > 0 {
+                self.face.set_polling(true);
+                self.last_busy = now;
+            }
+        }
+        let spin = self.face.polling();
+        if spin != self.spinning {
+            if spin {
+                self.spin.1.notify()?;
+            } else {
+                let _ = self.spin.0.consume();
+            }
+            self.spinning = spin;
+        }
+        // The engine's next deadline.
+        match turn.deadline {
+            Some(at) => {
+                let now_ns = self.face.device.clock();
+                let wait =
+                    Duration::from_nanos(at.saturating_sub(now_ns)).max(Duration::from_micros(1));
+                self.timer.reset(wait, None)?;
+            }
+            None => {
+                let _ = self.timer.clear();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        vq::COUNT
+    }
+
+    fn max_queue_size(&self) -> usize {
+        QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        let poll = if self.lock().face.options().poll {
+            feature::DOORBELL_POLL
+        } else {
+            0
+        };
+        feature::VERSION_1
+            | feature::RING_INDIRECT_DESC
+            | feature::RING_EVENT_IDX
+            | poll
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.lock().acked = features;
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+    }
+
+    fn reset_device(&self) {
+        let mut g = self.lock();
+        g.face.reset();
+        g.paused = None;
+        g.control = None;
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.lock().event_idx = enabled;
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let cfg = self.lock().face.config();
+        let bytes = cfg.as_bytes();
+        let (o, n) = (offset as usize, size as usize);
+        // Past the 64 bytes: zeros (QEMU reads its config_size whole).
+        let mut out = vec![0u8; n];
+        if o < bytes.len() {
+            let k = n.min(bytes.len() - o);
+            out[..k].copy_from_slice(&bytes[o..o + k]);
+        }
+        out
+    }
+
+    fn set_config(&self, _offset: u32, _buf: &[u8]) -> io::Result<()> {
+        // The configuration is read-only (§3).
+        Err(io::Error::from(io::ErrorKind::PermissionDenied))
+    }
+
+    fn update_memory(&self, mem: Mem) -> io::Result<()> {
+        let mut g = self.lock();
+        let m = mem.memory();
+        g.memory = Some(regions(&m));
+        g.face.set_memory(&m);
+        g.mem = Some(mem.clone());
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        vec![(1 << vq::COUNT) - 1]
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let g = self.exit.lock().unwrap_or_else(|p| p.into_inner());
+        let (c, n) = g.as_ref()?;
+        Some((c.try_clone().ok()?, n.try_clone().ok()?))
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        let mut g = self.lock();
+        if let Some(s) = g.stopped.get_mut(queue_index as usize) {
+            *s = true;
+        }
+        if queue_index == u32::from(vq::CONTROL) || g.stopped.iter().all(|s| *s) {
+            g.pause();
+        }
+        Ok(())
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[Vring],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        let mut g = self.lock_worker();
+        // A queue that is ready again is started.
+        for (i, v) in vrings.iter().enumerate() {
+            if v.get_ref().get_queue().ready() {
+                g.stopped[i] = false;
+            }
+        }
+        let mut kicked = false;
+        match device_event {
+            vq::CONTROL if g.paused.is_none() => {
+                g.process_control(&vrings[vq::CONTROL as usize])?;
+            }
+            vq::DOORBELL => kicked = true,
+            TIMER => {
+                let _ = g.timer.wait();
+            }
+            _ => {}
+        }
+        let r = g.run(vrings, kicked);
+        let running = g.paused.is_none();
+        drop(g);
+        // A paused device takes no packets (they would reach guest memory
+        // the driver may have given to others): the network is not
+        // watched until it resumes.
+        self.watch_network(running);
+        let mut g = self.lock_worker();
+        if device_event == vq::CONTROL && g.paused.is_none() {
+            // Commands that came while paused, now that it resumed.
+            g.process_control(&vrings[vq::CONTROL as usize])?;
+        }
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "virtio-rdma device turn failed");
+        }
+        Ok(())
+    }
+}
