@@ -91,7 +91,10 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// A device: comma-separated KEY=VALUE —
-    /// socket=PATH (the vfio-user socket to listen on),
+    /// kind=pvrdma|virtio (pvrdma, the default: VMware's PVRDMA over vfio-user, for QEMU's
+    /// vfio-user-pci and the stock vmw_pvrdma driver; virtio: virtio-rdma, device ID 42, over
+    /// vhost-user, for QEMU's vhost-user-test-device-pci, docs/virtio-rdma.md),
+    /// socket=PATH (the vfio-user or vhost-user socket to listen on),
     /// netdev=PATH (the socket QEMU's `-netdev stream,server=off` connects to),
     /// uplink=tap:NAME (a TAP device: an existing one, e.g. a port of a bridge, or
     /// else one made for the daemon's lifetime) or uplink=stream:PATH (a
@@ -99,11 +102,13 @@ pub struct ServeArgs {
     /// mac=MAC (the vmxnet3's, as given to QEMU: the source of the device's frames),
     /// and optionally mtu=BYTES (the link's Ethernet MTU, default 1500: the port's
     /// active MTU is the largest IB MTU that fits), name=NAME (for `vrdma stat`;
-    /// default pvrdmaN), doorbells=trap|shared (trap, the default: each doorbell is
+    /// default pvrdmaN or vrdmaN), doorbells=trap|shared for pvrdma (trap, the default: each doorbell is
     /// a write QEMU forwards; shared: the doorbell pages are memory the guest writes
     /// without an exit and the device's thread busy-polls them and every ring, a core
     /// per device; an arm can then not be told from a poll, so a CQ may get a
-    /// notification nobody asked for), spoof=on|off (the guest may send only from its
+    /// notification nobody asked for) or doorbells=poll|event for virtio (poll, the default: the
+    /// device polls the doorbell areas while work flows and for spin=MICROSECONDS after,
+    /// default 200, then sleeps until a kick; event: every doorbell is kicked), spoof=on|off (the guest may send only from its
     /// MAC, and from the addresses ip= gives, and bind only those as GIDs; on by
     /// default with a TAP uplink), ip=ADDR[+ADDR…] (the guest's IPv4/IPv6 addresses;
     /// its MAC's IPv6 link-local address is always allowed) and
@@ -113,10 +118,17 @@ pub struct ServeArgs {
     /// Repeat for more guests.
     #[arg(
         long = "device",
-        required = true,
+        required_unless_present = "print_capabilities",
         value_name = "socket=PATH,netdev=PATH,uplink=…,mac=MAC"
     )]
     pub devices: Vec<String>,
+
+    /// Print the vhost-user backend's capabilities as JSON (QEMU's
+    /// "Backend program conventions": `{"type": …, "features": […]}`) and
+    /// exit. vhost-user.json names no RDMA type; the type printed is
+    /// "rdma", vrdma's own.
+    #[arg(long)]
+    pub print_capabilities: bool,
 
     /// The device's limits, as its capabilities announce them (QEMU's
     /// PVRDMA had these as dev-caps-*).

@@ -21,7 +21,11 @@
 //!   thread at once (TSYNC), with `no_new_privs`: a system call outside
 //!   [`allowed`] kills the process (`kill`) or is logged by the kernel
 //!   and allowed (`log`, to find what a new code path needs). `ioctl` is
-//!   allowed only as `FIONBIO` (what setting a socket non-blocking uses).
+//!   allowed only as `FIONBIO` (what setting a socket non-blocking uses),
+//!   `clone` only for a thread (`CLONE_THREAD`: a virtio-rdma device's
+//!   vhost-user daemon starts threads for each connection; `clone3`, whose
+//!   flags a filter cannot read, fails with ENOSYS and the C library falls
+//!   back to `clone`), `prctl` only as `PR_SET_NAME`.
 //!
 //! Seccomp cannot look at paths: a confined daemon may still open files
 //! its user may open, which is why a multi-tenant host runs it as a user
@@ -215,6 +219,13 @@ pub fn allowed() -> Vec<i64> {
         libc::SYS_restart_syscall,
         libc::SYS_rseq,
         libc::SYS_set_robust_list,
+        // A virtio-rdma device serves each vhost-user connection with a
+        // new rust-vmm daemon: its epoll, eventfds and timer deadlines
+        // (threads are allowed apart, see `apply`).
+        libc::SYS_epoll_create1,
+        libc::SYS_eventfd2,
+        libc::SYS_timerfd_settime,
+        libc::SYS_timerfd_gettime,
     ];
     #[cfg(target_arch = "x86_64")]
     v.extend([
@@ -249,9 +260,39 @@ pub fn apply(mode: Seccomp) -> Result<()> {
     let fionbio =
         SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::FIONBIO)?;
     rules.insert(libc::SYS_ioctl, vec![SeccompRule::new(vec![fionbio])?]);
+    // Threads, never processes: clone only with CLONE_THREAD (a
+    // virtio-rdma device's vhost-user daemon starts its threads per
+    // connection), and a thread may name itself.
+    let thread = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+        libc::CLONE_THREAD as u64,
+    )?;
+    rules.insert(libc::SYS_clone, vec![SeccompRule::new(vec![thread])?]);
+    let set_name = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::PR_SET_NAME as u64,
+    )?;
+    rules.insert(libc::SYS_prctl, vec![SeccompRule::new(vec![set_name])?]);
+    // clone3 passes its flags in memory a filter cannot read: allowed by
+    // this filter, answered ENOSYS by the next, so the C library falls
+    // back to clone, whose flags are checked.
+    rules.insert(libc::SYS_clone3, Vec::new());
     let filter = SeccompFilter::new(rules, action, SeccompAction::Allow, arch)?;
     let program: seccompiler::BpfProgram = filter.try_into()?;
+    let no_clone3 = SeccompFilter::new(
+        [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )?;
+    let no_clone3: seccompiler::BpfProgram = no_clone3.try_into()?;
     seccompiler::apply_filter_all_threads(&program).context("installing the seccomp filter")?;
+    seccompiler::apply_filter_all_threads(&no_clone3)
+        .context("installing the seccomp filter (clone3)")?;
     Ok(())
 }
 

@@ -1,9 +1,12 @@
-//! `vrdma serve`: PVRDMA devices for QEMU guests, each over its own
-//! vfio-user socket, each with its Ethernet port between the guest's
-//! vmxnet3 and an uplink.
+//! `vrdma serve`: RDMA devices for QEMU guests — PVRDMA over vfio-user
+//! (`kind=pvrdma`, the stock `vmw_pvrdma` driver's), virtio-rdma over
+//! vhost-user (`kind=virtio`, docs/virtio-rdma.md) — each on its own
+//! socket, each with its Ethernet port between the guest's NIC (vmxnet3,
+//! or the virtio-net sibling) and an uplink.
 //!
-//! One thread per device (a device and its engine never move between
-//! threads: `vrdma_pvrdma::Server` is its whole event loop). The main
+//! One thread per device (a PVRDMA device and its engine never move
+//! between threads: `vrdma_pvrdma::Server` is its whole event loop; a
+//! virtio-rdma device's turns run in its vhost-user worker). The main
 //! thread only waits for signals: SIGINT and SIGTERM stop every device;
 //! a device whose port fails (its uplink gone) stops alone, said on
 //! stderr, while the others go on serving.
@@ -44,9 +47,19 @@ pub enum Uplink {
     Stream(PathBuf),
 }
 
+/// Which device ABI a device presents.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum Kind {
+    /// VMware's PVRDMA over vfio-user.
+    Pvrdma,
+    /// virtio-rdma (device ID 42) over vhost-user.
+    Virtio,
+}
+
 /// One `--device`, parsed.
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct DeviceSpec {
+    pub kind: Kind,
     pub socket: PathBuf,
     pub netdev: PathBuf,
     pub uplink: Uplink,
@@ -65,6 +78,12 @@ pub struct DeviceSpec {
     pub addrs: Vec<IpAddr>,
     /// What the guest's objects may make the daemon hold.
     pub objects: ObjectBudget,
+    /// virtio-rdma: the device polls doorbell areas while work flows
+    /// (`doorbells=poll`, the default) or takes a kick for each
+    /// (`doorbells=event`).
+    pub poll: bool,
+    /// virtio-rdma: how long the device keeps polling after its last work.
+    pub spin: std::time::Duration,
 }
 
 /// Parses a MAC address, `aa:bb:cc:dd:ee:ff`: a unicast one (a device
@@ -97,6 +116,7 @@ impl DeviceSpec {
         let (mut socket, mut netdev, mut uplink, mut mac, mut mtu, mut name, mut doorbells) =
             (None, None, None, None, None, None, None);
         let (mut spoof, mut addrs, mut objects) = (None, None, None);
+        let (mut kind, mut spin) = (None, None);
         for kv in s.split(',') {
             let (k, v) = kv
                 .split_once('=')
@@ -132,13 +152,30 @@ impl DeviceSpec {
                     mtu.replace(m).is_some()
                 }
                 "name" => name.replace(v.to_owned()).is_some(),
-                "doorbells" => {
-                    let shared = match v {
-                        "trap" => false,
-                        "shared" => true,
-                        _ => bail!("--device: doorbells {v:?}: trap or shared"),
+                "kind" => {
+                    let k = match v {
+                        "pvrdma" => Kind::Pvrdma,
+                        "virtio" => Kind::Virtio,
+                        _ => bail!("--device: kind {v:?}: pvrdma or virtio"),
                     };
-                    doorbells.replace(shared).is_some()
+                    kind.replace(k).is_some()
+                }
+                "doorbells" => {
+                    if !matches!(v, "trap" | "shared" | "poll" | "event") {
+                        bail!(
+                            "--device: doorbells {v:?}: trap or shared (pvrdma), poll or event (virtio)"
+                        );
+                    }
+                    doorbells.replace(v.to_owned()).is_some()
+                }
+                "spin" => {
+                    let us: u64 = v
+                        .parse()
+                        .with_context(|| format!("--device: spin {v:?}: microseconds"))?;
+                    if us > 1_000_000 {
+                        bail!("--device: spin {us}: at most 1 000 000 µs");
+                    }
+                    spin.replace(std::time::Duration::from_micros(us)).is_some()
                 }
                 "spoof" => {
                     let on = match v {
@@ -169,8 +206,8 @@ impl DeviceSpec {
                     objects.replace(b).is_some()
                 }
                 _ => bail!(
-                    "--device: unknown key {k:?} (socket, netdev, uplink, mac, mtu, name, \
-                     doorbells, spoof, ip, objects)"
+                    "--device: unknown key {k:?} (kind, socket, netdev, uplink, mac, mtu, name, \
+                     doorbells, spin, spoof, ip, objects)"
                 ),
             };
             if seen {
@@ -189,14 +226,31 @@ impl DeviceSpec {
         if !spoof_check && !addrs.is_empty() {
             bail!("--device: ip= names the guest's addresses for spoof=on");
         }
+        let kind = kind.unwrap_or(Kind::Pvrdma);
+        let (shared_doorbells, poll) = match (kind, doorbells.as_deref()) {
+            (Kind::Pvrdma, None | Some("trap")) => (false, false),
+            (Kind::Pvrdma, Some("shared")) => (true, false),
+            (Kind::Virtio, None | Some("poll")) => (false, true),
+            (Kind::Virtio, Some("event")) => (false, false),
+            (_, Some(d)) => bail!("--device: doorbells={d} is not one of this kind's"),
+        };
+        if kind == Kind::Pvrdma && spin.is_some() {
+            bail!("--device: spin= is virtio-rdma's");
+        }
         Ok(DeviceSpec {
+            kind,
+            poll,
+            spin: spin.unwrap_or(vrdma_virtio::vhost::DEFAULT_SPIN),
             socket,
             netdev,
             uplink,
             mac: mac.ok_or_else(|| need("mac"))?,
             mtu: mtu.unwrap_or(1500),
-            name: name.unwrap_or_else(|| format!("pvrdma{index}")),
-            shared_doorbells: doorbells.unwrap_or(false),
+            name: name.unwrap_or_else(|| match kind {
+                Kind::Pvrdma => format!("pvrdma{index}"),
+                Kind::Virtio => format!("vrdma{index}"),
+            }),
+            shared_doorbells,
             spoof_check,
             addrs,
             objects: objects.unwrap_or(ObjectBudget::Derived),
@@ -269,13 +323,15 @@ impl CapsArgs {
     }
 }
 
-/// Builds the device `spec` describes and binds its sockets (both private
-/// to the peers `config` allows).
-fn open(
-    spec: &DeviceSpec,
-    limits: &Limits,
-    config: &vrdma_vfio_user::Config,
-) -> Result<Server<EthPort>> {
+/// A device, opened: its sockets bound, ready to serve.
+enum Opened {
+    Pvrdma(Box<Server<EthPort>>),
+    Virtio(vrdma_virtio::server::Server<EthPort>),
+}
+
+/// The Ethernet port of the device `spec` describes: its netdev socket
+/// (private to the peers `config` allows), its uplink, its filter.
+fn port(spec: &DeviceSpec, config: &vrdma_vfio_user::Config) -> Result<EthPort> {
     let link = match &spec.uplink {
         Uplink::Tap(t) => Link::tap(t).with_context(|| format!("opening TAP {t}"))?,
         Uplink::Stream(p) => {
@@ -293,8 +349,30 @@ fn open(
             addrs: spec.addrs.clone(),
         });
     }
+    Ok(port)
+}
+
+/// Builds the device `spec` describes and binds its sockets (private to
+/// the peers `config` allows).
+fn open(spec: &DeviceSpec, limits: &Limits, config: &vrdma_vfio_user::Config) -> Result<Opened> {
+    let port = port(spec, config)?;
     let mut attr = PortAttr::with_gids(&[]);
     attr.active_mtu = active_mtu(spec.mtu);
+    if spec.kind == Kind::Virtio {
+        let opts = vrdma_virtio::face::Options {
+            mac: spec.mac,
+            poll: spec.poll,
+            ..Default::default()
+        };
+        let mut face = vrdma_virtio::face::VirtioRdma::new(opts, attr, port);
+        face.set_budget(spec.objects);
+        let backend = vrdma_virtio::vhost::Backend::new(face, spec.spin)?;
+        backend.publish_as(&spec.name);
+        let listener = vrdma_vfio_user::socket::bind_private(&spec.socket, &config.socket)
+            .with_context(|| format!("listening at {}", spec.socket.display()))?;
+        let server = vrdma_virtio::server::Server::new(&spec.name, listener, backend)?;
+        return Ok(Opened::Virtio(server));
+    }
     let mut function = Pvrdma::new(limits.clone(), spec.mac, attr, port)?;
     function.set_object_budget(spec.objects);
     if spec.shared_doorbells {
@@ -302,8 +380,9 @@ fn open(
             .share_doorbells()
             .context("sharing the doorbell pages")?;
     }
-    Server::bind_with(&spec.socket, function, &spec.name, config)
-        .with_context(|| format!("listening at {}", spec.socket.display()))
+    let server = Server::bind_with(&spec.socket, function, &spec.name, config)
+        .with_context(|| format!("listening at {}", spec.socket.display()))?;
+    Ok(Opened::Pvrdma(Box::new(server)))
 }
 
 /// Confines the whole process once every device is open: another user
@@ -351,8 +430,15 @@ struct Running {
     go: mpsc::Sender<()>,
 }
 
+/// What `--print-capabilities` prints.
+pub const CAPABILITIES: &str = r#"{"type": "rdma", "features": []}"#;
+
 /// `vrdma serve`.
 pub fn run(a: &ServeArgs) -> Result<()> {
+    if a.print_capabilities {
+        println!("{CAPABILITIES}");
+        return Ok(());
+    }
     let limits = a.caps.limits();
     limits.validate()?;
     let specs = a
@@ -403,6 +489,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     signals.thread_block()?;
 
     let stop = Arc::new(AtomicBool::new(false));
+    // The virtio-rdma servers' stops (their threads wait in vhost-user
+    // calls, not on the flag).
+    let stops: Arc<std::sync::Mutex<Vec<Arc<vrdma_virtio::server::Stop>>>> = Arc::default();
     let mut running = Vec::new();
     let mut failed = None;
     // A device thread that stops says which it was here, then wakes the
@@ -414,6 +503,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         let stop = stop.clone();
         let limits = limits.clone();
         let config = config.clone();
+        let stops = stops.clone();
         let name = spec.name.clone();
         let (go, go_rx) = mpsc::channel::<()>();
         let thread =
@@ -426,8 +516,14 @@ pub fn run(a: &ServeArgs) -> Result<()> {
                         }
                         Ok(s)
                     });
-                    let mut server = match opened {
+                    let server = match opened {
                         Ok(s) => {
+                            if let Opened::Virtio(v) = &s {
+                                stops
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .push(v.stopper());
+                            }
                             let _ = tx.send(Ok(()));
                             s
                         }
@@ -442,7 +538,19 @@ pub fn run(a: &ServeArgs) -> Result<()> {
                     if go_rx.recv().is_err() {
                         return Ok(());
                     }
-                    let r = server.run(&stop).map_err(anyhow::Error::from);
+                    let r = match server {
+                        Opened::Pvrdma(mut s) => s.run(&stop).map_err(anyhow::Error::from),
+                        Opened::Virtio(s) => {
+                            // Stopped before it began: its stop came too
+                            // early to reach it.
+                            if stop.load(Ordering::Relaxed) {
+                                s.stopper().stop();
+                            }
+                            let r = s.run().map_err(anyhow::Error::from);
+                            s.backend().publish_last();
+                            r
+                        }
+                    };
                     let _ = done.send(spec.name.clone());
                     let _ = kill(getpid(), Signal::SIGUSR1);
                     r.with_context(|| format!("device {}", spec.name))
@@ -465,8 +573,14 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     {
         failed = Some(e);
     }
-    if let Some(e) = failed {
+    let stop_all = |stop: &AtomicBool| {
         stop.store(true, Ordering::Relaxed);
+        for s in stops.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            s.stop();
+        }
+    };
+    if let Some(e) = failed {
+        stop_all(&stop);
         for r in running {
             drop(r.go);
             let _ = r.thread.join();
@@ -483,7 +597,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         let sig = signals.wait()?;
         if sig != Signal::SIGUSR1 {
             eprintln!("vrdma serve: {sig}, stopping");
-            stop.store(true, Ordering::Relaxed);
+            stop_all(&stop);
         }
         let stopped: Vec<String> = done_rx.try_iter().collect();
         let (done, live): (Vec<_>, Vec<_>) = running
@@ -567,6 +681,34 @@ mod tests {
         .unwrap();
         assert!(!d.spoof_check);
         assert_eq!(d.objects, ObjectBudget::Unlimited);
+        assert_eq!(d.kind, Kind::Pvrdma);
+        let d = DeviceSpec::parse(
+            "kind=virtio,socket=/s,netdev=/n,uplink=stream:/u,mac=52:54:00:4c:00:01",
+            2,
+        )
+        .unwrap();
+        assert_eq!(
+            (d.kind, d.poll, d.name.as_str()),
+            (Kind::Virtio, true, "vrdma2")
+        );
+        assert_eq!(d.spin, vrdma_virtio::vhost::DEFAULT_SPIN);
+        let d = DeviceSpec::parse(
+            "kind=virtio,socket=/s,netdev=/n,uplink=stream:/u,mac=52:54:00:4c:00:01,\
+             doorbells=event,spin=50",
+            0,
+        )
+        .unwrap();
+        assert!(!d.poll);
+        assert_eq!(d.spin, std::time::Duration::from_micros(50));
+        for bad in [
+            "kind=virtio,socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,doorbells=shared",
+            "kind=pvrdma,socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,doorbells=poll",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,spin=10",
+            "kind=virtio,socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,spin=2000000",
+            "kind=rxe,socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01",
+        ] {
+            assert!(DeviceSpec::parse(bad, 0).is_err(), "{bad}");
+        }
         for bad in [
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00",
             "socket=/s,netdev=/n,uplink=tap:t,mac=01:54:00:4c:00:01",

@@ -130,6 +130,8 @@ struct Inner<T: Transport> {
     spin: (EventConsumer, EventNotifier),
     /// Requests whose chain could carry no status.
     bad_chains: u64,
+    /// Counters for `vrdma stat`, published from the worker's turns.
+    publisher: Option<vrdma_device::publish::Publisher>,
 }
 
 /// Watches or stops watching the network's descriptor in the current
@@ -170,6 +172,7 @@ impl<T: Transport + Send + 'static> Backend<T> {
             timer: TimerFd::new()?,
             spin: new_event_consumer_and_notifier(EventFlag::NONBLOCK)?,
             bad_chains: 0,
+            publisher: None,
         };
         Ok(Arc::new(Backend {
             inner: Mutex::new(inner),
@@ -258,6 +261,18 @@ impl<T: Transport + Send + 'static> Backend<T> {
         g.stopped = [true; vq::COUNT];
     }
 
+    /// Publishes the device's counters as `name` for `vrdma stat`, once a
+    /// second from its turns.
+    pub fn publish_as(&self, name: &str) {
+        self.lock().publisher = vrdma_device::publish::Publisher::new(name);
+    }
+
+    /// The last publication (the daemon stops).
+    pub fn publish_last(&self) {
+        let mut g = self.lock();
+        g.publish(true);
+    }
+
     /// Requests whose chains could carry no status, so far.
     pub fn bad_chains(&self) -> u64 {
         self.lock().bad_chains
@@ -274,6 +289,22 @@ impl<T: Transport + Send + 'static> Backend<T> {
 }
 
 impl<T: Transport> Inner<T> {
+    fn counters(&self) -> Vec<(String, u64)> {
+        let mut c = self.face.counters();
+        c.push(("virtio.bad_chains".into(), self.bad_chains));
+        c.push(("virtio.paused".into(), u64::from(self.paused.is_some())));
+        c
+    }
+
+    fn publish(&mut self, last: bool) {
+        let now = self.face.device.clock();
+        let Some(mut p) = self.publisher.take() else {
+            return;
+        };
+        p.publish(now, || self.counters(), last);
+        self.publisher = Some(p);
+    }
+
     /// No more guest memory access until the queues come back: the
     /// drivers are told to kick (the device stops polling), and what to
     /// compare a new start with is kept.
@@ -478,6 +509,7 @@ impl<T: Transport> Inner<T> {
     /// A turn of the device and what follows from it: deliveries, polling,
     /// the timer.
     fn run(&mut self, vrings: &[Vring], kicked: bool) -> io::Result<()> {
+        self.publish(false);
         if self.paused.is_some() {
             let ready = vrings.iter().all(|v| v.get_ref().get_queue().ready())
                 && self.memory.is_some()
