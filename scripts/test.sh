@@ -54,6 +54,11 @@ if [ "$(id -u)" = 0 ] && [ -x "$harness/start.sh" ]; then
     # are documented commands (README).
     echo "== Linux guests on vrdma serve (PVRDMA): the interop matrix's subset"
     scripts/pvrdma-guest/matrix.sh --quick
+    # QEMU 11 attaches the virtio-rdma device (vhost-user-test-device-pci):
+    # features, config, queues, commands through QEMU to the confined
+    # daemon. About 10 s.
+    echo "== QEMU attaches vrdma serve's virtio-rdma device"
+    scripts/virtio-guest/attach.sh
 else
     echo "== interop with Linux rxe: not run (needs root and $harness)"
 fi

@@ -226,6 +226,9 @@ pub fn allowed() -> Vec<i64> {
         libc::SYS_eventfd2,
         libc::SYS_timerfd_settime,
         libc::SYS_timerfd_gettime,
+        // A new thread's C library asks how many CPUs it may run on (its
+        // malloc arenas).
+        libc::SYS_sched_getaffinity,
     ];
     #[cfg(target_arch = "x86_64")]
     v.extend([
@@ -290,9 +293,11 @@ pub fn apply(mode: Seccomp) -> Result<()> {
         arch,
     )?;
     let no_clone3: seccompiler::BpfProgram = no_clone3.try_into()?;
-    seccompiler::apply_filter_all_threads(&program).context("installing the seccomp filter")?;
+    // The clone3 filter first: once the allow-list is in, installing
+    // another (prctl NO_NEW_PRIVS, seccomp) is outside it.
     seccompiler::apply_filter_all_threads(&no_clone3)
         .context("installing the seccomp filter (clone3)")?;
+    seccompiler::apply_filter_all_threads(&program).context("installing the seccomp filter")?;
     Ok(())
 }
 

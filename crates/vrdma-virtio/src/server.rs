@@ -89,15 +89,18 @@ impl<T: Transport + Send + 'static> Server<T> {
     /// A server for `backend` on `listener` (bound by the caller, with the
     /// mode and owner it chose).
     pub fn new(name: &str, listener: UnixListener, backend: Arc<Backend<T>>) -> io::Result<Self> {
+        let stop = Arc::new(Stop {
+            wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK)?,
+            current: Mutex::new(None),
+            stopped: std::sync::atomic::AtomicBool::new(false),
+        });
+        let s = stop.clone();
+        backend.set_on_failure(Box::new(move || s.stop()));
         Ok(Server {
             name: name.to_string(),
             listener,
             backend,
-            stop: Arc::new(Stop {
-                wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK)?,
-                current: Mutex::new(None),
-                stopped: std::sync::atomic::AtomicBool::new(false),
-            }),
+            stop,
         })
     }
 
@@ -110,11 +113,15 @@ impl<T: Transport + Send + 'static> Server<T> {
         self.stop.clone()
     }
 
-    /// Serves connections one after another until stopped.
+    /// Serves connections one after another until stopped; an error if
+    /// the device failed (its network went away).
     pub fn run(&self) -> io::Result<()> {
         loop {
             if self.stop.stopped() || !self.wait_for_client()? {
-                return Ok(());
+                return match self.backend.failure() {
+                    Some(why) => Err(io::Error::other(why)),
+                    None => Ok(()),
+                };
             }
             if let Err(e) = self.serve_one() {
                 tracing::warn!(device = %self.name, error = %e, "vhost-user connection ended");

@@ -145,6 +145,9 @@ pub struct Backend<T: Transport> {
     waiting: AtomicUsize,
     exit: Mutex<Option<(EventConsumer, EventNotifier)>>,
     watch: Mutex<Option<Watch>>,
+    /// The device failed (its network is gone): why, and who to tell.
+    failure: Mutex<Option<String>>,
+    on_failure: Mutex<Option<Box<dyn Fn() + Send>>>,
 }
 
 impl<T: Transport> std::fmt::Debug for Backend<T> {
@@ -179,6 +182,8 @@ impl<T: Transport + Send + 'static> Backend<T> {
             waiting: AtomicUsize::new(0),
             exit: Mutex::new(None),
             watch: Mutex::new(None),
+            failure: Mutex::new(None),
+            on_failure: Mutex::new(None),
         }))
     }
 
@@ -271,6 +276,39 @@ impl<T: Transport + Send + 'static> Backend<T> {
     pub fn publish_last(&self) {
         let mut g = self.lock();
         g.publish(true);
+    }
+
+    /// Why the device failed, if it did (its network went away: the
+    /// device stops, as a PVRDMA device does).
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// What to call when the device fails (the server stops).
+    pub fn set_on_failure(&self, f: Box<dyn Fn() + Send>) {
+        *self.on_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+
+    fn fail(&self, e: &io::Error) {
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if f.is_some() {
+            return;
+        }
+        tracing::error!(error = %e, "virtio-rdma device: its network failed; the device stops");
+        *f = Some(e.to_string());
+        drop(f);
+        self.watch_network(false);
+        if let Some(cb) = self
+            .on_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            cb();
+        }
     }
 
     /// Requests whose chains could carry no status, so far.
@@ -715,17 +753,18 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         let r = g.run(vrings, kicked);
         let running = g.paused.is_none();
         drop(g);
+        if let Err(e) = &r {
+            self.fail(e);
+            return Ok(());
+        }
         // A paused device takes no packets (they would reach guest memory
         // the driver may have given to others): the network is not
         // watched until it resumes.
-        self.watch_network(running);
+        self.watch_network(running && self.failure().is_none());
         let mut g = self.lock_worker();
         if device_event == vq::CONTROL && g.paused.is_none() {
             // Commands that came while paused, now that it resumed.
             g.process_control(&vrings[vq::CONTROL as usize])?;
-        }
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "virtio-rdma device turn failed");
         }
         Ok(())
     }
