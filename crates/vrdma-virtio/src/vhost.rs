@@ -95,6 +95,38 @@ fn regions(mem: &GuestMemoryMmap<()>) -> Vec<Region> {
         .collect()
 }
 
+/// Guest memory the device may map: every region a file sealed against
+/// shrinking (QEMU's memory-backend-memfd seals by default) and at least
+/// as long as the region. A file another process can truncate would turn
+/// the device's next access into a SIGBUS that kills the daemon and every
+/// device in it.
+fn check_memory(mem: &GuestMemoryMmap<()>) -> io::Result<()> {
+    use nix::fcntl::{FcntlArg, fcntl};
+    for r in mem.iter() {
+        let Some(fo) = r.file_offset() else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a guest memory region with no file",
+            ));
+        };
+        let seals = fcntl(fo.file(), FcntlArg::F_GET_SEALS).unwrap_or(0);
+        if seals & nix::libc::F_SEAL_SHRINK == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "guest memory not sealed against shrinking (memory-backend-memfd seals it)",
+            ));
+        }
+        let len = fo.file().metadata()?.len();
+        if len < fo.start().saturating_add(r.len()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a guest memory file shorter than its region",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The control queue as it was when the device paused.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 struct ControlQueue {
@@ -698,6 +730,15 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
         let mut g = self.lock();
         let m = mem.memory();
+        if let Err(e) = check_memory(&m) {
+            // The vrings already see it: nothing touches guest memory
+            // until a connection brings memory that is whole.
+            tracing::warn!(error = %e, "virtio-rdma: guest memory refused");
+            g.mem = None;
+            g.memory = None;
+            g.pause();
+            return Err(e);
+        }
         g.memory = Some(regions(&m));
         g.face.set_memory(&m);
         g.mem = Some(mem.clone());
