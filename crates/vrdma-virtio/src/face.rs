@@ -147,6 +147,83 @@ enum Obj {
     Cq(u32),
 }
 
+/// What owns guest pages the device writes or reads as structures.
+#[derive(Clone, Copy, Debug, Eq, Ord, PartialEq, PartialOrd)]
+enum Owner {
+    Context(u32),
+    Cq(u32),
+    Qp(u32),
+    Srq(u32),
+}
+
+/// The pages of every live ring and doorbell area, and every live ring
+/// header (spec §6.5 step 7): each ring on pages of its own, so a device
+/// write (a CQE, a consumer index) never lands on a producer index or WQE
+/// the device reads — a driver cannot make the device feed itself work.
+#[derive(Debug, Default)]
+struct Claims {
+    pages: BTreeMap<u64, Owner>,
+    headers: BTreeMap<u64, Owner>,
+    /// What each owner claimed, to give it back without a scan.
+    by_owner: BTreeMap<Owner, (Vec<u64>, Vec<u64>)>,
+}
+
+impl Claims {
+    /// Whether `pages` and `headers` may be claimed (by `owner`, whose own
+    /// headers may be given again: a CQ resized in place).
+    fn check(&self, pages: &[u64], headers: &[u64], owner: Option<Owner>) -> Result<(), Refused> {
+        let clash = Refused::invalid("pages or a header another ring or area uses");
+        let mut new = BTreeSet::new();
+        for &p in pages {
+            if !new.insert(p) || self.pages.contains_key(&p) {
+                return Err(clash);
+            }
+            let held = self
+                .headers
+                .range(p..p + abi::PAGE_SIZE)
+                .any(|(_, o)| Some(*o) != owner);
+            if held {
+                return Err(clash);
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for &h in headers {
+            let page = h & !(abi::PAGE_SIZE - 1);
+            let taken = self.headers.get(&h).is_some_and(|o| Some(*o) != owner);
+            if !seen.insert(h) || taken || new.contains(&page) || self.pages.contains_key(&page) {
+                return Err(clash);
+            }
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, owner: Owner, pages: &[u64], headers: &[u64]) {
+        for &p in pages {
+            self.pages.insert(p, owner);
+        }
+        for &h in headers {
+            self.headers.insert(h, owner);
+        }
+        let e = self.by_owner.entry(owner).or_default();
+        e.0.extend_from_slice(pages);
+        e.1.extend_from_slice(headers);
+    }
+
+    fn release(&mut self, owner: Owner) {
+        let Some((pages, headers)) = self.by_owner.remove(&owner) else {
+            return;
+        };
+        for p in pages {
+            self.pages.remove(&p);
+        }
+        for h in headers {
+            if self.headers.get(&h) == Some(&owner) {
+                self.headers.remove(&h);
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Context {
     area: doorbell::Area,
@@ -202,6 +279,7 @@ pub struct VirtioRdma<T: Transport> {
     cqs: BTreeMap<u32, CqFace>,
     qps: BTreeMap<u32, QpFace>,
     srqs: BTreeMap<u32, SrqFace>,
+    claims: Claims,
     /// QPs and SRQs whose WQEs wait (in the engine or in their ring).
     busy_qps: BTreeSet<u32>,
     busy_srqs: BTreeSet<u32>,
@@ -238,6 +316,7 @@ impl<T: Transport> VirtioRdma<T> {
             cqs: BTreeMap::new(),
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
+            claims: Claims::default(),
             busy_qps: BTreeSet::new(),
             busy_srqs: BTreeSet::new(),
             events: VecDeque::new(),
@@ -288,6 +367,7 @@ impl<T: Transport> VirtioRdma<T> {
         let fresh = Engine::new(self.attr.clone(), self.port.clone());
         self.budget.replace_engine(&mut self.device, fresh);
         self.contexts.clear();
+        self.claims = Claims::default();
         self.next_context = 1;
         self.pds.clear();
         self.mrs.clear();
@@ -387,6 +467,7 @@ impl<T: Transport> VirtioRdma<T> {
                 if let Some(c) = self.cqs.remove(&cq) {
                     self.free_doorbell(c.context, c.doorbell);
                 }
+                self.claims.release(Owner::Cq(cq));
                 self.notified.remove(&cq);
                 self.notifications.retain(|n| n.cq.get() != cq);
                 Ok(Vec::new())
@@ -516,6 +597,7 @@ impl<T: Transport> VirtioRdma<T> {
                 if let Some(s) = self.srqs.remove(&srq) {
                     self.free_doorbell(s.context, s.doorbell);
                 }
+                self.claims.release(Owner::Srq(srq));
                 self.busy_srqs.remove(&srq);
                 Ok(Vec::new())
             }
@@ -752,6 +834,8 @@ impl<T: Transport> VirtioRdma<T> {
         {
             return Err(fault("doorbell page outside guest memory"));
         }
+        self.claims.check(&pages, &[], None)?;
+        let claimed = pages.clone();
         let area = doorbell::Area::new(bits, pages);
         area.set_poll(self.device.mem(), self.polling)
             .map_err(|_| fault("doorbell area"))?;
@@ -762,6 +846,7 @@ impl<T: Transport> VirtioRdma<T> {
             h = h.wrapping_add(1);
         }
         self.next_context = h.wrapping_add(1);
+        self.claims.claim(Owner::Context(h), &claimed, &[]);
         self.contexts.insert(
             h,
             Context {
@@ -801,6 +886,7 @@ impl<T: Transport> VirtioRdma<T> {
         for srq in srqs {
             let _ = engine.destroy_srq(SrqHandle(srq));
             self.srqs.remove(&srq);
+            self.claims.release(Owner::Srq(srq));
             self.busy_srqs.remove(&srq);
         }
         let cqs: Vec<u32> = self
@@ -812,6 +898,7 @@ impl<T: Transport> VirtioRdma<T> {
         for cq in cqs {
             let _ = engine.destroy_cq(CqHandle(cq));
             self.cqs.remove(&cq);
+            self.claims.release(Owner::Cq(cq));
             self.notified.remove(&cq);
         }
         self.notifications.retain(|n| n.context.get() != ctx);
@@ -831,6 +918,7 @@ impl<T: Transport> VirtioRdma<T> {
             let _ = engine.dealloc_pd(PdHandle(pd));
             self.pds.remove(&pd);
         }
+        self.claims.release(Owner::Context(ctx));
         self.contexts.remove(&ctx);
     }
 
@@ -890,6 +978,7 @@ impl<T: Transport> VirtioRdma<T> {
 
     fn create_cq(&mut self, ctx: u32, r: RingSpec) -> Result<Vec<u8>, Refused> {
         let ring = self.cq_ring(&r)?;
+        self.claims.check(&r.pages, &[r.header], None)?;
         let tail = ring.prod(self.device.mem().map()).or_refuse("CQ header")?;
         let (sink, track) = self.sink(ring.clone(), tail)?;
         let doorbell = self.take_doorbell(ctx, Obj::Cq(0))?;
@@ -912,6 +1001,7 @@ impl<T: Transport> VirtioRdma<T> {
             .mem()
             .load_u64(r.header + cq_header::ARM)
             .unwrap_or(0);
+        self.claims.claim(Owner::Cq(cq.0), &r.pages, &[r.header]);
         self.cqs.insert(
             cq.0,
             CqFace {
@@ -938,6 +1028,8 @@ impl<T: Transport> VirtioRdma<T> {
     fn resize_cq(&mut self, ctx: u32, cq: u32, r: RingSpec) -> Result<Vec<u8>, Refused> {
         self.cq_of(ctx, cq)?;
         let new = self.cq_ring(&r)?;
+        self.claims
+            .check(&r.pages, &[r.header], Some(Owner::Cq(cq)))?;
         let mem = self.device.mem().map().clone();
         let old = &self.cqs[&cq];
         let tail = old.track.tail.load(Ordering::Relaxed);
@@ -971,6 +1063,8 @@ impl<T: Transport> VirtioRdma<T> {
             .engine_mut()
             .resize_cq_sink(CqHandle(cq), r.entries, Box::new(sink))
             .or_refuse("CQ size")?;
+        self.claims.release(Owner::Cq(cq));
+        self.claims.claim(Owner::Cq(cq), &r.pages, &[r.header]);
         if let Some(c) = self.cqs.get_mut(&cq) {
             c.ring = new;
             c.header = r.header;
@@ -994,6 +1088,7 @@ impl<T: Transport> VirtioRdma<T> {
     ) -> Result<Vec<u8>, Refused> {
         self.owned(&self.pds, pd, ctx, "PD")?;
         let ring = self.guest_ring(&r)?;
+        self.claims.check(&r.pages, &[r.header], None)?;
         let doorbell = self.take_doorbell(ctx, Obj::Srq(0))?;
         let made = self.device.engine_mut().create_srq(
             PdHandle(pd),
@@ -1013,6 +1108,7 @@ impl<T: Transport> VirtioRdma<T> {
         if let Some(c) = self.contexts.get_mut(&ctx) {
             c.doorbells.insert(doorbell, Obj::Srq(srq.0));
         }
+        self.claims.claim(Owner::Srq(srq.0), &r.pages, &[r.header]);
         self.srqs.insert(
             srq.0,
             SrqFace {
@@ -1041,6 +1137,13 @@ impl<T: Transport> VirtioRdma<T> {
         }
         let sq = self.guest_ring(&c.sq)?;
         let rq = c.rq.as_ref().map(|r| self.guest_ring(r)).transpose()?;
+        let mut pages = c.sq.pages.clone();
+        let mut headers = vec![c.sq.header];
+        if let Some(r) = &c.rq {
+            pages.extend_from_slice(&r.pages);
+            headers.push(r.header);
+        }
+        self.claims.check(&pages, &headers, None)?;
         let doorbell = self.take_doorbell(ctx, Obj::Qp(0))?;
         let made = self.device.engine_mut().create_qp(QpInitAttr {
             pd: PdHandle(c.pd),
@@ -1065,6 +1168,7 @@ impl<T: Transport> VirtioRdma<T> {
             }
         };
         let h = qpn.value();
+        self.claims.claim(Owner::Qp(h), &pages, &headers);
         if let Some(cx) = self.contexts.get_mut(&ctx) {
             cx.doorbells.insert(doorbell, Obj::Qp(h));
         }
@@ -1107,6 +1211,7 @@ impl<T: Transport> VirtioRdma<T> {
         if let Some(q) = self.qps.remove(&qpn) {
             self.free_doorbell(q.context, q.doorbell);
         }
+        self.claims.release(Owner::Qp(qpn));
         self.busy_qps.remove(&qpn);
         Ok(())
     }
@@ -1558,4 +1663,40 @@ fn send_wqe(
 
 fn recv_wqe(entry: &[u8], max_sge: u32) -> Result<wq::RecvWqe, u64> {
     decode::decode_recv(entry, max_sge).map(|(wr_id, sges)| wq::RecvWqe { wr_id, sges })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rings_and_areas_keep_to_pages_of_their_own() {
+        let mut c = Claims::default();
+        let ok = |r: Result<(), Refused>| r.is_ok();
+        // A page twice in one command; a header inside the command's pages;
+        // two equal headers.
+        assert!(!ok(c.check(&[0x1000, 0x1000], &[], None)));
+        assert!(!ok(c.check(&[0x1000], &[0x1040], None)));
+        assert!(!ok(c.check(&[0x1000], &[0x9000, 0x9000], None)));
+        assert!(ok(c.check(&[0x1000, 0x2000], &[0x9000, 0x9040], None)));
+        c.claim(Owner::Qp(17), &[0x1000, 0x2000], &[0x9000, 0x9040]);
+        // Another's page, a header on another's page, another's header, a
+        // page holding another's header.
+        assert!(!ok(c.check(&[0x2000], &[0xa000], None)));
+        assert!(!ok(c.check(&[0x3000], &[0x1080], None)));
+        assert!(!ok(c.check(&[0x3000], &[0x9040], None)));
+        assert!(!ok(c.check(&[0x9000], &[0xa000], None)));
+        // Headers share a page with each other.
+        assert!(ok(c.check(&[0x3000], &[0x9080], None)));
+        c.claim(Owner::Cq(1), &[0x3000], &[0x9080]);
+        // A CQ resized keeps its header; its pages are new ones.
+        assert!(ok(c.check(&[0x4000], &[0x9080], Some(Owner::Cq(1)))));
+        assert!(!ok(c.check(&[0x4000], &[0x9080], Some(Owner::Cq(2)))));
+        // Given back, taken again.
+        c.release(Owner::Qp(17));
+        assert!(ok(c.check(&[0x2000], &[0x9000], None)));
+        assert!(!ok(c.check(&[0x3000], &[], None)));
+        c.release(Owner::Cq(1));
+        assert!(c.pages.is_empty() && c.headers.is_empty() && c.by_owner.is_empty());
+    }
 }
