@@ -378,3 +378,54 @@ write(
 fr = struct.pack("<QQIIIII", 0x7F0000000000, BASE + 0x1000, 12, 1, 4096, 7, 1 << 8 | 5) + bytes(12)
 write("pvrdma_wqe", "rc-fast-reg", wqe_seed(2, 2, 0, struct.pack("<QIIIIII", BASE + 0x2000, 0, 0, 11, 2, 0, 0) + fr))
 write("pvrdma_wqe", "recv", wqe_seed(2, 2, 0, struct.pack("<QII", 5, 2, 0) + sge(BASE + 0x1000, 64) + sge(BASE + 0x2000, 64)))
+
+
+# ---- virtio-rdma ------------------------------------------------------------------------------
+# virtio_command: a context, a PD, a CQ, an RC QP and an MR, then a send WQE posted and its
+# doorbell rung, turns of the device (see fuzz_targets/virtio_command.rs for the records).
+VBASE = 0x10_0000
+
+
+def vreq(opcode, ctx, body=b"", pages=()):
+    req = struct.pack("<HHI", opcode, 0, ctx) + body + b"".join(struct.pack("<Q", p) for p in pages)
+    return b"\0" + struct.pack("<H", len(req)) + req
+
+
+def vpoke(off, data):
+    assert off % 4 == 0 and len(data) < 256
+    return b"\1" + struct.pack("<HB", off // 4, len(data)) + data
+
+
+def vring(header, entries, stride, npages):
+    return struct.pack("<QIIII", header, entries, stride, npages, 0)
+
+
+AREA, CQP, SQP, RQP, HDRS, MRP = 1, 2, 3, 4, 5, 8
+page = lambda i: VBASE + i * 4096
+setup = (
+    vreq(3, 0, struct.pack("<II", 64, 1), [page(AREA)])
+    + vreq(5, 1)
+    + vreq(7, 1, vring(page(HDRS), 128, 32, 1), [page(CQP)])
+    + vreq(20, 1, struct.pack("<IBBHIIIIII", 1, 2, 0, 0, 1, 1, 0, 2, 2, 64)
+           + vring(page(HDRS) + 64, 64, 64 * 0 + 128, 2) + vring(page(HDRS) + 128, 64, 64, 1),
+           [page(SQP), page(SQP + 1), page(RQP)])
+    + vreq(10, 1, struct.pack("<IIQQIIII", 1, 7, page(MRP), 8192, 12, 0, 2, 0), [page(MRP), page(MRP + 1)])
+)
+write("virtio_command", "setup", setup + b"\2")
+# A SEND WQE in the send ring's first slot, the producer at 1, doorbell bit 1 (the QP's) and its
+# summary bit, a turn; then the QP to INIT (MODIFY_QP: state 1, port 1).
+wqe = struct.pack("<QBBHI", 7, 2, 2, 1, 0) + bytes(48) + struct.pack("<QII", page(MRP), 64, 0)
+ring = vpoke((SQP) * 4096, wqe) + vpoke(HDRS * 4096 + 64, struct.pack("<I", 1))
+bell = vpoke(AREA * 4096 + 1024, struct.pack("<Q", 1 << 1)) + vpoke(AREA * 4096 + 64, struct.pack("<Q", 1))
+attrs = struct.pack("<IIIIIIIIHBBBBBBBBBB", 1, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0) + bytes(32)
+modify = vreq(21, 1, struct.pack("<II", 17, 1 | 1 << 3 | 1 << 4 | 1 << 5) + attrs)
+write("virtio_command", "post", setup + ring + bell + b"\2" + modify + b"\2\6")
+write("virtio_command", "shrink", setup + b"\x07\x01\2" + ring + bell + b"\2\x07\x00\2\x08")
+# virtio_wqe: RC SEND with two SGEs; UD SEND with its address vector; a REG_MR.
+write("virtio_wqe", "rc-send", bytes([0, 4, 16]) + struct.pack("<QBBHI", 1, 2, 2, 2, 0) + bytes(48)
+      + struct.pack("<QIIQII", 0x1000, 64, 0x100, 0x2000, 32, 0x100))
+write("virtio_wqe", "ud-send", bytes([2, 4, 16]) + struct.pack("<QBBHI", 2, 2, 2, 1, 0)
+      + bytes(16) + struct.pack("<IBBBB6sH", 0, 0, 64, 0, 0, bytes([2, 0, 0, 0, 0, 1]), 0)
+      + struct.pack("<II", 17, 0x11111111) + bytes(8) + struct.pack("<QII", 0x1000, 64, 0x100))
+write("virtio_wqe", "reg-mr", bytes([0, 4, 16]) + struct.pack("<QBBHI", 3, 10, 2, 0, 0)
+      + struct.pack("<QQQIIIB", 0x7F0000000000, 8192, 0x9000, 0x105, 7, 2, 12) + bytes(11))

@@ -121,6 +121,36 @@ pub fn eth_function() -> (Pvrdma<EthPort>, UnixStream, UnixStream) {
     (f, guest_peer, uplink_peer)
 }
 
+/// A virtio-rdma device on an Ethernet port like [`eth_function`]'s.
+pub fn eth_virtio() -> (
+    vrdma_virtio::face::VirtioRdma<EthPort>,
+    UnixStream,
+    UnixStream,
+) {
+    let (guest, guest_peer) = UnixStream::pair().expect("socketpair");
+    let (uplink, uplink_peer) = UnixStream::pair().expect("socketpair");
+    for s in [&guest_peer, &uplink_peer] {
+        s.set_nonblocking(true).expect("non-blocking");
+    }
+    let link = Link::Stream(Stream::new(uplink).expect("stream"));
+    let mut port = EthPort::with_stream(guest, link, MAC).expect("port");
+    port.set_filter(SourceFilter {
+        mac: true,
+        addrs: vec![
+            "127.0.0.1".parse().expect("address"),
+            "fd00::1".parse().expect("address"),
+        ],
+    });
+    let mut attr = vrdma_engine::attr::PortAttr::with_gids(&[]);
+    attr.gids = vec![None; 16];
+    let opts = vrdma_virtio::face::Options {
+        mac: MAC,
+        ..Default::default()
+    };
+    let f = vrdma_virtio::face::VirtioRdma::new(opts, attr, port);
+    (f, guest_peer, uplink_peer)
+}
+
 /// The guest NIC's MAC in [`eth_function`].
 pub const MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 
