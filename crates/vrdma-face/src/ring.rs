@@ -385,6 +385,9 @@ impl<I: Indices> Consumer<I> {
                 return t;
             }
         };
+        // The entries after the index: the guest wrote them before it
+        // published the producer (its release pairs with this acquire).
+        fence(Ordering::Acquire);
         if self.next != prod {
             let mut entry = vec![0u8; self.ring.stride as usize];
             // At most a ring's worth: the entries between the consumer
