@@ -40,6 +40,15 @@ use crate::{
     face::{MAX_REQUEST, VirtioRdma},
 };
 
+/// A used-buffer notification, unless the driver's event index says it
+/// does not want one yet (VIRTIO_RING_F_EVENT_IDX).
+fn signal(vring: &Vring, event_idx: bool) -> io::Result<()> {
+    if !event_idx || vring.needs_notification().map_err(queue_error)? {
+        vring.signal_used_queue()?;
+    }
+    Ok(())
+}
+
 fn queue_error(e: virtio_queue::Error) -> io::Error {
     io::Error::other(format!("virtqueue: {e}"))
 }
@@ -435,7 +444,7 @@ impl<T: Transport> Inner<T> {
                 used_any = true;
             }
             if used_any {
-                vring.signal_used_queue()?;
+                signal(vring, self.event_idx)?;
             }
             if !self.event_idx || !vring.enable_notification().map_err(queue_error)? {
                 break;
@@ -521,6 +530,7 @@ impl<T: Transport> Inner<T> {
     /// Hands what waits to the driver's eventq or notifyq buffers.
     fn deliver<E: IntoBytes + zerocopy::Immutable + Copy>(
         atomic: &Mem,
+        event_idx: bool,
         vring: &Vring,
         mut next: impl FnMut() -> Option<E>,
         mut unget: impl FnMut(E),
@@ -571,7 +581,7 @@ impl<T: Transport> Inner<T> {
             }
         }
         if used_any {
-            vring.signal_used_queue()?;
+            signal(vring, event_idx)?;
         }
         Ok(())
     }
@@ -612,6 +622,7 @@ impl<T: Transport> Inner<T> {
             let cell = std::cell::RefCell::new(&mut self.face);
             Self::deliver(
                 &atomic,
+                self.event_idx,
                 &vrings[vq::EVENT as usize],
                 || cell.borrow_mut().next_event(),
                 |e| cell.borrow_mut().unget_event(e),
@@ -619,6 +630,7 @@ impl<T: Transport> Inner<T> {
             )?;
             Self::deliver(
                 &atomic,
+                self.event_idx,
                 &vrings[vq::NOTIFY as usize],
                 || cell.borrow_mut().next_notification(),
                 |n| cell.borrow_mut().unget_notification(n),
