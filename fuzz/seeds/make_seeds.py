@@ -400,7 +400,7 @@ def vring(header, entries, stride, npages):
     return struct.pack("<QIIII", header, entries, stride, npages, 0)
 
 
-AREA, CQP, SQP, RQP, HDRS, MRP = 1, 2, 3, 4, 5, 8
+AREA, CQP, SQP, RQP, HDRS, MRP = 1, 2, 3, 5, 6, 8
 page = lambda i: VBASE + i * 4096
 setup = (
     vreq(3, 0, struct.pack("<II", 64, 1), [page(AREA)])
