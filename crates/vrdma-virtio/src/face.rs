@@ -288,6 +288,9 @@ pub struct VirtioRdma<T: Transport> {
     notifications: VecDeque<abi::Notification>,
     notified: BTreeSet<u32>,
     polling: bool,
+    /// DEVICE_FATAL was raised: every command but the queries is
+    /// ERR_DEVICE until a reset.
+    fatal: bool,
     scratch: Vec<u32>,
     pub stats: FaceStats,
 }
@@ -324,6 +327,7 @@ impl<T: Transport> VirtioRdma<T> {
             notifications: VecDeque::new(),
             notified: BTreeSet::new(),
             polling: false,
+            fatal: false,
             scratch: Vec::new(),
             stats: FaceStats::default(),
         }
@@ -382,6 +386,7 @@ impl<T: Transport> VirtioRdma<T> {
         self.notifications.clear();
         self.notified.clear();
         self.device.transport_mut().set_local(&[]);
+        self.fatal = false;
         self.stats.resets += 1;
     }
 
@@ -425,6 +430,13 @@ impl<T: Transport> VirtioRdma<T> {
 
     fn execute(&mut self, r: decode::Request) -> Result<Vec<u8>, Refused> {
         let ctx = r.context;
+        let query = matches!(r.command, Command::QueryDevice | Command::QueryPort { .. });
+        if self.fatal && !query {
+            return Err(Refused::new(
+                decode::errno::EIO,
+                "the device failed: reset it",
+            ));
+        }
         let needs_context = !matches!(
             r.command,
             Command::QueryDevice | Command::QueryPort { .. } | Command::CreateContext { .. }
@@ -1508,6 +1520,7 @@ impl<T: Transport> VirtioRdma<T> {
     /// everything goes as in a reset.
     pub fn fail(&mut self) {
         self.reset();
+        self.fatal = true;
         self.event(ev::DEVICE_FATAL, 0, 0);
     }
 

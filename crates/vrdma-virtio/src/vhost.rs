@@ -173,6 +173,11 @@ struct Inner<T: Transport> {
     bad_chains: u64,
     /// Counters for `vrdma stat`, published from the worker's turns.
     publisher: Option<vrdma_device::publish::Publisher>,
+    /// Panics caught in the device's turns.
+    panics: u64,
+    /// The device just resumed: requests that came while it was paused
+    /// are taken.
+    resumed: bool,
 }
 
 /// Watches or stops watching the network's descriptor in the current
@@ -217,6 +222,8 @@ impl<T: Transport + Send + 'static> Backend<T> {
             spin: new_event_consumer_and_notifier(EventFlag::NONBLOCK)?,
             bad_chains: 0,
             publisher: None,
+            panics: 0,
+            resumed: false,
         };
         Ok(Arc::new(Backend {
             inner: Mutex::new(inner),
@@ -372,6 +379,7 @@ impl<T: Transport> Inner<T> {
         let mut c = self.face.counters();
         c.push(("virtio.bad_chains".into(), self.bad_chains));
         c.push(("virtio.paused".into(), u64::from(self.paused.is_some())));
+        c.push(("virtio.panics".into(), self.panics));
         c
     }
 
@@ -419,6 +427,7 @@ impl<T: Transport> Inner<T> {
         }
         let _ = self.timer.clear();
         self.control = Some(control);
+        self.resumed = true;
     }
 
     fn process_control(&mut self, vring: &Vring) -> io::Result<()> {
@@ -794,16 +803,33 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         }
         let mut kicked = false;
         match device_event {
-            vq::CONTROL if g.paused.is_none() => {
-                g.process_control(&vrings[vq::CONTROL as usize])?;
-            }
             vq::DOORBELL => kicked = true,
             TIMER => {
                 let _ = g.timer.wait();
             }
             _ => {}
         }
-        let r = g.run(vrings, kicked);
+        // A panic in the device's turn fails this device — DEVICE_FATAL
+        // for its driver, everything it made gone — and the worker, the
+        // daemon and its other devices go on (the lock is not poisoned:
+        // the panic is caught before it unwinds past the guard).
+        let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if device_event == vq::CONTROL && g.paused.is_none() {
+                g.process_control(&vrings[vq::CONTROL as usize])?;
+            }
+            g.run(vrings, kicked)
+        }));
+        let r = match turn {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::error!(
+                    "virtio-rdma device: a panic in its turn; the device fails and resets"
+                );
+                g.panics += 1;
+                g.face.fail();
+                Ok(())
+            }
+        };
         let running = g.paused.is_none();
         drop(g);
         if let Err(e) = &r {
@@ -815,9 +841,16 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         // watched until it resumes.
         self.watch_network(running && self.failure().is_none());
         let mut g = self.lock_worker();
-        if device_event == vq::CONTROL && g.paused.is_none() {
+        if device_event != vq::CONTROL && g.paused.is_none() && g.resumed {
             // Commands that came while paused, now that it resumed.
-            g.process_control(&vrings[vq::CONTROL as usize])?;
+            g.resumed = false;
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                g.process_control(&vrings[vq::CONTROL as usize])
+            }));
+            if r.is_err() {
+                g.panics += 1;
+                g.face.fail();
+            }
         }
         Ok(())
     }
