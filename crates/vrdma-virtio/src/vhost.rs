@@ -841,7 +841,7 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         // watched until it resumes.
         self.watch_network(running && self.failure().is_none());
         let mut g = self.lock_worker();
-        if device_event != vq::CONTROL && g.paused.is_none() && g.resumed {
+        if g.paused.is_none() && g.resumed {
             // Commands that came while paused, now that it resumed.
             g.resumed = false;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
