@@ -41,6 +41,21 @@ impl Budget {
         self.apply(device);
     }
 
+    /// The guest's memory maps changed: the engine (its budget derived
+    /// again), the CQ sinks (through `shared`) and the transport's lent
+    /// pieces move to the new maps at once.
+    pub fn remap<T: Transport>(
+        &self,
+        device: &mut Device<GuestMem, T>,
+        shared: &crate::cq::SharedMem,
+        mem: &vm_memory::GuestMemoryMmap<()>,
+    ) {
+        self.replace_memory(device, GuestMem::from_map(mem.clone()));
+        if let Ok(guard) = shared.lock() {
+            guard.replace(mem.clone());
+        }
+    }
+
     /// The device's memory replaced (the guest's maps changed), the budget
     /// derived again. Packets queued with payloads lent from the old
     /// memory leave first.

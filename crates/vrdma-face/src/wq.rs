@@ -30,6 +30,30 @@ use vrdma_wire::{Lkey, Qpn};
 
 use crate::ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Taken};
 
+/// Bytes of a scatter/gather element as every device ABI lays it out
+/// (`struct ibv_sge`: le64 address, le32 length, le32 lkey).
+pub const SGE_SIZE: usize = 16;
+
+/// `n` scatter/gather elements from the start of `bytes` (a WQE's copy),
+/// if it holds them.
+pub fn sges(bytes: &[u8], n: usize) -> Option<Vec<Sge>> {
+    let need = n.checked_mul(SGE_SIZE)?;
+    let bytes = bytes.get(..need)?;
+    Some(
+        bytes
+            .chunks_exact(SGE_SIZE)
+            .map(|c| {
+                let u32_at = |o: usize| u32::from_le_bytes([c[o], c[o + 1], c[o + 2], c[o + 3]]);
+                Sge {
+                    addr: u64::from(u32_at(0)) | u64::from(u32_at(4)) << 32,
+                    length: u32_at(8),
+                    lkey: Lkey(u32_at(12)),
+                }
+            })
+            .collect(),
+    )
+}
+
 /// A decoded send WQE, ready for the engine.
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct SendWqe {

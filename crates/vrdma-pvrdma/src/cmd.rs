@@ -181,32 +181,6 @@ fn handle_body(handle: u32) -> [u8; 8] {
     body
 }
 
-/// The face's QP state numbering is the verbs one.
-fn qp_state(v: u32) -> Option<QpState> {
-    Some(match v {
-        0 => QpState::Reset,
-        1 => QpState::Init,
-        2 => QpState::Rtr,
-        3 => QpState::Rts,
-        4 => QpState::Sqd,
-        5 => QpState::Sqe,
-        6 => QpState::Err,
-        _ => return None,
-    })
-}
-
-fn qp_state_code(s: QpState) -> u32 {
-    match s {
-        QpState::Reset => 0,
-        QpState::Init => 1,
-        QpState::Rtr => 2,
-        QpState::Rts => 3,
-        QpState::Sqd => 4,
-        QpState::Sqe => 5,
-        QpState::Err => 6,
-    }
-}
-
 /// The MR access bits the device implements (no on-demand paging, no
 /// relaxed ordering: those bits are ignored, as the driver passes them
 /// through unchecked).
@@ -711,7 +685,7 @@ fn modify_qp<T: Transport>(
     // Only the masked fields are the consumer's; the rest may be
     // anything and are not looked at.
     let cur = *s.device.engine().query_qp(qpn).or_refuse("QP")?.0;
-    let state = |v: u32| qp_state(v).or_refuse("QP state");
+    let state = |v: u32| QpState::from_code(v).or_refuse("QP state");
     let attr = QpAttr {
         qp_state: if m(AttrMask::STATE) {
             state(a.qp_state.get())?
@@ -784,8 +758,8 @@ fn query_qp<T: Transport>(s: &State<T>, req: &[u8], reply: Reply) -> Result<Done
     let qpn = s.qps.get(&h).or_refuse("QP")?.qpn();
     let (a, init) = s.device.engine().query_qp(qpn).or_refuse("QP")?;
     let attrs = abi::QpAttr {
-        qp_state: qp_state_code(a.qp_state).into(),
-        cur_qp_state: qp_state_code(a.cur_qp_state).into(),
+        qp_state: a.qp_state.code().into(),
+        cur_qp_state: a.cur_qp_state.code().into(),
         path_mtu: (a.path_mtu as u32).into(),
         path_mig_state: 0.into(),
         qkey: a.qkey.0.into(),

@@ -15,15 +15,15 @@ use vrdma_engine::{
     mr::{Access, Translation},
     qp::AhAttr,
     wc::WcStatus,
-    wr::{Av, SendFlags, SendOp, Sge, UdDest},
+    wr::{Av, SendFlags, SendOp, UdDest},
 };
 pub use vrdma_face::wq::SendWqe;
 use vrdma_face::{
     PageList, Taken,
     ring::WrapBit,
-    wq::{QpQueues, RecvWqe},
+    wq::{self, QpQueues, RecvWqe},
 };
-use vrdma_wire::{Gid, Lkey, QKey, Qpn, Rkey};
+use vrdma_wire::{Gid, QKey, Qpn, Rkey};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::{
@@ -97,7 +97,7 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
             flags = flags | f;
         }
     }
-    let Some(sges) = sges(&wqe[SQ_WQE_HDR as usize..], num_sge) else {
+    let Some(sges) = wq::sges(&wqe[SQ_WQE_HDR as usize..], num_sge as usize) else {
         return bad(WcStatus::LocLenErr);
     };
     let wr: &[u8] = h.wr.as_bytes();
@@ -193,22 +193,6 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
     })
 }
 
-/// `n` SGEs (`pvrdma_sge`) from the start of `bytes`, if it holds them.
-fn sges(bytes: &[u8], n: u32) -> Option<Vec<Sge>> {
-    let mut sges = Vec::with_capacity(n as usize);
-    let mut rest = bytes;
-    for _ in 0..n {
-        let (s, more) = abi::Sge::read_from_prefix(rest).ok()?;
-        sges.push(Sge {
-            addr: s.addr.get(),
-            length: s.length.get(),
-            lkey: Lkey(s.lkey.get()),
-        });
-        rest = more;
-    }
-    Some(sges)
-}
-
 /// A FAST_REG_MR WQE: the page list (read now, a copy) and the REG_MR.
 fn fast_reg<M: GuestMemory + ?Sized>(
     mem: &M,
@@ -276,7 +260,7 @@ pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<RecvWqe, u64> {
     if n > max_sge || RQ_WQE_HDR + SGE * u64::from(n) > wqe.len() as u64 {
         return Err(wr_id);
     }
-    let sges = sges(rest, n).ok_or(wr_id)?;
+    let sges = wq::sges(rest, n as usize).ok_or(wr_id)?;
     Ok(RecvWqe { wr_id, sges })
 }
 

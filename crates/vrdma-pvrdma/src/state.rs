@@ -140,11 +140,7 @@ impl<T: Transport> State<T> {
     /// The guest's memory maps changed: the engine, the CQ sinks and the
     /// transport's lent pieces move to the new memory at once.
     pub fn remap(&mut self, mem: &GuestMemoryMmap<()>) {
-        self.budget
-            .replace_memory(&mut self.device, GuestMem::from_map(mem.clone()));
-        if let Ok(guard) = self.shared.lock() {
-            guard.replace(mem.clone());
-        }
+        self.budget.remap(&mut self.device, &self.shared, mem);
     }
 
     /// The port steers to the engine what is addressed to the GIDs bound

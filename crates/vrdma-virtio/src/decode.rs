@@ -589,32 +589,6 @@ fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refused> {
     })
 }
 
-/// The verbs QP state numbering.
-pub fn qp_state(v: u32) -> Option<QpState> {
-    Some(match v {
-        0 => QpState::Reset,
-        1 => QpState::Init,
-        2 => QpState::Rtr,
-        3 => QpState::Rts,
-        4 => QpState::Sqd,
-        5 => QpState::Sqe,
-        6 => QpState::Err,
-        _ => return None,
-    })
-}
-
-pub fn qp_state_code(s: QpState) -> u32 {
-    match s {
-        QpState::Reset => 0,
-        QpState::Init => 1,
-        QpState::Rtr => 2,
-        QpState::Rts => 3,
-        QpState::Sqd => 4,
-        QpState::Sqe => 5,
-        QpState::Err => 6,
-    }
-}
-
 /// An address vector, typed.
 pub fn ah_attr(av: &abi::Av, port: u8) -> Result<AhAttr, Refused> {
     if av.reserved.get() != 0 || av.flow_label.get() > 0xf_ffff {
@@ -637,7 +611,7 @@ pub fn ah_attr(av: &abi::Av, port: u8) -> Result<AhAttr, Refused> {
 /// the transition and the ranges.
 pub fn qp_attr(cur: &QpAttr, mask: AttrMask, a: &abi::QpAttrs) -> Result<QpAttr, Refused> {
     let m = |bit: AttrMask| mask.contains(bit);
-    let state = |v: u32| qp_state(v).ok_or(Refused::invalid("QP state"));
+    let state = |v: u32| QpState::from_code(v).ok_or(Refused::invalid("QP state"));
     if a.sq_draining != 0 || a.reserved != 0 {
         return Err(Refused::invalid("reserved field"));
     }
@@ -746,8 +720,8 @@ pub fn qp_attr(cur: &QpAttr, mask: AttrMask, a: &abi::QpAttrs) -> Result<QpAttr,
 /// The attribute block QUERY_QP returns.
 pub fn qp_attrs(a: &QpAttr) -> abi::QpAttrs {
     abi::QpAttrs {
-        qp_state: qp_state_code(a.qp_state).into(),
-        cur_qp_state: qp_state_code(a.cur_qp_state).into(),
+        qp_state: a.qp_state.code().into(),
+        cur_qp_state: a.cur_qp_state.code().into(),
         path_mtu: (a.path_mtu as u32).into(),
         qkey: a.qkey.0.into(),
         rq_psn: a.rq_psn.value().into(),
@@ -816,19 +790,6 @@ pub struct FastReg {
     pub npages: u32,
     pub page_shift: u8,
     pub offset: u64,
-}
-
-fn sges(bytes: &[u8], n: usize) -> Option<Vec<Sge>> {
-    let mut out = Vec::with_capacity(n);
-    for c in bytes.chunks_exact(SGE as usize).take(n) {
-        let s = abi::Sge::read_from_bytes(c).ok()?;
-        out.push(Sge {
-            addr: s.addr.get(),
-            length: s.length.get(),
-            lkey: Lkey(s.lkey.get()),
-        });
-    }
-    (out.len() == n).then_some(out)
 }
 
 /// Decodes a send WQE from its copy (`wqe`: the whole stride). `Err`:
@@ -981,7 +942,7 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
         if count as u64 > u64::from(qp.max_sge) || count * SGE as usize > rest.len() {
             return bad(WcStatus::LocLenErr);
         }
-        match sges(rest, count) {
+        match vrdma_face::wq::sges(rest, count) {
             Some(s) => Payload::Sges(s),
             None => return bad(WcStatus::LocLenErr),
         }
@@ -1025,7 +986,9 @@ pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<(u64, Vec<Sge>), u64> {
     if n as u64 > u64::from(max_sge) || n * SGE as usize > rest.len() {
         return Err(wr_id);
     }
-    sges(rest, n).map(|s| (wr_id, s)).ok_or(wr_id)
+    vrdma_face::wq::sges(rest, n)
+        .map(|s| (wr_id, s))
+        .ok_or(wr_id)
 }
 
 /// The CQE a work completion becomes.

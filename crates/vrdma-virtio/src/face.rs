@@ -358,11 +358,7 @@ impl<T: Transport> VirtioRdma<T> {
     /// The guest's memory maps changed: the engine, the sinks and the
     /// doorbell scans see the new ones at once.
     pub fn set_memory(&mut self, mem: &GuestMemoryMmap<()>) {
-        self.budget
-            .replace_memory(&mut self.device, GuestMem::from_map(mem.clone()));
-        if let Ok(guard) = self.shared.lock() {
-            guard.replace(mem.clone());
-        }
+        self.budget.remap(&mut self.device, &self.shared, mem);
     }
 
     /// Everything the driver made goes (a device reset): a new engine,
@@ -809,9 +805,19 @@ impl<T: Transport> VirtioRdma<T> {
             .is_ok()
     }
 
-    /// A ring's header and pages are guest memory; its ring for the face
-    /// core.
+    /// A work queue's ring (its header's producer and consumer words).
     fn guest_ring(&self, r: &RingSpec) -> Result<GuestRing<FreeRunning>, Refused> {
+        self.ring_at(r, wq_header::PRODUCER, wq_header::CONSUMER)
+    }
+
+    /// A ring whose header and pages are guest memory, for the face core,
+    /// its index words at `prod` and `cons` in its header.
+    fn ring_at(
+        &self,
+        r: &RingSpec,
+        prod: u64,
+        cons: u64,
+    ) -> Result<GuestRing<FreeRunning>, Refused> {
         if !self.in_memory(r.header, abi::RING_HEADER_SIZE as usize) {
             return Err(fault("ring header outside guest memory"));
         }
@@ -826,8 +832,8 @@ impl<T: Transport> VirtioRdma<T> {
         GuestRing::new(
             indices,
             u64::from(r.stride),
-            r.header + wq_header::PRODUCER,
-            r.header + wq_header::CONSUMER,
+            r.header + prod,
+            r.header + cons,
             pages,
         )
         .ok_or(Refused::invalid("ring shape"))
@@ -966,26 +972,9 @@ impl<T: Transport> VirtioRdma<T> {
         ))
     }
 
+    /// A CQ's ring (the device produces, the driver consumes).
     fn cq_ring(&self, r: &RingSpec) -> Result<GuestRing<FreeRunning>, Refused> {
-        if !self.in_memory(r.header, abi::RING_HEADER_SIZE as usize) {
-            return Err(fault("ring header outside guest memory"));
-        }
-        if r.pages
-            .iter()
-            .any(|&p| !self.in_memory(p, abi::PAGE_SIZE as usize))
-        {
-            return Err(fault("ring page outside guest memory"));
-        }
-        let indices = FreeRunning::new(r.entries).ok_or(Refused::invalid("ring entries"))?;
-        let pages = PageList::new(r.pages.clone()).or_refuse("ring pages")?;
-        GuestRing::new(
-            indices,
-            u64::from(r.stride),
-            r.header + cq_header::PRODUCER,
-            r.header + cq_header::CONSUMER,
-            pages,
-        )
-        .ok_or(Refused::invalid("ring shape"))
+        self.ring_at(r, cq_header::PRODUCER, cq_header::CONSUMER)
     }
 
     fn create_cq(&mut self, ctx: u32, r: RingSpec) -> Result<Vec<u8>, Refused> {

@@ -33,6 +33,36 @@ pub enum QpState {
     Err,
 }
 
+impl QpState {
+    /// From the verbs numbering (`ibv_qp_state`, the kernel's
+    /// `ib_qp_state`), which every device ABI carries.
+    pub const fn from_code(v: u32) -> Option<Self> {
+        Some(match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            6 => QpState::Err,
+            _ => return None,
+        })
+    }
+
+    /// The verbs numbering.
+    pub const fn code(self) -> u32 {
+        match self {
+            QpState::Reset => 0,
+            QpState::Init => 1,
+            QpState::Rtr => 2,
+            QpState::Rts => 3,
+            QpState::Sqd => 4,
+            QpState::Sqe => 5,
+            QpState::Err => 6,
+        }
+    }
+}
+
 /// Which attributes a modify or query names (`enum ibv_qp_attr_mask`; the
 /// bit values are rdma-core's, so a guest's mask passes through unchanged).
 #[derive(Clone, Copy, Default, Eq, Hash, PartialEq)]
