@@ -217,7 +217,11 @@ pub struct VirtioRdma<T: Transport> {
 impl<T: Transport> VirtioRdma<T> {
     /// A device reaching the network through `transport`, its port with
     /// `port`'s GIDs; nothing made yet, no memory mapped.
-    pub fn new(opts: Options, port: PortAttr, transport: T) -> Self {
+    pub fn new(opts: Options, mut port: PortAttr, transport: T) -> Self {
+        // Room for the GIDs the driver sets (§6.30), past any configured.
+        if port.gids.len() < GID_TABLE_LEN {
+            port.gids.resize(GID_TABLE_LEN, None);
+        }
         let attr = device_attr(opts.mac);
         let engine = Engine::new(attr.clone(), port.clone());
         let mut device = Device::new(engine, GuestMem::default(), transport);
@@ -1431,6 +1435,10 @@ impl<T: Transport> VirtioRdma<T> {
         c
     }
 }
+
+/// Entries of the port's GID table (QUERY_PORT's `gid_tbl_len`), as
+/// PVRDMA's default.
+pub const GID_TABLE_LEN: usize = 128;
 
 /// The largest request the control queue takes: a header, the largest
 /// body and a 4 MiB trailing array.
