@@ -468,11 +468,11 @@ impl<T: Transport> VirtioRdma<T> {
             Command::DeallocMw { rkey } => {
                 self.owned(&self.mws, rkey >> 8, ctx, "MW")?;
                 let engine = self.device.engine_mut();
-                let cur = engine.current_lkey(rkey >> 8).or_refuse("MW")?;
+                let cur = engine.current_rkey(rkey >> 8).or_refuse("MW")?;
                 if cur.0 != rkey {
                     return Err(noent("MW key"));
                 }
-                engine.dealloc_mw(Rkey(rkey)).or_refuse("MW")?;
+                engine.dealloc_mw(cur).or_refuse("MW")?;
                 self.mws.remove(&(rkey >> 8));
                 Ok(Vec::new())
             }
@@ -820,8 +820,8 @@ impl<T: Transport> VirtioRdma<T> {
         }
         self.notifications.retain(|n| n.context.get() != ctx);
         for w in of(&self.mws) {
-            if let Some(k) = engine.current_lkey(w) {
-                let _ = engine.dealloc_mw(Rkey(k.0));
+            if let Some(k) = engine.current_rkey(w) {
+                let _ = engine.dealloc_mw(k);
             }
             self.mws.remove(&w);
         }
@@ -1546,10 +1546,10 @@ fn send_wqe(
             ));
         }
         vrdma_engine::wr::SendOp::BindMw { mw, .. } => {
-            let Some(cur) = engine.current_lkey(mw.0 >> 8) else {
+            let Some(cur) = engine.current_rkey(mw.0 >> 8) else {
                 return bad(WcStatus::MwBindErr);
             };
-            *mw = Rkey(cur.0);
+            *mw = cur;
         }
         _ => {}
     }
