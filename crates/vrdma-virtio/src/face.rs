@@ -1344,11 +1344,35 @@ impl<T: Transport> VirtioRdma<T> {
             let ctx = self.owner_of_event(e);
             self.event(kind, object, ctx);
             raised += 1;
+            if let AsyncEvent::CqErr { cq } = e {
+                raised += self.cq_error_takes_down(cq);
+            }
         }
         Ok(Turn {
             busy: rung > 0 || !progress.is_idle() || raised > 0 || !self.busy_qps.is_empty(),
             deadline: progress.deadline,
         })
+    }
+
+    /// A CQ in error took the QPs that use it to ERR (the engine did):
+    /// one QP_FATAL each, after the CQ_ERR (§10.2, DEV-48). Returns how
+    /// many.
+    fn cq_error_takes_down(&mut self, cq: CqHandle) -> usize {
+        let engine = self.device.engine();
+        let down: Vec<(u32, u32)> = self
+            .qps
+            .iter()
+            .filter(|(qpn, _)| {
+                engine
+                    .query_qp(Qpn::from_masked(**qpn))
+                    .is_ok_and(|(_, init)| init.send_cq == cq || init.recv_cq == cq)
+            })
+            .map(|(qpn, q)| (*qpn, q.context))
+            .collect();
+        for &(qpn, ctx) in &down {
+            self.event(ev::QP_FATAL, qpn, ctx);
+        }
+        down.len()
     }
 
     fn owner_of_event(&self, e: AsyncEvent) -> u32 {
