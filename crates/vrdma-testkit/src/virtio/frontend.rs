@@ -306,66 +306,31 @@ impl Frontend {
     /// new one comes with the same guest memory and the same virtqueues,
     /// each resumed from what the device used (its used index: every
     /// chain before it was taken, in order).
-    pub fn reconnect(self) -> Self {
-        let Frontend {
-            socket,
-            ram,
-            conn,
-            opts,
-            control,
-            eventq,
-            notifyq,
-            doorbellq,
-            kicker,
-            req,
-            req_room,
-            resp,
-            event_bufs,
-            notify_bufs,
-            events,
-            notifications,
-            short_items,
-            ..
-        } = self;
-        drop(conn);
-        let control = control.reattach(&ram);
-        let eventq = eventq.reattach(&ram);
-        let notifyq = notifyq.reattach(&ram);
-        let doorbellq = doorbellq.reattach(&ram);
-        *kicker
+    pub fn reconnect(&mut self) {
+        self.control = self.control.reattach(&self.ram);
+        self.eventq = self.eventq.reattach(&self.ram);
+        self.notifyq = self.notifyq.reattach(&self.ram);
+        self.doorbellq = self.doorbellq.reattach(&self.ram);
+        *self
+            .kicker
             .fd
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            doorbellq.kick.try_clone().expect("dup");
-        let conn = Conn::connect(&socket, vqi::COUNT as u64).expect("reconnecting to the device");
-        let used = |q: &Vq| ram.load_u16(q.used + 2, Ordering::Acquire);
-        let bases = [used(&control), used(&eventq), used(&notifyq), 0];
-        let mut fe = Frontend {
-            socket,
-            ram: ram.clone(),
-            conn,
-            opts,
-            offered: 0,
-            features: 0,
-            protocol: VhostUserProtocolFeatures::empty(),
-            config: abi::Config::new_zeroed(),
-            control,
-            eventq,
-            notifyq,
-            doorbellq,
-            kicker,
-            req,
-            req_room,
-            resp,
-            event_bufs,
-            notify_bufs,
-            events,
-            notifications,
-            short_items,
-        };
-        fe.negotiate();
-        fe.start_queues(bases);
-        fe
+            self.doorbellq.kick.try_clone().expect("dup");
+        let conn =
+            Conn::connect(&self.socket, vqi::COUNT as u64).expect("reconnecting to the device");
+        // The old connection closes: the device pauses, then serves this
+        // one.
+        drop(std::mem::replace(&mut self.conn, conn));
+        let used = |q: &Vq| self.ram.load_u16(q.used + 2, Ordering::Acquire);
+        let bases = [
+            used(&self.control),
+            used(&self.eventq),
+            used(&self.notifyq),
+            0,
+        ];
+        self.negotiate();
+        self.start_queues(bases);
     }
 
     /// Stops every queue as QEMU stops a vhost device (GET_VRING_BASE
@@ -582,6 +547,44 @@ impl Frontend {
         self.wait_event(&format!("type {kind} object {object}"), |e| {
             e.event_type.get() == kind && e.object.get() == object
         })
+    }
+
+    /// Waits for events of these (type, object), which must come in this
+    /// order among the events read; takes them and returns them.
+    pub fn wait_events_in_order(&mut self, want: &[(u32, u32)]) -> Vec<abi::Event> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            self.drain();
+            let at: Vec<Option<usize>> = want
+                .iter()
+                .map(|&(k, o)| {
+                    self.events
+                        .iter()
+                        .position(|e| e.event_type.get() == k && e.object.get() == o)
+                })
+                .collect();
+            if at.iter().all(Option::is_some) {
+                let at: Vec<usize> = at.into_iter().flatten().collect();
+                assert!(
+                    at.windows(2).all(|w| w[0] < w[1]),
+                    "events {want:?} out of order: {:?}",
+                    self.events
+                );
+                let mut taken: Vec<abi::Event> = at
+                    .into_iter()
+                    .rev()
+                    .filter_map(|i| self.events.remove(i))
+                    .collect();
+                taken.reverse();
+                return taken;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no events {want:?} within {WAIT:?}; seen: {:?}",
+                self.events
+            );
+            self.eventq.sleep(deadline, "events");
+        }
     }
 
     /// Waits for a notification of `cq`, taking it.
