@@ -406,6 +406,11 @@ impl<T: Transport> VirtioRdma<T> {
                 pages,
             } => {
                 self.owned(&self.pds, pd, ctx, "PD")?;
+                // Step 6: every page wholly inside guest memory (§6.16).
+                let page = 1usize << page_shift;
+                if pages.iter().any(|&p| !self.in_memory(p, page)) {
+                    return Err(fault("MR page outside guest memory"));
+                }
                 let engine = self.device.engine_mut();
                 engine.check_mr_pages(pages.len()).or_refuse("MR pages")?;
                 let (lkey, rkey) = engine
