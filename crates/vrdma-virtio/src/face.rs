@@ -1553,8 +1553,10 @@ fn send_wqe(
             if f.npages > max {
                 return bad(WcStatus::LocQpOpErr);
             }
+            // A page list or page outside guest memory is a protection
+            // error (§7.9), a misaligned page a malformed WQE.
             let Ok(pages) = PageList::read(mem, f.page_list, f.npages as usize) else {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(WcStatus::LocProtErr);
             };
             if pages
                 .pages()
@@ -1562,6 +1564,14 @@ fn send_wqe(
                 .any(|p| !p.is_multiple_of(1u64 << f.page_shift))
             {
                 return bad(WcStatus::LocQpOpErr);
+            }
+            let page = 1usize << f.page_shift;
+            if pages
+                .pages()
+                .iter()
+                .any(|&p| mem.get_slice(GuestAddress(p), page).is_err())
+            {
+                return bad(WcStatus::LocProtErr);
             }
             *mr = cur;
             fast_reg = Some((
