@@ -177,9 +177,11 @@ fn an_idle_device_stops_polling_and_a_kick_wakes_it() {
 
 #[test]
 fn a_polling_device_takes_posts_without_a_kick() {
-    let mut opts = vrdma_virtio::face::Options::default();
-    opts.poll = true;
-    let da = NET.device_with("polling-a", opts.clone(), Duration::from_secs(5));
+    let opts = vrdma_virtio::face::Options {
+        poll: true,
+        ..Default::default()
+    };
+    let da = NET.device_with("polling-a", opts, Duration::from_secs(5));
     let db = NET.device("polling-b");
     let mut a = Side::new(&da);
     let mut b = Side::new(&db);

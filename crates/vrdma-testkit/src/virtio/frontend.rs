@@ -258,6 +258,15 @@ impl Frontend {
         self.acked(|c| c.set_mem_table(&[region]).map(|_| ()))
     }
 
+    /// A memory table of `view`'s one region instead (a VMM that
+    /// replaced the guest's memory; `view` may map the same file or
+    /// another). The test's own view stays `ram`.
+    pub fn set_mem_table_to(&mut self, view: &Ram) -> vhost::Result<()> {
+        let region = VhostUserMemoryRegionInfo::from_guest_region(view.region())
+            .expect("a file-backed region");
+        self.acked(|c| c.set_mem_table(&[region]).map(|_| ()))
+    }
+
     /// A guest address as the VMM's address the vring messages carry.
     pub fn vmm_addr(&self, gpa: u64) -> u64 {
         self.ram.region().as_ptr() as u64 + (gpa - self.ram.base)
