@@ -500,6 +500,7 @@ fn vring_addresses_outside_memory_are_refused() {
     let mut good = Good::new("vring");
     let dev = NET.device("vring");
     let mut fe = dev.connect(16 << 20);
+    let ctx = fe.context(64);
     let bad = VringConfigData {
         queue_max_size: 64,
         queue_size: 64,
@@ -514,8 +515,12 @@ fn vring_addresses_outside_memory_are_refused() {
             .is_err(),
         "addresses no region maps"
     );
-    // The device answers on (its controlq as it was).
+    // A refused message ends the connection (rust-vmm's daemon stops at
+    // an error it reports): the device pauses; the VMM reconnecting with
+    // the same memory and queues finds it serving, its context intact.
+    fe.reconnect();
     let _ = fe.query_device();
+    let _ = fe.pd(&ctx);
     drop(fe);
     let mut s = Side::new(&dev);
     let _ = s.fe.query_port();
