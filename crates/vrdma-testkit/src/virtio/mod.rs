@@ -12,7 +12,7 @@
 //!
 //! Devices are made through a test binary's [`Net`] (`static NET: Net =
 //! Net::new(N)`, addresses 127.N.x.y), as the PVRDMA kit's are; the blocks
-//! taken are listed in `pvrdma`'s doc (25 and up: this kit's suites):
+//! taken are listed in `pvrdma`'s doc too (25 and up are this kit's suites):
 //!
 //! | block | binary |
 //! |---|---|
