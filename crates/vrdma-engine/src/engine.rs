@@ -1255,6 +1255,12 @@ impl Engine {
         self.cx.keys.lkey_at(index)
     }
 
+    /// The current rkey of a memory window by index (a face's guest
+    /// names a window by its index; binds change its key byte).
+    pub fn current_rkey(&self, index: u32) -> Option<vrdma_wire::Rkey> {
+        self.cx.keys.rkey_at(index)
+    }
+
     /// Send WQEs a QP holds (posted and not yet retired).
     pub fn sq_len(&self, qpn: Qpn) -> Option<u32> {
         self.qps.get(qpn.value()).map(|q| q.sq.len() as u32)

@@ -418,6 +418,14 @@ impl Keys {
         }
     }
 
+    /// The current rkey of the window at `index`.
+    pub(crate) fn rkey_at(&self, index: u32) -> Option<Rkey> {
+        match self.table.get(index)? {
+            KeyObj::Mw(mw) => Some(mw.rkey),
+            KeyObj::Mr(_) => None,
+        }
+    }
+
     /// The valid MR an lkey names (key byte checked).
     pub(crate) fn by_lkey(&self, lkey: Lkey) -> Option<&Mr> {
         self.mr_any(lkey.0).filter(|mr| mr.valid)

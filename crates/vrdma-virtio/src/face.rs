@@ -298,7 +298,11 @@ pub struct VirtioRdma<T: Transport> {
 impl<T: Transport> VirtioRdma<T> {
     /// A device reaching the network through `transport`, its port with
     /// `port`'s GIDs; nothing made yet, no memory mapped.
-    pub fn new(opts: Options, port: PortAttr, transport: T) -> Self {
+    pub fn new(opts: Options, mut port: PortAttr, transport: T) -> Self {
+        // Room for the GIDs the driver sets (§6.30), past any configured.
+        if port.gids.len() < GID_TABLE_LEN {
+            port.gids.resize(GID_TABLE_LEN, None);
+        }
         let attr = device_attr(opts.mac);
         let engine = Engine::new(attr.clone(), port.clone());
         let mut device = Device::new(engine, GuestMem::default(), transport);
@@ -491,6 +495,11 @@ impl<T: Transport> VirtioRdma<T> {
                 pages,
             } => {
                 self.owned(&self.pds, pd, ctx, "PD")?;
+                // Step 6: every page wholly inside guest memory (§6.16).
+                let page = 1usize << page_shift;
+                if pages.iter().any(|&p| !self.in_memory(p, page)) {
+                    return Err(fault("MR page outside guest memory"));
+                }
                 let engine = self.device.engine_mut();
                 engine.check_mr_pages(pages.len()).or_refuse("MR pages")?;
                 let (lkey, rkey) = engine
@@ -553,11 +562,10 @@ impl<T: Transport> VirtioRdma<T> {
             Command::DeallocMw { rkey } => {
                 self.owned(&self.mws, rkey >> 8, ctx, "MW")?;
                 let engine = self.device.engine_mut();
-                let cur = engine.current_lkey(rkey >> 8).or_refuse("MW")?;
-                if cur.0 != rkey {
-                    return Err(noent("MW key"));
-                }
-                engine.dealloc_mw(Rkey(rkey)).or_refuse("MW")?;
+                // Named by its index; the key byte, which binds change,
+                // is ignored (§6.21, §6.19).
+                let cur = engine.current_rkey(rkey >> 8).or_refuse("MW")?;
+                engine.dealloc_mw(cur).or_refuse("MW")?;
                 self.mws.remove(&(rkey >> 8));
                 Ok(Vec::new())
             }
@@ -921,8 +929,8 @@ impl<T: Transport> VirtioRdma<T> {
         }
         self.notifications.retain(|n| n.context.get() != ctx);
         for w in of(&self.mws) {
-            if let Some(k) = engine.current_lkey(w) {
-                let _ = engine.dealloc_mw(Rkey(k.0));
+            if let Some(k) = engine.current_rkey(w) {
+                let _ = engine.dealloc_mw(k);
             }
             self.mws.remove(&w);
         }
@@ -1447,11 +1455,35 @@ impl<T: Transport> VirtioRdma<T> {
             let ctx = self.owner_of_event(e);
             self.event(kind, object, ctx);
             raised += 1;
+            if let AsyncEvent::CqErr { cq } = e {
+                raised += self.cq_error_takes_down(cq);
+            }
         }
         Ok(Turn {
             busy: rung > 0 || !progress.is_idle() || raised > 0 || !self.busy_qps.is_empty(),
             deadline: progress.deadline,
         })
+    }
+
+    /// A CQ in error took the QPs that use it to ERR (the engine did):
+    /// one QP_FATAL each, after the CQ_ERR (§10.2, DEV-48). Returns how
+    /// many.
+    fn cq_error_takes_down(&mut self, cq: CqHandle) -> usize {
+        let engine = self.device.engine();
+        let down: Vec<(u32, u32)> = self
+            .qps
+            .iter()
+            .filter(|(qpn, _)| {
+                engine
+                    .query_qp(Qpn::from_masked(**qpn))
+                    .is_ok_and(|(_, init)| init.send_cq == cq || init.recv_cq == cq)
+            })
+            .map(|(qpn, q)| (*qpn, q.context))
+            .collect();
+        for &(qpn, ctx) in &down {
+            self.event(ev::QP_FATAL, qpn, ctx);
+        }
+        down.len()
     }
 
     fn owner_of_event(&self, e: AsyncEvent) -> u32 {
@@ -1539,6 +1571,10 @@ impl<T: Transport> VirtioRdma<T> {
     }
 }
 
+/// Entries of the port's GID table (QUERY_PORT's `gid_tbl_len`), as
+/// PVRDMA's default.
+pub const GID_TABLE_LEN: usize = 128;
+
 /// The largest request the control queue takes: a header, the largest
 /// body and a 4 MiB trailing array.
 pub const MAX_REQUEST: u32 = (4 << 20) + 4096;
@@ -1624,8 +1660,10 @@ fn send_wqe(
             if f.npages > max {
                 return bad(WcStatus::LocQpOpErr);
             }
+            // A page list or page outside guest memory is a protection
+            // error (§7.9), a misaligned page a malformed WQE.
             let Ok(pages) = PageList::read(mem, f.page_list, f.npages as usize) else {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(WcStatus::LocProtErr);
             };
             if pages
                 .pages()
@@ -1633,6 +1671,14 @@ fn send_wqe(
                 .any(|p| !p.is_multiple_of(1u64 << f.page_shift))
             {
                 return bad(WcStatus::LocQpOpErr);
+            }
+            let page = 1usize << f.page_shift;
+            if pages
+                .pages()
+                .iter()
+                .any(|&p| mem.get_slice(GuestAddress(p), page).is_err())
+            {
+                return bad(WcStatus::LocProtErr);
             }
             *mr = cur;
             fast_reg = Some((
@@ -1645,10 +1691,10 @@ fn send_wqe(
             ));
         }
         vrdma_engine::wr::SendOp::BindMw { mw, .. } => {
-            let Some(cur) = engine.current_lkey(mw.0 >> 8) else {
+            let Some(cur) = engine.current_rkey(mw.0 >> 8) else {
                 return bad(WcStatus::MwBindErr);
             };
-            *mw = Rkey(cur.0);
+            *mw = cur;
         }
         _ => {}
     }

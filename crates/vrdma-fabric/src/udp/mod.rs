@@ -218,6 +218,13 @@ pub struct UdpPort {
     stats: UdpStats,
 }
 
+// A port moves to the thread that serves it (a vhost-user backend must be
+// Send and Sync): it holds no raw pointer between calls.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<UdpPort>();
+};
+
 impl UdpPort {
     /// Binds `config.addr:config.port`.
     pub fn bind(config: Config) -> io::Result<Self> {

@@ -479,9 +479,6 @@ const MAX_PIECES: usize = 1024;
 pub(crate) struct SendBatch {
     /// Allocated (and zeroed) once; `used` bytes of it are committed.
     data: Vec<u8>,
-    /// Guards of the lent pieces' pointers during one call (kept between
-    /// calls for their allocation).
-    guards: Vec<PtrGuard>,
     used: usize,
     pending: Vec<Pending>,
     pieces: Vec<Piece>,
@@ -522,7 +519,6 @@ impl SendBatch {
     pub fn new() -> Self {
         SendBatch {
             data: vec![0; BATCH_BYTES],
-            guards: Vec::with_capacity(4 * MAX_BATCH),
             used: 0,
             pending: Vec::with_capacity(MAX_BATCH),
             pieces: Vec::with_capacity(4 * MAX_BATCH),
@@ -703,8 +699,10 @@ impl SendBatch {
             Vec::with_capacity(batch[..count].iter().map(|p| p.pieces).sum());
         // Lent pieces are handed to the kernel by pointer, from volatile
         // slices of the memory (never a reference to bytes another party
-        // may be writing); their guards live until the call returns.
-        self.guards.clear();
+        // may be writing); their guards live until the call returns. (Not
+        // kept between calls: a guard holds a raw pointer, and a port that
+        // held them would not be Send.)
+        let mut guards: Vec<PtrGuard> = Vec::new();
         'datagrams: for (i, p) in batch[..count].iter().enumerate() {
             let mark = iovs.len();
             for piece in &self.pieces[p.first..p.first + p.pieces] {
@@ -717,7 +715,7 @@ impl SendBatch {
                         Some(slice) if slice.len() == len => {
                             let guard = slice.ptr_guard();
                             let ptr = guard.as_ptr();
-                            self.guards.push(guard);
+                            guards.push(guard);
                             (ptr, len)
                         }
                         _ => {
@@ -769,7 +767,7 @@ impl SendBatch {
         // pointing at live names and control areas (owned by `self`) and at
         // their datagrams' iovecs in `iovs`, which point at bytes of the
         // batch, or of `mem` through volatile slices whose guards are held
-        // in `self.guards`, of the stated lengths, borrowed for this call;
+        // in `guards`, of the stated lengths, borrowed for this call;
         // the kernel only reads them, and touches no header past `count`.
         let r = unsafe {
             libc::sendmmsg(
@@ -779,7 +777,7 @@ impl SendBatch {
                 0,
             )
         };
-        self.guards.clear();
+        drop(guards);
         if r < 0 {
             Err(io::Error::last_os_error())
         } else {

@@ -1,0 +1,645 @@
+//! The VMM and the guest driver's virtio half, as a virtio-rdma device
+//! sees them: a vhost-user front-end (rust-vmm's `vhost` crate) that
+//! negotiates features, reads the configuration, gives the device the
+//! guest's memory and its four virtqueues, and then — as the driver —
+//! sends the spec's commands on the controlq, keeps the eventq and the
+//! notifyq stocked and reads what the device puts there, and kicks the
+//! doorbellq.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use vhost::{
+    VhostBackend, VhostUserMemoryRegionInfo, VringConfigData,
+    vhost_user::{
+        Frontend as Conn, VhostUserFrontend,
+        message::{VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures},
+    },
+};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vrdma_virtio::abi::{self, feature, op, status, vq as vqi};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
+use super::{
+    ram::{PAGE, Ram},
+    vq::{Buf, Vq},
+};
+
+/// How long a test waits for anything the device does by default.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// `VHOST_USER_F_PROTOCOL_FEATURES`.
+const PROTOCOL_FEATURES: u64 = 1 << 30;
+
+/// What a front-end asks for.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Accept VIRTIO_RDMA_F_DOORBELL_POLL when offered.
+    pub poll: bool,
+    /// Accept VIRTIO_F_RING_EVENT_IDX when offered.
+    pub event_idx: bool,
+    /// Buffers kept posted on the eventq and on the notifyq.
+    pub buffers: u16,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            poll: true,
+            event_idx: true,
+            buffers: 64,
+        }
+    }
+}
+
+/// How the driver kicks the doorbellq: shared with every context, and
+/// replaced when the front-end reconnects.
+#[derive(Debug)]
+pub struct Kicker {
+    fd: Mutex<EventFd>,
+    /// VIRTIO_RDMA_F_DOORBELL_POLL was negotiated.
+    pub poll: AtomicBool,
+    /// Kicks so far.
+    pub kicks: AtomicU64,
+}
+
+impl Kicker {
+    pub fn kick(&self) {
+        self.kicks.fetch_add(1, Ordering::Relaxed);
+        self.fd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .write(1)
+            .expect("kicking the doorbellq");
+    }
+}
+
+/// A refused command: the response's status and detail (errno).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Status {
+    pub status: u16,
+    pub detail: u32,
+}
+
+/// The front-end: the vhost-user connection, the guest's memory and its
+/// four virtqueues.
+pub struct Frontend {
+    pub socket: PathBuf,
+    pub ram: Arc<Ram>,
+    pub conn: Conn,
+    pub opts: Options,
+    /// Features the device offered and those negotiated.
+    pub offered: u64,
+    pub features: u64,
+    pub protocol: VhostUserProtocolFeatures,
+    pub config: abi::Config,
+    pub control: Vq,
+    pub eventq: Vq,
+    pub notifyq: Vq,
+    pub doorbellq: Vq,
+    pub kicker: Arc<Kicker>,
+    req: u64,
+    req_room: u64,
+    resp: u64,
+    event_bufs: HashMap<u16, u64>,
+    notify_bufs: HashMap<u16, u64>,
+    /// Events and notifications read and not yet taken by the test.
+    pub events: VecDeque<abi::Event>,
+    pub notifications: VecDeque<abi::Notification>,
+    /// Used buffers of the eventq or notifyq with `len` other than the
+    /// item's size.
+    pub short_items: u64,
+}
+
+/// The virtqueue sizes: the controlq's, the eventq's and notifyq's, the
+/// doorbellq's (the smallest: it never holds a buffer).
+const CONTROL_SIZE: u16 = 64;
+const ITEM_SIZE: u16 = 128;
+const DOORBELL_SIZE: u16 = 2;
+
+impl Frontend {
+    /// Connects to the device at `socket` with guest memory `ram`, set up
+    /// as QEMU and the driver set a device up.
+    pub fn connect(socket: &Path, ram: Arc<Ram>) -> Self {
+        Self::connect_with(socket, ram, Options::default())
+    }
+
+    pub fn connect_with(socket: &Path, ram: Arc<Ram>, opts: Options) -> Self {
+        let control = Vq::new(&ram, vqi::CONTROL, CONTROL_SIZE);
+        let eventq = Vq::new(&ram, vqi::EVENT, ITEM_SIZE);
+        let notifyq = Vq::new(&ram, vqi::NOTIFY, ITEM_SIZE);
+        let doorbellq = Vq::new(&ram, vqi::DOORBELL, DOORBELL_SIZE);
+        let req_room = 64 * 1024;
+        let req = ram.alloc(req_room, PAGE);
+        let resp = ram.pages(1);
+        let conn = Conn::connect(socket, vqi::COUNT as u64).expect("connecting to the device");
+        let kicker = Arc::new(Kicker {
+            fd: Mutex::new(doorbellq.kick.try_clone().expect("dup")),
+            poll: AtomicBool::new(false),
+            kicks: AtomicU64::new(0),
+        });
+        let mut fe = Frontend {
+            socket: socket.to_path_buf(),
+            ram,
+            conn,
+            opts,
+            offered: 0,
+            features: 0,
+            protocol: VhostUserProtocolFeatures::empty(),
+            config: abi::Config::new_zeroed(),
+            control,
+            eventq,
+            notifyq,
+            doorbellq,
+            kicker,
+            req,
+            req_room,
+            resp,
+            event_bufs: HashMap::new(),
+            notify_bufs: HashMap::new(),
+            events: VecDeque::new(),
+            notifications: VecDeque::new(),
+            short_items: 0,
+        };
+        fe.negotiate();
+        fe.start_queues([0; 4]);
+        // The eventq and the notifyq stocked before DRIVER_OK (§5 step 4).
+        let n = fe.opts.buffers;
+        let page = fe.ram.pages(u64::from(n).div_ceil(256).max(1));
+        for k in 0..n {
+            let at = page + 16 * u64::from(k);
+            let h = fe.eventq.add(&[Buf::w(at, 16)]);
+            fe.event_bufs.insert(h, at);
+        }
+        let page = fe.ram.pages(u64::from(n).div_ceil(256).max(1));
+        for k in 0..n {
+            let at = page + 16 * u64::from(k);
+            let h = fe.notifyq.add(&[Buf::w(at, 16)]);
+            fe.notify_bufs.insert(h, at);
+        }
+        fe.eventq.notify();
+        fe.notifyq.notify();
+        fe
+    }
+
+    /// Features, protocol features, queues, configuration: what QEMU's
+    /// vhost_dev_init and the driver's probe do.
+    fn negotiate(&mut self) {
+        self.conn.set_owner().expect("SET_OWNER");
+        self.offered = self.conn.get_features().expect("GET_FEATURES");
+        assert!(
+            self.offered & feature::VERSION_1 != 0,
+            "the device must offer VERSION_1 (DEV-1)"
+        );
+        assert!(
+            self.offered & PROTOCOL_FEATURES != 0,
+            "the backend must offer VHOST_USER_F_PROTOCOL_FEATURES"
+        );
+        let offered = self
+            .conn
+            .get_protocol_features()
+            .expect("GET_PROTOCOL_FEATURES");
+        let want = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::RESET_DEVICE;
+        assert!(
+            offered.contains(want),
+            "protocol features offered: {offered:?}"
+        );
+        self.protocol = want;
+        self.conn
+            .set_protocol_features(want)
+            .expect("SET_PROTOCOL_FEATURES");
+        let queues = self.conn.get_queue_num().expect("GET_QUEUE_NUM");
+        assert_eq!(queues, vqi::COUNT as u64, "GET_QUEUE_NUM (§13.1: 4)");
+        // 64 bytes (never an offset or size the device would refuse: the
+        // vhost crate's get_config never returns on the zero-size error
+        // reply).
+        let (_, cfg) = self
+            .conn
+            .get_config(0, 64, VhostUserConfigFlags::WRITABLE, &[0; 64])
+            .expect("GET_CONFIG");
+        self.config = abi::Config::read_from_bytes(&cfg).expect("64 bytes");
+        let mut f = feature::VERSION_1 | PROTOCOL_FEATURES;
+        if self.opts.event_idx {
+            f |= self.offered & feature::RING_EVENT_IDX;
+        }
+        if self.opts.poll {
+            f |= self.offered & feature::DOORBELL_POLL;
+        }
+        self.features = f;
+        self.kicker
+            .poll
+            .store(f & feature::DOORBELL_POLL != 0, Ordering::Relaxed);
+        self.acked(|c| c.set_features(f)).expect("SET_FEATURES");
+    }
+
+    /// Runs a message that has no reply of its own with NEED_REPLY set,
+    /// so that the backend's refusal reaches the test.
+    pub fn acked<R>(&mut self, f: impl FnOnce(&mut Conn) -> vhost::Result<R>) -> vhost::Result<R> {
+        self.conn.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        let r = f(&mut self.conn);
+        self.conn.set_hdr_flags(VhostUserHeaderFlag::empty());
+        r
+    }
+
+    /// The memory table: the guest's one region.
+    pub fn set_mem_table(&mut self) -> vhost::Result<()> {
+        let region = VhostUserMemoryRegionInfo::from_guest_region(self.ram.region())
+            .expect("a file-backed region");
+        self.acked(|c| c.set_mem_table(&[region]).map(|_| ()))
+    }
+
+    /// A memory table of `view`'s one region instead (a VMM that
+    /// replaced the guest's memory; `view` may map the same file or
+    /// another). The test's own view stays `ram`.
+    pub fn set_mem_table_to(&mut self, view: &Ram) -> vhost::Result<()> {
+        let region = VhostUserMemoryRegionInfo::from_guest_region(view.region())
+            .expect("a file-backed region");
+        self.acked(|c| c.set_mem_table(&[region]).map(|_| ()))
+    }
+
+    /// A guest address as the VMM's address the vring messages carry.
+    pub fn vmm_addr(&self, gpa: u64) -> u64 {
+        self.ram.region().as_ptr() as u64 + (gpa - self.ram.base)
+    }
+
+    /// The memory table and every queue, each from `base` (QEMU's
+    /// vhost_dev_start and vhost_virtqueue_start).
+    fn start_queues(&mut self, bases: [u16; 4]) {
+        self.set_mem_table().expect("SET_MEM_TABLE");
+        for (i, base) in bases.into_iter().enumerate() {
+            let (size, desc, avail, used) = {
+                let q = self.queue(i);
+                (q.size, q.desc, q.avail, q.used)
+            };
+            let addr = VringConfigData {
+                queue_max_size: size,
+                queue_size: size,
+                flags: 0,
+                desc_table_addr: self.vmm_addr(desc),
+                used_ring_addr: self.vmm_addr(used),
+                avail_ring_addr: self.vmm_addr(avail),
+                log_addr: None,
+            };
+            self.acked(|c| c.set_vring_num(i, size))
+                .expect("SET_VRING_NUM");
+            self.acked(|c| c.set_vring_base(i, base))
+                .expect("SET_VRING_BASE");
+            self.acked(|c| c.set_vring_addr(i, &addr))
+                .expect("SET_VRING_ADDR");
+            let kick = self.queue(i).kick.try_clone().expect("dup");
+            let call = self.queue(i).call.try_clone().expect("dup");
+            self.acked(|c| c.set_vring_kick(i, &kick))
+                .expect("SET_VRING_KICK");
+            self.acked(|c| c.set_vring_call(i, &call))
+                .expect("SET_VRING_CALL");
+            self.acked(|c| c.set_vring_enable(i, true))
+                .expect("SET_VRING_ENABLE");
+        }
+    }
+
+    fn queue(&self, i: usize) -> &Vq {
+        [&self.control, &self.eventq, &self.notifyq, &self.doorbellq][i]
+    }
+
+    /// The connection goes away (a VMM that died or was restarted) and a
+    /// new one comes with the same guest memory and the same virtqueues,
+    /// each resumed from what the device used (its used index: every
+    /// chain before it was taken, in order).
+    pub fn reconnect(&mut self) {
+        self.control = self.control.reattach(&self.ram);
+        self.eventq = self.eventq.reattach(&self.ram);
+        self.notifyq = self.notifyq.reattach(&self.ram);
+        self.doorbellq = self.doorbellq.reattach(&self.ram);
+        *self
+            .kicker
+            .fd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            self.doorbellq.kick.try_clone().expect("dup");
+        let conn =
+            Conn::connect(&self.socket, vqi::COUNT as u64).expect("reconnecting to the device");
+        // The old connection closes: the device pauses, then serves this
+        // one.
+        drop(std::mem::replace(&mut self.conn, conn));
+        let used = |q: &Vq| self.ram.load_u16(q.used + 2, Ordering::Acquire);
+        let bases = [
+            used(&self.control),
+            used(&self.eventq),
+            used(&self.notifyq),
+            0,
+        ];
+        self.negotiate();
+        self.start_queues(bases);
+    }
+
+    /// Stops every queue as QEMU stops a vhost device (GET_VRING_BASE
+    /// each): the device pauses. Returns the bases it reported.
+    pub fn stop(&mut self) -> [u32; 4] {
+        let mut b = [0; 4];
+        for (i, v) in b.iter_mut().enumerate() {
+            *v = self.conn.get_vring_base(i).expect("GET_VRING_BASE");
+        }
+        b
+    }
+
+    /// RESET_DEVICE (a system reset QEMU passes on).
+    pub fn reset_device(&mut self) {
+        self.acked(|c| c.reset_device()).expect("RESET_DEVICE");
+    }
+
+    // --- the controlq ----------------------------------------------------
+
+    /// One request as the device sees it: `req` in one driver-readable
+    /// buffer, `room` device-writable bytes. Returns `used.len` and the
+    /// bytes written.
+    pub fn raw(&mut self, req: &[u8], room: u32) -> (u32, Vec<u8>) {
+        self.raw_chain(req, &[room])
+    }
+
+    /// A request split over the buffers given (readable ones, then
+    /// writable ones of the sizes `rooms` gives).
+    pub fn raw_chain(&mut self, req: &[u8], rooms: &[u32]) -> (u32, Vec<u8>) {
+        let n = req.len() as u64;
+        if n > self.req_room {
+            self.req_room = n.next_multiple_of(PAGE);
+            self.req = self.ram.alloc(self.req_room, PAGE);
+        }
+        let total: u32 = rooms.iter().sum();
+        let resp = if u64::from(total) > PAGE {
+            self.ram.alloc(u64::from(total), PAGE)
+        } else {
+            self.resp
+        };
+        self.ram.write(self.req, req);
+        self.ram.fill(resp, total as usize, 0xee);
+        let mut bufs = Vec::new();
+        if !req.is_empty() {
+            bufs.push(Buf::r(
+                self.req,
+                u32::try_from(req.len()).expect("a request under 4 GiB"),
+            ));
+        }
+        let mut at = resp;
+        for &r in rooms {
+            bufs.push(Buf::w(at, r));
+            at += u64::from(r);
+        }
+        self.chain(&bufs)
+    }
+
+    /// Any chain on the controlq; waits for it to be used.
+    pub fn chain(&mut self, bufs: &[Buf]) -> (u32, Vec<u8>) {
+        let head = self.control.add(bufs);
+        self.control.notify();
+        let (h, len) = self
+            .control
+            .wait_used(Instant::now() + WAIT, "a command's response");
+        assert_eq!(h, head, "the controlq uses requests in order (DEV-17)");
+        let first = bufs.iter().find(|b| b.writable);
+        let resp = match first {
+            Some(b) => {
+                let total: u32 = bufs.iter().filter(|b| b.writable).map(|b| b.len).sum();
+                self.ram.read_bytes(b.addr, total as usize)
+            }
+            None => Vec::new(),
+        };
+        (len, resp)
+    }
+
+    /// A command: the header, `body`, the trailing array. Returns the
+    /// response body on OK, the status otherwise; checks `used.len` (8 +
+    /// the body on OK, 8 on an error: DEV-11).
+    pub fn command(
+        &mut self,
+        opcode: u16,
+        context: u32,
+        body: &[u8],
+        trailing: &[u64],
+    ) -> Result<Vec<u8>, Status> {
+        let req = request(opcode, context, body, trailing);
+        let (len, resp) = self.raw(&req, 4096);
+        let hdr = abi::RespHdr::read_from_prefix(&resp).expect("8 bytes").0;
+        let st = hdr.status.get();
+        if st != status::OK {
+            assert_eq!(len, 8, "an error's used.len is 8 (DEV-11), opcode {opcode}");
+            assert_eq!(hdr.reserved.get(), 0);
+            return Err(Status {
+                status: st,
+                detail: hdr.detail.get(),
+            });
+        }
+        let body = resp[8..len as usize].to_vec();
+        assert_eq!(hdr.detail.get(), 0, "OK has detail 0");
+        Ok(body)
+    }
+
+    /// A command whose response body is a `T`.
+    pub fn call<T: FromBytes>(
+        &mut self,
+        opcode: u16,
+        context: u32,
+        body: &[u8],
+        trailing: &[u64],
+    ) -> Result<T, Status> {
+        let b = self.command(opcode, context, body, trailing)?;
+        assert_eq!(
+            b.len(),
+            size_of::<T>(),
+            "opcode {opcode}: the response body's size"
+        );
+        Ok(T::read_from_bytes(&b).expect("sized"))
+    }
+
+    /// A command that must succeed.
+    pub fn ok<T: FromBytes>(
+        &mut self,
+        opcode: u16,
+        context: u32,
+        body: &[u8],
+        trailing: &[u64],
+    ) -> T {
+        self.call(opcode, context, body, trailing)
+            .unwrap_or_else(|s| panic!("opcode {opcode} refused: {s:?}"))
+    }
+
+    /// A command that must fail with `want`.
+    pub fn refused(&mut self, want: u16, opcode: u16, context: u32, body: &[u8], trailing: &[u64]) {
+        match self.command(opcode, context, body, trailing) {
+            Ok(b) => panic!("opcode {opcode}: accepted (body {b:?}), expected status {want}"),
+            Err(s) => assert_eq!(
+                s.status, want,
+                "opcode {opcode}: status {} (detail {}), expected {want}",
+                s.status, s.detail
+            ),
+        }
+    }
+
+    pub fn query_device(&mut self) -> abi::DeviceAttrResp {
+        self.ok(op::QUERY_DEVICE, 0, &[], &[])
+    }
+
+    pub fn query_port(&mut self) -> abi::PortAttrResp {
+        let req = abi::PortReq {
+            port: 1.into(),
+            reserved: 0.into(),
+        };
+        self.ok(op::QUERY_PORT, 0, req.as_bytes(), &[])
+    }
+
+    // --- the eventq and the notifyq -------------------------------------
+
+    /// Reads what the device put in the eventq and the notifyq, reposting
+    /// each buffer.
+    pub fn drain(&mut self) {
+        let mut repost = false;
+        while let Some((h, len)) = self.eventq.poll_used() {
+            let at = self.event_bufs[&h];
+            if len as usize == size_of::<abi::Event>() {
+                self.events.push_back(self.ram.read(at));
+            } else {
+                self.short_items += 1;
+            }
+            let nh = self.eventq.add(&[Buf::w(at, 16)]);
+            self.event_bufs.remove(&h);
+            self.event_bufs.insert(nh, at);
+            repost = true;
+        }
+        if repost {
+            self.eventq.notify();
+        }
+        let mut repost = false;
+        while let Some((h, len)) = self.notifyq.poll_used() {
+            let at = self.notify_bufs[&h];
+            if len as usize == size_of::<abi::Notification>() {
+                self.notifications.push_back(self.ram.read(at));
+            } else {
+                self.short_items += 1;
+            }
+            let nh = self.notifyq.add(&[Buf::w(at, 16)]);
+            self.notify_bufs.remove(&h);
+            self.notify_bufs.insert(nh, at);
+            repost = true;
+        }
+        if repost {
+            self.notifyq.notify();
+        }
+    }
+
+    /// Waits for an event `pick` accepts (taking it), or panics at the
+    /// deadline with the events seen.
+    pub fn wait_event(&mut self, what: &str, pick: impl Fn(&abi::Event) -> bool) -> abi::Event {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            self.drain();
+            if let Some(i) = self.events.iter().position(&pick) {
+                return self.events.remove(i).expect("found");
+            }
+            if Instant::now() >= deadline {
+                panic!("no event {what} within {WAIT:?}; seen: {:?}", self.events);
+            }
+            self.eventq.sleep(deadline, what);
+        }
+    }
+
+    /// An event of `kind` about `object`.
+    pub fn wait_event_of(&mut self, kind: u32, object: u32) -> abi::Event {
+        self.wait_event(&format!("type {kind} object {object}"), |e| {
+            e.event_type.get() == kind && e.object.get() == object
+        })
+    }
+
+    /// Waits for events of these (type, object), which must come in this
+    /// order among the events read; takes them and returns them.
+    pub fn wait_events_in_order(&mut self, want: &[(u32, u32)]) -> Vec<abi::Event> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            self.drain();
+            let at: Vec<Option<usize>> = want
+                .iter()
+                .map(|&(k, o)| {
+                    self.events
+                        .iter()
+                        .position(|e| e.event_type.get() == k && e.object.get() == o)
+                })
+                .collect();
+            if at.iter().all(Option::is_some) {
+                let at: Vec<usize> = at.into_iter().flatten().collect();
+                assert!(
+                    at.windows(2).all(|w| w[0] < w[1]),
+                    "events {want:?} out of order: {:?}",
+                    self.events
+                );
+                let mut taken: Vec<abi::Event> = at
+                    .into_iter()
+                    .rev()
+                    .filter_map(|i| self.events.remove(i))
+                    .collect();
+                taken.reverse();
+                return taken;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no events {want:?} within {WAIT:?}; seen: {:?}",
+                self.events
+            );
+            self.eventq.sleep(deadline, "events");
+        }
+    }
+
+    /// Waits for a notification of `cq`, taking it.
+    pub fn wait_notification(&mut self, cq: u32) -> abi::Notification {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            self.drain();
+            if let Some(i) = self.notifications.iter().position(|n| n.cq.get() == cq) {
+                return self.notifications.remove(i).expect("found");
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "no notification for CQ {cq} within {WAIT:?}; seen: {:?}",
+                    self.notifications
+                );
+            }
+            self.notifyq.sleep(deadline, "a notification");
+        }
+    }
+}
+
+impl std::fmt::Debug for Frontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frontend")
+            .field("socket", &self.socket)
+            .field("features", &self.features)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request's bytes: header, body, trailing array.
+pub fn request(opcode: u16, context: u32, body: &[u8], trailing: &[u64]) -> Vec<u8> {
+    let hdr = abi::CmdHdr {
+        opcode: opcode.into(),
+        flags: 0.into(),
+        context: context.into(),
+    };
+    let mut r = hdr.as_bytes().to_vec();
+    r.extend_from_slice(body);
+    for p in trailing {
+        r.extend_from_slice(&p.to_le_bytes());
+    }
+    r
+}
+
+/// A fresh eventfd (for tests that hand the device odd ones).
+pub fn eventfd() -> EventFd {
+    EventFd::new(EFD_NONBLOCK).expect("eventfd")
+}

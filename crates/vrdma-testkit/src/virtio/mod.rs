@@ -1,0 +1,199 @@
+//! The virtio-rdma face's test kit (feature `virtio`): a guest as a
+//! virtio-rdma device sees it, with no QEMU — a vhost-user front-end
+//! playing the VMM, and the driver on top — and devices served on UDP
+//! ports, as `vrdma serve` serves them, each in a thread of its own.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`ram`] | guest memory: a sealed memfd mapped here and given to the device, pages handed out once |
+//! | [`vq`] | a split virtqueue in guest memory, the driver's side: chains, kicks, used entries waited for against a deadline |
+//! | [`frontend`] | the vhost-user front-end (rust-vmm `vhost`): negotiation, configuration, memory table, the four virtqueues, reconnection; the controlq's commands, the eventq's events and the notifyq's notifications |
+//! | [`verbs`] | the driver's verbs over it: contexts and doorbells, PDs, MRs, windows, CQs (poll, arm), QPs (post, modify), SRQs; WQEs built from the ABI's structures; two QPs connected, an exchange checked byte for byte |
+//!
+//! Devices are made through a test binary's [`Net`] (`static NET: Net =
+//! Net::new(N)`, addresses 127.N.x.y), as the PVRDMA kit's are; the blocks
+//! taken are listed in `pvrdma`'s doc too (25 and up are this kit's suites):
+//!
+//! | block | binary |
+//! |---|---|
+//! | 127.25 | `vrdma-virtio/tests/operations.rs` |
+//! | 127.26 | `vrdma-virtio/tests/lifecycle.rs` |
+//! | 127.27 | `vrdma-virtio/tests/hostile.rs` |
+//!
+//! This is test code: a failure is the test's, so it panics, saying what
+//! failed.
+
+pub mod frontend;
+pub mod ram;
+pub mod verbs;
+pub mod vq;
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    os::unix::net::UnixListener,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+pub use frontend::{Frontend, Options, Status, WAIT};
+pub use ram::{PAGE, Ram};
+pub use verbs::*;
+use vrdma_engine::attr::{Mtu, PortAttr};
+use vrdma_fabric::udp::UdpPort;
+use vrdma_virtio::{
+    face::{FaceStats, VirtioRdma},
+    server::{Server, Stop},
+    vhost::Backend,
+};
+use vrdma_wire::Gid;
+
+/// A test binary's block of loopback addresses, 127.N.0.0/16.
+#[derive(Debug)]
+pub struct Net {
+    block: u8,
+    next: AtomicU32,
+}
+
+impl Net {
+    pub const fn new(block: u8) -> Self {
+        assert!(block >= 25, "blocks below 25 are the PVRDMA suites'");
+        Net {
+            block,
+            next: AtomicU32::new(0),
+        }
+    }
+
+    /// An address no other device of this binary has.
+    pub fn addr(&self) -> IpAddr {
+        let k = self.next.fetch_add(1, Ordering::Relaxed);
+        let (hi, lo) = (k / 254, k % 254 + 1);
+        let hi = u8::try_from(hi).expect("fewer than 65 024 devices in one binary");
+        IpAddr::V4(Ipv4Addr::new(127, self.block, hi, lo as u8))
+    }
+
+    /// A device with the default options (polling doorbells, spinning
+    /// 200 µs).
+    pub fn device(&self, name: &str) -> Device {
+        self.device_with(
+            name,
+            vrdma_virtio::face::Options::default(),
+            vrdma_virtio::vhost::DEFAULT_SPIN,
+        )
+    }
+
+    /// A device with face options `opts` and spin period `spin`.
+    pub fn device_with(
+        &self,
+        name: &str,
+        mut opts: vrdma_virtio::face::Options,
+        spin: Duration,
+    ) -> Device {
+        let addr = self.addr();
+        opts.mac = crate::virtio::mac_of(addr);
+        let port =
+            UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
+        let mut attr = PortAttr::with_gids(&[]);
+        attr.active_mtu = Mtu::Mtu1024;
+        let face = VirtioRdma::new(opts, attr, port);
+        let backend = Backend::new(face, spin).expect("a backend");
+        let dir = std::env::temp_dir().join(format!("vrdma-virtio-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a socket directory");
+        let socket = dir.join("rdma.sock");
+        let listener = UnixListener::bind(&socket).expect("binding the device's socket");
+        let server = Server::new(name, listener, backend.clone()).expect("a server");
+        let stop = server.stopper();
+        let thread = std::thread::Builder::new()
+            .name(format!("dev-{name}"))
+            .spawn(move || server.run())
+            .expect("a device thread");
+        Device {
+            addr,
+            socket,
+            dir,
+            backend,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+/// The MAC of the device at `addr`.
+pub fn mac_of(addr: IpAddr) -> [u8; 6] {
+    let o = match addr {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(a) => {
+            let b = a.octets();
+            [b[12], b[13], b[14], b[15]]
+        }
+    };
+    [2, 0, o[0], o[1], o[2], o[3]]
+}
+
+/// A device served on a vhost-user socket in a thread of its own; stopped
+/// (and its thread joined) when dropped.
+#[derive(Debug)]
+pub struct Device {
+    pub addr: IpAddr,
+    pub socket: PathBuf,
+    dir: PathBuf,
+    pub backend: Arc<Backend<UdpPort>>,
+    stop: Arc<Stop>,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Device {
+    pub fn gid(&self) -> Gid {
+        Gid::from(self.addr)
+    }
+
+    /// The face's counters now.
+    pub fn stats(&self) -> FaceStats {
+        self.backend.with_face(|f| f.stats)
+    }
+
+    /// A front-end on guest memory of `size` bytes.
+    pub fn connect(&self, size: u64) -> Frontend {
+        Frontend::connect(&self.socket, Arc::new(Ram::new(0, size)))
+    }
+
+    /// Ends the current connection only, as a VMM that goes away.
+    pub fn drop_connection(&self) {
+        self.stop.drop_connection();
+    }
+
+    /// Whether the server thread still runs.
+    pub fn alive(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the server and returns what its thread returned.
+    pub fn stop(mut self) -> std::io::Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        self.stop.stop();
+        let r = match self.thread.take() {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the device thread panicked"))),
+            None => Ok(()),
+        };
+        let _ = std::fs::remove_dir_all(&self.dir);
+        r
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.finish();
+        }
+    }
+}
