@@ -285,6 +285,9 @@ pub struct VirtioRdma<T: Transport> {
     busy_srqs: BTreeSet<u32>,
     events: VecDeque<abi::Event>,
     lost_events: u32,
+    /// Events queued ahead of the EVENTS_LOST that reports the drops
+    /// (those queued when the first of them was dropped, §10.3).
+    lost_behind: usize,
     notifications: VecDeque<abi::Notification>,
     notified: BTreeSet<u32>,
     polling: bool,
@@ -328,6 +331,7 @@ impl<T: Transport> VirtioRdma<T> {
             busy_srqs: BTreeSet::new(),
             events: VecDeque::new(),
             lost_events: 0,
+            lost_behind: 0,
             notifications: VecDeque::new(),
             notified: BTreeSet::new(),
             polling: false,
@@ -383,6 +387,7 @@ impl<T: Transport> VirtioRdma<T> {
         self.busy_srqs.clear();
         self.events.clear();
         self.lost_events = 0;
+        self.lost_behind = 0;
         self.notifications.clear();
         self.notified.clear();
         self.device.transport_mut().set_local(&[]);
@@ -1367,6 +1372,9 @@ impl<T: Transport> VirtioRdma<T> {
 
     fn event(&mut self, kind: u32, object: u32, context: u32) {
         if self.events.len() >= self.opts.max_pending_events {
+            if self.lost_events == 0 {
+                self.lost_behind = self.events.len();
+            }
             self.lost_events = self.lost_events.saturating_add(1);
             self.stats.events_lost += 1;
             return;
@@ -1499,10 +1507,10 @@ impl<T: Transport> VirtioRdma<T> {
         }
     }
 
-    /// The next event for the driver, if one waits (an EVENTS_LOST first
-    /// when some were dropped).
+    /// The next event for the driver, if one waits (an EVENTS_LOST once
+    /// the events queued before the first drop are delivered).
     pub fn next_event(&mut self) -> Option<abi::Event> {
-        if self.lost_events > 0 && self.events.len() < self.opts.max_pending_events {
+        if self.lost_events > 0 && self.lost_behind == 0 {
             let n = std::mem::take(&mut self.lost_events);
             self.events.push_front(abi::Event {
                 event_type: ev::EVENTS_LOST.into(),
@@ -1512,6 +1520,9 @@ impl<T: Transport> VirtioRdma<T> {
             });
         }
         let e = self.events.pop_front()?;
+        if self.lost_events > 0 {
+            self.lost_behind -= 1;
+        }
         self.stats.events += 1;
         Some(e)
     }
@@ -1520,6 +1531,9 @@ impl<T: Transport> VirtioRdma<T> {
     /// goes back first in line.
     pub fn unget_event(&mut self, e: abi::Event) {
         self.stats.events -= 1;
+        if self.lost_events > 0 {
+            self.lost_behind += 1;
+        }
         self.events.push_front(e);
     }
 
