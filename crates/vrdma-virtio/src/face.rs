@@ -36,7 +36,7 @@ use vrdma_wire::{Lkey, Qpn, Rkey};
 use zerocopy::{FromZeros, IntoBytes};
 
 use crate::{
-    abi::{self, cq_header, event as ev, status, wq_header},
+    abi::{self, cq_header, event as ev, op, status, wq_header},
     decode::{self, Command, CreateQp, Payload, RingSpec, SendShape, fault, noent},
     doorbell,
 };
@@ -407,7 +407,21 @@ impl<T: Transport> VirtioRdma<T> {
     /// body). `room`: the bytes the chain lets the device write.
     pub fn command(&mut self, req: &[u8], room: usize) -> Vec<u8> {
         self.stats.commands += 1;
-        let (code, body) = match decode::decode_request(req).and_then(|r| self.execute(r)) {
+        // After DEVICE_FATAL every request of a header's length but the
+        // queries is ERR_DEVICE, whatever else is wrong with it (§6.4).
+        let opcode = req.get(..2).map(|o| u16::from_le_bytes([o[0], o[1]]));
+        let dead = self.fatal
+            && req.len() >= size_of::<abi::CmdHdr>()
+            && !matches!(opcode, Some(op::QUERY_DEVICE | op::QUERY_PORT));
+        let done = if dead {
+            Err(Refused::new(
+                decode::errno::EIO,
+                "the device failed: reset it",
+            ))
+        } else {
+            decode::decode_request(req).and_then(|r| self.execute(r))
+        };
+        let (code, body) = match done {
             Ok(body) => (None, body),
             Err(e) => {
                 self.stats.refused += 1;
