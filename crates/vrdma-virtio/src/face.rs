@@ -963,6 +963,7 @@ impl<T: Transport> VirtioRdma<T> {
             let _ = engine.dealloc_pd(PdHandle(pd));
             self.pds.remove(&pd);
         }
+        self.drop_events(|e| e.context.get() == ctx);
         self.claims.release(Owner::Context(ctx));
         self.contexts.remove(&ctx);
     }
@@ -1519,6 +1520,21 @@ impl<T: Transport> VirtioRdma<T> {
             AsyncEvent::SrqLimitReached { srq } => self.srqs.get(&srq.0).map_or(0, |s| s.context),
             AsyncEvent::PortActive { .. } => 0,
         }
+    }
+
+    /// Pending events `gone` names are dropped (their context or object
+    /// is).
+    fn drop_events(&mut self, gone: impl Fn(&abi::Event) -> bool) {
+        let behind = self.lost_behind;
+        let (mut i, mut ahead) = (0, 0);
+        self.events.retain(|e| {
+            let before_lost = i < behind;
+            i += 1;
+            let drop = gone(e);
+            ahead += usize::from(drop && before_lost);
+            !drop
+        });
+        self.lost_behind -= ahead;
     }
 
     /// The next event for the driver, if one waits (an EVENTS_LOST once
