@@ -1067,7 +1067,7 @@ impl<T: Transport> VirtioRdma<T> {
         if waiting > old.ring.indices().capacity() {
             return Err(Refused::invalid("CQ consumer index"));
         }
-        if waiting >= r.entries {
+        if waiting > r.entries {
             return Err(Refused::invalid("CQ too small for its completions"));
         }
         let mut entry = abi::Cqe::new_zeroed();
