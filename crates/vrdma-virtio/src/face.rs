@@ -240,6 +240,8 @@ struct CqFace {
     /// The last arm's sequence number taken.
     arm_seq: u64,
     track: Arc<Track>,
+    /// CQ_ERR was raised: the CQ is in error until destroyed (§10.2).
+    in_error: bool,
 }
 
 #[derive(Debug)]
@@ -1040,6 +1042,7 @@ impl<T: Transport> VirtioRdma<T> {
                 header: r.header,
                 arm_seq: arm >> 34,
                 track,
+                in_error: false,
             },
         );
         Ok(abi::CreateCqResp {
@@ -1061,6 +1064,9 @@ impl<T: Transport> VirtioRdma<T> {
             .check(&r.pages, &[r.header], Some(Owner::Cq(cq)))?;
         let mem = self.device.mem().map().clone();
         let old = &self.cqs[&cq];
+        if old.in_error {
+            return Err(Refused::invalid("CQ in error"));
+        }
         let tail = old.track.tail.load(Ordering::Relaxed);
         let cons = old.ring.cons(&mem).or_refuse("CQ header")?;
         let waiting = tail.wrapping_sub(cons);
@@ -1479,6 +1485,9 @@ impl<T: Transport> VirtioRdma<T> {
             self.event(kind, object, ctx);
             raised += 1;
             if let AsyncEvent::CqErr { cq } = e {
+                if let Some(c) = self.cqs.get_mut(&cq.0) {
+                    c.in_error = true;
+                }
                 raised += self.cq_error_takes_down(cq);
             }
         }
