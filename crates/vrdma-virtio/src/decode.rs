@@ -548,6 +548,9 @@ fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refused> {
         0 => None,
         h => Some(h),
     };
+    if qp_type == QpType::Gsi && srq.is_some() {
+        return Err(Refused::invalid("the GSI QP on an SRQ"));
+    }
     let sq_pages = u64::from(b.sq.npages.get());
     let rq_pages = u64::from(b.rq.npages.get());
     let all = pages(

@@ -36,7 +36,7 @@ use vrdma_wire::{Lkey, Qpn, Rkey};
 use zerocopy::{FromZeros, IntoBytes};
 
 use crate::{
-    abi::{self, cq_header, event as ev, status, wq_header},
+    abi::{self, cq_header, event as ev, op, status, wq_header},
     decode::{self, Command, CreateQp, Payload, RingSpec, SendShape, fault, noent},
     doorbell,
 };
@@ -240,6 +240,8 @@ struct CqFace {
     /// The last arm's sequence number taken.
     arm_seq: u64,
     track: Arc<Track>,
+    /// CQ_ERR was raised: the CQ is in error until destroyed (§10.2).
+    in_error: bool,
 }
 
 #[derive(Debug)]
@@ -285,6 +287,9 @@ pub struct VirtioRdma<T: Transport> {
     busy_srqs: BTreeSet<u32>,
     events: VecDeque<abi::Event>,
     lost_events: u32,
+    /// Events queued ahead of the EVENTS_LOST that reports the drops
+    /// (those queued when the first of them was dropped, §10.3).
+    lost_behind: usize,
     notifications: VecDeque<abi::Notification>,
     notified: BTreeSet<u32>,
     polling: bool,
@@ -328,6 +333,7 @@ impl<T: Transport> VirtioRdma<T> {
             busy_srqs: BTreeSet::new(),
             events: VecDeque::new(),
             lost_events: 0,
+            lost_behind: 0,
             notifications: VecDeque::new(),
             notified: BTreeSet::new(),
             polling: false,
@@ -383,6 +389,7 @@ impl<T: Transport> VirtioRdma<T> {
         self.busy_srqs.clear();
         self.events.clear();
         self.lost_events = 0;
+        self.lost_behind = 0;
         self.notifications.clear();
         self.notified.clear();
         self.device.transport_mut().set_local(&[]);
@@ -402,7 +409,21 @@ impl<T: Transport> VirtioRdma<T> {
     /// body). `room`: the bytes the chain lets the device write.
     pub fn command(&mut self, req: &[u8], room: usize) -> Vec<u8> {
         self.stats.commands += 1;
-        let (code, body) = match decode::decode_request(req).and_then(|r| self.execute(r)) {
+        // After DEVICE_FATAL every request of a header's length but the
+        // queries is ERR_DEVICE, whatever else is wrong with it (§6.4).
+        let opcode = req.get(..2).map(|o| u16::from_le_bytes([o[0], o[1]]));
+        let dead = self.fatal
+            && req.len() >= size_of::<abi::CmdHdr>()
+            && !matches!(opcode, Some(op::QUERY_DEVICE | op::QUERY_PORT));
+        let done = if dead {
+            Err(Refused::new(
+                decode::errno::EIO,
+                "the device failed: reset it",
+            ))
+        } else {
+            decode::decode_request(req).and_then(|r| self.execute(r))
+        };
+        let (code, body) = match done {
             Ok(body) => (None, body),
             Err(e) => {
                 self.stats.refused += 1;
@@ -944,6 +965,7 @@ impl<T: Transport> VirtioRdma<T> {
             let _ = engine.dealloc_pd(PdHandle(pd));
             self.pds.remove(&pd);
         }
+        self.drop_events(|e| e.context.get() == ctx);
         self.claims.release(Owner::Context(ctx));
         self.contexts.remove(&ctx);
     }
@@ -1020,6 +1042,7 @@ impl<T: Transport> VirtioRdma<T> {
                 header: r.header,
                 arm_seq: arm >> 34,
                 track,
+                in_error: false,
             },
         );
         Ok(abi::CreateCqResp {
@@ -1041,13 +1064,16 @@ impl<T: Transport> VirtioRdma<T> {
             .check(&r.pages, &[r.header], Some(Owner::Cq(cq)))?;
         let mem = self.device.mem().map().clone();
         let old = &self.cqs[&cq];
+        if old.in_error {
+            return Err(Refused::invalid("CQ in error"));
+        }
         let tail = old.track.tail.load(Ordering::Relaxed);
         let cons = old.ring.cons(&mem).or_refuse("CQ header")?;
         let waiting = tail.wrapping_sub(cons);
         if waiting > old.ring.indices().capacity() {
             return Err(Refused::invalid("CQ consumer index"));
         }
-        if waiting >= r.entries {
+        if waiting > r.entries {
             return Err(Refused::invalid("CQ too small for its completions"));
         }
         let mut entry = abi::Cqe::new_zeroed();
@@ -1367,6 +1393,9 @@ impl<T: Transport> VirtioRdma<T> {
 
     fn event(&mut self, kind: u32, object: u32, context: u32) {
         if self.events.len() >= self.opts.max_pending_events {
+            if self.lost_events == 0 {
+                self.lost_behind = self.events.len();
+            }
             self.lost_events = self.lost_events.saturating_add(1);
             self.stats.events_lost += 1;
             return;
@@ -1456,6 +1485,9 @@ impl<T: Transport> VirtioRdma<T> {
             self.event(kind, object, ctx);
             raised += 1;
             if let AsyncEvent::CqErr { cq } = e {
+                if let Some(c) = self.cqs.get_mut(&cq.0) {
+                    c.in_error = true;
+                }
                 raised += self.cq_error_takes_down(cq);
             }
         }
@@ -1499,10 +1531,25 @@ impl<T: Transport> VirtioRdma<T> {
         }
     }
 
-    /// The next event for the driver, if one waits (an EVENTS_LOST first
-    /// when some were dropped).
+    /// Pending events `gone` names are dropped (their context or object
+    /// is).
+    fn drop_events(&mut self, gone: impl Fn(&abi::Event) -> bool) {
+        let behind = self.lost_behind;
+        let (mut i, mut ahead) = (0, 0);
+        self.events.retain(|e| {
+            let before_lost = i < behind;
+            i += 1;
+            let drop = gone(e);
+            ahead += usize::from(drop && before_lost);
+            !drop
+        });
+        self.lost_behind -= ahead;
+    }
+
+    /// The next event for the driver, if one waits (an EVENTS_LOST once
+    /// the events queued before the first drop are delivered).
     pub fn next_event(&mut self) -> Option<abi::Event> {
-        if self.lost_events > 0 && self.events.len() < self.opts.max_pending_events {
+        if self.lost_events > 0 && self.lost_behind == 0 {
             let n = std::mem::take(&mut self.lost_events);
             self.events.push_front(abi::Event {
                 event_type: ev::EVENTS_LOST.into(),
@@ -1512,6 +1559,9 @@ impl<T: Transport> VirtioRdma<T> {
             });
         }
         let e = self.events.pop_front()?;
+        if self.lost_events > 0 {
+            self.lost_behind -= 1;
+        }
         self.stats.events += 1;
         Some(e)
     }
@@ -1520,6 +1570,9 @@ impl<T: Transport> VirtioRdma<T> {
     /// goes back first in line.
     pub fn unget_event(&mut self, e: abi::Event) {
         self.stats.events -= 1;
+        if self.lost_events > 0 {
+            self.lost_behind += 1;
+        }
         self.events.push_front(e);
     }
 

@@ -424,11 +424,7 @@ impl<T: Transport + Send + 'static> Backend<T> {
 
     /// Counters for `vrdma stat`.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        let g = self.lock();
-        let mut c = g.face.counters();
-        c.push(("virtio.bad_chains".into(), g.bad_chains));
-        c.push(("virtio.paused".into(), u64::from(g.paused.is_some())));
-        c
+        self.lock().counters()
     }
 }
 

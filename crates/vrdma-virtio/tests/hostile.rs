@@ -577,3 +577,94 @@ fn a_front_end_gone_mid_transfer_leaves_the_daemon_serving() {
     send_checked(&mut a, &mut qa, &mut b, &mut qb, 1, 4000);
     good.check(&[&da, &db]);
 }
+
+/// A memfd of `len` bytes with the seals given (none: another process
+/// holding it can truncate it under the device).
+fn memfd(len: u64, seals: nix::fcntl::SealFlag) -> std::fs::File {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let fd = nix::sys::memfd::memfd_create(
+        c"vrdma-virtio-hostile",
+        nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .expect("memfd_create");
+    nix::unistd::ftruncate(&fd, i64::try_from(len).expect("a size")).expect("ftruncate");
+    if !seals.is_empty() {
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).expect("F_ADD_SEALS");
+    }
+    std::fs::File::from(fd)
+}
+
+/// After a refused SET_MEM_TABLE, a careless VMM sets its queues up and
+/// sends a command anyway: either the device refuses the queues (the
+/// connection ended) or the command is never served.
+fn serves_nothing(fe: &mut Frontend, dev: &Device) {
+    let commands = dev.stats().commands;
+    if fe.try_start_vrings([0; 4]).is_ok() {
+        let req = vrdma_testkit::virtio::frontend::request(op::QUERY_DEVICE, 0, &[], &[]);
+        let at = fe.ram.pages(1);
+        fe.ram.write(at, &req[..]);
+        let _ = fe.control.add(&[
+            vrdma_testkit::virtio::vq::Buf::r(at, 8),
+            vrdma_testkit::virtio::vq::Buf::w(at + 512, 512),
+        ]);
+        fe.control.notify();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            fe.control.poll_used(),
+            None,
+            "a command served from refused memory"
+        );
+    }
+    assert_eq!(dev.stats().commands, commands, "no command carried out");
+    assert!(dev.alive(), "the daemon lives");
+}
+
+/// Guest memory must be sealed against shrinking and as long as the
+/// region it backs (§13.1, architecture: "anything else is refused at
+/// SET_MEM_TABLE"): an unsealed memfd, and a sealed one shorter than its
+/// region, are refused — the front-end sees the failure, the device
+/// serves nothing from them — and the device then serves a guest whose
+/// memory is whole, while another pair keeps exchanging.
+#[test]
+fn guest_memory_not_sealed_or_short_is_refused_at_set_mem_table() {
+    use nix::fcntl::SealFlag;
+    let mut good = Good::new("unsealed");
+    let dev = NET.device("unsealed");
+    let size = 16u64 << 20;
+
+    // A memfd that can shrink (sealed against growing only).
+    let ram = Arc::new(Ram::from_file(memfd(size, SealFlag::F_SEAL_GROW), 0, size));
+    let mut fe = Frontend::negotiated(&dev.socket, ram, Options::default());
+    assert!(
+        fe.set_mem_table().is_err(),
+        "memory not sealed against shrinking accepted"
+    );
+    serves_nothing(&mut fe, &dev);
+    drop(fe);
+
+    // A sealed memfd of 8 MiB announced as a region of 16 MiB.
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+    let short = memfd(size / 2, seals);
+    let ram = Arc::new(Ram::new(0, size));
+    let mut fe = Frontend::negotiated(&dev.socket, ram.clone(), Options::default());
+    let region = vhost::VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: size,
+        userspace_addr: ram.region().as_ptr() as u64,
+        mmap_offset: 0,
+        mmap_handle: std::os::fd::AsRawFd::as_raw_fd(&short),
+    };
+    assert!(
+        fe.acked(|c| vhost::VhostBackend::set_mem_table(c, &[region]))
+            .is_err(),
+        "a file shorter than its region accepted"
+    );
+    serves_nothing(&mut fe, &dev);
+    drop(fe);
+
+    // The device serves a guest with whole memory.
+    let mut s = Side::new(&dev);
+    let _ = s.fe.query_device();
+    let _ = s.qp(qp_type::RC);
+    good.check(&[&dev]);
+}

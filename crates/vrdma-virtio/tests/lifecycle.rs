@@ -4,10 +4,17 @@
 //! race), adaptive doorbell polling, 16 384 QPs and CQs on one device,
 //! and a front-end that reconnects.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use vrdma_testkit::virtio::*;
 use vrdma_virtio::abi::{self, cq_header, event, qp_type, wr};
+use zerocopy::IntoBytes;
 
 static NET: Net = Net::new(26);
 
@@ -281,4 +288,250 @@ fn a_front_end_that_reconnects_resumes_and_a_new_memory_resets() {
     fe.refused(abi::status::NOENT, abi::op::ALLOC_PD, ctx, &[], &[]);
     assert_eq!(da.stats().resets, resets + 1, "one reset");
     let _ = fe.context(64);
+}
+
+/// Event mode on `da` (whose front-end is made with `opts`): a receive
+/// posted with its doorbell's bits set is taken on the kick (DEV-39); the
+/// area's `poll` word reads 0 throughout, sampled in a thread while a
+/// busy exchange runs both ways (DEV-40, §8.6).
+fn event_mode(name: &str, da: &Device, opts: Options) {
+    let db = NET.device(&format!("{name}-peer"));
+    let fe = Frontend::connect_with(&da.socket, Arc::new(Ram::new(0, 64 << 20)), opts);
+    assert_eq!(
+        fe.features & abi::feature::DOORBELL_POLL,
+        0,
+        "DOORBELL_POLL not negotiated"
+    );
+    let mut a = Side::on(fe, da.gid());
+    let mut b = Side::new(&db);
+    let q = a.qp(qp_type::RC);
+    a.fe.qp_init(&a.ctx, &q, ALL_ACCESS);
+    let mut rq = q.rq.clone().expect("a receive ring");
+    rq.push(&a.fe.ram, &recv_wqe(1, &[a.mr.sge(0, 64)]));
+    // The bits set, then the kick (the driver's steps 2-5 of §8.3 with
+    // `poll` 0, DRV-22): the device scans (DEV-39). (Whether it takes a
+    // post before a kick is not the spec's: it may scan on any turn.)
+    q.door.set_bits(q.doorbell);
+    assert_eq!(q.door.poll(), 0);
+    q.door.kick();
+    let deadline = Instant::now() + WAIT;
+    while rq.consumer(&a.fe.ram) != 1 {
+        assert!(Instant::now() < deadline, "the kick takes the receive");
+        std::thread::yield_now();
+    }
+
+    // A busy exchange, the poll word watched all along.
+    let area = a.ctx.door.area;
+    let ram = a.fe.ram.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(AtomicU32::new(0));
+    let (halt, max) = (stop.clone(), seen.clone());
+    let watcher = std::thread::spawn(move || {
+        let mut samples = 0u64;
+        while !halt.load(Ordering::Relaxed) {
+            max.fetch_max(
+                ram.load_acquire(area + abi::doorbell::POLL),
+                Ordering::Relaxed,
+            );
+            samples += 1;
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        samples
+    });
+    let mut qa = a.qp(qp_type::RC);
+    let mut qb = b.qp(qp_type::RC);
+    connect(&mut a, &qa, &mut b, &qb);
+    for i in 0..10u8 {
+        send_checked(&mut a, &mut qa, &mut b, &mut qb, i, 1000);
+        send_checked(&mut b, &mut qb, &mut a, &mut qa, i | 0x80, 1000);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let samples = watcher.join().expect("the watcher");
+    assert!(samples > 0);
+    assert_eq!(seen.load(Ordering::Relaxed), 0, "poll read 1 in event mode");
+    assert_eq!(a.ctx.door.poll(), 0);
+}
+
+/// §2.2, §8.6: a device made without polling (`doorbells=event`) does
+/// not offer DOORBELL_POLL; it takes posts on kicks and keeps `poll` 0.
+#[test]
+fn a_device_in_event_mode_takes_posts_on_kicks_and_keeps_poll_0() {
+    let opts = vrdma_virtio::face::Options {
+        poll: false,
+        ..Default::default()
+    };
+    let da = NET.device_with("event-dev", opts, vrdma_virtio::vhost::DEFAULT_SPIN);
+    let fe = da.connect(16 << 20);
+    assert_eq!(
+        fe.offered & abi::feature::DOORBELL_POLL,
+        0,
+        "DOORBELL_POLL offered by a device that does not poll"
+    );
+    drop(fe);
+    event_mode("event-dev", &da, Options::default());
+}
+
+/// DEV-40: a polling device whose driver does not accept DOORBELL_POLL
+/// keeps `poll` 0 and takes posts on kicks.
+#[test]
+fn a_driver_without_doorbell_poll_gets_event_mode() {
+    let da = NET.device("event-drv");
+    let fe = da.connect(16 << 20);
+    assert_ne!(fe.offered & abi::feature::DOORBELL_POLL, 0, "offered");
+    drop(fe);
+    event_mode(
+        "event-drv",
+        &da,
+        Options {
+            poll: false,
+            ..Default::default()
+        },
+    );
+}
+
+/// §10.3, DEV-49: with no eventq buffer posted, events past the bound
+/// (here 64, the least the spec allows) are dropped and counted; when
+/// buffers come, the events queued are delivered in order, then one
+/// EVENTS_LOST whose `object` is the number dropped; the count starts
+/// again from zero.
+#[test]
+fn events_past_the_bound_become_one_events_lost() {
+    const BOUND: usize = 64;
+    const N: usize = BOUND + 6;
+    let opts = vrdma_virtio::face::Options {
+        max_pending_events: BOUND,
+        ..Default::default()
+    };
+    let da = NET.device_with("events-lost", opts, vrdma_virtio::vhost::DEFAULT_SPIN);
+    let fe = Frontend::connect_with(
+        &da.socket,
+        Arc::new(Ram::new(0, 64 << 20)),
+        Options {
+            buffers: 0,
+            ..Default::default()
+        },
+    );
+    let mut a = Side::on(fe, da.gid());
+    let srq = a.fe.srq(&a.ctx, a.pd, 64, 1, 0);
+    let mut spec = QpSpec::small(qp_type::RC, a.cq.handle);
+    spec.srq = srq.handle;
+    // N QPs on the SRQ, each to ERR: one QP_LAST_WQE_REACHED each.
+    let mut qpns = Vec::new();
+    for _ in 0..N + 1 {
+        let q = a.fe.qp(&a.ctx, a.pd, &spec);
+        a.fe.qp_init(&a.ctx, &q, ALL_ACCESS);
+        qpns.push(q.qpn);
+    }
+    for &qpn in &qpns[..N] {
+        a.fe.qp_state(&a.ctx, qpn, state::ERR).expect("to ERR");
+    }
+    a.fe.stock(128, 0);
+    // What comes: the events queued, in order — port events the device
+    // raised before the QPs' (context 0), then the QPs' — and then one
+    // EVENTS_LOST with the number dropped.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        a.fe.drain();
+        let lost =
+            a.fe.events
+                .iter()
+                .position(|e| e.event_type.get() == event::EVENTS_LOST);
+        if lost.is_some() && a.fe.events.len() > BOUND {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no EVENTS_LOST after the queued events within {WAIT:?}: {:?}",
+            a.fe.events
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let got: Vec<(u32, u32, u32)> =
+        a.fe.events
+            .drain(..)
+            .map(|e| (e.event_type.get(), e.object.get(), e.context.get()))
+            .collect();
+    let early = got
+        .iter()
+        .take_while(|e| matches!(e.0, event::PORT_ACTIVE | event::PORT_ERR) && e.2 == 0)
+        .count();
+    let kept = BOUND - early;
+    let dropped = N - kept;
+    let mut want: Vec<(u32, u32, u32)> = got[..early].to_vec();
+    want.extend(
+        qpns[..kept]
+            .iter()
+            .map(|&q| (event::QP_LAST_WQE_REACHED, q, a.ctx.handle)),
+    );
+    want.push((event::EVENTS_LOST, dropped as u32, 0));
+    assert_eq!(got, want, "the queued events in order, then EVENTS_LOST");
+    assert_eq!(da.stats().events_lost, dropped as u64, "dropped, counted");
+    // Counting starts again: the next event comes alone.
+    a.fe.qp_state(&a.ctx, qpns[N], state::ERR).expect("to ERR");
+    a.fe.wait_event_of(event::QP_LAST_WQE_REACHED, qpns[N]);
+    let _ = a.fe.query_device();
+    a.fe.drain();
+    assert!(a.fe.events.is_empty(), "{:?}", a.fe.events);
+}
+
+/// §10.4, DEV-50, DEV-14: a panic inside a device's turn (its transport
+/// panics in a receive) fails that device alone: DEVICE_FATAL on its
+/// eventq, no object left, every command but QUERY_DEVICE and QUERY_PORT
+/// answered ERR_DEVICE — until RESET_DEVICE, after which it serves and
+/// exchanges again; another pair exchanges throughout, and the daemon
+/// thread lives.
+#[test]
+fn a_panic_in_a_turn_fails_only_that_device() {
+    use vrdma_testkit::pvrdma::tripwire::Tripwire;
+    let (_ga, _gb, mut a, mut b, mut qa, mut qb) = pair("panic-good", qp_type::RC);
+    let trip = Arc::new(AtomicBool::new(false));
+    let t = trip.clone();
+    let dev = NET.device_on(
+        "panic",
+        vrdma_virtio::face::Options::default(),
+        vrdma_virtio::vhost::DEFAULT_SPIN,
+        move |p| Tripwire::new(p, t),
+    );
+    let mut s = Side::new(&dev);
+    let q = s.qp(qp_type::RC);
+    s.fe.qp_init(&s.ctx, &q, ALL_ACCESS);
+    send_checked(&mut a, &mut qa, &mut b, &mut qb, 1, 1000);
+    // The device's next turn receives, and panics.
+    trip.store(true, Ordering::Relaxed);
+    let _ = s.fe.query_device();
+    let e = s.fe.wait_event_of(event::DEVICE_FATAL, 0);
+    assert_eq!(e.context.get(), 0);
+    assert!(dev.alive(), "the daemon thread lives");
+    let counts = dev.backend.with_face(|f| f.device.engine().counts());
+    assert_eq!(counts, vrdma_engine::Counts::default(), "no object left");
+    let panics = dev
+        .backend
+        .counters()
+        .into_iter()
+        .find(|(k, _)| k == "virtio.panics");
+    assert_eq!(panics.map(|p| p.1), Some(1));
+    // ERR_DEVICE for all but the queries.
+    let _ = s.fe.query_device();
+    let _ = s.fe.query_port();
+    let dev_err = abi::status::DEVICE;
+    s.fe.refused(dev_err, abi::op::ALLOC_PD, s.ctx.handle, &[], &[]);
+    s.fe.refused(dev_err, abi::op::DESTROY_CONTEXT, s.ctx.handle, &[], &[]);
+    let page = s.fe.ram.pages(1);
+    let cc = abi::CreateContextReq {
+        doorbell_bits: 64.into(),
+        npages: 1.into(),
+    };
+    s.fe.refused(dev_err, abi::op::CREATE_CONTEXT, 0, cc.as_bytes(), &[page]);
+    s.fe.refused(dev_err, 99, 0, &[], &[]);
+    // The other pair exchanges.
+    send_checked(&mut a, &mut qa, &mut b, &mut qb, 2, 3000);
+    send_checked(&mut b, &mut qb, &mut a, &mut qa, 3, 3000);
+    // RESET_DEVICE: the device serves a fresh driver and exchanges.
+    s.fe.reset_and_restart();
+    let mut s = Side::on(s.fe, dev.gid());
+    let mut q = s.qp(qp_type::RC);
+    let mut qb2 = b.qp(qp_type::RC);
+    connect(&mut s, &q, &mut b, &qb2);
+    send_checked(&mut s, &mut q, &mut b, &mut qb2, 4, 3000);
+    send_checked(&mut b, &mut qb2, &mut s, &mut q, 5, 3000);
 }

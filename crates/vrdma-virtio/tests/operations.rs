@@ -5,6 +5,7 @@
 
 use vrdma_testkit::virtio::*;
 use vrdma_virtio::abi::{self, qp_type};
+use zerocopy::IntoBytes;
 
 static NET: Net = Net::new(25);
 
@@ -431,4 +432,474 @@ fn a_dma_mr_addresses_guest_memory_by_gpa() {
     a.cq.expect_ok(wc::SEND, 2);
     b.cq.expect_ok(wc::RECV, 1);
     assert_eq!(b.get(DST, 2048), d);
+}
+
+/// The engine's live objects of `dev`.
+fn counts(dev: &Device) -> vrdma_engine::Counts {
+    dev.backend.with_face(|f| f.device.engine().counts())
+}
+
+/// DESTROY_CONTEXT (§6.10): every object of the context goes — QPs (one
+/// connected with windows bound through it, one on an SRQ, one UD), the
+/// SRQ, CQs (one armed, its notification pending), windows of both types,
+/// MRs (paged, DMA, fast registration), PDs — and its pending events and
+/// notifications with them (§10.3); its doorbell area is no longer scanned
+/// (§8.4: the bits stay set), its ring pages are free for a new object
+/// (§6.5 step 7), and a new context works.
+#[test]
+fn destroy_context_takes_every_object_of_the_context() {
+    let da = NET.device("destroy-ctx-a");
+    let db = NET.device("destroy-ctx-b");
+    // No eventq or notifyq buffers yet: what the device raises waits.
+    let opts = vrdma_testkit::virtio::Options {
+        buffers: 0,
+        ..Default::default()
+    };
+    let fe = Frontend::connect_with(&da.socket, std::sync::Arc::new(Ram::new(0, 64 << 20)), opts);
+    let mut a = Side::on(fe, da.gid());
+    let mut b = Side::new(&db);
+    let before = counts(&da);
+
+    let fe = &mut a.fe;
+    let c = fe.context(64);
+    let pd = fe.pd(&c);
+    let pd2 = fe.pd(&c);
+    let mut cq = fe.cq(&c, 128);
+    let cq2 = fe.cq(&c, 128);
+    let srq = fe.srq(&c, pd, 64, 1, 0);
+    let mr = fe.reg_mr(&c, pd, 8192, ALL_ACCESS | abi::access::MW_BIND);
+    let _dma = fe.reg_dma_mr(&c, pd2, abi::access::LOCAL_WRITE);
+    let _fr = fe.alloc_mr(&c, pd, 4);
+    let mw1 = fe.alloc_mw(&c, pd, 1);
+    let mw2 = fe.alloc_mw(&c, pd, 2);
+    let mut q1 = fe.qp(&c, pd, &QpSpec::new(qp_type::RC, cq.handle));
+    let mut spec = QpSpec::new(qp_type::RC, cq2.handle);
+    spec.srq = srq.handle;
+    let q2 = fe.qp(&c, pd, &spec);
+    let q3 = fe.qp(&c, pd2, &QpSpec::new(qp_type::UD, cq.handle));
+    fe.qp_init(&c, &q3, 0);
+    // q1 connected to a QP of b's, both windows bound through it.
+    let qb = b.qp(qp_type::RC);
+    fe.qp_init(&c, &q1, ALL_ACCESS);
+    fe.qp_rtr(&c, &q1, qb.qpn, b.gid);
+    fe.qp_rts(&c, &q1);
+    b.fe.qp_init(&b.ctx, &qb, ALL_ACCESS);
+    b.fe.qp_rtr(&b.ctx, &qb, q1.qpn, a.gid);
+    b.fe.qp_rts(&b.ctx, &qb);
+    let k1 = (mw1 & !0xff) | ((mw1 + 1) & 0xff);
+    let k2 = (mw2 & !0xff) | ((mw2 + 1) & 0xff);
+    // cq armed: the first bind's completion leaves a notification pending.
+    cq.arm(abi::cq_header::ARM_NEXT);
+    let rr = abi::access::REMOTE_READ;
+    q1.post_send(&Wqe::bind_mw(1, k1, mr.lkey, mr.addr(0), 4096, rr));
+    q1.post_send(&Wqe::bind_mw(2, k2, mr.lkey, mr.addr(4096), 4096, rr));
+    cq.expect_ok(wc::BIND_MW, 1);
+    cq.expect_ok(wc::BIND_MW, 2);
+    // An event of the context waiting: q2 (on the SRQ) to ERR raises
+    // QP_LAST_WQE_REACHED.
+    fe.qp_init(&c, &q2, ALL_ACCESS);
+    fe.qp_state(&c, q2.qpn, state::ERR).expect("q2 to ERR");
+    let made = counts(&da);
+    assert_eq!(
+        (made.pds, made.cqs, made.qps, made.srqs),
+        (
+            before.pds + 2,
+            before.cqs + 2,
+            before.qps + 3,
+            before.srqs + 1
+        )
+    );
+    assert!(made.mrs >= before.mrs + 5, "3 MRs and 2 windows: {made:?}");
+
+    fe.command(abi::op::DESTROY_CONTEXT, c.handle, &[], &[])
+        .expect("DESTROY_CONTEXT never fails on a live context");
+    assert_eq!(counts(&da), before, "every object of the context gone");
+    // Its handles name nothing: the context (§6.3), hence every object.
+    fe.refused(abi::status::NOENT, abi::op::ALLOC_PD, c.handle, &[], &[]);
+    fe.refused(
+        abi::status::NOENT,
+        abi::op::DESTROY_CONTEXT,
+        c.handle,
+        &[],
+        &[],
+    );
+    assert_eq!(
+        fe.destroy(abi::op::DESTROY_QP, &a.ctx, q1.qpn)
+            .map_err(|s| s.status),
+        Err(abi::status::NOENT)
+    );
+
+    // The keeper context raises an event of its own (after the dead
+    // context's), and its CQ notifies; buffers come: only the keeper's
+    // arrive (§6.10: the destroyed context's are dropped).
+    let mut ks = a.fe.srq(&a.ctx, a.pd, 64, 1, 0);
+    let mut kspec = QpSpec::new(qp_type::RC, a.cq.handle);
+    kspec.srq = ks.handle;
+    let kq = a.fe.qp(&a.ctx, a.pd, &kspec);
+    a.fe.qp_init(&a.ctx, &kq, ALL_ACCESS);
+    a.fe.qp_state(&a.ctx, kq.qpn, state::ERR).expect("to ERR");
+    a.fe.stock(16, 16);
+    let e = a.fe.wait_event_of(abi::event::QP_LAST_WQE_REACHED, kq.qpn);
+    assert_eq!(e.context.get(), a.ctx.handle);
+    a.fe.drain();
+    assert!(
+        a.fe.events.iter().all(|e| e.context.get() != c.handle),
+        "an event of the destroyed context delivered: {:?}",
+        a.fe.events
+    );
+    assert!(
+        a.fe.notifications.iter().all(|n| n.cq.get() != cq.handle),
+        "a notification of the destroyed context delivered: {:?}",
+        a.fe.notifications
+    );
+    let _ = ks.post_recv(1, &[a.mr.sge(0, 64)]);
+
+    // Its doorbell area is not scanned: bits set and kicked stay set,
+    // while the keeper's doorbells are taken (an exchange needs them).
+    c.door.set_bits(q1.doorbell);
+    c.door.kick();
+    let mut qa = a.qp(qp_type::RC);
+    let mut qb2 = b.qp(qp_type::RC);
+    connect(&mut a, &qa, &mut b, &qb2);
+    send_checked(&mut a, &mut qa, &mut b, &mut qb2, 1, 2000);
+    let summary = a.fe.ram.load_u64(c.door.area + abi::doorbell::SUMMARY);
+    assert_ne!(summary, 0, "the destroyed context's area was scanned");
+
+    // The dead CQ's ring pages and header are free: a CQ of a new
+    // context takes them; the new context exchanges.
+    let fe = &mut a.fe;
+    let c2 = fe.context(64);
+    fe.ram.fill(cq.header, 64, 0);
+    let req = abi::CreateCqReq {
+        ring: abi::RingDesc {
+            header: cq.header.into(),
+            entries: 128.into(),
+            stride: 32.into(),
+            npages: 1.into(),
+            reserved: 0.into(),
+        },
+    };
+    let _: abi::CreateCqResp = fe.ok(abi::op::CREATE_CQ, c2.handle, req.as_bytes(), &[cq.ring]);
+    let pd = fe.pd(&c2);
+    let mut cq3 = fe.cq(&c2, 128);
+    let mr = fe.reg_mr(&c2, pd, 8192, ALL_ACCESS);
+    let mut q = fe.qp(&c2, pd, &QpSpec::new(qp_type::RC, cq3.handle));
+    let qb3 = b.qp(qp_type::RC);
+    fe.qp_init(&c2, &q, ALL_ACCESS);
+    fe.qp_rtr(&c2, &q, qb3.qpn, b.gid);
+    fe.qp_rts(&c2, &q);
+    b.fe.qp_init(&b.ctx, &qb3, ALL_ACCESS);
+    b.fe.qp_rtr(&b.ctx, &qb3, q.qpn, a.gid);
+    b.fe.qp_rts(&b.ctx, &qb3);
+    let d = pattern(42, 3000);
+    fe.ram.write(mr.gpa, &d[..]);
+    q.post_send(&Wqe::write(
+        7,
+        &[mr.sge(0, 3000)],
+        b.mr.addr(DST),
+        b.mr.rkey,
+    ));
+    cq3.expect_ok(wc::RDMA_WRITE, 7);
+    assert_eq!(b.get(DST, 3000), d);
+}
+
+/// A CQ ring of `entries` 32-byte slots in fresh guest memory, described
+/// for RESIZE_CQ of `cq`: (the request, its header, its first page).
+fn resize_req(ram: &Ram, cq: u32, entries: u32) -> (abi::ResizeCqReq, Vec<u64>, u64) {
+    let ring = WqRing::new(ram, entries, 32);
+    let req = abi::ResizeCqReq {
+        cq: cq.into(),
+        reserved: 0.into(),
+        ring: ring.desc(),
+    };
+    (req, ring.pages(), ring.header)
+}
+
+/// RESIZE_CQ (§6.15): the completions the driver has not consumed move,
+/// oldest first, to the new ring's entries 0, 1, … with their number as
+/// its producer; later ones go to the new ring only; the old ring is not
+/// touched again. A new ring smaller than the completions waiting, and a
+/// CQ in error (§10.2), are refused with ERR_INVALID, changing nothing.
+#[test]
+fn resize_cq_moves_unconsumed_completions_in_order() {
+    let (_da, _db, mut a, mut b, mut qa, _qb) = pair("resize-cq", qp_type::RC);
+    // 130 signaled WRITEs into a's CQ of 256, none consumed.
+    for i in 0..130u64 {
+        qa.post_send(&Wqe::write(i, &[a.mr.sge(0, 8)], b.mr.addr(0), b.mr.rkey));
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while a.cq.producer() != 130 {
+        assert!(std::time::Instant::now() < deadline, "130 completions");
+        std::thread::yield_now();
+    }
+    let first = a.cq.poll().expect("a completion");
+    assert_eq!(first.wr_id.get(), 0);
+    // 129 wait: a ring of 128 is too small.
+    let (req, pages, hdr) = resize_req(&a.fe.ram, a.cq.handle, 128);
+    a.fe.refused(
+        abi::status::INVALID,
+        abi::op::RESIZE_CQ,
+        a.ctx.handle,
+        req.as_bytes(),
+        &pages,
+    );
+    assert_eq!(
+        a.fe.ram.read_bytes(hdr, 64),
+        vec![0; 64],
+        "a refused RESIZE_CQ writes nothing (DEV-16)"
+    );
+    // 128 wait: a ring of 128 holds them exactly.
+    assert_eq!(a.cq.poll().expect("a completion").wr_id.get(), 1);
+    let resp: abi::HandleResp =
+        a.fe.ok(abi::op::RESIZE_CQ, a.ctx.handle, req.as_bytes(), &pages);
+    assert_eq!(resp.handle.get(), 128, "the response's entries");
+    let old_header = a.cq.header;
+    a.cq.header = hdr;
+    a.cq.ring = pages[0];
+    a.cq.entries = 128;
+    a.cq.cons = 0;
+    assert_eq!(a.cq.producer(), 128, "the new ring's producer");
+    let moved = a.cq.wait(128, "the moved completions");
+    let ids: Vec<u64> = moved.iter().map(|c| c.wr_id.get()).collect();
+    assert_eq!(ids, (2..130).collect::<Vec<_>>(), "oldest first, in order");
+    assert!(
+        moved.iter().all(|c| c.status == wc::SUCCESS
+            && c.opcode == wc::RDMA_WRITE
+            && c.qpn.get() == qa.qpn)
+    );
+    // The next completion goes to the new ring; the old is left alone.
+    qa.post_send(&Wqe::write(500, &[a.mr.sge(0, 8)], b.mr.addr(0), b.mr.rkey));
+    a.cq.expect_ok(wc::RDMA_WRITE, 500);
+    assert_eq!(a.fe.ram.load_acquire(old_header), 130, "the old producer");
+
+    // A CQ in error cannot be resized.
+    let mut small = a.fe.cq(&a.ctx, 128);
+    let mut q =
+        a.fe.qp(&a.ctx, a.pd, &QpSpec::new(qp_type::RC, small.handle));
+    let qb2 = b.qp(qp_type::RC);
+    connect(&mut a, &q, &mut b, &qb2);
+    for i in 0..140 {
+        q.post_send(&Wqe::write(i, &[a.mr.sge(0, 8)], b.mr.addr(0), b.mr.rkey));
+    }
+    a.fe.wait_event_of(abi::event::CQ_ERR, small.handle);
+    let _ = small.wait(128, "the completions that fitted");
+    let (req, pages, _) = resize_req(&a.fe.ram, small.handle, 256);
+    a.fe.refused(
+        abi::status::INVALID,
+        abi::op::RESIZE_CQ,
+        a.ctx.handle,
+        req.as_bytes(),
+        &pages,
+    );
+}
+
+/// MODIFY_SRQ (§6.23): LIMIT arms the SRQ limit; SRQ_LIMIT_REACHED
+/// (§10.1) comes when a receive is consumed and fewer than the limit
+/// remain, once, the limit then 0 (QUERY_SRQ, §6.24); MAX_WR is
+/// ERR_UNSUPPORTED, any other mask and a limit ≥ the ring's entries
+/// ERR_INVALID.
+#[test]
+fn modify_srq_limit_raises_srq_limit_reached_once() {
+    let da = NET.device("srq-limit-a");
+    let db = NET.device("srq-limit-b");
+    let mut a = Side::new(&da);
+    let mut b = Side::new(&db);
+    let mut srq = b.fe.srq(&b.ctx, b.pd, 64, 1, 0);
+    let mut spec = QpSpec::new(qp_type::RC, b.cq.handle);
+    spec.srq = srq.handle;
+    let mut qa = a.qp(qp_type::RC);
+    let qb = b.fe.qp(&b.ctx, b.pd, &spec);
+    connect(&mut a, &qa, &mut b, &qb);
+    let query = |s: &mut Side, h: u32| -> abi::SrqAttrResp {
+        let r = abi::HandleReq {
+            handle: h.into(),
+            reserved: 0.into(),
+        };
+        s.fe.ok(abi::op::QUERY_SRQ, s.ctx.handle, r.as_bytes(), &[])
+    };
+    let srq_handle = srq.handle;
+    let modify = |s: &mut Side, mask: u32, limit: u32| {
+        let r = abi::ModifySrqReq {
+            srq: srq_handle.into(),
+            mask: mask.into(),
+            max_wr: 128.into(),
+            srq_limit: limit.into(),
+        };
+        s.fe.command(abi::op::MODIFY_SRQ, s.ctx.handle, r.as_bytes(), &[])
+            .map(|_| ())
+            .map_err(|e| e.status)
+    };
+    // 8 receives posted and taken first: vrdma's engine, as rxe, takes
+    // no limit above the receives it holds (§6.23 refuses only a limit ≥
+    // the ring's entries; see the report).
+    for i in 0..8u64 {
+        srq.post_recv(100 + i, &[b.mr.sge(DST + i * 4096, 4096)]);
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    while srq.ring.consumer(&b.fe.ram) != 8 {
+        assert!(std::time::Instant::now() < deadline, "the SRQ's WQEs taken");
+        std::thread::yield_now();
+    }
+    let q = query(&mut b, srq.handle);
+    assert_eq!(
+        (q.max_wr.get(), q.max_sge.get(), q.srq_limit.get()),
+        (64, 1, 0)
+    );
+    assert_eq!(
+        modify(&mut b, 1, 4),
+        Err(abi::status::UNSUPPORTED),
+        "MAX_WR"
+    );
+    assert_eq!(
+        modify(&mut b, 3, 4),
+        Err(abi::status::UNSUPPORTED),
+        "MAX_WR|LIMIT"
+    );
+    assert_eq!(
+        modify(&mut b, 0, 4),
+        Err(abi::status::INVALID),
+        "no attribute"
+    );
+    assert_eq!(
+        modify(&mut b, 2, 64),
+        Err(abi::status::INVALID),
+        "limit ≥ entries"
+    );
+    assert_eq!(
+        query(&mut b, srq.handle).srq_limit.get(),
+        0,
+        "refusals change nothing"
+    );
+    assert_eq!(modify(&mut b, 2, 4), Ok(()));
+    assert_eq!(query(&mut b, srq.handle).srq_limit.get(), 4);
+
+    let mut send = |a: &mut Side, b: &mut Side, i: u64| {
+        qa.post_send(&Wqe::send(i, &[a.mr.sge(SRC, 100)]));
+        a.cq.expect_ok(wc::SEND, i);
+        b.cq.expect_ok(wc::RECV, 100 + i);
+    };
+    // 4 consumed, 4 left: not fewer than the limit.
+    for i in 0..4 {
+        send(&mut a, &mut b, i);
+    }
+    // (A command's response comes after the turn that consumed them.)
+    assert_eq!(query(&mut b, srq.handle).srq_limit.get(), 4, "still armed");
+    b.fe.drain();
+    assert!(
+        b.fe.events
+            .iter()
+            .all(|e| e.event_type.get() != abi::event::SRQ_LIMIT_REACHED),
+        "no limit event with 4 of 8 left: {:?}",
+        b.fe.events
+    );
+    // The 5th leaves 3: the event, once, and the limit disarmed.
+    send(&mut a, &mut b, 4);
+    let e =
+        b.fe.wait_event_of(abi::event::SRQ_LIMIT_REACHED, srq.handle);
+    assert_eq!(e.context.get(), b.ctx.handle);
+    assert_eq!(query(&mut b, srq.handle).srq_limit.get(), 0, "disarmed");
+    for i in 5..8 {
+        send(&mut a, &mut b, i);
+    }
+    let _ = query(&mut b, srq.handle);
+    b.fe.drain();
+    assert!(
+        b.fe.events
+            .iter()
+            .all(|e| e.event_type.get() != abi::event::SRQ_LIMIT_REACHED),
+        "a second limit event: {:?}",
+        b.fe.events
+    );
+}
+
+/// The GSI QP (§6.26): QPN 1, once per device (a second one, in any
+/// context, or one on an SRQ, ERR_INVALID; QPN 1 again once destroyed);
+/// its transitions are UD's without PORT (§6.27); two devices' GSI QPs
+/// exchange datagrams (a UD receive: the GRH, then the data; the
+/// sender's QPN 1).
+#[test]
+fn the_gsi_qp_is_qpn_1_once_and_exchanges_datagrams() {
+    const GSI_QKEY: u32 = 0x8001_0000;
+    let da = NET.device("gsi-a");
+    let db = NET.device("gsi-b");
+    let mut a = Side::new(&da);
+    let mut b = Side::new(&db);
+    let spec = QpSpec::new(qp_type::GSI, a.cq.handle);
+    let g = a.fe.qp(&a.ctx, a.pd, &spec);
+    assert_eq!(g.qpn, 1, "the GSI QP is QPN 1");
+    let again = a.fe.try_qp(&a.ctx, a.pd, &spec).map(|q| q.qpn);
+    assert_eq!(again.map_err(|s| s.status), Err(abi::status::INVALID));
+    let other = a.fe.context(64);
+    let opd = a.fe.pd(&other);
+    let ocq = a.fe.cq(&other, 128);
+    let again =
+        a.fe.try_qp(&other, opd, &QpSpec::new(qp_type::GSI, ocq.handle))
+            .map(|q| q.qpn);
+    assert_eq!(
+        again.map_err(|s| s.status),
+        Err(abi::status::INVALID),
+        "once per device, not per context"
+    );
+    a.fe.destroy(abi::op::DESTROY_QP, &a.ctx, 1)
+        .expect("DESTROY_QP of the GSI QP");
+    let srq = b.fe.srq(&b.ctx, b.pd, 64, 1, 0);
+    let mut on_srq = QpSpec::new(qp_type::GSI, b.cq.handle);
+    on_srq.srq = srq.handle;
+    let r = b.fe.try_qp(&b.ctx, b.pd, &on_srq).map(|q| q.qpn);
+    assert_eq!(
+        r.map_err(|s| s.status),
+        Err(abi::status::INVALID),
+        "GSI on an SRQ"
+    );
+
+    let mut ga = a.fe.qp(&a.ctx, a.pd, &spec);
+    assert_eq!(ga.qpn, 1, "QPN 1 again");
+    let mut gb =
+        b.fe.qp(&b.ctx, b.pd, &QpSpec::new(qp_type::GSI, b.cq.handle));
+    assert_eq!(gb.qpn, 1);
+    for s in [&mut a, &mut b] {
+        let at = abi::QpAttrs {
+            qp_state: state::INIT.into(),
+            qkey: GSI_QKEY.into(),
+            port_num: 1,
+            ..Default::default()
+        };
+        let with_port = mask::STATE | mask::PKEY_INDEX | mask::QKEY | mask::PORT;
+        assert_eq!(
+            s.fe.modify_qp(&s.ctx, 1, with_port, &at)
+                .map_err(|e| e.status),
+            Err(abi::status::INVALID),
+            "the GSI column has no PORT"
+        );
+        s.fe.modify_qp(&s.ctx, 1, mask::STATE | mask::PKEY_INDEX | mask::QKEY, &at)
+            .expect("GSI to INIT");
+        let mut at = abi::QpAttrs {
+            qp_state: state::RTR.into(),
+            ..Default::default()
+        };
+        s.fe.modify_qp(&s.ctx, 1, mask::STATE, &at)
+            .expect("GSI to RTR");
+        at.qp_state = state::RTS.into();
+        at.sq_psn = PSN.into();
+        s.fe.modify_qp(&s.ctx, 1, mask::STATE | mask::SQ_PSN, &at)
+            .expect("GSI to RTS");
+    }
+    let d = pattern(21, 256);
+    a.put(SRC, &d);
+    gb.post_recv(1, &[b.mr.sge(DST, 2048)]);
+    ga.post_send(&Wqe::send(2, &[a.mr.sge(SRC, 256)]).ud(av(b.gid), 1, GSI_QKEY));
+    a.cq.expect_ok(wc::SEND, 2);
+    let c = b.cq.expect_ok(wc::RECV, 1);
+    assert_eq!((c.byte_len.get(), c.src_qp.get(), c.qpn.get()), (296, 1, 1));
+    assert_eq!(c.wc_flags.get() & abi::wc_flags::GRH, abi::wc_flags::GRH);
+    assert_eq!(b.get(DST + 40, 256), d);
+    // And back.
+    let d = pattern(22, 100);
+    b.put(SRC, &d);
+    ga.post_recv(3, &[a.mr.sge(DST, 2048)]);
+    gb.post_send(&Wqe::send(4, &[b.mr.sge(SRC, 100)]).ud(av(a.gid), 1, GSI_QKEY));
+    b.cq.expect_ok(wc::SEND, 4);
+    let c = a.cq.expect_ok(wc::RECV, 3);
+    assert_eq!((c.byte_len.get(), c.src_qp.get()), (140, 1));
+    assert_eq!(a.get(DST + 40, 100), d);
 }

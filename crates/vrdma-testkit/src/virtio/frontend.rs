@@ -132,6 +132,18 @@ impl Frontend {
     }
 
     pub fn connect_with(socket: &Path, ram: Arc<Ram>, opts: Options) -> Self {
+        let mut fe = Self::negotiated(socket, ram, opts);
+        fe.start_queues([0; 4]);
+        // The eventq and the notifyq stocked before DRIVER_OK (§5 step 4).
+        let n = fe.opts.buffers;
+        fe.stock(n, n);
+        fe
+    }
+
+    /// Connected and negotiated (features, protocol features,
+    /// configuration), with no memory table and no queue yet: what a VMM
+    /// has done before SET_MEM_TABLE.
+    pub fn negotiated(socket: &Path, ram: Arc<Ram>, opts: Options) -> Self {
         let control = Vq::new(&ram, vqi::CONTROL, CONTROL_SIZE);
         let eventq = Vq::new(&ram, vqi::EVENT, ITEM_SIZE);
         let notifyq = Vq::new(&ram, vqi::NOTIFY, ITEM_SIZE);
@@ -169,30 +181,44 @@ impl Frontend {
             short_items: 0,
         };
         fe.negotiate();
-        fe.start_queues([0; 4]);
-        // The eventq and the notifyq stocked before DRIVER_OK (§5 step 4).
-        let n = fe.opts.buffers;
-        let page = fe.ram.pages(u64::from(n).div_ceil(256).max(1));
-        for k in 0..n {
-            let at = page + 16 * u64::from(k);
-            let h = fe.eventq.add(&[Buf::w(at, 16)]);
-            fe.event_bufs.insert(h, at);
-        }
-        let page = fe.ram.pages(u64::from(n).div_ceil(256).max(1));
-        for k in 0..n {
-            let at = page + 16 * u64::from(k);
-            let h = fe.notifyq.add(&[Buf::w(at, 16)]);
-            fe.notify_bufs.insert(h, at);
-        }
-        fe.eventq.notify();
-        fe.notifyq.notify();
         fe
+    }
+
+    /// Posts `events` more buffers of 16 bytes on the eventq and
+    /// `notifications` on the notifyq, and notifies each queue given
+    /// some.
+    pub fn stock(&mut self, events: u16, notifications: u16) {
+        let page = self.ram.pages(u64::from(events).div_ceil(256).max(1));
+        for k in 0..events {
+            let at = page + 16 * u64::from(k);
+            let h = self.eventq.add(&[Buf::w(at, 16)]);
+            self.event_bufs.insert(h, at);
+        }
+        let page = self
+            .ram
+            .pages(u64::from(notifications).div_ceil(256).max(1));
+        for k in 0..notifications {
+            let at = page + 16 * u64::from(k);
+            let h = self.notifyq.add(&[Buf::w(at, 16)]);
+            self.notify_bufs.insert(h, at);
+        }
+        if events > 0 {
+            self.eventq.notify();
+        }
+        if notifications > 0 {
+            self.notifyq.notify();
+        }
     }
 
     /// Features, protocol features, queues, configuration: what QEMU's
     /// vhost_dev_init and the driver's probe do.
     fn negotiate(&mut self) {
         self.conn.set_owner().expect("SET_OWNER");
+        self.negotiate_features();
+    }
+
+    /// [`Frontend::negotiate`] past SET_OWNER.
+    fn negotiate_features(&mut self) {
         self.offered = self.conn.get_features().expect("GET_FEATURES");
         assert!(
             self.offered & feature::VERSION_1 != 0,
@@ -276,6 +302,13 @@ impl Frontend {
     /// vhost_dev_start and vhost_virtqueue_start).
     fn start_queues(&mut self, bases: [u16; 4]) {
         self.set_mem_table().expect("SET_MEM_TABLE");
+        self.try_start_vrings(bases)
+            .unwrap_or_else(|e| panic!("starting the virtqueues: {e}"));
+    }
+
+    /// Every queue set up and enabled from `base` (each message acked),
+    /// stopping at the first the device refuses.
+    pub fn try_start_vrings(&mut self, bases: [u16; 4]) -> vhost::Result<()> {
         for (i, base) in bases.into_iter().enumerate() {
             let (size, desc, avail, used) = {
                 let q = self.queue(i);
@@ -290,21 +323,16 @@ impl Frontend {
                 avail_ring_addr: self.vmm_addr(avail),
                 log_addr: None,
             };
-            self.acked(|c| c.set_vring_num(i, size))
-                .expect("SET_VRING_NUM");
-            self.acked(|c| c.set_vring_base(i, base))
-                .expect("SET_VRING_BASE");
-            self.acked(|c| c.set_vring_addr(i, &addr))
-                .expect("SET_VRING_ADDR");
+            self.acked(|c| c.set_vring_num(i, size))?;
+            self.acked(|c| c.set_vring_base(i, base))?;
+            self.acked(|c| c.set_vring_addr(i, &addr))?;
             let kick = self.queue(i).kick.try_clone().expect("dup");
             let call = self.queue(i).call.try_clone().expect("dup");
-            self.acked(|c| c.set_vring_kick(i, &kick))
-                .expect("SET_VRING_KICK");
-            self.acked(|c| c.set_vring_call(i, &call))
-                .expect("SET_VRING_CALL");
-            self.acked(|c| c.set_vring_enable(i, true))
-                .expect("SET_VRING_ENABLE");
+            self.acked(|c| c.set_vring_kick(i, &kick))?;
+            self.acked(|c| c.set_vring_call(i, &call))?;
+            self.acked(|c| c.set_vring_enable(i, true))?;
         }
+        Ok(())
     }
 
     fn queue(&self, i: usize) -> &Vq {
@@ -355,6 +383,33 @@ impl Frontend {
     /// RESET_DEVICE (a system reset QEMU passes on).
     pub fn reset_device(&mut self) {
         self.acked(|c| c.reset_device()).expect("RESET_DEVICE");
+    }
+
+    /// RESET_DEVICE, then the device set up again as after a system
+    /// reset: the features negotiated again, the four virtqueues fresh
+    /// (new rings in guest memory, from index 0), the eventq and the
+    /// notifyq stocked. Events and notifications read and not taken are
+    /// forgotten.
+    pub fn reset_and_restart(&mut self) {
+        self.reset_device();
+        self.control = Vq::new(&self.ram, vqi::CONTROL, CONTROL_SIZE);
+        self.eventq = Vq::new(&self.ram, vqi::EVENT, ITEM_SIZE);
+        self.notifyq = Vq::new(&self.ram, vqi::NOTIFY, ITEM_SIZE);
+        self.doorbellq = Vq::new(&self.ram, vqi::DOORBELL, DOORBELL_SIZE);
+        *self
+            .kicker
+            .fd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            self.doorbellq.kick.try_clone().expect("dup");
+        self.event_bufs.clear();
+        self.notify_bufs.clear();
+        self.events.clear();
+        self.notifications.clear();
+        self.negotiate_features();
+        self.start_queues([0; 4]);
+        let n = self.opts.buffers;
+        self.stock(n, n);
     }
 
     // --- the controlq ----------------------------------------------------

@@ -19,6 +19,7 @@
 //! | 127.25 | `vrdma-virtio/tests/operations.rs` |
 //! | 127.26 | `vrdma-virtio/tests/lifecycle.rs` |
 //! | 127.27 | `vrdma-virtio/tests/hostile.rs` |
+//! | 127.28 | `vrdma-virtio/tests/interop.rs` (its PVRDMA devices too) |
 //!
 //! This is test code: a failure is the test's, so it panics, saying what
 //! failed.
@@ -43,6 +44,7 @@ use std::{
 pub use frontend::{Frontend, Options, Status, WAIT};
 pub use ram::{PAGE, Ram};
 pub use verbs::*;
+use vrdma_device::Transport;
 use vrdma_engine::attr::{Mtu, PortAttr};
 use vrdma_fabric::udp::UdpPort;
 use vrdma_virtio::{
@@ -90,13 +92,27 @@ impl Net {
     pub fn device_with(
         &self,
         name: &str,
-        mut opts: vrdma_virtio::face::Options,
+        opts: vrdma_virtio::face::Options,
         spin: Duration,
     ) -> Device {
+        self.device_on(name, opts, spin, |port| port)
+    }
+
+    /// A device with face options `opts` and spin period `spin` whose
+    /// transport `wrap` makes of its UDP port (a wrapper such as the
+    /// PVRDMA kit's `Tripwire`).
+    pub fn device_on<T: Transport + Send + 'static>(
+        &self,
+        name: &str,
+        mut opts: vrdma_virtio::face::Options,
+        spin: Duration,
+        wrap: impl FnOnce(UdpPort) -> T,
+    ) -> Device<T> {
         let addr = self.addr();
         opts.mac = crate::virtio::mac_of(addr);
         let port =
             UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
+        let port = wrap(port);
         let mut attr = PortAttr::with_gids(&[]);
         attr.active_mtu = Mtu::Mtu1024;
         let face = VirtioRdma::new(opts, attr, port);
@@ -136,18 +152,19 @@ pub fn mac_of(addr: IpAddr) -> [u8; 6] {
 }
 
 /// A device served on a vhost-user socket in a thread of its own; stopped
-/// (and its thread joined) when dropped.
+/// (and its thread joined) when dropped. Its transport is a UDP port, or
+/// what [`Net::device_on`] made of one.
 #[derive(Debug)]
-pub struct Device {
+pub struct Device<T: Transport + Send + 'static = UdpPort> {
     pub addr: IpAddr,
     pub socket: PathBuf,
     dir: PathBuf,
-    pub backend: Arc<Backend<UdpPort>>,
+    pub backend: Arc<Backend<T>>,
     stop: Arc<Stop>,
     thread: Option<JoinHandle<std::io::Result<()>>>,
 }
 
-impl Device {
+impl<T: Transport + Send + 'static> Device<T> {
     pub fn gid(&self) -> Gid {
         Gid::from(self.addr)
     }
@@ -190,7 +207,7 @@ impl Device {
     }
 }
 
-impl Drop for Device {
+impl<T: Transport + Send + 'static> Drop for Device<T> {
     fn drop(&mut self) {
         if self.thread.is_some() {
             let _ = self.finish();

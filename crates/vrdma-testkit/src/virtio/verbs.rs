@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use vrdma_device::Transport;
 use vrdma_virtio::abi::{self, access, cq_header, doorbell as db, op, qp_type, wq_header, wr};
 use vrdma_wire::Gid;
 use zerocopy::{FromZeros, IntoBytes};
@@ -1076,11 +1077,11 @@ pub struct Side {
 
 impl Side {
     /// On `dev` with 64 MiB of guest memory.
-    pub fn new(dev: &Device) -> Self {
+    pub fn new<T: Transport + Send + 'static>(dev: &Device<T>) -> Self {
         Self::with_memory(dev, 64 << 20)
     }
 
-    pub fn with_memory(dev: &Device, size: u64) -> Self {
+    pub fn with_memory<T: Transport + Send + 'static>(dev: &Device<T>, size: u64) -> Self {
         Self::on(dev.connect(size), dev.gid())
     }
 
