@@ -1473,6 +1473,12 @@ impl<T: Transport> VirtioRdma<T> {
         let rung = if scan { self.doorbells() } else { 0 };
         let progress = self.device.progress()?;
         self.progress_rings();
+        // What this turn made the engine owe — the answers to the packets
+        // it took (ACKs, READ responses), the WQEs taken after the
+        // progress's send — goes now: a device that sleeps after the turn
+        // (event mode, or idle past its spin) would otherwise hold them
+        // until a timer, tens of milliseconds.
+        let _ = self.device.send_pending();
         let mut raised = 0;
         while let Some(cq) = self.device.engine_mut().poll_notification() {
             let ctx = self.cqs.get(&cq.0).map_or(0, |c| c.context);
