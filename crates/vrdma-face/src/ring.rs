@@ -468,6 +468,10 @@ impl<I: Indices> Producer<I> {
         if i.used(self.tail, head) >= i.capacity() {
             return false;
         }
+        // The slot is the guest's no more once its consumer index says so:
+        // its last reads of it come before our write (its release, our
+        // acquire).
+        fence(Ordering::Acquire);
         if self.ring.write_entry(mem, self.tail, entry).is_err() {
             return false;
         }

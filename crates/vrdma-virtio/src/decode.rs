@@ -523,6 +523,24 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refused> {
     })
 }
 
+/// Bytes of the response body a command answers with on success.
+pub const fn response_len(opcode: u16) -> usize {
+    match opcode {
+        op::QUERY_DEVICE => size_of::<abi::DeviceAttrResp>(),
+        op::QUERY_PORT => size_of::<abi::PortAttrResp>(),
+        op::CREATE_CONTEXT | op::ALLOC_PD | op::ALLOC_MW | op::RESIZE_CQ => {
+            size_of::<abi::HandleResp>()
+        }
+        op::REG_MR | op::REG_DMA_MR | op::ALLOC_MR => size_of::<abi::MrResp>(),
+        op::CREATE_CQ => size_of::<abi::CreateCqResp>(),
+        op::CREATE_SRQ => size_of::<abi::CreateSrqResp>(),
+        op::QUERY_SRQ => size_of::<abi::SrqAttrResp>(),
+        op::CREATE_QP => size_of::<abi::CreateQpResp>(),
+        op::QUERY_QP => size_of::<abi::QueryQpResp>(),
+        _ => 0,
+    }
+}
+
 /// A request must end where its command does.
 fn exact(req: &[u8], len: usize) -> Result<(), Refused> {
     match req.len().cmp(&len) {

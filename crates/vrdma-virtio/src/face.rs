@@ -81,6 +81,8 @@ pub fn device_attr(mac: [u8; 6]) -> DeviceAttr {
         max_cq: 1 << 15,
         max_cqe: (1 << 16) - 1,
         max_srq: 1 << 14,
+        // REG_MR takes page shifts 12 ..= 30.
+        page_size_cap: 0x7fff_f000,
         ..DeviceAttr::default()
     }
 }
@@ -415,13 +417,21 @@ impl<T: Transport> VirtioRdma<T> {
         let dead = self.fatal
             && req.len() >= size_of::<abi::CmdHdr>()
             && !matches!(opcode, Some(op::QUERY_DEVICE | op::QUERY_PORT));
+        let hdr_len = size_of::<abi::RespHdr>();
         let done = if dead {
             Err(Refused::new(
                 decode::errno::EIO,
                 "the device failed: reset it",
             ))
         } else {
-            decode::decode_request(req).and_then(|r| self.execute(r))
+            decode::decode_request(req).and_then(|r| {
+                // Room for the response before anything is done: a command
+                // that succeeds must be able to say so (DEV-16).
+                if hdr_len + decode::response_len(r.opcode) > room {
+                    return Err(decode::length("response room"));
+                }
+                self.execute(r)
+            })
         };
         let (code, body) = match done {
             Ok(body) => (None, body),
@@ -431,7 +441,6 @@ impl<T: Transport> VirtioRdma<T> {
                 (Some(e), Vec::new())
             }
         };
-        let hdr_len = size_of::<abi::RespHdr>();
         let (code, body) = match code {
             None if hdr_len + body.len() > room => {
                 self.stats.refused += 1;
@@ -503,6 +512,7 @@ impl<T: Transport> VirtioRdma<T> {
                 self.claims.release(Owner::Cq(cq));
                 self.notified.remove(&cq);
                 self.notifications.retain(|n| n.cq.get() != cq);
+                self.drop_events(|e| e.event_type.get() == ev::CQ_ERR && e.object.get() == cq);
                 Ok(Vec::new())
             }
             Command::ResizeCq { cq, ring } => self.resize_cq(ctx, cq, ring),
@@ -562,10 +572,9 @@ impl<T: Transport> VirtioRdma<T> {
             Command::DeregMr { lkey } => {
                 self.owned(&self.mrs, lkey >> 8, ctx, "MR")?;
                 let engine = self.device.engine_mut();
+                // By index; the key byte (which fast registration changes)
+                // is ignored (§6.19).
                 let cur = engine.current_lkey(lkey >> 8).or_refuse("MR")?;
-                if cur.0 != lkey {
-                    return Err(noent("MR key"));
-                }
                 engine.dereg_mr(cur).or_refuse("MR")?;
                 self.mrs.remove(&(lkey >> 8));
                 Ok(Vec::new())
@@ -636,6 +645,10 @@ impl<T: Transport> VirtioRdma<T> {
                 }
                 self.claims.release(Owner::Srq(srq));
                 self.busy_srqs.remove(&srq);
+                self.drop_events(|e| {
+                    matches!(e.event_type.get(), ev::SRQ_LIMIT_REACHED | ev::SRQ_ERR)
+                        && e.object.get() == srq
+                });
                 Ok(Vec::new())
             }
             Command::CreateQp(c) => self.create_qp(ctx, c),
@@ -1248,6 +1261,17 @@ impl<T: Transport> VirtioRdma<T> {
         }
         self.claims.release(Owner::Qp(qpn));
         self.busy_qps.remove(&qpn);
+        // Its pending events go with it: a reused QPN must not hear them.
+        self.drop_events(|e| {
+            matches!(
+                e.event_type.get(),
+                ev::QP_FATAL
+                    | ev::QP_REQ_ERR
+                    | ev::QP_ACCESS_ERR
+                    | ev::QP_LAST_WQE_REACHED
+                    | ev::SQ_DRAINED
+            ) && e.object.get() == qpn
+        });
         Ok(())
     }
 

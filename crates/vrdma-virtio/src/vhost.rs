@@ -475,7 +475,9 @@ impl<T: Transport> Inner<T> {
         };
         let same_queue = p.control == Some(control);
         let resumes = same_memory && same_queue;
-        if !resumes && !self.face.is_empty() {
+        // Not the same VM coming back: everything of the old one goes,
+        // a failed device's ERR_DEVICE and GIDs included.
+        if !resumes {
             tracing::info!("virtio-rdma: a new driver or another VM: device reset");
             self.face.reset();
         }
@@ -809,9 +811,9 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
             // The vrings already see it: nothing touches guest memory
             // until a connection brings memory that is whole.
             tracing::warn!(error = %e, "virtio-rdma: guest memory refused");
+            g.pause();
             g.mem = None;
             g.memory = None;
-            g.pause();
             return Err(e);
         }
         g.memory = Some(regions(&m));
