@@ -107,6 +107,10 @@ impl Port for EnginePort {
         self.ctx.progress().expect("a round of the device");
     }
 
+    fn idle_once(&mut self) {
+        self.idle();
+    }
+
     fn needs_thread(&self) -> bool {
         true
     }
@@ -127,5 +131,9 @@ impl Port for EnginePort {
 
     fn byte(&self, off: u64) -> u8 {
         self.ctx.byte(BASE + off).expect("reading the buffer")
+    }
+
+    fn retry_timeouts(&self) -> Option<u64> {
+        Some(self.ctx.dev.engine().stats().retry_timeout)
     }
 }

@@ -160,11 +160,12 @@ fn measure(face: Face, test: Test, opts: &Opts, k: u32) -> Sample {
     }
     let s = setup(face, opts.pin, k);
     let seed = k.wrapping_mul(2_654_435_761);
-    let (sample, (a, b)) = match test {
+    let (mut sample, (a, b)) = match test {
         Test::Rate => measure::rate(s.a, s.b, s.pins, opts.timing, seed),
         Test::Bandwidth => measure::bandwidth(s.a, s.b, s.pins, opts.timing, seed),
         Test::Latency => measure::latency(s.a, s.b, s.pins, opts.timing, seed),
     };
+    sample.timeouts = a.retry_timeouts();
     // The guests go before their devices.
     drop((a, b));
     drop(s.devices);
@@ -178,6 +179,8 @@ struct Opts {
     pin: bool,
     /// Says each measurement as it starts.
     verbose: bool,
+    /// Skips the lone-WRITE probe.
+    no_probe: bool,
     faces: Vec<Face>,
     tests: Vec<Test>,
 }
@@ -223,6 +226,7 @@ fn opts() -> Opts {
         },
         pin: args.iter().any(|a| a == "--pin"),
         verbose: args.iter().any(|a| a == "--verbose"),
+        no_probe: args.iter().any(|a| a == "--no-probe"),
         faces,
         tests,
     }
@@ -272,6 +276,9 @@ fn main() {
         }
     );
     let start = Instant::now();
+    if !opts.no_probe {
+        probe(&opts);
+    }
     let mut all: Vec<(Test, Rounds)> = opts.tests.iter().map(|&t| (t, Vec::new())).collect();
     let mut k = 0;
     for r in 0..opts.rounds {
@@ -293,6 +300,37 @@ fn main() {
     report(&opts, &all);
     println!("\n(run took {:.0} s)", start.elapsed().as_secs_f64());
     let _ = std::fs::remove_dir_all(&run_dir);
+}
+
+/// Lone 64-byte WRITEs to a peer whose driver does nothing (a WRITE's
+/// target, as `ib_write_bw`'s server): how long each takes to complete,
+/// and the requester's retransmit timeouts meanwhile.
+fn probe(opts: &Opts) {
+    const N: u32 = 5;
+    println!(
+        "\nlone 64 B WRITEs, A to B, {N} of them 20 ms apart, B's driver idle: post to completion"
+    );
+    // (The line whose B rings once a millisecond is the poll line here:
+    // B has no thread in this probe.)
+    let faces = opts.faces.iter().filter(|&&f| f != Face::VirtioPollRung);
+    for (k, &face) in faces.enumerate() {
+        let mut s = setup(face, false, 10_000 + k as u32);
+        let before = s.a.retry_timeouts();
+        let times = measure::lone_writes(&mut *s.a, &mut *s.b, N, Duration::from_millis(20));
+        let after = s.a.retry_timeouts();
+        let timeouts = match (before, after) {
+            (Some(b), Some(a)) => format!("{}", a - b),
+            _ => "-".to_owned(),
+        };
+        println!(
+            " {:<26} median {:>9.1} us, max {:>9.1} us; A's retransmit timeouts: {timeouts}",
+            face.name(),
+            median(times.clone()) / 1e3,
+            times.iter().copied().fold(0.0, f64::max) / 1e3
+        );
+        drop((s.a, s.b));
+        drop(s.devices);
+    }
 }
 
 /// A sample's value: the rate, or the typical half round trip; none when
@@ -468,7 +506,7 @@ fn targets_of(face: Face, v: usize, all: &[(Test, Rounds)]) {
 /// used, and how many waited for a core on average.
 fn threads_table(opts: &Opts, all: &[(Test, Rounds)]) {
     println!(
-        "\nthreads during the measured part (medians of rounds): busy = threads that ran >= 50 % of the time; cores = CPU time / wall time; wait = run-queue time / wall time (threads runnable without a core, on average)"
+        "\nthreads during the measured part (medians of rounds): busy = threads that wanted a core >= 80 % of the time (running or runnable: busy-polling); cores = CPU time / wall time; wait = run-queue time / wall time (threads runnable without a core, on average)"
     );
     println!(
         " {:<26} {:>22} {:>22} {:>22}   kicks/post (rate)",
@@ -477,7 +515,23 @@ fn threads_table(opts: &Opts, all: &[(Test, Rounds)]) {
     for (i, face) in opts.faces.iter().enumerate() {
         let mut line = format!(" {:<26}", face.name());
         let mut kicks = String::new();
+        let mut timeouts = Vec::new();
         for test in [Test::Rate, Test::Bandwidth, Test::Latency] {
+            let all_runs: Vec<&Sample> = all
+                .iter()
+                .find(|(t, _)| *t == test)
+                .map(|(_, rounds)| rounds.iter().map(|row| &row[i]).collect())
+                .unwrap_or_default();
+            let known: Vec<f64> = all_runs
+                .iter()
+                .filter_map(|s| s.timeouts)
+                .map(|n| n as f64)
+                .collect();
+            timeouts.push(if known.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.0}", median(known))
+            });
             let ok: Vec<&Sample> = all
                 .iter()
                 .find(|(t, _)| *t == test)
@@ -504,6 +558,19 @@ fn threads_table(opts: &Opts, all: &[(Test, Rounds)]) {
                 kicks = format!("{:.4}", f(&|s| s.kicks_per_post.unwrap_or(0.0)));
             }
         }
-        println!("{line}   {kicks}");
+        println!("{line}   {kicks:<10}   {}", timeouts.join(" "));
+    }
+    println!(" busy threads in the last round (rate | bw | lat):");
+    for (i, face) in opts.faces.iter().enumerate() {
+        let names: Vec<String> = [Test::Rate, Test::Bandwidth, Test::Latency]
+            .iter()
+            .map(|&test| {
+                all.iter()
+                    .find(|(t, _)| *t == test)
+                    .and_then(|(_, rounds)| rounds.last())
+                    .map_or("-".to_owned(), |row| row[i].threads.names.join(" "))
+            })
+            .collect();
+        println!("   {:<26} {}", face.name(), names.join(" | "));
     }
 }

@@ -54,6 +54,8 @@ pub struct Sample {
     pub kicks_per_post: Option<f64>,
     /// The run stopped completing WRITEs: what was seen (no value then).
     pub stalled: Option<Stall>,
+    /// Side A's retransmit timeouts in the whole run, where known.
+    pub timeouts: Option<u64>,
 }
 
 /// A run whose WRITEs stopped completing.
@@ -73,6 +75,7 @@ impl Sample {
             threads: Use::default(),
             kicks_per_post: None,
             stalled: Some(s),
+            timeouts: None,
         }
     }
 }
@@ -284,6 +287,7 @@ pub fn rate(
                     threads,
                     kicks_per_post: kicks,
                     stalled: None,
+                    timeouts: None,
                 };
             }
         };
@@ -348,6 +352,7 @@ pub fn bandwidth(
                     threads,
                     kicks_per_post: None,
                     stalled: None,
+                    timeouts: None,
                 };
             }
         };
@@ -435,6 +440,7 @@ pub fn latency(
                     threads,
                     kicks_per_post: None,
                     stalled: None,
+                    timeouts: None,
                 };
             }
         }
@@ -466,4 +472,36 @@ fn echo_loop(b: &mut dyn Port, stop: &AtomicBool) {
             out += 1;
         }
     }
+}
+
+/// One 64-byte WRITE at a time from A to B, `n` of them `gap` apart (so
+/// that the devices go idle between), B's driver doing nothing: each one's
+/// time from post to completion, in ns.
+pub fn lone_writes(a: &mut dyn Port, b: &mut dyn Port, n: u32, gap: Duration) -> Vec<f64> {
+    use layout::{DST_MSG, SRC_MSG};
+    let mut wcs = Vec::new();
+    let mut times = Vec::new();
+    for i in 0..n {
+        std::thread::sleep(gap);
+        let data = pattern(i, SMALL as usize);
+        a.put(SRC_MSG, &data);
+        let t = Instant::now();
+        a.post_write(u64::from(i) + 1, SRC_MSG, SMALL, DST_MSG, true);
+        a.ring();
+        loop {
+            // A device with no thread of its own gets its round.
+            b.idle_once();
+            if reap(a, &mut wcs).1 == Some(u64::from(i) + 1) {
+                break;
+            }
+            assert!(t.elapsed() < STUCK, "a lone WRITE never completed");
+        }
+        times.push(t.elapsed().as_nanos() as f64);
+        assert_eq!(
+            b.get(DST_MSG, SMALL as usize),
+            data,
+            "the lone WRITE's bytes"
+        );
+    }
+    times
 }

@@ -38,6 +38,10 @@ pub trait Port: Send {
     /// whose device has no thread of its own needs it.
     fn idle(&mut self) {}
 
+    /// One round of a device that has no thread of its own (engine-direct),
+    /// nothing otherwise.
+    fn idle_once(&mut self) {}
+
     /// Whether the side needs a thread even when its driver has nothing to
     /// do (engine-direct: the device runs in its driver's thread).
     fn needs_thread(&self) -> bool {
@@ -53,6 +57,12 @@ pub trait Port: Send {
     /// Kicks the device's doorbell queue (virtio-rdma only): what a driver
     /// does when the device does not poll.
     fn kick(&mut self) {}
+
+    /// The requester's retransmit timeouts so far (`engine.retry_timeout`),
+    /// where the side can read its device's counters.
+    fn retry_timeouts(&self) -> Option<u64> {
+        None
+    }
 
     /// Doorbellq kicks so far (virtio-rdma only).
     fn kicks(&self) -> Option<u64> {

@@ -38,10 +38,12 @@ pub fn snapshot() -> Snapshot {
 }
 
 /// What the threads did between two snapshots, over `wall`.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Use {
-    /// Threads that ran at least half of the time.
+    /// Threads that wanted a core at least 80 % of the time (running or
+    /// runnable: a thread that busy-polls), and their names.
     pub busy: u32,
+    pub names: Vec<String>,
     /// CPU time of all threads over wall time (cores in use).
     pub cores: f64,
     /// Run-queue time of all threads over wall time: how many threads,
@@ -54,15 +56,18 @@ impl Snapshot {
     pub fn until(&self, later: &Snapshot, wall: Duration) -> Use {
         let w = wall.as_nanos() as f64;
         let mut u = Use::default();
-        for (tid, (_, run1, wait1)) in &later.0 {
+        for (tid, (name, run1, wait1)) in &later.0 {
             let (run0, wait0) = self.0.get(tid).map_or((0, 0), |(_, r, q)| (*r, *q));
             let run = run1.saturating_sub(run0) as f64;
-            if run >= w / 2.0 {
+            let wait = wait1.saturating_sub(wait0) as f64;
+            if run + wait >= 0.8 * w {
                 u.busy += 1;
+                u.names.push(name.clone());
             }
             u.cores += run / w;
-            u.waiting += wait1.saturating_sub(wait0) as f64 / w;
+            u.waiting += wait / w;
         }
+        u.names.sort();
         u
     }
 

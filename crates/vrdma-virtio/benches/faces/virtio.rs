@@ -34,6 +34,7 @@ const RAM: u64 = 64 << 20;
 /// MTU 4096 (the test kit's devices are at 1024); stopped when dropped.
 pub struct Device {
     pub addr: IpAddr,
+    backend: Arc<Backend<UdpPort>>,
     socket: PathBuf,
     dir: PathBuf,
     stop: Arc<Stop>,
@@ -59,7 +60,7 @@ impl Device {
         std::fs::create_dir_all(&dir).expect("a socket directory");
         let socket = dir.join("rdma.sock");
         let listener = UnixListener::bind(&socket).expect("binding the device's socket");
-        let server = Server::new(name, listener, backend).expect("a server");
+        let server = Server::new(name, listener, backend.clone()).expect("a server");
         let stop = server.stopper();
         let thread = std::thread::Builder::new()
             .name(format!("vhost-{name}"))
@@ -67,6 +68,7 @@ impl Device {
             .expect("a device thread");
         Device {
             addr,
+            backend,
             socket,
             dir,
             stop,
@@ -92,6 +94,7 @@ pub struct VirtioPort {
     mr: Mr,
     peer: Mr,
     ram: Arc<Ram>,
+    backend: Arc<Backend<UdpPort>>,
     /// With nothing to post, ring the QP's doorbell once a millisecond
     /// (which keeps the device polling) instead of staying silent.
     ring_idle: bool,
@@ -158,15 +161,16 @@ pub fn pair(
     let (ga, gb) = (a.gid, b.gid);
     bring_up(&mut a, &qa, qb.qpn, gb);
     bring_up(&mut b, &qb, qa.qpn, ga);
-    let port = |side: Side, qp, mr, peer| VirtioPort {
+    let port = |side: Side, qp, mr, peer, dev: &Device| VirtioPort {
         ram: side.fe.ram.clone(),
+        backend: dev.backend.clone(),
         side,
         qp,
         mr,
         peer,
         ring_idle,
     };
-    ((port(a, qa, ma, mb), wa), (port(b, qb, mb, ma), wb))
+    ((port(a, qa, ma, mb, da), wa), (port(b, qb, mb, ma, db), wb))
 }
 
 impl Port for VirtioPort {
@@ -217,6 +221,14 @@ impl Port for VirtioPort {
             .read_slice(&mut b, GuestAddress(self.mr.gpa + off))
             .expect("reading guest memory");
         b[0]
+    }
+
+    fn retry_timeouts(&self) -> Option<u64> {
+        self.backend
+            .counters()
+            .into_iter()
+            .find(|(k, _)| k == "engine.retry_timeout")
+            .map(|(_, n)| n)
     }
 
     fn kick(&mut self) {
