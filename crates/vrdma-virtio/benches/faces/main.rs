@@ -1,19 +1,21 @@
 //! The faces against engine-direct, in one run (issue 20):
 //!
 //! ```sh
-//! cargo bench -p vrdma-virtio --bench faces               # about 3 minutes
+//! cargo bench -p vrdma-virtio --bench faces               # about 2 minutes
 //! cargo bench -p vrdma-virtio --bench faces -- --quick    # about 30 s (or FACES_QUICK=1)
 //! ```
 //!
 //! Two devices on loopback UDP (127.30.x.y, a fresh pair for every
-//! measurement), RC at MTU 4096, driven four ways:
+//! measurement), RC at MTU 4096, driven six ways:
 //!
 //! | line | the driver | the device |
 //! |---|---|---|
 //! | engine-direct | `vrdma_device::verbs`, as `vrdma bench`/`vrdma perf` | the driver's own thread (pinned, one core per side) |
 //! | virtio, doorbells=poll | the virtio kit's front-end and verbs (WQEs in guest rings, doorbells in the context's area) | `vrdma_virtio::server::Server` over vhost-user; the device polls the doorbell areas while work flows |
+//! | virtio, poll, B rings 1/ms | the same, the passive side's driver ringing its QP's doorbell once a millisecond (which keeps its device polling) | as doorbells=poll |
 //! | virtio, doorbells=event | the same | every doorbell kicked, the device asleep between |
 //! | pvrdma, doorbells=shared | the PVRDMA kit's driver model | `vrdma_pvrdma::Server` over vfio-user, polling every ring |
+//! | pvrdma, doorbells=trap | the same, each post a doorbell write (a vfio-user message and its reply) | the same, waiting in `poll(2)` between |
 //!
 //! Three measurements on each: (a) 64-byte WRITE message rate (64 in
 //! flight, one in 16 signaled), (b) 1 MiB WRITE bandwidth (16 in flight),
@@ -21,12 +23,16 @@
 //! byte of its buffer, as `ib_write_lat`). Each ends with a message whose
 //! bytes are checked at the peer. The lines alternate within each round
 //! (this machine has slow spells of seconds); each face's ratio to
-//! engine-direct is the median of the rounds' ratios.
+//! engine-direct is the median of the rounds' ratios. First, a probe: five
+//! lone 64-byte WRITEs to a peer whose driver does nothing, each timed to
+//! its completion. Each measurement also records what the process's
+//! threads did (`/proc/self/task/*/schedstat`): which busy-polled, the
+//! cores used, and the run-queue wait.
 //!
 //! Options (after `--`): `--quick`, `--rounds N`, `--secs S` (each
 //! measurement's measured part), `--pin` (each face side's driver and
-//! device threads on one core: A's on CPU 0, B's on CPU 1), `--trapped`
-//! (a PVRDMA line with trapped doorbells too), `--only rate|bw|lat`.
+//! device threads on one core: A's on CPU 0, B's on CPU 1), `--only
+//! rate|bw|lat`, `--no-probe` (no lone WRITEs first), `--verbose`.
 
 mod engine;
 mod measure;
@@ -201,16 +207,14 @@ fn opts() -> Opts {
     let secs: f64 = value("--secs")
         .map(|v| v.parse().expect("--secs S"))
         .unwrap_or(if quick { 0.25 } else { 1.0 });
-    let mut faces = vec![
+    let faces = vec![
         Face::Engine,
         Face::VirtioPoll,
         Face::VirtioPollRung,
         Face::VirtioEvent,
         Face::PvrdmaShared,
+        Face::PvrdmaTrapped,
     ];
-    if args.iter().any(|a| a == "--trapped") {
-        faces.push(Face::PvrdmaTrapped);
-    }
     let tests = match value("--only").as_deref() {
         None => vec![Test::Rate, Test::Bandwidth, Test::Latency],
         Some("rate") => vec![Test::Rate],
