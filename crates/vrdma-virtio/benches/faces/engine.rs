@@ -9,7 +9,7 @@ use vrdma_device::verbs::{ALL_ACCESS, BASE, Connect, Context, Remote};
 use vrdma_engine::{
     attr::Mtu,
     qp::QpType,
-    wc::{Wc, WcStatus},
+    wc::Wc,
     wr::{SendFlags, SendOp},
 };
 use vrdma_wire::{Psn, QKey, Qpn, Rkey};
@@ -98,9 +98,9 @@ impl Port for EnginePort {
 
     fn ring(&mut self) {}
 
-    fn poll(&mut self, out: &mut Vec<(u64, bool)>) {
+    fn poll(&mut self, out: &mut Vec<(u64, u32)>) {
         let wcs: &[Wc] = self.ctx.poll_now().expect("a round of the device");
-        out.extend(wcs.iter().map(|w| (w.wr_id, w.status == WcStatus::Success)));
+        out.extend(wcs.iter().map(|w| (w.wr_id, w.status as u32)));
     }
 
     fn idle(&mut self) {

@@ -290,7 +290,23 @@ fn main() {
             let mut row = Vec::new();
             for &face in &opts.faces {
                 k += 1;
-                row.push(measure(face, *test, &opts, k));
+                // A failure ends the run at once: the devices of a failed
+                // measurement are not taken down (their threads may be
+                // what failed).
+                let m = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    measure(face, *test, &opts, k)
+                }));
+                match m {
+                    Ok(s) => row.push(s),
+                    Err(_) => {
+                        eprintln!(
+                            "faces: {test:?} on {} failed (round {})",
+                            face.name(),
+                            r + 1
+                        );
+                        std::process::exit(101);
+                    }
+                }
             }
             rounds.push(row);
         }

@@ -159,12 +159,15 @@ fn run<T: Send + 'static>(
 
 /// Reaps `a`'s completions, each of which must have succeeded; returns
 /// how many came and the last one's wr_id.
-fn reap(a: &mut dyn Port, wcs: &mut Vec<(u64, bool)>) -> (u64, Option<u64>) {
+fn reap(a: &mut dyn Port, wcs: &mut Vec<(u64, u32)>) -> (u64, Option<u64>) {
     wcs.clear();
     a.poll(wcs);
     let mut last = None;
-    for &(id, ok) in wcs.iter() {
-        assert!(ok, "WRITE {id} completed in error");
+    for &(id, status) in wcs.iter() {
+        assert_eq!(
+            status, 0,
+            "WRITE {id} completed in error (ibv_wc_status {status})"
+        );
         last = Some(id);
     }
     (wcs.len() as u64, last)

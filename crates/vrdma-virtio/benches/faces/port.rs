@@ -29,10 +29,11 @@ pub trait Port: Send {
     /// virtio-rdma doorbell; nothing where the device needs none).
     fn ring(&mut self);
 
-    /// The completions there now, as (wr_id, success), appended to `out`.
+    /// The completions there now, as (wr_id, `ibv_wc_status`: 0 is
+    /// success), appended to `out`.
     /// Engine-direct: one round of the device first (its driver is its
     /// device's only thread).
-    fn poll(&mut self, out: &mut Vec<(u64, bool)>);
+    fn poll(&mut self, out: &mut Vec<(u64, u32)>);
 
     /// One round of the device with nothing to post or poll: only a side
     /// whose device has no thread of its own needs it.

@@ -158,9 +158,9 @@ impl Port for PvrdmaPort {
         }
     }
 
-    fn poll(&mut self, out: &mut Vec<(u64, bool)>) {
+    fn poll(&mut self, out: &mut Vec<(u64, u32)>) {
         for c in self.g.poll(&mut self.cq) {
-            out.push((c.wr_id.get(), c.status.get() == 0));
+            out.push((c.wr_id.get(), c.status.get()));
         }
     }
 

@@ -200,9 +200,9 @@ impl Port for VirtioPort {
         self.ring_idle
     }
 
-    fn poll(&mut self, out: &mut Vec<(u64, bool)>) {
+    fn poll(&mut self, out: &mut Vec<(u64, u32)>) {
         while let Some(c) = self.side.cq.poll() {
-            out.push((c.wr_id.get(), c.status == 0));
+            out.push((c.wr_id.get(), u32::from(c.status)));
         }
     }
 
