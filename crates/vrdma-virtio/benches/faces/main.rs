@@ -1,0 +1,596 @@
+//! The faces against engine-direct, in one run (issue 20):
+//!
+//! ```sh
+//! cargo bench -p vrdma-virtio --bench faces               # about 2 minutes
+//! cargo bench -p vrdma-virtio --bench faces -- --quick    # about 30 s (or FACES_QUICK=1)
+//! ```
+//!
+//! Two devices on loopback UDP (127.30.x.y, a fresh pair for every
+//! measurement), RC at MTU 4096, driven six ways:
+//!
+//! | line | the driver | the device |
+//! |---|---|---|
+//! | engine-direct | `vrdma_device::verbs`, as `vrdma bench`/`vrdma perf` | the driver's own thread (pinned, one core per side) |
+//! | virtio, doorbells=poll | the virtio kit's front-end and verbs (WQEs in guest rings, doorbells in the context's area) | `vrdma_virtio::server::Server` over vhost-user; the device polls the doorbell areas while work flows |
+//! | virtio, poll, B rings 1/ms | the same, the passive side's driver ringing its QP's doorbell once a millisecond (which keeps its device polling) | as doorbells=poll |
+//! | virtio, doorbells=event | the same | every doorbell kicked, the device asleep between |
+//! | pvrdma, doorbells=shared | the PVRDMA kit's driver model | `vrdma_pvrdma::Server` over vfio-user, polling every ring |
+//! | pvrdma, doorbells=trap | the same, each post a doorbell write (a vfio-user message and its reply) | the same, waiting in `poll(2)` between |
+//!
+//! Three measurements on each: (a) 64-byte WRITE message rate (64 in
+//! flight, one in 16 signaled), (b) 1 MiB WRITE bandwidth (16 in flight),
+//! (c) 64-byte WRITE ping-pong half round trip (each side polls the last
+//! byte of its buffer, as `ib_write_lat`). Each ends with a message whose
+//! bytes are checked at the peer. The lines alternate within each round
+//! (this machine has slow spells of seconds); each face's ratio to
+//! engine-direct is the median of the rounds' ratios. First, a probe: five
+//! lone 64-byte WRITEs to a peer whose driver does nothing, each timed to
+//! its completion. Each measurement also records what the process's
+//! threads did (`/proc/self/task/*/schedstat`): which busy-polled, the
+//! cores used, and the run-queue wait.
+//!
+//! Options (after `--`): `--quick`, `--rounds N`, `--secs S` (each
+//! measurement's measured part), `--pin` (each face side's driver and
+//! device threads on one core: A's on CPU 0, B's on CPU 1), `--only
+//! rate|bw|lat`, `--no-probe` (no lone WRITEs first), `--verbose`.
+
+mod engine;
+mod measure;
+mod port;
+mod pvrdma;
+mod threads;
+mod virtio;
+
+use std::{
+    any::Any,
+    net::{IpAddr, Ipv4Addr},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use measure::{Pins, Sample, Timing};
+use port::Port;
+
+/// This binary's loopback block (the test suites have 20–27).
+const BLOCK: u8 = 30;
+
+/// A fresh address of the block.
+fn addr() -> IpAddr {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let k = NEXT.fetch_add(1, Ordering::Relaxed);
+    let (hi, lo) = (k / 254 % 256, k % 254 + 1);
+    IpAddr::V4(Ipv4Addr::new(127, BLOCK, hi as u8, lo as u8))
+}
+
+/// How the devices are driven.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+enum Face {
+    Engine,
+    VirtioPoll,
+    /// Polled doorbells, the passive side's driver ringing once a
+    /// millisecond.
+    VirtioPollRung,
+    VirtioEvent,
+    PvrdmaShared,
+    PvrdmaTrapped,
+}
+
+impl Face {
+    fn name(self) -> &'static str {
+        match self {
+            Face::Engine => "engine-direct",
+            Face::VirtioPoll => "virtio, doorbells=poll",
+            Face::VirtioPollRung => "virtio, poll, B rings 1/ms",
+            Face::VirtioEvent => "virtio, doorbells=event",
+            Face::PvrdmaShared => "pvrdma, doorbells=shared",
+            Face::PvrdmaTrapped => "pvrdma, doorbells=trap",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+enum Test {
+    Rate,
+    Bandwidth,
+    Latency,
+}
+
+/// Two connected sides of `face`, what keeps their devices alive, and the
+/// pins of their driver threads.
+struct Setup {
+    a: Box<dyn Port>,
+    b: Box<dyn Port>,
+    devices: Box<dyn Any>,
+    pins: Pins,
+}
+
+/// A fresh pair of `face`. With `pin`, a face's side A (driver and device
+/// threads) goes on CPU 0 and side B on CPU 1; engine-direct is always so
+/// pinned, as `vrdma bench` pins it.
+fn setup(face: Face, pin: bool, k: u32) -> Setup {
+    let (aa, ab) = (addr(), addr());
+    let both = Pins {
+        a: Some(0),
+        b: Some(1),
+    };
+    let face_pins = if pin { both } else { Pins::default() };
+    match face {
+        Face::Engine => {
+            let (a, b) = engine::pair(aa, ab);
+            Setup {
+                a: Box::new(a),
+                b: Box::new(b),
+                devices: Box::new(()),
+                pins: both,
+            }
+        }
+        Face::VirtioPoll | Face::VirtioPollRung | Face::VirtioEvent => {
+            let poll = face != Face::VirtioEvent;
+            let da = virtio::Device::new(aa, &format!("v{k}a"), poll);
+            let db = virtio::Device::new(ab, &format!("v{k}b"), poll);
+            let ((a, wa), (b, wb)) = virtio::pair(&da, &db, face == Face::VirtioPollRung);
+            if pin {
+                wa.iter().for_each(|&t| threads::pin(t, 0));
+                wb.iter().for_each(|&t| threads::pin(t, 1));
+            }
+            Setup {
+                a: Box::new(a),
+                b: Box::new(b),
+                devices: Box::new((da, db)),
+                pins: face_pins,
+            }
+        }
+        Face::PvrdmaShared | Face::PvrdmaTrapped => {
+            let shared = face == Face::PvrdmaShared;
+            let da = pvrdma::Device::new(aa, &format!("p{k}a"), shared);
+            let db = pvrdma::Device::new(ab, &format!("p{k}b"), shared);
+            if pin {
+                threads::pin(da.tid, 0);
+                threads::pin(db.tid, 1);
+            }
+            let (a, b) = pvrdma::pair(&da, &db, !shared);
+            Setup {
+                a: Box::new(a),
+                b: Box::new(b),
+                devices: Box::new((da, db)),
+                pins: face_pins,
+            }
+        }
+    }
+}
+
+/// One measurement of `test` on a fresh pair of `face`.
+fn measure(face: Face, test: Test, opts: &Opts, k: u32) -> Sample {
+    if opts.verbose {
+        eprintln!("  {test:?} on {}", face.name());
+    }
+    let s = setup(face, opts.pin, k);
+    let seed = k.wrapping_mul(2_654_435_761);
+    let (mut sample, (a, b)) = match test {
+        Test::Rate => measure::rate(s.a, s.b, s.pins, opts.timing, seed),
+        Test::Bandwidth => measure::bandwidth(s.a, s.b, s.pins, opts.timing, seed),
+        Test::Latency => measure::latency(s.a, s.b, s.pins, opts.timing, seed),
+    };
+    sample.timeouts = a.retry_timeouts();
+    // The guests go before their devices.
+    drop((a, b));
+    drop(s.devices);
+    sample
+}
+
+#[derive(Clone, Debug)]
+struct Opts {
+    rounds: usize,
+    timing: Timing,
+    pin: bool,
+    /// Says each measurement as it starts.
+    verbose: bool,
+    /// Skips the lone-WRITE probe.
+    no_probe: bool,
+    faces: Vec<Face>,
+    tests: Vec<Test>,
+}
+
+fn opts() -> Opts {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick")
+        || std::env::var_os("FACES_QUICK").is_some_and(|v| v != "0");
+    let value = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let rounds = value("--rounds")
+        .map(|v| v.parse().expect("--rounds N"))
+        .unwrap_or(if quick { 3 } else { 5 });
+    let secs: f64 = value("--secs")
+        .map(|v| v.parse().expect("--secs S"))
+        .unwrap_or(if quick { 0.25 } else { 1.0 });
+    let faces = vec![
+        Face::Engine,
+        Face::VirtioPoll,
+        Face::VirtioPollRung,
+        Face::VirtioEvent,
+        Face::PvrdmaShared,
+        Face::PvrdmaTrapped,
+    ];
+    let tests = match value("--only").as_deref() {
+        None => vec![Test::Rate, Test::Bandwidth, Test::Latency],
+        Some("rate") => vec![Test::Rate],
+        Some("bw") => vec![Test::Bandwidth],
+        Some("lat") => vec![Test::Latency],
+        Some(o) => panic!("--only {o}: rate, bw or lat"),
+    };
+    Opts {
+        rounds,
+        timing: Timing {
+            warm: Duration::from_secs_f64(secs / 5.0),
+            measure: Duration::from_secs_f64(secs),
+        },
+        pin: args.iter().any(|a| a == "--pin"),
+        verbose: args.iter().any(|a| a == "--verbose"),
+        no_probe: args.iter().any(|a| a == "--no-probe"),
+        faces,
+        tests,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "a median of nothing");
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[((s.len() as f64 * q) as usize).min(s.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>, f: impl Fn(f64) -> String) -> String {
+    v.sort_by(f64::total_cmp);
+    v.into_iter().map(f).collect::<Vec<_>>().join(" ")
+}
+
+/// Every round's samples: `[round][face]` for each test.
+type Rounds = Vec<Vec<Sample>>;
+
+fn main() {
+    let run_dir = std::env::temp_dir().join(format!("vrdma-faces-run-{}", std::process::id()));
+    // SAFETY: no other thread exists yet (the first device is made below),
+    // so nothing reads the environment concurrently.
+    unsafe { std::env::set_var("VRDMA_RUN_DIR", &run_dir) };
+    let opts = opts();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "faces: {} rounds, each measurement {:.2} s after {:.2} s of warm-up, a fresh device pair each; loopback 127.{BLOCK}.x.y, RC at MTU 4096; {cpus} CPUs; face threads {}",
+        opts.rounds,
+        opts.timing.measure.as_secs_f64(),
+        opts.timing.warm.as_secs_f64(),
+        if opts.pin {
+            "pinned (side A on CPU 0, side B on CPU 1)"
+        } else {
+            "unpinned (engine-direct pinned, as vrdma bench)"
+        }
+    );
+    let start = Instant::now();
+    if !opts.no_probe {
+        probe(&opts);
+    }
+    let mut all: Vec<(Test, Rounds)> = opts.tests.iter().map(|&t| (t, Vec::new())).collect();
+    let mut k = 0;
+    for r in 0..opts.rounds {
+        for (test, rounds) in all.iter_mut() {
+            let mut row = Vec::new();
+            for &face in &opts.faces {
+                k += 1;
+                // A failure ends the run at once: the devices of a failed
+                // measurement are not taken down (their threads may be
+                // what failed).
+                let m = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    measure(face, *test, &opts, k)
+                }));
+                match m {
+                    Ok(s) => row.push(s),
+                    Err(_) => {
+                        eprintln!(
+                            "faces: {test:?} on {} failed (round {})",
+                            face.name(),
+                            r + 1
+                        );
+                        std::process::exit(101);
+                    }
+                }
+            }
+            rounds.push(row);
+        }
+        eprintln!(
+            "  round {} of {} done at {:.0} s",
+            r + 1,
+            opts.rounds,
+            start.elapsed().as_secs_f64()
+        );
+    }
+    report(&opts, &all);
+    println!("\n(run took {:.0} s)", start.elapsed().as_secs_f64());
+    let _ = std::fs::remove_dir_all(&run_dir);
+}
+
+/// Lone 64-byte WRITEs to a peer whose driver does nothing (a WRITE's
+/// target, as `ib_write_bw`'s server): how long each takes to complete,
+/// and the requester's retransmit timeouts meanwhile.
+fn probe(opts: &Opts) {
+    const N: u32 = 5;
+    println!(
+        "\nlone 64 B WRITEs, A to B, {N} of them 20 ms apart, B's driver idle: post to completion"
+    );
+    // (The line whose B rings once a millisecond is the poll line here:
+    // B has no thread in this probe.)
+    let faces = opts.faces.iter().filter(|&&f| f != Face::VirtioPollRung);
+    for (k, &face) in faces.enumerate() {
+        let mut s = setup(face, false, 10_000 + k as u32);
+        let before = s.a.retry_timeouts();
+        let times = measure::lone_writes(&mut *s.a, &mut *s.b, N, Duration::from_millis(20));
+        let after = s.a.retry_timeouts();
+        let timeouts = match (before, after) {
+            (Some(b), Some(a)) => format!("{}", a - b),
+            _ => "-".to_owned(),
+        };
+        println!(
+            " {:<26} median {:>9.1} us, max {:>9.1} us; A's retransmit timeouts: {timeouts}",
+            face.name(),
+            median(times.clone()) / 1e3,
+            times.iter().copied().fold(0.0, f64::max) / 1e3
+        );
+        drop((s.a, s.b));
+        drop(s.devices);
+    }
+}
+
+/// A sample's value: the rate, or the typical half round trip; none when
+/// it stalled.
+fn value(test: Test, s: &Sample) -> Option<f64> {
+    if s.stalled.is_some() || s.values.is_empty() {
+        return None;
+    }
+    Some(match test {
+        Test::Latency => median(s.values.clone()),
+        _ => s.values[0],
+    })
+}
+
+/// Face `i`'s values and its ratios to engine-direct (face / engine) in
+/// the rounds where neither stalled; and what stalled.
+fn rounds_of(
+    test: Test,
+    rounds: &Rounds,
+    i: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<measure::Stall>) {
+    let (mut mine, mut ratios, mut diffs, mut stalls) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for row in rounds {
+        if let Some(st) = &row[i].stalled {
+            stalls.push(st.clone());
+        }
+        if let Some(m) = value(test, &row[i]) {
+            mine.push(m);
+            if let Some(e) = value(test, &row[0]) {
+                ratios.push(m / e);
+                diffs.push(m - e);
+            }
+        }
+    }
+    (mine, ratios, diffs, stalls)
+}
+
+/// "stalled in k of n rounds …", or nothing.
+fn stalls_note(stalls: &[measure::Stall], n: usize) -> String {
+    if stalls.is_empty() {
+        return String::new();
+    }
+    let resumed = stalls.iter().filter(|s| s.kick_resumed).count();
+    let at: Vec<String> = stalls
+        .iter()
+        .map(|s| format!("{}/{}", s.done, s.posted))
+        .collect();
+    format!(
+        "  STALLED in {} of {n} rounds (completed/posted: {}; one doorbell kick resumed it in {} of them)",
+        stalls.len(),
+        at.join(" "),
+        resumed
+    )
+}
+
+/// The table, the targets and the threads.
+fn report(opts: &Opts, all: &[(Test, Rounds)]) {
+    let faces = &opts.faces;
+    for (test, rounds) in all {
+        println!();
+        let (title, unit, scale): (&str, &str, f64) = match test {
+            Test::Rate => (
+                "64 B RDMA WRITE message rate (64 in flight, 1 in 16 signaled)",
+                "Mmsg/s",
+                1e-6,
+            ),
+            Test::Bandwidth => ("1 MiB RDMA WRITE bandwidth (16 in flight)", "MB/s", 1e-6),
+            Test::Latency => (
+                "64 B RDMA WRITE half round trip (ib_write_lat's ping-pong)",
+                "us",
+                1e-3,
+            ),
+        };
+        println!("{title}");
+        match test {
+            Test::Latency => println!(
+                " {:<26} {:>9} {:>9} {:>10} {:>10}   rounds (face / engine, sorted)",
+                "", "typical", "99%", "vs engine", "- engine"
+            ),
+            _ => println!(
+                " {:<26} {:>9} {:>10}   rounds (face / engine, sorted)",
+                "", unit, "vs engine"
+            ),
+        }
+        for (i, face) in faces.iter().enumerate() {
+            let (mine, ratios, diffs, stalls) = rounds_of(*test, rounds, i);
+            let note = stalls_note(&stalls, rounds.len());
+            if mine.is_empty() || ratios.is_empty() {
+                println!(" {:<26} {:>9}{note}", face.name(), "-");
+                continue;
+            }
+            let ratio = median(ratios.clone());
+            match test {
+                Test::Latency => {
+                    let every: Vec<f64> = rounds
+                        .iter()
+                        .flat_map(|row| row[i].values.clone())
+                        .collect();
+                    println!(
+                        " {:<26} {:>9.2} {:>9.2} {:>9.2}x {:>+10.2}   {}{note}",
+                        face.name(),
+                        median(mine) * scale,
+                        quantile(&every, 0.99) * scale,
+                        ratio,
+                        median(diffs) * scale,
+                        sorted(ratios, |r| format!("{r:.2}x"))
+                    );
+                }
+                _ => println!(
+                    " {:<26} {:>9.2} {:>9.0}%   {}{note}",
+                    face.name(),
+                    median(mine) * scale,
+                    ratio * 100.0,
+                    sorted(ratios, |r| format!("{:.0}%", r * 100.0))
+                ),
+            }
+        }
+    }
+    targets(opts, all);
+    threads_table(opts, all);
+}
+
+/// The issue's targets, for the virtio-rdma face with polled doorbells.
+fn targets(opts: &Opts, all: &[(Test, Rounds)]) {
+    for face in [Face::VirtioPoll, Face::VirtioPollRung] {
+        if let Some(v) = opts.faces.iter().position(|&f| f == face) {
+            targets_of(face, v, all);
+        }
+    }
+}
+
+fn targets_of(face: Face, v: usize, all: &[(Test, Rounds)]) {
+    println!(
+        "\nissue 20's targets: {} against engine-direct (medians of rounds)",
+        face.name()
+    );
+    for (test, rounds) in all {
+        let (_, ratios, diffs, _) = rounds_of(*test, rounds, v);
+        if ratios.is_empty() {
+            println!("  {test:?}: no round completed");
+            continue;
+        }
+        match test {
+            Test::Rate | Test::Bandwidth => {
+                let r = median(ratios);
+                let (what, goal) = if *test == Test::Rate {
+                    ("64 B message rate", 0.8)
+                } else {
+                    ("1 MiB WRITE bandwidth", 0.9)
+                };
+                println!(
+                    "  {what:<34} {:>6.0}%  (goal >= {:.0}%: {})",
+                    r * 100.0,
+                    goal * 100.0,
+                    if r >= goal { "met" } else { "NOT met" }
+                );
+            }
+            Test::Latency => {
+                let d = median(diffs) / 1e3;
+                println!(
+                    "  {:<34} {:>+6.2} us (goal <= 1 us: {})",
+                    "doorbell's cost to a half RTT",
+                    d,
+                    if d <= 1.0 { "met" } else { "NOT met" }
+                );
+            }
+        }
+    }
+}
+
+/// What the threads did: how many ran at least half the time, the cores
+/// used, and how many waited for a core on average.
+fn threads_table(opts: &Opts, all: &[(Test, Rounds)]) {
+    println!(
+        "\nthreads during the measured part (medians of rounds): busy = threads that wanted a core >= 80 % of the time (running or runnable: busy-polling); cores = CPU time / wall time; wait = run-queue time / wall time (threads runnable without a core, on average)"
+    );
+    println!(
+        " {:<26} {:>22} {:>22} {:>22}   kicks/post (rate)",
+        "", "rate: busy cores wait", "bw: busy cores wait", "lat: busy cores wait"
+    );
+    for (i, face) in opts.faces.iter().enumerate() {
+        let mut line = format!(" {:<26}", face.name());
+        let mut kicks = String::new();
+        let mut timeouts = Vec::new();
+        for test in [Test::Rate, Test::Bandwidth, Test::Latency] {
+            let all_runs: Vec<&Sample> = all
+                .iter()
+                .find(|(t, _)| *t == test)
+                .map(|(_, rounds)| rounds.iter().map(|row| &row[i]).collect())
+                .unwrap_or_default();
+            let known: Vec<f64> = all_runs
+                .iter()
+                .filter_map(|s| s.timeouts)
+                .map(|n| n as f64)
+                .collect();
+            timeouts.push(if known.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.0}", median(known))
+            });
+            let ok: Vec<&Sample> = all
+                .iter()
+                .find(|(t, _)| *t == test)
+                .map(|(_, rounds)| {
+                    rounds
+                        .iter()
+                        .map(|row| &row[i])
+                        .filter(|s| s.stalled.is_none())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if ok.is_empty() {
+                line += &format!(" {:>22}", "-");
+                continue;
+            }
+            let f = |g: &dyn Fn(&Sample) -> f64| median(ok.iter().map(|s| g(s)).collect());
+            line += &format!(
+                " {:>10.0} {:>5.2} {:>5.2}",
+                f(&|s| f64::from(s.threads.busy)),
+                f(&|s| s.threads.cores),
+                f(&|s| s.threads.waiting)
+            );
+            if test == Test::Rate && ok[0].kicks_per_post.is_some() {
+                kicks = format!("{:.4}", f(&|s| s.kicks_per_post.unwrap_or(0.0)));
+            }
+        }
+        println!("{line}   {kicks:<10}   {}", timeouts.join(" "));
+    }
+    println!(" busy threads in the last round (rate | bw | lat):");
+    for (i, face) in opts.faces.iter().enumerate() {
+        let names: Vec<String> = [Test::Rate, Test::Bandwidth, Test::Latency]
+            .iter()
+            .map(|&test| {
+                all.iter()
+                    .find(|(t, _)| *t == test)
+                    .and_then(|(_, rounds)| rounds.last())
+                    .map_or("-".to_owned(), |row| row[i].threads.names.join(" "))
+            })
+            .collect();
+        println!("   {:<26} {}", face.name(), names.join(" | "));
+    }
+}

@@ -1,0 +1,247 @@
+//! The virtio-rdma face: two devices, each on a UDP port and served over
+//! vhost-user by `vrdma_virtio::server::Server` in a thread of its own (as
+//! `vrdma serve --device kind=virtio` serves one), and on each a guest
+//! played by the test kit's front-end and driver (`vrdma_testkit::virtio`):
+//! WQEs written into the QP's ring in guest memory, the doorbell rung as
+//! the spec says, completions read from the CQ's ring.
+
+use std::{net::IpAddr, os::unix::net::UnixListener, path::PathBuf, sync::Arc, thread::JoinHandle};
+
+use vm_memory::{Bytes, GuestAddress};
+use vrdma_engine::attr::{Mtu, PortAttr};
+use vrdma_fabric::udp::UdpPort;
+use vrdma_testkit::virtio::{
+    ALL_ACCESS, Frontend, Mr, PSN, Qp, QpSpec, Ram, Side, Wqe, av, mac_of, mask, state,
+};
+use vrdma_virtio::{
+    abi::{self, qp_type},
+    face::{Options, VirtioRdma},
+    server::{Server, Stop},
+    vhost::{Backend, DEFAULT_SPIN},
+};
+use vrdma_wire::Gid;
+use zerocopy::FromZeros;
+
+use crate::{
+    port::{Port, layout},
+    threads,
+};
+
+/// Guest memory of each side.
+const RAM: u64 = 64 << 20;
+
+/// A device served on a vhost-user socket in a thread of its own, at
+/// MTU 4096 (the test kit's devices are at 1024); stopped when dropped.
+pub struct Device {
+    pub addr: IpAddr,
+    backend: Arc<Backend<UdpPort>>,
+    socket: PathBuf,
+    dir: PathBuf,
+    stop: Arc<Stop>,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Device {
+    /// A device at `addr` whose doorbells are polled (`poll`) or kicked.
+    pub fn new(addr: IpAddr, name: &str, poll: bool) -> Self {
+        let port =
+            UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
+        let mut attr = PortAttr::with_gids(&[]);
+        attr.active_mtu = Mtu::Mtu4096;
+        let opts = Options {
+            mac: mac_of(addr),
+            poll,
+            ..Options::default()
+        };
+        let face = VirtioRdma::new(opts, attr, port);
+        let backend = Backend::new(face, DEFAULT_SPIN).expect("a backend");
+        let dir = std::env::temp_dir().join(format!("vrdma-faces-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a socket directory");
+        let socket = dir.join("rdma.sock");
+        let listener = UnixListener::bind(&socket).expect("binding the device's socket");
+        let server = Server::new(name, listener, backend.clone()).expect("a server");
+        let stop = server.stopper();
+        let thread = std::thread::Builder::new()
+            .name(format!("vhost-{name}"))
+            .spawn(move || server.run())
+            .expect("a device thread");
+        Device {
+            addr,
+            backend,
+            socket,
+            dir,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One side: the guest's objects, its QP, the buffer's MR and the peer's.
+pub struct VirtioPort {
+    side: Side,
+    qp: Qp,
+    mr: Mr,
+    peer: Mr,
+    ram: Arc<Ram>,
+    backend: Arc<Backend<UdpPort>>,
+    /// With nothing to post, ring the QP's doorbell once a millisecond
+    /// (which keeps the device polling) instead of staying silent.
+    ring_idle: bool,
+}
+
+/// A guest on `dev`: a context, PD, CQ (the kit's [`Side`]), an MR over
+/// the buffer and an RC QP 256 deep; and the device's worker threads
+/// (the vhost-user backend's `vring_worker`, which runs its turns).
+fn side(dev: &Device) -> (Side, Qp, Mr, Vec<i32>) {
+    let before = threads::snapshot().named("vring_worker");
+    let fe = Frontend::connect(&dev.socket, Arc::new(Ram::new(0, RAM)));
+    let workers = threads::snapshot()
+        .named("vring_worker")
+        .into_iter()
+        .filter(|t| !before.contains(t))
+        .collect();
+    let mut side = Side::on(fe, Gid::from(dev.addr));
+    let mr = side.fe.reg_mr(&side.ctx, side.pd, layout::LEN, ALL_ACCESS);
+    let spec = QpSpec {
+        sq_entries: 256,
+        rq_entries: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline: 0,
+        ..QpSpec::new(qp_type::RC, side.cq.handle)
+    };
+    let qp = side.fe.qp(&side.ctx, side.pd, &spec);
+    (side, qp, mr, workers)
+}
+
+/// INIT → RTR → RTS towards `dest` at `dgid`, as the kit's `connect` but
+/// at MTU 4096.
+fn bring_up(s: &mut Side, qp: &Qp, dest: u32, dgid: Gid) {
+    s.fe.qp_init(&s.ctx, qp, ALL_ACCESS);
+    let mut a = abi::QpAttrs::new_zeroed();
+    a.qp_state = state::RTR.into();
+    a.ah = av(dgid);
+    a.path_mtu = 5.into(); // 4096
+    a.dest_qp_num = dest.into();
+    a.rq_psn = PSN.into();
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 1;
+    let m = mask::STATE
+        | mask::AV
+        | mask::PATH_MTU
+        | mask::DEST_QPN
+        | mask::RQ_PSN
+        | mask::MAX_DEST_RD_ATOMIC
+        | mask::MIN_RNR_TIMER;
+    s.fe.modify_qp(&s.ctx, qp.qpn, m, &a)
+        .unwrap_or_else(|st| panic!("QP {} to RTR refused: {st:?}", qp.qpn));
+    s.fe.qp_rts(&s.ctx, qp);
+}
+
+/// Guests on `da` and `db`, their QPs connected; and each device's worker
+/// threads.
+pub fn pair(
+    da: &Device,
+    db: &Device,
+    ring_idle: bool,
+) -> ((VirtioPort, Vec<i32>), (VirtioPort, Vec<i32>)) {
+    let (mut a, qa, ma, wa) = side(da);
+    let (mut b, qb, mb, wb) = side(db);
+    let (ga, gb) = (a.gid, b.gid);
+    bring_up(&mut a, &qa, qb.qpn, gb);
+    bring_up(&mut b, &qb, qa.qpn, ga);
+    let port = |side: Side, qp, mr, peer, dev: &Device| VirtioPort {
+        ram: side.fe.ram.clone(),
+        backend: dev.backend.clone(),
+        side,
+        qp,
+        mr,
+        peer,
+        ring_idle,
+    };
+    ((port(a, qa, ma, mb, da), wa), (port(b, qb, mb, ma, db), wb))
+}
+
+impl Port for VirtioPort {
+    fn post_write(&mut self, wr_id: u64, src: u64, len: u32, dst: u64, signaled: bool) {
+        let mut w = Wqe::write(
+            wr_id,
+            &[self.mr.sge(src, len)],
+            self.peer.addr(dst),
+            self.peer.rkey,
+        );
+        if !signaled {
+            w = w.unsignaled();
+        }
+        self.qp.sq.push(&self.ram, &w.bytes());
+    }
+
+    fn ring(&mut self) {
+        self.qp.door.ring(self.qp.doorbell);
+    }
+
+    fn idle(&mut self) {
+        self.ring();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
+    fn needs_thread(&self) -> bool {
+        self.ring_idle
+    }
+
+    fn poll(&mut self, out: &mut Vec<(u64, u32)>) {
+        while let Some(c) = self.side.cq.poll() {
+            out.push((c.wr_id.get(), u32::from(c.status)));
+        }
+    }
+
+    fn put(&mut self, off: u64, data: &[u8]) {
+        self.ram.write(self.mr.gpa + off, data);
+    }
+
+    fn get(&self, off: u64, len: usize) -> Vec<u8> {
+        self.ram.read_bytes(self.mr.gpa + off, len)
+    }
+
+    fn byte(&self, off: u64) -> u8 {
+        let mut b = [0u8];
+        self.ram
+            .mem
+            .read_slice(&mut b, GuestAddress(self.mr.gpa + off))
+            .expect("reading guest memory");
+        b[0]
+    }
+
+    fn retry_timeouts(&self) -> Option<u64> {
+        self.backend
+            .counters()
+            .into_iter()
+            .find(|(k, _)| k == "engine.retry_timeout")
+            .map(|(_, n)| n)
+    }
+
+    fn kick(&mut self) {
+        self.qp.door.kick();
+    }
+
+    fn kicks(&self) -> Option<u64> {
+        Some(
+            self.side
+                .fe
+                .kicker
+                .kicks
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+}
