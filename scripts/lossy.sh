@@ -20,7 +20,9 @@
 # path MTU 1024: ibv_rc_pingpong 4 KiB x 200; ib_write_bw, ib_read_bw, ib_send_bw
 # 64 KiB x 100; ib_atomic_bw x 1000, with the attributes perftest and rdma-core set
 # (timeout 14, retry_cnt 7, rnr_retry 7). Per run: completed or not (both sides exit
-# 0 within LOSSY_LIMIT, 300 s), the time the client took, the requester's retries
+# 0 within LOSSY_LIMIT, 300 s; a pingpong whose client exited 0 with every message
+# and whose vrdma server's last SEND alone went unacknowledged completed too, and
+# is listed apart: ibv_rc_pingpong's own race, below), the time the client took, the requester's retries
 # (vrdma: timeouts + sequence NAKs + implied NAKs; rxe: completer_retry_err; both
 # sides' for the pingpong, where both send) and the packets the data's sender sent
 # per packet the workload needs (both sides' for the pingpong, ACKs included).
@@ -114,7 +116,16 @@ job_rc() {
 
 now() { date +%s.%N; }
 
+# last_ack_lost LOG: vrdma pingpong's LOG ends in RETRY_EXC_ERR for its last
+# SEND (wr_id 2) with every message received and all but that one sent.
+last_ack_lost() {
+    tail -1 "$1" | grep -Eq 'Failed status RetryExcErr \(12\) for wr_id 2 \(sent ([0-9]+) of ([0-9]+), received ([0-9]+)\)$' &&
+        tail -1 "$1" | sed -E 's/.*sent ([0-9]+) of ([0-9]+), received ([0-9]+)\)$/\1 \2 \3/' |
+        awk '{ exit !($1 == $2 - 1 && $3 == $2) }'
+}
+
 failed=()
+lastack=()
 TABLE=$OUT/table.md
 RESULTS=$OUT/results.tsv
 : > "$RESULTS"
@@ -137,7 +148,7 @@ run() {
 once() {
     local role=$1 rep=$2 name=$3 loss=$4 server=$5 client=$6 args=$7 bytes=$8 needed=$9
     local data=${10} ops=${11:-0}
-    local tag="$name.loss$loss.$role" ok=1 start end rc job pid
+    local tag="$name.loss$loss.$role" ok=1 start end rc job pid note=
     [ "$REPEAT" -gt 1 ] && tag="$tag.$rep"
     local dir=$OUT/run-$tag
     rm -rf "$dir"
@@ -168,7 +179,20 @@ once() {
             start=$(now)
             "$H/exec.sh" -i 1 -t "$LIMIT" "timeout $LIMIT $client host" > "$OUT/$tag.rxe" 2>&1 || ok=0
             end=$(now)
-            wait $pid || ok=0
+            if ! wait $pid; then
+                # ibv_rc_pingpong's race: the server sends the last message and
+                # the client leaves once it has it; when the client's ACK of it
+                # is lost, the server's resends find no QP and its last SEND
+                # ends in RETRY_EXC_ERR (rdma-core's server the same; the
+                # rxe <-> rxe control shows it too). Every message arrived, so
+                # the run completed; the table counts these apart.
+                if [ "$name" = rc-pingpong ] && [ $ok = 1 ] && last_ack_lost "$OUT/$tag.vrdma"; then
+                    lastack+=("$tag")
+                    note="  (the server's last SEND unacknowledged: the client had left)"
+                else
+                    ok=0
+                fi
+            fi
             ;;
         rxe-rxe)
             d1=$(rxe_counters 2)
@@ -222,7 +246,7 @@ once() {
     ratio=$(echo "$sent $needed" | awk '{ printf "%.2f", $1 / $2 }')
     if [ $ok = 1 ]; then
         [ -n "${LOSSY_KEEP:-}" ] || rm -f "$pcap"
-        echo "ok    $tag  ${secs} s  retries $req_retry  sent/needed $ratio"
+        echo "ok    $tag  ${secs} s  retries $req_retry  sent/needed $ratio$note"
     else
         [ "$role" = rxe-rxe ] || failed+=("$tag")
         echo "FAIL  $tag  ${secs} s (logs and capture: $OUT/$tag.*)"
@@ -286,6 +310,11 @@ table > "$TABLE"
 echo
 cat "$TABLE"
 echo
+if [ ${#lastack[@]} -gt 0 ]; then
+    echo "${#lastack[@]} pingpong runs completed with the server's last SEND unacknowledged" \
+        "(the client had left; ibv_rc_pingpong's race):"
+    for f in "${lastack[@]}"; do echo "  $f"; done
+fi
 echo "${#failed[@]} vrdma <-> rxe runs did not complete"
 for f in "${failed[@]}"; do echo "  $f"; done
 exit ${#failed[@]}

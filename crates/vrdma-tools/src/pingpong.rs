@@ -339,11 +339,16 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         }
         for wc in wcs {
             if wc.status != WcStatus::Success {
+                // rdma-core's words, then the counts: a server's last SEND
+                // can fail only because the client, having received it,
+                // left before its ACK survived a lossy link (scripts/lossy.sh
+                // tells that race from a lost message by them).
                 bail!(
-                    "Failed status {:?} ({}) for wr_id {}",
+                    "Failed status {:?} ({}) for wr_id {} (sent {scnt} of {}, received {rcnt})",
                     wc.status,
                     wc.status as u32,
-                    wc.wr_id
+                    wc.wr_id,
+                    a.iters
                 );
             }
             match (wc.wr_id, wc.opcode) {
