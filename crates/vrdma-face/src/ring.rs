@@ -411,6 +411,13 @@ impl<I: Indices> Consumer<I> {
         t
     }
 
+    /// Breaks the ring for what its entries said (a malformed entry
+    /// whose queue cannot go on): nothing more is taken from it until it
+    /// is reset. Whether it was whole until now.
+    pub fn fail(&mut self) -> bool {
+        !std::mem::replace(&mut self.broken, true)
+    }
+
     /// The ring is broken: says so once.
     fn break_ring(&mut self, t: &mut Taken) {
         t.broken = !self.broken;

@@ -205,6 +205,8 @@ pub struct SrqQueue<I> {
     ring: Consumer<I>,
     /// The engine's SRQ depth.
     depth: u32,
+    /// A malformed WQE breaks the SRQ ([`SrqQueue::breaking_on_malformed`]).
+    breaks: bool,
 }
 
 impl<I: Indices> SrqQueue<I> {
@@ -213,6 +215,7 @@ impl<I: Indices> SrqQueue<I> {
             handle,
             ring: Consumer::new(ring),
             depth,
+            breaks: false,
         }
     }
 
@@ -224,6 +227,16 @@ impl<I: Indices> SrqQueue<I> {
         &self.ring
     }
 
+    /// A malformed WQE breaks this SRQ: it is not posted, and the ring
+    /// reports itself broken (once) and is taken from no more, as a ring
+    /// with an impossible index (virtio-rdma's SRQ_ERR). Without this, a
+    /// malformed WQE is posted with no buffer (PVRDMA's ABI has no SRQ
+    /// error event).
+    pub fn breaking_on_malformed(mut self) -> Self {
+        self.breaks = true;
+        self
+    }
+
     /// Takes the receive WQEs the guest posted, decoded by `decode` (a
     /// malformed one: `Err(wr_id)`), as far as the engine's SRQ has room,
     /// and gives their slots back.
@@ -232,15 +245,19 @@ impl<I: Indices> SrqQueue<I> {
         M: GuestMemory + ?Sized,
         F: FnMut(&[u8]) -> Result<RecvWqe, u64>,
     {
-        self.ring.take(
-            mem,
-            &mut SrqRecvs {
-                engine,
-                srq: self.handle,
-                depth: self.depth,
-                decode,
-            },
-        )
+        let mut recvs = SrqRecvs {
+            engine,
+            srq: self.handle,
+            depth: self.depth,
+            decode,
+            breaks: self.breaks,
+            broke: false,
+        };
+        let mut t = self.ring.take(mem, &mut recvs);
+        if recvs.broke {
+            t.broken |= self.ring.fail();
+        }
+        t
     }
 
     /// Gives back the slots taken (again, where that failed before).
@@ -333,8 +350,17 @@ impl<F: FnMut(&[u8]) -> Result<RecvWqe, u64>> Decoder for Recvs<'_, F> {
                 Decoded::Taken
             }
             Err(wr_id) => {
-                // The QP fails, and this WQE is flushed with the others.
-                let _ = self.engine.qp_fatal(self.qpn);
+                // The QP fails, and this WQE is flushed with the others;
+                // once: a QP already in ERR flushes it with no new event
+                // (a guest writing malformed WQEs raises one QP_FATAL,
+                // not one per WQE).
+                let failed = self
+                    .engine
+                    .query_qp(self.qpn)
+                    .is_ok_and(|(a, _)| a.qp_state == QpState::Err);
+                if !failed {
+                    let _ = self.engine.qp_fatal(self.qpn);
+                }
                 let wr = RecvWr {
                     wr_id,
                     sg_list: &[],
@@ -352,18 +378,28 @@ struct SrqRecvs<'e, F> {
     srq: SrqHandle,
     depth: u32,
     decode: F,
+    /// What a malformed WQE does: breaks the SRQ (true), or is taken with
+    /// no buffer (false).
+    breaks: bool,
+    /// A malformed WQE broke the SRQ in this turn.
+    broke: bool,
 }
 
 impl<F: FnMut(&[u8]) -> Result<RecvWqe, u64>> Decoder for SrqRecvs<'_, F> {
     fn room(&mut self) -> bool {
-        self.engine.srq_len(self.srq).unwrap_or(u32::MAX) < self.depth
+        !self.broke && self.engine.srq_len(self.srq).unwrap_or(u32::MAX) < self.depth
     }
 
     fn decode(&mut self, entry: &[u8]) -> Decoded {
-        // A malformed WQE is taken with no buffer: the message it
+        // A malformed WQE either breaks the SRQ (nothing of it posted,
+        // nothing more taken), or is taken with no buffer: the message it
         // receives ends in a local length error on its wr_id.
         let (w, decoded) = match (self.decode)(entry) {
             Ok(w) => (w, Decoded::Taken),
+            Err(_) if self.breaks => {
+                self.broke = true;
+                return Decoded::Malformed;
+            }
             Err(wr_id) => (
                 RecvWqe {
                     wr_id,

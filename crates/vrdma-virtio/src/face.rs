@@ -1162,7 +1162,7 @@ impl<T: Transport> VirtioRdma<T> {
             SrqFace {
                 context: ctx,
                 doorbell,
-                queue: SrqQueue::new(srq, ring, attr.max_wr),
+                queue: SrqQueue::new(srq, ring, attr.max_wr).breaking_on_malformed(),
                 max_sge: attr.max_sge,
             },
         );

@@ -396,6 +396,69 @@ fn page_lists_outside_guest_memory_fault() {
     good.check(&[&dev, &dev_b]);
 }
 
+/// §7.9, DEV-32/33: receive WQEs naming more SGEs than their queue takes.
+/// In a QP's own ring the first fails the QP with one QP_FATAL and the
+/// later ones flush with no event of their own; in an SRQ the first
+/// raises SRQ_ERR once and the SRQ takes nothing more (a good WQE after it
+/// stays in the ring).
+#[test]
+fn malformed_receives_fail_their_queue_once() {
+    let mut good = Good::new("malformed-recv");
+    let dev = NET.device("malformed-recv");
+    let mut s = Side::new(&dev);
+    let mut q = s.qp(qp_type::RC);
+    s.fe.qp_init(&s.ctx, &q, ALL_ACCESS);
+    // A header naming 200 SGEs, none behind it.
+    let bad = |wr_id: u64| {
+        abi::RecvWqeHdr {
+            wr_id: wr_id.into(),
+            count: 200.into(),
+            reserved: [0; 6],
+        }
+        .as_bytes()
+        .to_vec()
+    };
+    let rq = q.rq.as_mut().expect("a receive ring");
+    rq.push(&s.fe.ram, &bad(1));
+    q.door.ring(q.doorbell);
+    s.fe.wait_event_of(event::QP_FATAL, q.qpn);
+    let cs = s.cq.wait(1, "the malformed receive flushed");
+    assert_eq!((cs[0].wr_id.get(), cs[0].status), (1, wc::WR_FLUSH_ERR));
+    // A second one, in a later turn: flushed, no second QP_FATAL.
+    let rq = q.rq.as_mut().expect("a receive ring");
+    rq.push(&s.fe.ram, &bad(2));
+    q.door.ring(q.doorbell);
+    let cs = s.cq.wait(1, "the second malformed receive flushed");
+    assert_eq!((cs[0].wr_id.get(), cs[0].status), (2, wc::WR_FLUSH_ERR));
+
+    let mut srq = s.fe.srq(&s.ctx, s.pd, 16, 1, 0);
+    srq.ring.push(&s.fe.ram, &bad(3));
+    srq.post_recv(4, &[s.mr.sge(0, 64)]);
+    // SRQ_ERR next, with no second QP_FATAL before it (events come in
+    // order; the port's PORT_ACTIVE may be anywhere).
+    s.fe.wait_event_of(event::SRQ_ERR, srq.handle);
+    let of_objects = |fe: &Frontend| {
+        fe.events
+            .iter()
+            .filter(|e| e.event_type.get() != event::PORT_ACTIVE)
+            .copied()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of_objects(&s.fe), vec![], "no other event");
+    assert_eq!(srq.ring.consumer(&s.fe.ram), 1, "the good WQE not taken");
+    // Rung again: still nothing taken, no second SRQ_ERR. Two command
+    // round trips after the ring: the device's turn after the first one's
+    // answer scans the doorbell bits set before it, and delivers its
+    // events before it takes the second command.
+    srq.door.ring(srq.doorbell);
+    s.fe.query_device();
+    s.fe.query_device();
+    s.fe.drain();
+    assert_eq!(srq.ring.consumer(&s.fe.ram), 1);
+    assert_eq!(of_objects(&s.fe), vec![], "no event after the SRQ broke");
+    good.check(&[&dev]);
+}
+
 #[test]
 fn wild_producer_index_is_qp_fatal() {
     let mut good = Good::new("wild");
