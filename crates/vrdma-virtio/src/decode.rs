@@ -612,7 +612,8 @@ fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refused> {
 
 /// An address vector, typed.
 pub fn ah_attr(av: &abi::Av, port: u8) -> Result<AhAttr, Refused> {
-    if av.reserved.get() != 0 || av.flow_label.get() > 0xf_ffff {
+    // A zero GID names no port (RoCEv2 has no address 0.0.0.0 or ::).
+    if av.reserved.get() != 0 || av.flow_label.get() > 0xf_ffff || av.dgid == [0; 16] {
         return Err(Refused::invalid("address vector"));
     }
     Ok(AhAttr {
@@ -924,6 +925,8 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
                 || !(12..=30).contains(&shift)
                 || npages == 0
                 || !r.page_list.get().is_multiple_of(8)
+                || count != 0
+                || inline
             {
                 return bad(WcStatus::LocQpOpErr);
             }
@@ -951,6 +954,10 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
         }
         _ => return bad(WcStatus::LocQpOpErr),
     };
+    // A local operation carries no data: its count is 0 (§7.9).
+    if op.is_local() && count != 0 {
+        return bad(WcStatus::LocQpOpErr);
+    }
     let payload = if inline {
         if op.is_local() || op.is_read_or_atomic() {
             return bad(WcStatus::LocQpOpErr);
@@ -1416,6 +1423,62 @@ mod tests {
             ..ud
         };
         assert!(decode_send(&wqe(abi::wr::SEND, 0, 0, bad.as_bytes(), &[]), &UD).is_err());
+        // A zero dgid names no destination.
+        let zero = abi::WqeUd {
+            av: abi::Av {
+                dgid: [0; 16],
+                ..ud.av
+            },
+            ..ud
+        };
+        assert_eq!(
+            decode_send(&wqe(abi::wr::SEND, 0, 0, zero.as_bytes(), &[]), &UD),
+            Err((0xabcd, WcStatus::LocQpOpErr))
+        );
+    }
+
+    #[test]
+    fn a_local_operation_carries_no_data() {
+        let inv = wqe(abi::wr::LOCAL_INV, 0, 0, &[], &[]);
+        assert!(decode_send(&inv, &RC).is_ok());
+        for count in [1, 4] {
+            let inv = wqe(abi::wr::LOCAL_INV, 0, count, &[], &sge(0, 8, 1));
+            assert_eq!(
+                decode_send(&inv, &RC),
+                Err((0xabcd, WcStatus::LocQpOpErr)),
+                "LOCAL_INV with {count} SGEs"
+            );
+        }
+        let bind = abi::WqeBindMw {
+            mw: 0x0000_0201.into(),
+            mr: 0x0000_0301.into(),
+            addr: 0x1000.into(),
+            length: 0x1000.into(),
+            access: abi::access::REMOTE_WRITE.into(),
+            ..abi::WqeBindMw::new_zeroed()
+        };
+        assert!(decode_send(&wqe(abi::wr::BIND_MW, 0, 0, bind.as_bytes(), &[]), &RC).is_ok());
+        let w = wqe(abi::wr::BIND_MW, 0, 1, bind.as_bytes(), &sge(0, 8, 1));
+        assert_eq!(decode_send(&w, &RC), Err((0xabcd, WcStatus::LocQpOpErr)));
+        let r = abi::WqeRegMr {
+            iova: 0x1000.into(),
+            length: 0x1000.into(),
+            page_list: 0x9000.into(),
+            key: 0x0000_0501.into(),
+            access: 0.into(),
+            npages: 1.into(),
+            page_shift: 12,
+            reserved: [0; 11],
+        };
+        assert!(decode_send(&wqe(abi::wr::REG_MR, 0, 0, r.as_bytes(), &[]), &RC).is_ok());
+        for (flags, count) in [(0, 1), (abi::wr::INLINE, 0)] {
+            let w = wqe(abi::wr::REG_MR, flags, count, r.as_bytes(), &sge(0, 8, 1));
+            assert_eq!(
+                decode_send(&w, &RC),
+                Err((0xabcd, WcStatus::LocQpOpErr)),
+                "REG_MR with flags {flags:#x}, count {count}"
+            );
+        }
     }
 
     #[test]
