@@ -764,6 +764,15 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
     }
 
     fn acked_features(&self, features: u64) {
+        if features & feature::VERSION_1 == 0 {
+            // The backend library has already accepted the message (its
+            // trait cannot refuse it); what the device can do is serve
+            // nothing (§13).
+            tracing::warn!(
+                features,
+                "virtio-rdma: features without VIRTIO_F_VERSION_1: the device serves nothing"
+            );
+        }
         self.lock().acked = features;
     }
 
@@ -860,6 +869,20 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         _thread_id: usize,
     ) -> io::Result<()> {
         let mut g = self.lock_worker();
+        // A legacy driver (no VIRTIO_F_VERSION_1) is served nothing: no
+        // command taken, no ring or doorbell read (DEV-1).
+        if g.acked & feature::VERSION_1 == 0 {
+            if device_event == TIMER {
+                g.timer.take();
+            }
+            if g.spinning {
+                // Features set anew on a device that was polling.
+                g.face.set_polling(false);
+                let _ = g.spin.0.consume();
+                g.spinning = false;
+            }
+            return Ok(());
+        }
         // A queue that is ready again is started.
         for (i, v) in vrings.iter().enumerate() {
             if v.get_ref().get_queue().ready() {

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vrdma_testkit::virtio::*;
+use vrdma_testkit::virtio::{frontend::request, vq::Buf, *};
 use vrdma_virtio::abi::{self, cq_header, event, qp_type, wr};
 use zerocopy::IntoBytes;
 
@@ -387,6 +387,43 @@ fn a_driver_without_doorbell_poll_gets_event_mode() {
             ..Default::default()
         },
     );
+}
+
+/// DEV-1, §13: a driver that sets features without VIRTIO_F_VERSION_1
+/// (legacy) is served nothing: a command it posts and kicks stays unused
+/// (watched for 300 ms: absence can only be watched for a while), its
+/// rings untouched; then a driver that negotiates VERSION_1 on the same
+/// device is answered.
+#[test]
+fn a_driver_without_version_1_is_served_nothing() {
+    let da = NET.device("legacy");
+    let mut fe = Frontend::connect_with(
+        &da.socket,
+        Arc::new(Ram::new(0, 16 << 20)),
+        Options {
+            version_1: false,
+            ..Default::default()
+        },
+    );
+    assert_eq!(fe.features & abi::feature::VERSION_1, 0);
+    let req = request(abi::op::QUERY_DEVICE, 0, &[], &[]);
+    let (at, resp) = (fe.ram.alloc(4096, 4096), fe.ram.alloc(4096, 4096));
+    fe.ram.write(at, &req[..]);
+    fe.ram.fill(resp, 4096, 0xee);
+    fe.control
+        .add(&[Buf::r(at, req.len() as u32), Buf::w(resp, 4096)]);
+    fe.control.notify();
+    fe.kicker.kick();
+    let until = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < until {
+        assert_eq!(fe.control.poll_used(), None, "a legacy driver's command");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(fe.ram.read_bytes(resp, 8), vec![0xee; 8], "nothing written");
+    drop(fe);
+    let mut fe = da.connect(16 << 20);
+    assert_ne!(fe.features & abi::feature::VERSION_1, 0);
+    assert!(fe.query_device().max_qp.get() >= 16384);
 }
 
 /// §10.3, DEV-49: with no eventq buffer posted, events past the bound

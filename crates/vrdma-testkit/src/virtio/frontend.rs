@@ -47,6 +47,8 @@ pub struct Options {
     pub event_idx: bool,
     /// Buffers kept posted on the eventq and on the notifyq.
     pub buffers: u16,
+    /// Accept VIRTIO_F_VERSION_1 (a legacy driver does not).
+    pub version_1: bool,
 }
 
 impl Default for Options {
@@ -55,6 +57,7 @@ impl Default for Options {
             poll: true,
             event_idx: true,
             buffers: 64,
+            version_1: true,
         }
     }
 }
@@ -254,7 +257,10 @@ impl Frontend {
             .get_config(0, 64, VhostUserConfigFlags::WRITABLE, &[0; 64])
             .expect("GET_CONFIG");
         self.config = abi::Config::read_from_bytes(&cfg).expect("64 bytes");
-        let mut f = feature::VERSION_1 | PROTOCOL_FEATURES;
+        let mut f = PROTOCOL_FEATURES;
+        if self.opts.version_1 {
+            f |= feature::VERSION_1;
+        }
         if self.opts.event_idx {
             f |= self.offered & feature::RING_EVENT_IDX;
         }
