@@ -14,6 +14,11 @@
 #   scripts/interop.sh 1024         # one MTU
 #   INTEROP_ONLY='^perf-read' scripts/interop.sh 1024   # pairs matching a regex
 #
+# INTEROP_PEER names another program to run in vrdma's place (taking `vrdma
+# pingpong`/`vrdma perf`'s arguments) and INTEROP_OUT another output folder:
+# scripts/virtio-guest/rxe.sh runs the pingpong pairs so on a virtio-rdma
+# device.
+#
 # Needs root (namespaces, TAP, QEMU). The first run builds the guest image
 # (about 2 minutes, Debian packages only). Logs and captures go to
 # target/interop/; the exit status is the number of failed pairs (0 = all
@@ -23,7 +28,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 H=${RXE_HARNESS:-$ROOT/../shared/interop/rxe-guest}
 export RXE_CACHE_DIR=${RXE_CACHE_DIR:-$ROOT/target/rxe-cache}
 export RXE_RUN_DIR=${RXE_RUN_DIR:-$ROOT/target/rxe-run}
-OUT=$ROOT/target/interop
+OUT=${INTEROP_OUT:-$ROOT/target/interop}
 MTUS=("${@:-1024 4096}")
 read -r -a MTUS <<< "${MTUS[*]}"
 GUEST=10.47.91.11
@@ -34,6 +39,7 @@ NS=rxens
 mkdir -p "$OUT"
 cargo build --release --locked -p vrdma --manifest-path "$ROOT/Cargo.toml" || exit 125
 VRDMA=$ROOT/target/release/vrdma
+PEER=${INTEROP_PEER:-$VRDMA}
 command -v tshark > /dev/null || "$ROOT/scripts/setup.sh" || exit 125
 
 "$H/setup-host.sh" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 125; }
@@ -69,14 +75,14 @@ run() {
             local job
             job=$("$H/exec.sh" -i 1 -b "$rxe" | tail -1)
             "$H/exec.sh" -i 1 -t 30 'wait-listen 18515' > /dev/null
-            timeout 300 ip netns exec $NS "$VRDMA" $args --timeout 60 $GUEST > "$OUT/$tag.vrdma" 2>&1 || ok=0
+            timeout 300 ip netns exec $NS "$PEER" $args --timeout 60 $GUEST > "$OUT/$tag.vrdma" 2>&1 || ok=0
             local rc
             rc=$(job_rc "$job" 300)
             cp "$job.stdout" "$OUT/$tag.rxe" 2> /dev/null
             cat "$job.stderr" >> "$OUT/$tag.rxe" 2> /dev/null
             [ "$rc" = 0 ] || ok=0
         else
-            timeout 300 ip netns exec $NS "$VRDMA" $args --timeout 60 > "$OUT/$tag.vrdma" 2>&1 &
+            timeout 300 ip netns exec $NS "$PEER" $args --timeout 60 > "$OUT/$tag.vrdma" 2>&1 &
             local pid=$!
             for _ in $(seq 1 50); do
                 ip netns exec $NS ss -ltn 2> /dev/null | grep -q ':18515 ' && break

@@ -59,6 +59,11 @@ if [ "$(id -u)" = 0 ] && [ -x "$harness/start.sh" ]; then
     # daemon. About 10 s.
     echo "== QEMU attaches vrdma serve's virtio-rdma device"
     scripts/virtio-guest/attach.sh
+    # A virtio-rdma device (the test kit's front-end playing the guest)
+    # against rxe: the pingpong pairs at MTU 1024, both roles, captured
+    # and decoded (about 3 minutes).
+    echo "== a virtio-rdma device against Linux rxe (pingpong pairs, MTU 1024)"
+    scripts/virtio-guest/rxe.sh 1024
 else
     echo "== interop with Linux rxe: not run (needs root and $harness)"
 fi

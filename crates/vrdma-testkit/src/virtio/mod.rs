@@ -112,30 +112,44 @@ impl Net {
         opts.mac = crate::virtio::mac_of(addr);
         let port =
             UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
-        let port = wrap(port);
-        let mut attr = PortAttr::with_gids(&[]);
-        attr.active_mtu = Mtu::Mtu1024;
-        let face = VirtioRdma::new(opts, attr, port);
-        let backend = Backend::new(face, spin).expect("a backend");
-        let dir = std::env::temp_dir().join(format!("vrdma-virtio-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("a socket directory");
-        let socket = dir.join("rdma.sock");
-        let listener = UnixListener::bind(&socket).expect("binding the device's socket");
-        let server = Server::new(name, listener, backend.clone()).expect("a server");
-        let stop = server.stopper();
-        let thread = std::thread::Builder::new()
-            .name(format!("dev-{name}"))
-            .spawn(move || server.run())
-            .expect("a device thread");
-        Device {
-            addr,
-            socket,
-            dir,
-            backend,
-            stop,
-            thread: Some(thread),
-        }
+        serve(name, addr, Mtu::Mtu1024, opts, spin, wrap(port))
+    }
+}
+
+/// A device on `port` (a UDP port at `addr`, or what wraps one) with
+/// active MTU `mtu`, served on a vhost-user socket of a fresh directory
+/// in a thread of its own: the test suites' devices, and a device at an
+/// address outside the loopback blocks (the interop example's).
+pub fn serve<T: Transport + Send + 'static>(
+    name: &str,
+    addr: IpAddr,
+    mtu: Mtu,
+    opts: vrdma_virtio::face::Options,
+    spin: Duration,
+    port: T,
+) -> Device<T> {
+    let mut attr = PortAttr::with_gids(&[]);
+    attr.active_mtu = mtu;
+    let face = VirtioRdma::new(opts, attr, port);
+    let backend = Backend::new(face, spin).expect("a backend");
+    let dir = std::env::temp_dir().join(format!("vrdma-virtio-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a socket directory");
+    let socket = dir.join("rdma.sock");
+    let listener = UnixListener::bind(&socket).expect("binding the device's socket");
+    let server = Server::new(name, listener, backend.clone()).expect("a server");
+    let stop = server.stopper();
+    let thread = std::thread::Builder::new()
+        .name(format!("dev-{name}"))
+        .spawn(move || server.run())
+        .expect("a device thread");
+    Device {
+        addr,
+        socket,
+        dir,
+        backend,
+        stop,
+        thread: Some(thread),
     }
 }
 
