@@ -186,6 +186,12 @@ impl Cq {
         };
     }
 
+    /// No notification wanted any more (one that a face gave at once
+    /// satisfied the request).
+    pub fn disarm(&mut self) {
+        self.armed = None;
+    }
+
     pub fn armed(&self) -> Option<Arm> {
         self.armed
     }

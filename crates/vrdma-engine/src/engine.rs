@@ -327,7 +327,8 @@ impl Engine {
     /// `ibv_create_cq`: returns the handle and the capacity granted. The
     /// engine keeps the completions until [`Engine::poll_cq`].
     pub fn create_cq(&mut self, cqe: u32, comp_vector: u32) -> Result<(CqHandle, u32)> {
-        self.insert_cq(cqe, |cqe| Cq::new(cqe, comp_vector))
+        let max = u64::from(self.attr.max_cqe);
+        self.insert_cq(cqe, max, |cqe| Cq::new(cqe, comp_vector))
     }
 
     /// A CQ whose completions are written straight into the consumer's
@@ -339,14 +340,27 @@ impl Engine {
         comp_vector: u32,
         sink: Box<dyn CqSink>,
     ) -> Result<(CqHandle, u32)> {
-        self.insert_cq(cqe, |cqe| Cq::with_sink(cqe, comp_vector, sink))
+        let max = self.sink_cqe_max();
+        self.insert_cq(cqe, max, |cqe| Cq::with_sink(cqe, comp_vector, sink))
     }
 
-    fn insert_cq(&mut self, cqe: u32, make: impl FnOnce(u32) -> Cq) -> Result<(CqHandle, u32)> {
+    /// The largest ring a sink CQ may have: a consumer's ring is a power
+    /// of two holding its request, which may be `max_cqe` (65 535 CQEs ask
+    /// for a ring of 65 536).
+    fn sink_cqe_max(&self) -> u64 {
+        u64::from(self.attr.max_cqe).next_power_of_two()
+    }
+
+    fn insert_cq(
+        &mut self,
+        cqe: u32,
+        max_cqe: u64,
+        make: impl FnOnce(u32) -> Cq,
+    ) -> Result<(CqHandle, u32)> {
         if cqe == 0 {
             return Err(VerbsError::Invalid { what: "CQ size 0" });
         }
-        within("CQ size", u64::from(cqe), u64::from(self.attr.max_cqe))?;
+        within("CQ size", u64::from(cqe), max_cqe)?;
         let max = self.cx.cqs.max();
         let c = make(cqe);
         let cost = budget::cq(cqe, c.has_sink());
@@ -368,7 +382,7 @@ impl Engine {
         if cqe == 0 {
             return Err(VerbsError::Invalid { what: "CQ size 0" });
         }
-        within("CQ size", u64::from(cqe), u64::from(self.attr.max_cqe))?;
+        within("CQ size", u64::from(cqe), self.sink_cqe_max())?;
         let c = self.cq_mut(cq)?;
         if !c.has_sink() {
             return Err(VerbsError::Invalid {
@@ -429,6 +443,15 @@ impl Engine {
             Arm::Next
         };
         self.cq_mut(cq)?.arm(arm);
+        Ok(())
+    }
+
+    /// Withdraws `cq`'s arming: a face that notified the consumer itself
+    /// (a completion it wanted was already there when it armed) ends the
+    /// request there, so that an earlier, merged arm fires no second
+    /// notification for it.
+    pub fn disarm_cq(&mut self, cq: CqHandle) -> Result<()> {
+        self.cq_mut(cq)?.disarm();
         Ok(())
     }
 

@@ -1397,6 +1397,10 @@ impl<T: Transport> VirtioRdma<T> {
         };
         let ctx = c.context;
         if ready {
+            // This arm is satisfied now; an earlier one the engine still
+            // holds (solicited-only, passed by unsolicited completions)
+            // merged into it and goes too: one arm, one notification.
+            let _ = self.device.engine_mut().disarm_cq(CqHandle(cq));
             self.notify(cq, ctx);
         } else {
             let _ = self

@@ -158,6 +158,37 @@ fn an_arm_after_an_unconsumed_completion_notifies_at_once() {
     b.cq.arm(cq_header::ARM_NEXT);
     b.fe.wait_notification(b.cq.handle);
     b.cq.expect_ok(wc::RECV, 1);
+
+    // An arm for solicited completions only, passed by an unsolicited
+    // one; then an arm for the next, satisfied at once by that completion
+    // (still unconsumed). The first arm merged into the second: a later
+    // solicited message brings no second notification (DEV-43).
+    b.cq.arm(cq_header::ARM_SOLICITED);
+    qb.post_recv(3, &[b.mr.sge(0, 64)]);
+    qb.post_recv(5, &[b.mr.sge(0, 64)]);
+    qa.post_send(&Wqe::send(4, &[a.mr.sge(0, 8)]));
+    a.cq.expect_ok(wc::SEND, 4);
+    let deadline = Instant::now() + WAIT;
+    while b.cq.producer() == b.cq.cons {
+        assert!(Instant::now() < deadline, "the receive's completion");
+        std::thread::yield_now();
+    }
+    b.cq.arm(cq_header::ARM_NEXT);
+    b.fe.wait_notification(b.cq.handle);
+    b.cq.expect_ok(wc::RECV, 3);
+    qa.post_send(&Wqe::send(6, &[a.mr.sge(0, 8)]).flags(wr::SIGNALED | wr::SOLICITED));
+    a.cq.expect_ok(wc::SEND, 6);
+    b.cq.expect_ok(wc::RECV, 5);
+    // Two command round trips: the turn that wrote the completion has
+    // delivered its notifications before the second is answered.
+    b.fe.query_device();
+    b.fe.query_device();
+    b.fe.drain();
+    assert!(
+        b.fe.notifications.is_empty(),
+        "one arm, one notification: {:?}",
+        b.fe.notifications
+    );
 }
 
 #[test]

@@ -50,6 +50,36 @@ fn the_device_negotiates_and_answers_queries() {
     );
 }
 
+/// §6.5/§7.2: a CQ ring holds 2 ..= `max_cqe` + 1 entries — the largest
+/// QUERY_DEVICE allows is made and takes completions, one twice as large
+/// is refused.
+#[test]
+fn a_cq_as_large_as_max_cqe_allows() {
+    let dev = NET.device("big-cq");
+    let mut s = Side::new(&dev);
+    let max = s.fe.query_device().max_cqe.get();
+    assert!(max >= (1 << 16) - 1, "max_cqe {max}");
+    let entries = (max + 1).next_power_of_two();
+    assert_eq!(entries, max + 1, "max_cqe + 1 is a power of two");
+    let cq = s.fe.cq(&s.ctx, entries);
+    assert_eq!(cq.entries, entries);
+    assert_eq!(
+        s.fe.try_cq(&s.ctx, entries * 2).err().map(|e| e.status),
+        Some(abi::status::INVALID)
+    );
+    // A QP on it WRITEs to another device's QP: the completion lands.
+    let db = NET.device("big-cq-b");
+    let mut b = Side::new(&db);
+    let spec = QpSpec::new(qp_type::RC, cq.handle);
+    let mut qa = s.fe.qp(&s.ctx, s.pd, &spec);
+    let qb = b.qp(qp_type::RC);
+    connect(&mut s, &qa, &mut b, &qb);
+    let mut cq = cq;
+    qa.post_send(&Wqe::write(7, &[s.mr.sge(0, 64)], b.mr.iova, b.mr.rkey));
+    let c = cq.wait(1, "a WRITE's completion on the large CQ");
+    assert_eq!((c[0].wr_id.get(), c[0].status), (7, wc::SUCCESS));
+}
+
 #[test]
 fn rc_send_between_two_devices() {
     let da = NET.device("rc-send-a");
