@@ -546,9 +546,17 @@ impl Engine {
                 });
             }
         }
-        if mask.contains(SrqAttrMask::LIMIT) && u64::from(attr.srq_limit) > waiting {
+        // A limit below the SRQ's size (after a resize in the same call):
+        // as rxe, whatever is waiting now — one above the WRs waiting
+        // fires at the next receive that consumes one (responder.rs).
+        let size = if mask.contains(SrqAttrMask::MAX_WR) {
+            attr.max_wr
+        } else {
+            s.attr.max_wr
+        };
+        if mask.contains(SrqAttrMask::LIMIT) && attr.srq_limit >= size {
             return Err(VerbsError::Invalid {
-                what: "SRQ limit (above the WRs waiting)",
+                what: "SRQ limit (not below the SRQ's size)",
             });
         }
         if mask.contains(SrqAttrMask::MAX_WR) {

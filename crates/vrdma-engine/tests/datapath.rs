@@ -926,7 +926,7 @@ fn receives_come_from_an_srq_and_its_limit_event_fires_once() {
             SrqAttrMask::LIMIT
         )
         .is_err(),
-        "above what waits"
+        "not below the SRQ's size"
     );
     eb.modify_srq(
         srq,

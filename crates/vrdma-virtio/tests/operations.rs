@@ -759,9 +759,12 @@ fn modify_srq_limit_raises_srq_limit_reached_once() {
             .map(|_| ())
             .map_err(|e| e.status)
     };
-    // 8 receives posted and taken first: vrdma's engine, as rxe, takes
-    // no limit above the receives it holds (§6.23 refuses only a limit ≥
-    // the ring's entries; see the report).
+    // An empty SRQ is armed as any (§6.23 refuses only a limit ≥ the
+    // ring's entries, as rxe compares with the SRQ's size), and 0 disarms.
+    assert_eq!(modify(&mut b, 2, 10), Ok(()));
+    assert_eq!(query(&mut b, srq.handle).srq_limit.get(), 10);
+    assert_eq!(modify(&mut b, 2, 0), Ok(()));
+    assert_eq!(query(&mut b, srq.handle).srq_limit.get(), 0);
     for i in 0..8u64 {
         srq.post_recv(100 + i, &[b.mr.sge(DST + i * 4096, 4096)]);
     }
