@@ -22,8 +22,7 @@
 //! pingpong`'s only.
 
 use std::{
-    io::{Read, Write},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream},
+    net::Ipv6Addr,
     time::{Duration, Instant},
 };
 
@@ -37,8 +36,8 @@ use vrdma_testkit::virtio::{
 };
 use vrdma_tools::{
     args::{PingpongArgs, Transport},
-    common::{random_psn, tcp_connect},
-    pingpong::{Dest, MSG_LEN},
+    common::random_psn,
+    pingpong::{Dest, exchange, exchange_stream},
 };
 use vrdma_virtio::abi::{self, qp_type};
 use vrdma_wire::{Gid, Qpn};
@@ -75,13 +74,6 @@ fn main() {
     }
 }
 
-fn write_one(s: &mut TcpStream, msg: &[u8]) -> Result<()> {
-    // The C tools read each message with one read(2): one write each.
-    let n = s.write(msg)?;
-    ensure!(n == msg.len(), "a short write of the exchange ({n} bytes)");
-    Ok(())
-}
-
 fn mtu_code(bytes: u32) -> Result<(u32, Mtu)> {
     Ok(match bytes {
         256 => (1, Mtu::Mtu256),
@@ -114,25 +106,7 @@ fn run(a: &PingpongArgs) -> Result<()> {
     }
 
     // The TCP exchange decides the device's address.
-    let (mut stream, local) = match &a.server {
-        Some(host) => {
-            let s = tcp_connect(host, a.port)?;
-            let ip = s.local_addr()?.ip();
-            (s, ip)
-        }
-        None => {
-            let any: IpAddr = match a.ib_dev {
-                Some(IpAddr::V6(_)) => Ipv6Addr::UNSPECIFIED.into(),
-                _ => Ipv4Addr::UNSPECIFIED.into(),
-            };
-            let l = TcpListener::bind((any, a.port))
-                .with_context(|| format!("listening on TCP port {}", a.port))?;
-            let (s, _) = l.accept()?;
-            let ip = s.local_addr()?.ip();
-            (s, ip)
-        }
-    };
-    let ip = a.ib_dev.unwrap_or(local);
+    let (stream, ip) = exchange_stream(a)?;
 
     // The device, and the guest on it.
     let opts = vrdma_virtio::face::Options {
@@ -237,30 +211,7 @@ fn run(a: &PingpongArgs) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("QP to RTS: {e:?}"))?;
         Ok(())
     };
-    let rem = if a.server.is_some() {
-        write_one(&mut stream, &me.to_wire())?;
-        let mut msg = [0u8; MSG_LEN];
-        stream
-            .read_exact(&mut msg)
-            .context("reading the server's address")?;
-        write_one(&mut stream, b"done\0")?;
-        let rem = Dest::parse(&msg)?;
-        connect(&mut s, &rem)?;
-        rem
-    } else {
-        let mut msg = [0u8; MSG_LEN];
-        stream
-            .read_exact(&mut msg)
-            .context("reading the client's address")?;
-        let rem = Dest::parse(&msg)?;
-        connect(&mut s, &rem).context("Couldn't connect to remote QP")?;
-        write_one(&mut stream, &me.to_wire())?;
-        let mut done = [0u8; 5];
-        stream.read_exact(&mut done).context("reading \"done\"")?;
-        ensure!(&done == b"done\0", "the client did not say done");
-        rem
-    };
-    drop(stream);
+    let (rem, ()) = exchange(stream, a.server.is_some(), me, |rem| connect(&mut s, rem))?;
     println!(
         "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
         rem.lid,

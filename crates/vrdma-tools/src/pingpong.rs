@@ -155,26 +155,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
     let size = a.size.unwrap_or(if ud { 1024 } else { 4096 });
     let mtu = mtu_from_bytes(a.mtu.unwrap_or(1024))?;
 
-    // The TCP exchange decides which address the device binds.
-    let (mut stream, local_ip) = match &a.server {
-        Some(host) => {
-            let stream = crate::common::tcp_connect(host, a.port)?;
-            let ip = stream.local_addr()?.ip();
-            (stream, ip)
-        }
-        None => {
-            let any: IpAddr = match a.ib_dev {
-                Some(IpAddr::V6(_)) => Ipv6Addr::UNSPECIFIED.into(),
-                _ => Ipv4Addr::UNSPECIFIED.into(),
-            };
-            let listener = TcpListener::bind((any, a.port))
-                .with_context(|| format!("listening on TCP port {}", a.port))?;
-            let (stream, _) = listener.accept()?;
-            let ip = stream.local_addr()?.ip();
-            (stream, ip)
-        }
-    };
-    let ip = a.ib_dev.unwrap_or(local_ip);
+    let (stream, ip) = exchange_stream(a)?;
     let buf_len = size as usize + if ud { GRH_LEN } else { 0 };
     let mem = buf_len.next_multiple_of(4096).max(4096);
     let mut dev = Context::open(ip, mem, a.events)?;
@@ -256,32 +237,10 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         Ok(Some(ah))
     };
 
-    let (rem, ah) = if a.server.is_some() {
-        write_one(&mut stream, &me.to_wire())?;
-        let mut msg = [0u8; MSG_LEN];
-        stream
-            .read_exact(&mut msg)
-            .context("reading the server's address")?;
-        write_one(&mut stream, b"done\0")?;
-        let rem = Dest::parse(&msg)?;
-        print_remote(&rem);
-        let ah = connect_qp(&mut dev, &rem)?;
-        (rem, ah)
-    } else {
-        let mut msg = [0u8; MSG_LEN];
-        stream
-            .read_exact(&mut msg)
-            .context("reading the client's address")?;
-        let rem = Dest::parse(&msg)?;
-        let ah = connect_qp(&mut dev, &rem).context("Couldn't connect to remote QP")?;
-        write_one(&mut stream, &me.to_wire())?;
-        let mut done = [0u8; 5];
-        stream.read_exact(&mut done).context("reading \"done\"")?;
-        ensure!(&done == b"done\0", "the client did not say done");
-        print_remote(&rem);
-        (rem, ah)
-    };
-    drop(stream);
+    let (rem, ah) = exchange(stream, a.server.is_some(), me, |rem| {
+        connect_qp(&mut dev, rem)
+    })?;
+    print_remote(&rem);
 
     let send_at = if ud { BASE + GRH_LEN as u64 } else { BASE };
     let (_, cap) = dev
@@ -413,6 +372,63 @@ fn print_remote(rem: &Dest) {
 
 /// Writes `msg` with one call: the C tools read each message with one
 /// `read(2)` and demand its exact length.
+/// The exchange's TCP connection (to `a.server`, or the first client on
+/// `a.port`) and the address the device binds: `-d`'s, or the one the
+/// connection uses.
+pub fn exchange_stream(a: &PingpongArgs) -> Result<(TcpStream, IpAddr)> {
+    let stream = match &a.server {
+        Some(host) => crate::common::tcp_connect(host, a.port)?,
+        None => {
+            let any: IpAddr = match a.ib_dev {
+                Some(IpAddr::V6(_)) => Ipv6Addr::UNSPECIFIED.into(),
+                _ => Ipv4Addr::UNSPECIFIED.into(),
+            };
+            let listener = TcpListener::bind((any, a.port))
+                .with_context(|| format!("listening on TCP port {}", a.port))?;
+            listener.accept()?.0
+        }
+    };
+    let ip = match a.ib_dev {
+        Some(ip) => ip,
+        None => stream.local_addr()?.ip(),
+    };
+    Ok((stream, ip))
+}
+
+/// The exchange of addresses on `stream`, as the C tools do it (the
+/// client writes first; the server connects its QP before it answers):
+/// `connect` brings the QP up towards the peer. Returns the peer's
+/// address and what `connect` made; the connection is closed.
+pub fn exchange<R>(
+    mut stream: TcpStream,
+    client: bool,
+    me: Dest,
+    connect: impl FnOnce(&Dest) -> Result<R>,
+) -> Result<(Dest, R)> {
+    let mut msg = [0u8; MSG_LEN];
+    if client {
+        write_one(&mut stream, &me.to_wire())?;
+        stream
+            .read_exact(&mut msg)
+            .context("reading the server's address")?;
+        write_one(&mut stream, b"done\0")?;
+        let rem = Dest::parse(&msg)?;
+        let made = connect(&rem)?;
+        Ok((rem, made))
+    } else {
+        stream
+            .read_exact(&mut msg)
+            .context("reading the client's address")?;
+        let rem = Dest::parse(&msg)?;
+        let made = connect(&rem).context("Couldn't connect to remote QP")?;
+        write_one(&mut stream, &me.to_wire())?;
+        let mut done = [0u8; 5];
+        stream.read_exact(&mut done).context("reading \"done\"")?;
+        ensure!(&done == b"done\0", "the client did not say done");
+        Ok((rem, made))
+    }
+}
+
 fn write_one(stream: &mut TcpStream, msg: &[u8]) -> Result<()> {
     stream.set_nodelay(true)?;
     let n = stream.write(msg)?;

@@ -126,8 +126,8 @@ fn setup(face: Face, pin: bool, k: u32) -> Setup {
         }
         Face::VirtioPoll | Face::VirtioPollRung | Face::VirtioEvent => {
             let poll = face != Face::VirtioEvent;
-            let da = virtio::Device::new(aa, &format!("v{k}a"), poll);
-            let db = virtio::Device::new(ab, &format!("v{k}b"), poll);
+            let da = virtio::device(aa, &format!("v{k}a"), poll);
+            let db = virtio::device(ab, &format!("v{k}b"), poll);
             let ((a, wa), (b, wb)) = virtio::pair(&da, &db, face == Face::VirtioPollRung);
             if pin {
                 wa.iter().for_each(|&t| threads::pin(t, 0));

@@ -5,18 +5,17 @@
 //! WQEs written into the QP's ring in guest memory, the doorbell rung as
 //! the spec says, completions read from the CQ's ring.
 
-use std::{net::IpAddr, os::unix::net::UnixListener, path::PathBuf, sync::Arc, thread::JoinHandle};
+use std::{net::IpAddr, sync::Arc};
 
 use vm_memory::{Bytes, GuestAddress};
-use vrdma_engine::attr::{Mtu, PortAttr};
+use vrdma_engine::attr::Mtu;
 use vrdma_fabric::udp::UdpPort;
 use vrdma_testkit::virtio::{
-    ALL_ACCESS, Frontend, Mr, PSN, Qp, QpSpec, Ram, Side, Wqe, av, mac_of, mask, state,
+    ALL_ACCESS, Frontend, Mr, PSN, Qp, QpSpec, Ram, Side, Wqe, av, mac_of, mask, serve, state,
 };
 use vrdma_virtio::{
     abi::{self, qp_type},
-    face::{Options, VirtioRdma},
-    server::{Server, Stop},
+    face::Options,
     vhost::{Backend, DEFAULT_SPIN},
 };
 use vrdma_wire::Gid;
@@ -30,61 +29,20 @@ use crate::{
 /// Guest memory of each side.
 const RAM: u64 = 64 << 20;
 
-/// A device served on a vhost-user socket in a thread of its own, at
-/// MTU 4096 (the test kit's devices are at 1024); stopped when dropped.
-pub struct Device {
-    pub addr: IpAddr,
-    backend: Arc<Backend<UdpPort>>,
-    socket: PathBuf,
-    dir: PathBuf,
-    stop: Arc<Stop>,
-    thread: Option<JoinHandle<std::io::Result<()>>>,
-}
+/// A device served on a vhost-user socket in a thread of its own (the
+/// kit's), at MTU 4096 (the kit's suites' devices are at 1024); stopped
+/// when dropped.
+pub type Device = vrdma_testkit::virtio::Device;
 
-impl Device {
-    /// A device at `addr` whose doorbells are polled (`poll`) or kicked.
-    pub fn new(addr: IpAddr, name: &str, poll: bool) -> Self {
-        let port =
-            UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
-        let mut attr = PortAttr::with_gids(&[]);
-        attr.active_mtu = Mtu::Mtu4096;
-        let opts = Options {
-            mac: mac_of(addr),
-            poll,
-            ..Options::default()
-        };
-        let face = VirtioRdma::new(opts, attr, port);
-        let backend = Backend::new(face, DEFAULT_SPIN).expect("a backend");
-        let dir = std::env::temp_dir().join(format!("vrdma-faces-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("a socket directory");
-        let socket = dir.join("rdma.sock");
-        let listener = UnixListener::bind(&socket).expect("binding the device's socket");
-        let server = Server::new(name, listener, backend.clone()).expect("a server");
-        let stop = server.stopper();
-        let thread = std::thread::Builder::new()
-            .name(format!("vhost-{name}"))
-            .spawn(move || server.run())
-            .expect("a device thread");
-        Device {
-            addr,
-            backend,
-            socket,
-            dir,
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        self.stop.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A device at `addr` whose doorbells are polled (`poll`) or kicked.
+pub fn device(addr: IpAddr, name: &str, poll: bool) -> Device {
+    let port = UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
+    let opts = Options {
+        mac: mac_of(addr),
+        poll,
+        ..Options::default()
+    };
+    serve(name, addr, Mtu::Mtu4096, opts, DEFAULT_SPIN, port)
 }
 
 /// One side: the guest's objects, its QP, the buffer's MR and the peer's.
