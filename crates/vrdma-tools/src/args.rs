@@ -123,6 +123,12 @@ pub struct ServeArgs {
     )]
     pub devices: Vec<String>,
 
+    /// The socket of the one --device given, instead of its socket= (the
+    /// option of rust-vmm's vhost-device daemons: `vrdma serve --socket-path
+    /// /run/g1-rdma.sock --device kind=virtio,netdev=…,uplink=…,mac=…`).
+    #[arg(long, value_name = "PATH")]
+    pub socket_path: Option<PathBuf>,
+
     /// Print the vhost-user backend's capabilities as JSON (QEMU's
     /// "Backend program conventions": `{"type": …, "features": […]}`) and
     /// exit. vhost-user.json names no RDMA type; the type printed is

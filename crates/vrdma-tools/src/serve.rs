@@ -434,6 +434,25 @@ struct Running {
 pub const CAPABILITIES: &str = r#"{"type": "rdma", "features": []}"#;
 
 /// `vrdma serve`.
+/// The `--device` strings, `--socket-path` (rust-vmm's vhost-device
+/// daemons' option) given to the one device that names no socket.
+fn device_strings(a: &ServeArgs) -> Result<Vec<String>> {
+    let Some(path) = &a.socket_path else {
+        return Ok(a.devices.clone());
+    };
+    let [d] = a.devices.as_slice() else {
+        bail!("--socket-path is one device's socket: give one --device (with socket= for more)");
+    };
+    if d.split(',').any(|kv| kv.starts_with("socket=")) {
+        bail!("--socket-path and the device's socket= both name its socket");
+    }
+    let p = path
+        .to_str()
+        .filter(|p| !p.contains(','))
+        .ok_or_else(|| anyhow!("--socket-path {path:?}: a UTF-8 path without commas"))?;
+    Ok(vec![format!("{d},socket={p}")])
+}
+
 pub fn run(a: &ServeArgs) -> Result<()> {
     if a.print_capabilities {
         println!("{CAPABILITIES}");
@@ -441,8 +460,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     }
     let limits = a.caps.limits();
     limits.validate()?;
-    let specs = a
-        .devices
+    let specs = device_strings(a)?
         .iter()
         .enumerate()
         .map(|(i, s)| DeviceSpec::parse(s, i))
@@ -627,6 +645,35 @@ pub fn run(a: &ServeArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn socket_path_names_the_one_devices_socket() {
+        use clap::Parser;
+        let serve = |args: &[&str]| {
+            let mut v = vec!["vrdma", "serve"];
+            v.extend_from_slice(args);
+            match crate::args::Cli::try_parse_from(v)
+                .expect("arguments")
+                .command
+            {
+                crate::args::Command::Serve(a) => device_strings(&a),
+                _ => unreachable!("serve"),
+            }
+        };
+        let d = "kind=virtio,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01";
+        let s = serve(&["--socket-path", "/run/g1-rdma.sock", "--device", d]).unwrap();
+        assert_eq!(s, vec![format!("{d},socket=/run/g1-rdma.sock")]);
+        let spec = DeviceSpec::parse(&s[0], 0).unwrap();
+        assert_eq!(spec.socket, PathBuf::from("/run/g1-rdma.sock"));
+        // Two devices, a device with its own socket=, a path with a comma.
+        let two = ["--socket-path", "/s", "--device", d, "--device", d];
+        assert!(serve(&two).is_err());
+        let own = format!("{d},socket=/t");
+        assert!(serve(&["--socket-path", "/s", "--device", &own]).is_err());
+        assert!(serve(&["--socket-path", "/s,x", "--device", d]).is_err());
+        // Without it, the strings as given.
+        assert_eq!(serve(&["--device", d]).unwrap(), vec![d.to_owned()]);
+    }
 
     #[test]
     fn device_specs() {
