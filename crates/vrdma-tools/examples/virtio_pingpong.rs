@@ -26,14 +26,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use clap::{Parser, Subcommand};
 use vrdma_engine::attr::Mtu;
-use vrdma_testkit::virtio::{
-    Qp, QpSpec, Side, Wqe, av, mask, serve,
-    state::{INIT, RTR, RTS},
-    wc,
-};
+use vrdma_testkit::virtio::{Path, QKEY, Qp, QpSpec, Side, Wqe, av, serve, wc};
 use vrdma_tools::{
     args::{PingpongArgs, Transport},
     common::random_psn,
@@ -41,12 +37,12 @@ use vrdma_tools::{
 };
 use vrdma_virtio::abi::{self, qp_type};
 use vrdma_wire::{Gid, Qpn};
-use zerocopy::FromZeros;
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
-/// ibv_ud_pingpong's Q_Key.
+/// ibv_ud_pingpong's Q_Key (the kit's UD QPs are made with it).
 const UD_QKEY: u32 = 0x1111_1111;
+const _: () = assert!(UD_QKEY == QKEY);
 /// Room for the GRH in front of a UD receive.
 const GRH_LEN: u32 = 40;
 /// Receives kept posted (the C tools' -r, 500 by default; one message is
@@ -144,18 +140,8 @@ fn run(a: &PingpongArgs) -> Result<()> {
     // The C tools fill the buffer with 0x7b.
     s.fe.ram.fill(buf.gpa, buf_len as usize, 0x7b);
 
-    // RESET → INIT.
-    let mut at = abi::QpAttrs::new_zeroed();
-    at.qp_state = INIT.into();
-    at.port_num = 1;
-    let m = if ud {
-        at.qkey = UD_QKEY.into();
-        mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::QKEY
-    } else {
-        mask::STATE | mask::PKEY_INDEX | mask::PORT | mask::ACCESS_FLAGS
-    };
-    s.fe.modify_qp(&s.ctx, qp.qpn, m, &at)
-        .map_err(|e| anyhow::anyhow!("QP to INIT: {e:?}"))?;
+    // RESET → INIT (UD: ibv_ud_pingpong's Q_Key, the kit's).
+    s.fe.qp_init(&s.ctx, &qp, 0);
     for _ in 0..RX_DEPTH {
         qp.post_recv(RECV_WRID, &[buf.sge(0, buf_len)]);
     }
@@ -179,36 +165,15 @@ fn run(a: &PingpongArgs) -> Result<()> {
             rem.gid != Gid::default(),
             "the peer sent no GID: RoCE needs one (give the rdma-core tool -g)"
         );
-        let mut r = abi::QpAttrs::new_zeroed();
-        r.qp_state = RTR.into();
-        let mut m = mask::STATE;
-        if !ud {
-            r.ah = av(rem.gid);
-            r.path_mtu = mtu.into();
-            r.dest_qp_num = rem.qpn.value().into();
-            r.rq_psn = rem.psn.value().into();
-            m |= mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN;
-            if ty == qp_type::RC {
-                r.max_dest_rd_atomic = 1;
-                r.min_rnr_timer = 12;
-                m |= mask::MAX_DEST_RD_ATOMIC | mask::MIN_RNR_TIMER;
-            }
-        }
-        s.fe.modify_qp(&s.ctx, qp.qpn, m, &r)
-            .map_err(|e| anyhow::anyhow!("QP to RTR: {e:?}"))?;
-        let mut t = abi::QpAttrs::new_zeroed();
-        t.qp_state = RTS.into();
-        t.sq_psn = me.psn.value().into();
-        let mut m = mask::STATE | mask::SQ_PSN;
-        if ty == qp_type::RC {
-            t.timeout = 14;
-            t.retry_cnt = 7;
-            t.rnr_retry = 7;
-            t.max_rd_atomic = 1;
-            m |= mask::TIMEOUT | mask::RETRY_CNT | mask::RNR_RETRY | mask::MAX_QP_RD_ATOMIC;
-        }
-        s.fe.modify_qp(&s.ctx, qp.qpn, m, &t)
-            .map_err(|e| anyhow::anyhow!("QP to RTS: {e:?}"))?;
+        let path = Path {
+            psn: rem.psn.value(),
+            mtu,
+            ..Path::new(rem.qpn.value(), rem.gid)
+        };
+        s.fe.try_qp_rtr_to(&s.ctx, &qp, &path)
+            .map_err(|e| anyhow!("QP to RTR: {e:?}"))?;
+        s.fe.try_qp_rts_at(&s.ctx, &qp, me.psn.value())
+            .map_err(|e| anyhow!("QP to RTS: {e:?}"))?;
         Ok(())
     };
     let (rem, ()) = exchange(stream, a.server.is_some(), me, |rem| connect(&mut s, rem))?;

@@ -9,9 +9,8 @@ use std::net::IpAddr;
 
 use vrdma_pvrdma::abi::{send_flags, wc_opcode, wr_opcode};
 use vrdma_testkit::{pvrdma, virtio::*};
-use vrdma_virtio::abi::{self, qp_type};
+use vrdma_virtio::abi::qp_type;
 use vrdma_wire::Gid;
-use zerocopy::FromZeros;
 
 /// This binary's block of addresses (both faces' devices take theirs
 /// from it).
@@ -32,37 +31,13 @@ fn pvrdma_device(name: &str) -> (pvrdma::Served, IpAddr, [u8; 6]) {
 /// the PVRDMA kit's QPs use.
 fn rc_to_rts(v: &mut Side, q: &Qp, dest: u32, dgid: Gid, dmac: [u8; 6]) {
     v.fe.qp_init(&v.ctx, q, ALL_ACCESS);
-    let mut a = abi::QpAttrs::new_zeroed();
-    a.qp_state = state::RTR.into();
-    a.ah = av(dgid);
-    a.ah.dmac = dmac;
-    a.path_mtu = 3.into();
-    a.dest_qp_num = dest.into();
-    a.rq_psn = PVRDMA_PSN.into();
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 1;
-    let m = mask::STATE
-        | mask::AV
-        | mask::PATH_MTU
-        | mask::DEST_QPN
-        | mask::RQ_PSN
-        | mask::MAX_DEST_RD_ATOMIC
-        | mask::MIN_RNR_TIMER;
-    v.fe.modify_qp(&v.ctx, q.qpn, m, &a).expect("to RTR");
-    let mut a = abi::QpAttrs::new_zeroed();
-    a.qp_state = state::RTS.into();
-    a.sq_psn = PVRDMA_PSN.into();
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 4;
-    let m = mask::STATE
-        | mask::SQ_PSN
-        | mask::TIMEOUT
-        | mask::RETRY_CNT
-        | mask::RNR_RETRY
-        | mask::MAX_QP_RD_ATOMIC;
-    v.fe.modify_qp(&v.ctx, q.qpn, m, &a).expect("to RTS");
+    let path = Path {
+        psn: PVRDMA_PSN,
+        dmac: Some(dmac),
+        ..Path::new(dest, dgid)
+    };
+    v.fe.try_qp_rtr_to(&v.ctx, q, &path).expect("to RTR");
+    v.fe.try_qp_rts_at(&v.ctx, q, PVRDMA_PSN).expect("to RTS");
 }
 
 /// One completion of the PVRDMA side, which must succeed with `opcode`.

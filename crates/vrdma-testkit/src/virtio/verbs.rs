@@ -1009,17 +1009,26 @@ impl Frontend {
     }
 
     /// INIT → RTR towards `dest` at `dgid` (connected QPs), or plain RTR
-    /// (UD).
+    /// (UD): MTU 1024, both sides starting at [`PSN`].
     pub fn qp_rtr(&mut self, ctx: &Ctx, qp: &Qp, dest: u32, dgid: Gid) {
+        self.try_qp_rtr_to(ctx, qp, &Path::new(dest, dgid))
+            .unwrap_or_else(|s| panic!("QP {} to RTR refused: {s:?}", qp.qpn));
+    }
+
+    /// INIT → RTR along `p` (connected QPs), or plain RTR (UD).
+    pub fn try_qp_rtr_to(&mut self, ctx: &Ctx, qp: &Qp, p: &Path) -> Result<(), Status> {
         let mut a = abi::QpAttrs::new_zeroed();
         a.qp_state = state::RTR.into();
         let m = match qp.qp_type {
             qp_type::UD => mask::STATE,
             t => {
-                a.ah = av(dgid);
-                a.path_mtu = 3.into(); // 1024
-                a.dest_qp_num = dest.into();
-                a.rq_psn = PSN.into();
+                a.ah = av(p.gid);
+                if let Some(dmac) = p.dmac {
+                    a.ah.dmac = dmac;
+                }
+                a.path_mtu = p.mtu.into();
+                a.dest_qp_num = p.qpn.into();
+                a.rq_psn = p.psn.into();
                 let mut m = mask::STATE | mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN;
                 if t == qp_type::RC {
                     a.max_dest_rd_atomic = 4;
@@ -1030,14 +1039,20 @@ impl Frontend {
             }
         };
         self.modify_qp(ctx, qp.qpn, m, &a)
-            .unwrap_or_else(|s| panic!("QP {} to RTR refused: {s:?}", qp.qpn));
     }
 
-    /// RTR → RTS.
+    /// RTR → RTS, sending from [`PSN`].
     pub fn qp_rts(&mut self, ctx: &Ctx, qp: &Qp) {
+        self.try_qp_rts_at(ctx, qp, PSN)
+            .unwrap_or_else(|s| panic!("QP {} to RTS refused: {s:?}", qp.qpn));
+    }
+
+    /// RTR → RTS, sending from `psn` (RC: timeout 14, 7 retries, 7 RNR
+    /// retries, 4 READs/atomics in flight).
+    pub fn try_qp_rts_at(&mut self, ctx: &Ctx, qp: &Qp, psn: u32) -> Result<(), Status> {
         let mut a = abi::QpAttrs::new_zeroed();
         a.qp_state = state::RTS.into();
-        a.sq_psn = PSN.into();
+        a.sq_psn = psn.into();
         let mut m = mask::STATE | mask::SQ_PSN;
         if qp.qp_type == qp_type::RC {
             a.timeout = 14;
@@ -1047,7 +1062,6 @@ impl Frontend {
             m |= mask::TIMEOUT | mask::RETRY_CNT | mask::RNR_RETRY | mask::MAX_QP_RD_ATOMIC;
         }
         self.modify_qp(ctx, qp.qpn, m, &a)
-            .unwrap_or_else(|s| panic!("QP {} to RTS refused: {s:?}", qp.qpn));
     }
 
     /// To `st` with nothing else (ERR, RESET).
@@ -1055,6 +1069,31 @@ impl Frontend {
         let mut a = abi::QpAttrs::new_zeroed();
         a.qp_state = st.into();
         self.modify_qp(ctx, qpn, mask::STATE, &a)
+    }
+}
+
+/// Where a connected QP's RTR points: the peer QP, the PSN it starts at,
+/// its GID, the path MTU (`ibv_mtu`: 1 = 256 … 5 = 4096) and, when not the
+/// kit's placeholder, the next hop's MAC.
+#[derive(Clone, Copy, Debug)]
+pub struct Path {
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: Gid,
+    pub mtu: u32,
+    pub dmac: Option<[u8; 6]>,
+}
+
+impl Path {
+    /// To `qpn` at `gid`, MTU 1024, from [`PSN`].
+    pub fn new(qpn: u32, gid: Gid) -> Self {
+        Path {
+            qpn,
+            psn: PSN,
+            gid,
+            mtu: 3,
+            dmac: None,
+        }
     }
 }
 

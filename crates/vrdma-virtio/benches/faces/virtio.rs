@@ -11,15 +11,14 @@ use vm_memory::{Bytes, GuestAddress};
 use vrdma_engine::attr::Mtu;
 use vrdma_fabric::udp::UdpPort;
 use vrdma_testkit::virtio::{
-    ALL_ACCESS, Frontend, Mr, PSN, Qp, QpSpec, Ram, Side, Wqe, av, mac_of, mask, serve, state,
+    ALL_ACCESS, Frontend, Mr, Path, Qp, QpSpec, Ram, Side, Wqe, mac_of, serve,
 };
 use vrdma_virtio::{
-    abi::{self, qp_type},
+    abi::qp_type,
     face::Options,
     vhost::{Backend, DEFAULT_SPIN},
 };
 use vrdma_wire::Gid;
-use zerocopy::FromZeros;
 
 use crate::{
     port::{Port, layout},
@@ -87,22 +86,11 @@ fn side(dev: &Device) -> (Side, Qp, Mr, Vec<i32>) {
 /// at MTU 4096.
 fn bring_up(s: &mut Side, qp: &Qp, dest: u32, dgid: Gid) {
     s.fe.qp_init(&s.ctx, qp, ALL_ACCESS);
-    let mut a = abi::QpAttrs::new_zeroed();
-    a.qp_state = state::RTR.into();
-    a.ah = av(dgid);
-    a.path_mtu = 5.into(); // 4096
-    a.dest_qp_num = dest.into();
-    a.rq_psn = PSN.into();
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 1;
-    let m = mask::STATE
-        | mask::AV
-        | mask::PATH_MTU
-        | mask::DEST_QPN
-        | mask::RQ_PSN
-        | mask::MAX_DEST_RD_ATOMIC
-        | mask::MIN_RNR_TIMER;
-    s.fe.modify_qp(&s.ctx, qp.qpn, m, &a)
+    let path = Path {
+        mtu: 5,
+        ..Path::new(dest, dgid)
+    };
+    s.fe.try_qp_rtr_to(&s.ctx, qp, &path)
         .unwrap_or_else(|st| panic!("QP {} to RTR refused: {st:?}", qp.qpn));
     s.fe.qp_rts(&s.ctx, qp);
 }
