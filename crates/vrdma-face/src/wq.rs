@@ -196,6 +196,17 @@ impl<I: Indices> QpQueues<I> {
         !self.is_broken()
             && (self.sq.pending(mem) || self.rq.as_ref().is_some_and(|rq| rq.pending(mem)))
     }
+
+    /// After a round of taking: gives back the slots taken, and says
+    /// whether nothing of the QP waits any more — no WQE in the engine's
+    /// queues, none posted in its rings — so that a face stops visiting it
+    /// until its doorbell rings again.
+    pub fn settle<M: GuestMemory + ?Sized>(&mut self, mem: &M, engine: &Engine) -> bool {
+        self.publish(mem);
+        engine.sq_len(self.qpn).unwrap_or(0) == 0
+            && engine.rq_len(self.qpn).unwrap_or(0) == 0
+            && !self.pending(mem)
+    }
 }
 
 /// An SRQ's ring as the device takes it.
@@ -268,6 +279,13 @@ impl<I: Indices> SrqQueue<I> {
     /// Whether the guest has posted WQEs the device has not taken.
     pub fn pending<M: GuestMemory + ?Sized>(&self, mem: &M) -> bool {
         self.ring.pending(mem)
+    }
+
+    /// As [`QpQueues::settle`]: the slots given back; whether nothing of
+    /// the SRQ waits in the engine or its ring.
+    pub fn settle<M: GuestMemory + ?Sized>(&mut self, mem: &M, engine: &Engine) -> bool {
+        self.publish(mem);
+        engine.srq_len(self.handle).unwrap_or(0) == 0 && !self.pending(mem)
     }
 }
 

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use vm_memory::GuestMemoryMmap;
 use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
-use vrdma_engine::{CqHandle, Engine, SrqHandle, attr::PortAttr};
+use vrdma_engine::{CqHandle, Engine, attr::PortAttr};
 use vrdma_face::{Budget, RingPages, Taken, cq::SharedMem};
 use vrdma_wire::{Gid, Qpn};
 
@@ -313,11 +313,7 @@ impl<T: Transport> State<T> {
                 let t = q.take_sends(mem, engine).and(q.take_recvs(mem, engine));
                 qp_taken(&mut self.stats, engine, q.qpn(), t);
             }
-            q.queues.publish(mem);
-            let idle = engine.sq_len(q.qpn()).unwrap_or(0) == 0
-                && engine.rq_len(q.qpn()).unwrap_or(0) == 0
-                && !q.queues.pending(mem);
-            if idle {
+            if q.queues.settle(mem, engine) {
                 self.busy_qps.remove(&qpn);
             }
         }
@@ -333,8 +329,7 @@ impl<T: Transport> State<T> {
             } else {
                 Taken::default()
             };
-            s.queue.publish(mem);
-            let idle = engine.srq_len(SrqHandle(srq)).unwrap_or(0) == 0 && !s.queue.pending(mem);
+            let idle = s.queue.settle(mem, engine);
             self.srq_taken(srq, t);
             if idle {
                 self.busy_srqs.remove(&srq);

@@ -1461,12 +1461,7 @@ impl<T: Transport> VirtioRdma<T> {
                     let _ = engine.qp_fatal(q.queues.qpn());
                 }
             }
-            q.queues.publish(&mem);
-            let qn = q.queues.qpn();
-            let idle = engine.sq_len(qn).unwrap_or(0) == 0
-                && engine.rq_len(qn).unwrap_or(0) == 0
-                && !q.queues.pending(&mem);
-            if idle {
+            if q.queues.settle(&mem, engine) {
                 self.busy_qps.remove(&qpn);
             }
         }
@@ -1483,8 +1478,7 @@ impl<T: Transport> VirtioRdma<T> {
             } else {
                 vrdma_face::Taken::default()
             };
-            s.queue.publish(&mem);
-            let idle = engine.srq_len(SrqHandle(srq)).unwrap_or(0) == 0 && !s.queue.pending(&mem);
+            let idle = s.queue.settle(&mem, engine);
             let ctx = s.context;
             self.srq_taken(srq, ctx, t);
             if idle {
