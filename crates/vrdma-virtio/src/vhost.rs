@@ -41,12 +41,32 @@ use crate::{
 
 /// A used-buffer notification, unless the driver's event index says it
 /// does not want one yet (VIRTIO_RING_F_EVENT_IDX).
-fn signal(vring: &Vring, event_idx: bool) -> io::Result<()> {
-    if !event_idx || vring.needs_notification().map_err(queue_error)? {
+/// Notifies the driver of used buffers unless it asked not to be: with
+/// VIRTIO_F_EVENT_IDX, by its used_event (virtio-queue decides); without,
+/// by VIRTQ_AVAIL_F_NO_INTERRUPT in the available ring's flags (virtio
+/// 1.2 §2.7.10: the device SHOULD NOT notify then — virtio-queue reads
+/// no flags, so the word is read here, from guest memory; unreadable, it
+/// notifies).
+fn signal(vring: &Vring, event_idx: bool, mem: &Mem) -> io::Result<()> {
+    let wanted = if event_idx {
+        vring.needs_notification().map_err(queue_error)?
+    } else {
+        let avail = vm_memory::GuestAddress(vring.get_ref().get_queue().avail_ring());
+        mem.memory()
+            .load::<u16>(avail, std::sync::atomic::Ordering::Acquire)
+            .map_or(true, |flags| {
+                u16::from_le(flags) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
+            })
+    };
+    if wanted {
         vring.signal_used_queue()?;
     }
     Ok(())
 }
+
+/// The available ring's flag by which a driver without EVENT_IDX asks for
+/// no notifications.
+const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
 
 fn queue_error(e: virtio_queue::Error) -> io::Error {
     io::Error::other(format!("virtqueue: {e}"))
@@ -509,7 +529,7 @@ impl<T: Transport> Inner<T> {
                 used_any = true;
             }
             if used_any {
-                signal(vring, self.event_idx)?;
+                signal(vring, self.event_idx, &atomic)?;
             }
             if !self.event_idx || !vring.enable_notification().map_err(queue_error)? {
                 break;
@@ -646,7 +666,7 @@ impl<T: Transport> Inner<T> {
             }
         }
         if used_any {
-            signal(vring, event_idx)?;
+            signal(vring, event_idx, atomic)?;
         }
         Ok(())
     }

@@ -457,6 +457,60 @@ fn a_driver_without_version_1_is_served_nothing() {
     assert!(fe.query_device().max_qp.get() >= 16384);
 }
 
+/// Virtio 1.2 §2.7.10: a driver without VIRTIO_F_EVENT_IDX that sets
+/// VIRTQ_AVAIL_F_NO_INTERRUPT in an available ring gets its buffers used
+/// without a notification; with the flag clear, it is notified.
+#[test]
+fn no_interrupt_is_honoured_without_event_idx() {
+    let da = NET.device("no-interrupt");
+    let mut fe = Frontend::connect_with(
+        &da.socket,
+        Arc::new(Ram::new(0, 16 << 20)),
+        Options {
+            event_idx: false,
+            ..Default::default()
+        },
+    );
+    assert_eq!(fe.features & abi::feature::RING_EVENT_IDX, 0);
+    // A QUERY_DEVICE on the controlq, its used entry awaited without
+    // sleeping on (and so without reading) the call eventfd.
+    let query = |fe: &mut Frontend| {
+        let req = request(abi::op::QUERY_DEVICE, 0, &[], &[]);
+        let (at, resp) = (fe.ram.alloc(4096, 4096), fe.ram.alloc(4096, 4096));
+        fe.ram.write(at, &req[..]);
+        fe.control
+            .add(&[Buf::r(at, req.len() as u32), Buf::w(resp, 4096)]);
+        fe.control.notify();
+        let deadline = Instant::now() + WAIT;
+        while fe.control.poll_used().is_none() {
+            assert!(Instant::now() < deadline, "the command's used entry");
+            std::thread::yield_now();
+        }
+    };
+    let _ = fe.control.call.read();
+    fe.ram
+        .store_u16(fe.control.avail, 1, std::sync::atomic::Ordering::SeqCst);
+    // Two commands: the device decided on the first one's notification
+    // before it took the second.
+    query(&mut fe);
+    query(&mut fe);
+    assert!(
+        fe.control.call.read().is_err(),
+        "notified despite NO_INTERRUPT"
+    );
+    fe.ram
+        .store_u16(fe.control.avail, 0, std::sync::atomic::Ordering::SeqCst);
+    query(&mut fe);
+    let deadline = Instant::now() + WAIT;
+    while fe.control.call.read().is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "a notification with the flag clear"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// §10.3, DEV-49: with no eventq buffer posted, events past the bound
 /// (here 64, the least the spec allows) are dropped and counted; when
 /// buffers come, the events queued are delivered in order, then one
