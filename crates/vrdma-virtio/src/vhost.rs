@@ -244,6 +244,9 @@ struct Inner<T: Transport> {
     /// The device just resumed: requests that came while it was paused
     /// are taken.
     resumed: bool,
+    /// Worker wake-ups while the driver had not negotiated VERSION_1
+    /// (each a kick, a tick or a packet the device did not serve).
+    unversioned_events: u64,
 }
 
 /// Watches or stops watching the network's descriptor in the current
@@ -292,6 +295,7 @@ impl<T: Transport + Send + 'static> Backend<T> {
             publisher: None,
             panics: 0,
             resumed: false,
+            unversioned_events: 0,
         };
         Ok(Arc::new(Backend {
             inner: Mutex::new(inner),
@@ -454,6 +458,7 @@ impl<T: Transport> Inner<T> {
         c.push(("virtio.bad_chains".into(), self.bad_chains));
         c.push(("virtio.paused".into(), u64::from(self.paused.is_some())));
         c.push(("virtio.panics".into(), self.panics));
+        c.push(("virtio.unversioned_events".into(), self.unversioned_events));
         c
     }
 
@@ -892,6 +897,7 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         // A legacy driver (no VIRTIO_F_VERSION_1) is served nothing: no
         // command taken, no ring or doorbell read (DEV-1).
         if g.acked & feature::VERSION_1 == 0 {
+            g.unversioned_events += 1;
             if device_event == TIMER {
                 g.timer.take();
             }
@@ -901,6 +907,10 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
                 let _ = g.spin.0.consume();
                 g.spinning = false;
             }
+            drop(g);
+            // Nor is its network read: packets left in a watched socket
+            // would wake the worker again at once, for good.
+            self.watch_network(false);
             return Ok(());
         }
         // A queue that is ready again is started.

@@ -437,6 +437,13 @@ fn a_driver_without_version_1_is_served_nothing() {
         },
     );
     assert_eq!(fe.features & abi::feature::VERSION_1, 0);
+    // Datagrams at its port: an unserved device does not read its network
+    // either, and packets left there must not wake its worker for good.
+    let udp = std::net::UdpSocket::bind((da.addr, 0)).expect("a UDP socket");
+    for _ in 0..64 {
+        udp.send_to(&[0u8; 64], (da.addr, 4791))
+            .expect("a datagram");
+    }
     let req = request(abi::op::QUERY_DEVICE, 0, &[], &[]);
     let (at, resp) = (fe.ram.alloc(4096, 4096), fe.ram.alloc(4096, 4096));
     fe.ram.write(at, &req[..]);
@@ -451,6 +458,16 @@ fn a_driver_without_version_1_is_served_nothing() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(fe.ram.read_bytes(resp, 8), vec![0xee; 8], "nothing written");
+    // Its wake-ups in those 300 ms: the kicks and a packet or two, not a
+    // worker spinning on an unread socket (hundreds of thousands).
+    let woken = da
+        .backend
+        .counters()
+        .into_iter()
+        .find(|(k, _)| k == "virtio.unversioned_events")
+        .map(|(_, v)| v)
+        .expect("the counter");
+    assert!((1..16).contains(&woken), "{woken} wake-ups");
     drop(fe);
     let mut fe = da.connect(16 << 20);
     assert_ne!(fe.features & abi::feature::VERSION_1, 0);
