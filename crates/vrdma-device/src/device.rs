@@ -255,11 +255,8 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
     /// The device's counters by name: the transport's, the engine's data
     /// path's and its objects (for `vrdma stat` and logs).
     pub fn counters(&self) -> Vec<(String, u64)> {
-        let (prefix, transport) = self.transport.counters();
-        let mut v: Vec<(String, u64)> = transport
-            .into_iter()
-            .map(|(k, n)| (format!("{prefix}.{k}"), n))
-            .collect();
+        let mut v = Vec::new();
+        self.transport.counters(&mut v);
         v.extend(
             self.engine
                 .stats()
@@ -344,6 +341,18 @@ pub fn udp_device<M: Memory + Lender>(
     mtu: Option<Mtu>,
     mem: M,
 ) -> io::Result<UdpDevice<M>> {
+    udp_device_behind(config, attr, mtu, mem, Ok)
+}
+
+/// As [`udp_device`], the port put behind the transport `wrap` makes of it
+/// (same-host shared memory in front of it, for instance).
+pub fn udp_device_behind<M: Memory + Lender, T: Transport>(
+    config: udp::Config,
+    attr: DeviceAttr,
+    mtu: Option<Mtu>,
+    mem: M,
+    wrap: impl FnOnce(UdpPort) -> io::Result<T>,
+) -> io::Result<Device<M, T>> {
     let addr = config.addr;
     let port = UdpPort::bind(config)?;
     let guid = match addr {
@@ -360,7 +369,9 @@ pub fn udp_device<M: Memory + Lender>(
     // Unknown: what rxe reports on a 1500-byte Ethernet.
     port_attr.active_mtu =
         mtu.unwrap_or_else(|| active_mtu(udp::interface_mtu(addr).unwrap_or(1500)));
-    Ok(Device::new(Engine::new(attr, port_attr), mem, port))
+    let mut transport = wrap(port)?;
+    transport.set_local(&[gid]);
+    Ok(Device::new(Engine::new(attr, port_attr), mem, transport))
 }
 
 /// The largest IB MTU whose packets fit an interface MTU of `netdev`

@@ -14,7 +14,7 @@
 //! |---|---|
 //! | [`device`] | [`Device`]: engine + memory + transport + clock; a device on a UDP port |
 //! | [`memory`] | [`GuestMem`]: memory mapped with vm-memory, volatile access, atomics that stay atomic across processes |
-//! | [`transport`] | [`transport::Transport`], and the UDP port as one |
+//! | [`transport`] | [`transport::Transport`]; the UDP and Ethernet ports as ones; [`transport::SameHost`], same-host shared memory in front of either |
 //! | [`verbs`] | the in-process verbs front end the tools use: a device with a PD, CQ and MR, QP bring-up, a completion loop |
 //! | [`publish`] | counters published to the run directory for `vrdma stat` |
 #![deny(unsafe_code)]
@@ -27,6 +27,7 @@ pub mod verbs;
 
 pub use device::{
     Device, ObjectBudget, Progress, UdpDevice, active_mtu, derived_budget, udp_device,
+    udp_device_behind,
 };
 pub use memory::GuestMem;
 pub use transport::Transport;

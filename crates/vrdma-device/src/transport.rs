@@ -3,7 +3,9 @@
 //! `vrdma-fabric` is one; the Ethernet port a VM's NIC shares is another
 //! (`vrdma_fabric::eth`).
 //! A transport knows the wire format and its medium; the device turns the
-//! engine's [`Transmit`] into what the transport takes.
+//! engine's [`Transmit`] into what the transport takes. [`SameHost`] puts
+//! a same-host medium (`vrdma_fabric::shm`) in front of either: a packet
+//! for a device on the same switch goes there, any other to the port.
 
 use std::{io, os::fd::BorrowedFd};
 
@@ -11,6 +13,7 @@ use vrdma_engine::transmit::Transmit;
 use vrdma_fabric::{
     Lender, Piece,
     eth::EthPort,
+    shm,
     udp::{Outgoing, UdpPort},
 };
 use vrdma_wire::{Gid, frame::IpRepr};
@@ -40,7 +43,9 @@ pub trait Transport {
 
     /// The buffer the engine writes the next packet into (at least
     /// [`vrdma_engine::transmit::MAX_PACKET`] bytes); the packets sent to
-    /// make room for it.
+    /// make room for it. Until [`Transport::queue`] takes it, another call
+    /// returns the same buffer, with what was written in it, and sends
+    /// nothing ([`SameHost`] reads a packet it keeps off the uplink so).
     fn slot(&mut self, mem: &impl Lender) -> (&mut [u8], usize);
 
     /// Queues the packet the engine wrote into the slot: `t` says where it
@@ -55,9 +60,9 @@ pub trait Transport {
     /// The file descriptor that becomes readable when something arrives.
     fn fd(&self) -> BorrowedFd<'_>;
 
-    /// The transport's counters, by name, for `vrdma stat` (its prefix
-    /// first).
-    fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>);
+    /// Appends the transport's counters, by name (its prefix first:
+    /// `udp.tx_packets`), for `vrdma stat`.
+    fn counters(&self, out: &mut Vec<(String, u64)>);
 
     /// The device's addresses now (its GID table changed): a transport
     /// that shares its medium with other traffic steers to the device what
@@ -110,8 +115,8 @@ impl Transport for UdpPort {
         UdpPort::fd(self)
     }
 
-    fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>) {
-        ("udp", self.stats().fields().to_vec())
+    fn counters(&self, out: &mut Vec<(String, u64)>) {
+        named(out, "udp", &self.stats().fields());
     }
 }
 
@@ -168,8 +173,8 @@ impl Transport for EthPort {
         EthPort::fd(self)
     }
 
-    fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>) {
-        ("eth", self.stats().fields().to_vec())
+    fn counters(&self, out: &mut Vec<(String, u64)>) {
+        named(out, "eth", &self.stats().fields());
     }
 
     fn set_local(&mut self, gids: &[Gid]) {
@@ -178,5 +183,146 @@ impl Transport for EthPort {
 
     fn admits_gid(&self, gid: &Gid) -> bool {
         self.filter().allows_addr(self.mac(), gid.ip())
+    }
+}
+
+/// Appends `fields` named `prefix.field`.
+fn named(out: &mut Vec<(String, u64)>, prefix: &str, fields: &[(&'static str, u64)]) {
+    out.extend(fields.iter().map(|(k, n)| (format!("{prefix}.{k}"), *n)));
+}
+
+/// A transport chosen per destination: a packet whose destination GID a
+/// device on the same [`shm::Switch`] holds goes there (no network, no
+/// checksum, its payload copied once); every other one goes through the
+/// uplink — the UDP or Ethernet port the device would use alone. The
+/// device's software cannot tell the two apart except by speed; `vrdma
+/// stat` counts both (`shm.*` beside the uplink's). Without a switch
+/// ([`SameHost::uplink_only`]) it is the uplink alone.
+#[derive(Debug)]
+pub struct SameHost<T> {
+    shm: Option<shm::Port>,
+    uplink: T,
+}
+
+impl<T: Transport> SameHost<T> {
+    /// `uplink` behind a port on `switch`; the device's descriptor then
+    /// stands for both.
+    pub fn new(switch: &shm::Switch, uplink: T) -> io::Result<Self> {
+        let shm = switch.attach()?;
+        shm.watch(uplink.fd())?;
+        Ok(SameHost {
+            shm: Some(shm),
+            uplink,
+        })
+    }
+
+    /// `uplink` alone (same-host shared memory turned off).
+    pub fn uplink_only(uplink: T) -> Self {
+        SameHost { shm: None, uplink }
+    }
+
+    /// `uplink`, behind a port on `switch` if there is one.
+    pub fn with(switch: Option<&shm::Switch>, uplink: T) -> io::Result<Self> {
+        match switch {
+            Some(s) => SameHost::new(s, uplink),
+            None => Ok(SameHost::uplink_only(uplink)),
+        }
+    }
+
+    /// The port on the switch, if there is one.
+    pub fn shm(&self) -> Option<&shm::Port> {
+        self.shm.as_ref()
+    }
+
+    pub fn uplink(&self) -> &T {
+        &self.uplink
+    }
+
+    pub fn uplink_mut(&mut self) -> &mut T {
+        &mut self.uplink
+    }
+}
+
+impl<T: Transport> Transport for SameHost<T> {
+    fn receive(&mut self, mut deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize> {
+        let n = match &mut self.shm {
+            Some(shm) => shm.receive(|route, roce| {
+                // The IP header the wire would have carried (the engine
+                // checks its addresses; a UD receive's GRH is it).
+                if let Ok(ip) = route.ip(roce.len(), 0) {
+                    deliver(&ip, roce);
+                }
+            }),
+            None => 0,
+        };
+        Ok(n + self.uplink.receive(&mut deliver)?)
+    }
+
+    fn batch(&self) -> usize {
+        let shm = if self.shm.is_some() { shm::BATCH } else { 0 };
+        shm + self.uplink.batch()
+    }
+
+    fn rx_bytes(&self) -> u64 {
+        self.shm.as_ref().map_or(0, |s| s.rx_bytes()) + self.uplink.rx_bytes()
+    }
+
+    fn has_room(&mut self) -> bool {
+        self.uplink.has_room()
+    }
+
+    fn slot(&mut self, mem: &impl Lender) -> (&mut [u8], usize) {
+        self.uplink.slot(mem)
+    }
+
+    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize {
+        let Some(shm) = self.shm.as_mut() else {
+            return self.uplink.queue(t, lent, mem);
+        };
+        if !shm.reaches(&t.dgid) {
+            return self.uplink.queue(t, lent, mem);
+        }
+        // The engine wrote the packet into the uplink's slot: read it back
+        // from there and leave the slot for the next one.
+        let head_len = t.len - t.referenced;
+        let (slot, _) = self.uplink.slot(mem);
+        let Some(head) = slot.get(..head_len) else {
+            return 0;
+        };
+        match shm.send(&t.route(), head, t.payload_at, lent, mem) {
+            Ok(()) => 1,
+            // Counted by the port: a medium that cannot carry a packet
+            // loses it, and RC recovers.
+            Err(_) => 0,
+        }
+    }
+
+    fn flush(&mut self, mem: &impl Lender) -> usize {
+        self.uplink.flush(mem)
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        match &self.shm {
+            Some(s) => s.fd(),
+            None => self.uplink.fd(),
+        }
+    }
+
+    fn counters(&self, out: &mut Vec<(String, u64)>) {
+        if let Some(s) = &self.shm {
+            named(out, "shm", &s.stats().fields());
+        }
+        self.uplink.counters(out);
+    }
+
+    fn set_local(&mut self, gids: &[Gid]) {
+        if let Some(s) = &mut self.shm {
+            s.set_local(gids);
+        }
+        self.uplink.set_local(gids);
+    }
+
+    fn admits_gid(&self, gid: &Gid) -> bool {
+        self.uplink.admits_gid(gid)
     }
 }

@@ -19,13 +19,17 @@ use vrdma_engine::{
     wc::Wc,
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
-use vrdma_fabric::udp::Config;
+use vrdma_fabric::{
+    shm::Switch,
+    udp::{Config, UdpPort},
+};
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 
 use crate::{
-    device::{Progress, UdpDevice, udp_device},
+    device::{Device, Progress, udp_device, udp_device_behind},
     memory::GuestMem,
     publish::Publisher,
+    transport::{SameHost, Transport},
 };
 
 /// Why a verbs front-end call failed.
@@ -78,10 +82,14 @@ pub const ALL_ACCESS: Access = Access(
 );
 
 /// An opened device (as rdma-core's `ibv_context` is): a device on a UDP
-/// port with a PD, a CQ and an MR over its whole memory.
+/// port (or on same-host shared memory in front of one,
+/// [`Context::open_same_host`]) with a PD, a CQ and an MR over its whole
+/// memory.
 #[derive(Debug)]
-pub struct Context {
-    pub dev: UdpDevice<GuestMem>,
+pub struct Context<T: Transport = UdpPort> {
+    pub dev: Device<GuestMem, T>,
+    /// The port's address, the device's GID 0.
+    gid: Gid,
     pub pd: PdHandle,
     pub cq: CqHandle,
     pub lkey: Lkey,
@@ -96,7 +104,7 @@ pub struct Context {
     inline: Vec<u8>,
 }
 
-impl Drop for Context {
+impl<T: Transport> Drop for Context<T> {
     fn drop(&mut self) {
         // What the device still owes goes out first, so that the last
         // snapshot counts it (dropping the device would send it too).
@@ -164,7 +172,7 @@ fn qp_attr(local_psn: Psn, remote: Option<Remote>, c: &Connect) -> QpAttr {
     }
 }
 
-impl Context {
+impl Context<UdpPort> {
     /// Binds a device on `addr` with `mem_len` bytes of memory.
     /// The port's MTU comes from the interface holding `addr`.
     pub fn open(addr: IpAddr, mem_len: usize, events: bool) -> Result<Self> {
@@ -173,12 +181,56 @@ impl Context {
 
     /// As [`Context::open`], with a CQ of `cqe` entries.
     pub fn open_with_cq(addr: IpAddr, mem_len: usize, events: bool, cqe: u32) -> Result<Self> {
-        let mem = GuestMem::anonymous(BASE, mem_len).map_err(|source| Error::Map {
-            len: mem_len,
-            source,
-        })?;
-        let mut dev = udp_device(Config::new(addr), DeviceAttr::default(), None, mem)
-            .map_err(|source| Error::Bind { addr, source })?;
+        let dev = udp_device(
+            Config::new(addr),
+            DeviceAttr::default(),
+            None,
+            memory(mem_len)?,
+        )
+        .map_err(|source| Error::Bind { addr, source })?;
+        let gid = dev.transport().gid();
+        Context::with_device(dev, gid, mem_len, events, cqe)
+    }
+}
+
+impl Context<SameHost<UdpPort>> {
+    /// As [`Context::open_with_cq`], the device also on `switch` (when
+    /// given): a peer on the same switch is reached through shared memory,
+    /// any other through the UDP port.
+    pub fn open_same_host(
+        switch: Option<&Switch>,
+        addr: IpAddr,
+        mem_len: usize,
+        events: bool,
+        cqe: u32,
+    ) -> Result<Self> {
+        let attr = DeviceAttr::default();
+        let mut gid = Gid::default();
+        let dev = udp_device_behind(Config::new(addr), attr, None, memory(mem_len)?, |port| {
+            gid = port.gid();
+            SameHost::with(switch, port)
+        })
+        .map_err(|source| Error::Bind { addr, source })?;
+        Context::with_device(dev, gid, mem_len, events, cqe)
+    }
+}
+
+/// `len` bytes of anonymous memory at [`BASE`].
+fn memory(len: usize) -> Result<GuestMem> {
+    GuestMem::anonymous(BASE, len).map_err(|source| Error::Map { len, source })
+}
+
+impl<T: Transport> Context<T> {
+    /// `dev`, whose GID 0 is `gid`, with a PD, a CQ of `cqe` entries and
+    /// an MR over its `mem_len` bytes of memory.
+    fn with_device(
+        mut dev: Device<GuestMem, T>,
+        gid: Gid,
+        mem_len: usize,
+        events: bool,
+        cqe: u32,
+    ) -> Result<Self> {
+        let addr = gid.ip();
         let e = dev.engine_mut();
         let pd = verbs("allocating a PD", e.alloc_pd())?;
         let (cq, _) = verbs("creating a CQ", e.create_cq(cqe, 0))?;
@@ -192,6 +244,7 @@ impl Context {
         let (lkey, rkey) = verbs("registering the MR", mr)?;
         Ok(Context {
             dev,
+            gid,
             pd,
             cq,
             lkey,
@@ -204,7 +257,7 @@ impl Context {
     }
 
     pub fn gid(&self) -> Gid {
-        self.dev.transport().gid()
+        self.gid
     }
 
     pub fn create_qp(&mut self, ty: QpType, send: u32, recv: u32, inline: u32) -> Result<Qpn> {

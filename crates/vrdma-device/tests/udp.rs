@@ -13,107 +13,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{BASE, End, bytes, end, fill, recv, same, send};
+use common::{
+    BASE, ah, bytes, connect, end, fill, qp, receive, recv, run_until, same, send, send_ud,
+};
 use vrdma_device::{GuestMem, udp_device};
 use vrdma_engine::{
     AhHandle, Memory,
     attr::{DeviceAttr, Mtu},
-    qp::{AhAttr, QpCap, QpInitAttr, QpType},
-    wc::{Wc, WcOpcode, WcStatus},
-    wr::{SendOp, UdDest},
+    qp::QpType,
+    wc::{WcOpcode, WcStatus},
+    wr::SendOp,
 };
 use vrdma_fabric::udp::Config;
-use vrdma_testkit::setup::Connection;
-use vrdma_wire::{Gid, Psn, QKey, Qpn};
-
-fn qp(e: &mut End, ty: QpType) -> Qpn {
-    let (qpn, _) = e
-        .dev
-        .engine_mut()
-        .create_qp(QpInitAttr {
-            pd: e.pd,
-            send_cq: e.cq,
-            recv_cq: e.cq,
-            srq: None,
-            cap: QpCap {
-                max_send_wr: 256,
-                max_recv_wr: 256,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 64,
-            },
-            qp_type: ty,
-            sq_sig_all: false,
-        })
-        .unwrap();
-    qpn
-}
-
-fn connect(e: &mut End, qpn: Qpn, dgid: Gid, dest: Qpn, mtu: Mtu) {
-    Connection {
-        mtu,
-        psn: Psn::from_masked(0x00ff_fff0),
-        max_rd_atomic: 16,
-        max_dest_rd_atomic: 16,
-        ..Connection::default()
-    }
-    .join(e.dev.engine_mut(), qpn, dgid, dest);
-}
-
-/// Progresses both ends until `want` completions arrived on `a`'s CQ.
-fn run_until(a: &mut End, b: &mut End, want: usize) -> Vec<Wc> {
-    poll_until(a, Some(b), want, "completions")
-}
-
-/// Progresses `e` until `want` completions arrived on its CQ (`what`
-/// names them in the failure).
-fn receive(e: &mut End, want: usize, what: &str) -> Vec<Wc> {
-    poll_until(e, None, want, what)
-}
-
-/// Progresses `on` (and `also`) until `want` completions arrived on
-/// `on`'s CQ; the time limit only turns a hang into a failure.
-fn poll_until(on: &mut End, mut also: Option<&mut End>, want: usize, what: &str) -> Vec<Wc> {
-    let limit = Instant::now() + Duration::from_secs(20);
-    let mut got = Vec::new();
-    while got.len() < want {
-        on.dev.progress().unwrap();
-        if let Some(b) = also.as_mut() {
-            b.dev.progress().unwrap();
-        }
-        on.dev.engine_mut().poll_cq(on.cq, 64, &mut got).unwrap();
-        assert!(
-            Instant::now() < limit,
-            "{what}: only {} of {want}: {got:?}",
-            got.len()
-        );
-    }
-    got
-}
-
-/// A signaled UD SEND of the `len` bytes at `at` through address handle
-/// `ah` to QP `to` (Q_Key 0x11111111).
-fn send_ud(e: &mut End, qpn: Qpn, wr_id: u64, at: (u64, u32), ah: AhHandle, to: Qpn) {
-    let ud = UdDest {
-        av: vrdma_engine::wr::Av::Handle(ah),
-        remote_qpn: to,
-        remote_qkey: QKey(0x1111_1111),
-    };
-    common::send_to(e, qpn, wr_id, SendOp::Send, at, Some(ud));
-}
-
-/// An address handle on `e` for `dgid` with this traffic class and hop
-/// limit.
-fn ah(e: &mut End, dgid: Gid, traffic_class: u8, hop_limit: u8) -> AhHandle {
-    let attr = AhAttr {
-        dgid,
-        port_num: 1,
-        hop_limit,
-        traffic_class,
-        ..AhAttr::default()
-    };
-    e.dev.engine_mut().create_ah(e.pd, attr).unwrap()
-}
+use vrdma_wire::{Gid, Qpn};
 
 fn v4(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 7, last))

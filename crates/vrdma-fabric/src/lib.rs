@@ -6,6 +6,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`udp`] | RoCEv2 over UDP sockets: port 4791, batched system calls, GSO/GRO, per-QP source ports, TOS/TTL, the ICRC of the headers the kernel writes |
+//! | [`shm`] | same-host shared memory: devices of one process put packets straight into each other's mailboxes, no network, no checksums, the payload copied once |
 //! | [`eth`] | RoCEv2 on an Ethernet port a VM's NIC shares: QEMU's stream netdev on one side, a TAP or stream uplink on the other, RoCEv2 for the device's addresses steered to it |
 //!
 //! A gather send names payload bytes by device address ([`Piece`]); the
@@ -17,6 +18,7 @@
 #![deny(unsafe_code)]
 
 pub mod eth;
+pub mod shm;
 pub mod udp;
 
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};

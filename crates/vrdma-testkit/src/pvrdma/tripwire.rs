@@ -66,8 +66,8 @@ impl<T: Transport> Transport for Tripwire<T> {
         self.inner.fd()
     }
 
-    fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>) {
-        self.inner.counters()
+    fn counters(&self, out: &mut Vec<(String, u64)>) {
+        self.inner.counters(out);
     }
 
     fn set_local(&mut self, gids: &[Gid]) {

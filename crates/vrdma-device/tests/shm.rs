@@ -1,0 +1,400 @@
+//! Same-host shared memory: devices of one process on one switch
+//! (`vrdma_fabric::shm`) in front of their UDP ports. Every operation runs
+//! over shm with nothing on the UDP sockets; a peer not on the switch is
+//! still reached over UDP; the receiving engine's checks (keys, rights,
+//! bounds) apply as for a packet from the wire; a peer that goes away
+//! ends its partners' work in error completions; a device sleeping on its
+//! descriptor wakes for a packet from shm.
+//!
+//! Each test uses its own 127.0.8.x addresses (the UDP ports are bound
+//! even when unused), so that the tests can run in parallel.
+
+mod common;
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    thread,
+    time::{Duration, Instant},
+};
+
+use common::{
+    BASE, End, ah, bytes, connect, end, end_on, fill, qp, receive, recv, run_until, same, send,
+    send_ud,
+};
+use vrdma_device::{Transport, transport::SameHost};
+use vrdma_engine::{
+    Memory,
+    attr::Mtu,
+    qp::QpType,
+    wc::{WcOpcode, WcStatus},
+    wr::SendOp,
+};
+use vrdma_fabric::{shm::Switch, udp::UdpPort};
+use vrdma_testkit::setup::Connection;
+use vrdma_wire::{Gid, Psn, Qpn};
+
+fn v4(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 8, last))
+}
+
+type ShmEnd = End<SameHost<UdpPort>>;
+
+/// The named counter of a device.
+fn counter<T: Transport>(e: &End<T>, name: &str) -> u64 {
+    e.dev
+        .counters()
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map_or_else(|| panic!("no counter {name}"), |(_, n)| n)
+}
+
+/// Whether `fd` becomes readable within `ms` milliseconds.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::from(ms)).expect("poll") > 0
+}
+
+/// Two devices on one switch with an RC QP each, connected.
+fn rc_pair(sw: &Switch, last: u8, mtu: Mtu) -> (ShmEnd, ShmEnd, Qpn, Qpn) {
+    let mut a = end_on(sw, v4(last), mtu);
+    let mut b = end_on(sw, v4(last + 1), mtu);
+    let (qa, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
+    let (ga, gb) = (a.gid, b.gid);
+    connect(&mut a, qa, gb, qb, mtu);
+    connect(&mut b, qb, ga, qa, mtu);
+    (a, b, qa, qb)
+}
+
+#[test]
+fn rc_every_operation_over_shm_and_nothing_on_udp() {
+    for (mtu, last) in [(Mtu::Mtu1024, 1), (Mtu::Mtu4096, 3)] {
+        let sw = Switch::new();
+        let (mut a, mut b, qa, qb) = rc_pair(&sw, last, mtu);
+        let len = 100_000;
+        fill(&mut a, BASE, len, 1);
+        recv(&mut b, qb, 7, BASE + 0x20_0000, len as u32);
+        send(&mut a, qa, 1, SendOp::Send, BASE, len as u32);
+        let wlen = 1 << 20;
+        fill(&mut a, BASE + 0x10_0000, wlen, 2);
+        let write = SendOp::RdmaWrite {
+            remote_addr: BASE + 0x10_0000,
+            rkey: b.rkey,
+        };
+        send(&mut a, qa, 2, write, BASE + 0x10_0000, wlen as u32);
+        fill(&mut b, BASE + 0x30_0000, 65536, 3);
+        let read = SendOp::RdmaRead {
+            remote_addr: BASE + 0x30_0000,
+            rkey: b.rkey,
+        };
+        send(&mut a, qa, 3, read, BASE + 0x38_0000, 65536);
+        let word = BASE + 0x3f_0000;
+        b.dev.mem_mut().write(word, &40u64.to_le_bytes()).unwrap();
+        let fa = SendOp::FetchAdd {
+            remote_addr: word,
+            rkey: b.rkey,
+            add: 2,
+        };
+        send(&mut a, qa, 4, fa, BASE + 0x3f_8000, 8);
+        let cs = SendOp::CompareSwap {
+            remote_addr: word,
+            rkey: b.rkey,
+            compare: 42,
+            swap: 7,
+        };
+        send(&mut a, qa, 5, cs, BASE + 0x3f_8008, 8);
+        recv(&mut b, qb, 8, BASE + 0x3e_0000, 0);
+        let wimm = SendOp::RdmaWriteWithImm {
+            remote_addr: BASE + 0x3d_0000,
+            rkey: b.rkey,
+            imm: 0xfeed_f00d,
+        };
+        send(&mut a, qa, 6, wimm, BASE, 5000);
+
+        let wcs = run_until(&mut a, &mut b, 6);
+        let ids: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            ids,
+            [1, 2, 3, 4, 5, 6].map(|i| (i, WcStatus::Success)),
+            "{mtu:?}"
+        );
+        let rx = receive(&mut b, 2, "the SEND and the WRITE with immediate");
+        assert_eq!(
+            (rx[0].wr_id, rx[0].status, rx[0].byte_len),
+            (7, WcStatus::Success, len as u32)
+        );
+        assert_eq!(
+            (rx[1].wr_id, rx[1].opcode, rx[1].imm_data, rx[1].byte_len),
+            (8, WcOpcode::RecvRdmaWithImm, 0xfeed_f00d, 5000)
+        );
+        same(
+            bytes(&b, BASE + 0x20_0000, len),
+            bytes(&a, BASE, len),
+            "SEND",
+        );
+        same(
+            bytes(&b, BASE + 0x10_0000, wlen),
+            bytes(&a, BASE + 0x10_0000, wlen),
+            "WRITE",
+        );
+        same(
+            bytes(&a, BASE + 0x38_0000, 65536),
+            bytes(&b, BASE + 0x30_0000, 65536),
+            "READ",
+        );
+        same(
+            bytes(&b, BASE + 0x3d_0000, 5000),
+            bytes(&a, BASE, 5000),
+            "WRITE with immediate",
+        );
+        assert_eq!(bytes(&a, BASE + 0x3f_8000, 8), 40u64.to_le_bytes());
+        assert_eq!(bytes(&a, BASE + 0x3f_8008, 8), 42u64.to_le_bytes());
+        assert_eq!(bytes(&b, word, 8), 7u64.to_le_bytes());
+
+        // All of it through shared memory: nothing on the sockets, nothing
+        // lost, and the engines saw every packet.
+        for e in [&a, &b] {
+            assert_eq!(counter(e, "udp.tx_datagrams"), 0);
+            assert_eq!(counter(e, "udp.rx_datagrams"), 0);
+            assert_eq!(counter(e, "shm.tx_dropped_full"), 0);
+            assert_eq!(counter(e, "engine.rx_malformed"), 0);
+        }
+        assert_eq!(counter(&a, "shm.tx_packets"), counter(&b, "shm.rx_packets"));
+        assert_eq!(counter(&b, "shm.tx_packets"), counter(&a, "shm.rx_packets"));
+        assert!(counter(&a, "shm.tx_bytes") > wlen as u64 + len as u64);
+        assert_eq!(
+            counter(&b, "engine.rx_packets"),
+            counter(&b, "shm.rx_packets")
+        );
+    }
+}
+
+#[test]
+fn uc_and_ud_over_shm_with_the_grh_of_the_wire() {
+    let mtu = Mtu::Mtu1024;
+    let sw = Switch::new();
+    let mut a = end_on(&sw, v4(5), mtu);
+    let mut b = end_on(&sw, v4(6), mtu);
+    let (ua, ub) = (qp(&mut a, QpType::Uc), qp(&mut b, QpType::Uc));
+    let (ga, gb) = (a.gid, b.gid);
+    connect(&mut a, ua, gb, ub, mtu);
+    connect(&mut b, ub, ga, ua, mtu);
+    fill(&mut a, BASE, 3000, 9);
+    recv(&mut b, ub, 70, BASE + 0x1000, 0);
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: BASE + 0x8000,
+        rkey: b.rkey,
+        imm: 0x1122_3344,
+    };
+    send(&mut a, ua, 11, op, BASE, 3000);
+    let wcs = run_until(&mut a, &mut b, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (11, WcStatus::Success));
+    let rx = receive(&mut b, 1, "UC WRITE_WITH_IMM");
+    assert_eq!((rx[0].imm_data, rx[0].byte_len), (0x1122_3344, 3000));
+    same(
+        bytes(&b, BASE + 0x8000, 3000),
+        bytes(&a, BASE, 3000),
+        "UC WRITE",
+    );
+
+    let (da, db) = (qp(&mut a, QpType::Ud), qp(&mut b, QpType::Ud));
+    for (e, q) in [(&mut a, da), (&mut b, db)] {
+        connect(e, q, Gid::default(), Qpn::default(), mtu);
+    }
+    let ah = ah(&mut a, gb, 0x20, 9);
+    recv(&mut b, db, 80, BASE + 0x2_0000, 40 + 1024);
+    fill(&mut a, BASE + 0x4000, 1024, 5);
+    send_ud(&mut a, da, 12, (BASE + 0x4000, 1024), ah, db);
+    let wcs = run_until(&mut a, &mut b, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (12, WcStatus::Success));
+    let rx = receive(&mut b, 1, "UD datagram");
+    assert_eq!(
+        (rx[0].wr_id, rx[0].byte_len, rx[0].src_qp),
+        (80, 40 + 1024, da.value())
+    );
+    // The GRH is the IPv4 header the packet would have had on the wire.
+    let grh = bytes(&b, BASE + 0x2_0000, 40);
+    assert_eq!(&grh[20 + 12..20 + 16], &[127, 0, 8, 5], "source address");
+    assert_eq!(&grh[20 + 16..20 + 20], &[127, 0, 8, 6], "destination");
+    assert_eq!((grh[20 + 1], grh[20 + 8]), (0x20, 9), "TOS and TTL");
+    same(
+        bytes(&b, BASE + 0x2_0000 + 40, 1024),
+        bytes(&a, BASE + 0x4000, 1024),
+        "UD SEND",
+    );
+    assert_eq!(counter(&a, "udp.tx_datagrams"), 0);
+}
+
+/// A device on the switch reaches a peer that is not on it over UDP, and
+/// one that is over shm, from the same QP type and the same CQ.
+#[test]
+fn the_path_is_chosen_per_destination() {
+    let mtu = Mtu::Mtu1024;
+    let sw = Switch::new();
+    let mut a = end_on(&sw, v4(10), mtu);
+    let mut b = end_on(&sw, v4(11), mtu);
+    let mut c = end(v4(12), mtu);
+    let (qab, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
+    let (qac, qc) = (qp(&mut a, QpType::Rc), qp(&mut c, QpType::Rc));
+    let (ga, gb, gc) = (a.gid, b.gid, c.gid);
+    connect(&mut a, qab, gb, qb, mtu);
+    connect(&mut b, qb, ga, qab, mtu);
+    connect(&mut a, qac, gc, qc, mtu);
+    connect(&mut c, qc, ga, qac, mtu);
+    fill(&mut a, BASE, 20_000, 4);
+    for (qpn, rkey, id) in [(qab, b.rkey, 1), (qac, c.rkey, 2)] {
+        let op = SendOp::RdmaWrite {
+            remote_addr: BASE + 0x10_0000,
+            rkey,
+        };
+        send(&mut a, qpn, id, op, BASE, 20_000);
+    }
+    let limit = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        a.dev.progress().unwrap();
+        b.dev.progress().unwrap();
+        c.dev.progress().unwrap();
+        a.dev.engine_mut().poll_cq(a.cq, 8, &mut got).unwrap();
+        assert!(Instant::now() < limit, "only {got:?}");
+    }
+    assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+    for e in [
+        &bytes(&b, BASE + 0x10_0000, 20_000),
+        &bytes(&c, BASE + 0x10_0000, 20_000),
+    ] {
+        same(e, bytes(&a, BASE, 20_000), "WRITE");
+    }
+    // b heard a only through shm, c only through UDP.
+    assert_eq!(counter(&b, "udp.rx_datagrams"), 0);
+    assert!(counter(&b, "shm.rx_packets") >= 20);
+    assert!(counter(&c, "udp.rx_datagrams") >= 20);
+    assert_eq!(
+        counter(&a, "udp.tx_datagrams"),
+        counter(&c, "udp.rx_datagrams")
+    );
+    assert_eq!(counter(&a, "shm.tx_packets"), counter(&b, "shm.rx_packets"));
+}
+
+/// The receiving engine checks a packet from shm as one from the wire: a
+/// WRITE with a key that names no MR of the peer's ends in a remote
+/// access error and changes nothing; one past the MR's end too.
+#[test]
+fn the_responders_checks_apply_over_shm() {
+    let mtu = Mtu::Mtu1024;
+    for (case, last) in [("a forged rkey", 20), ("past the MR", 22)] {
+        let sw = Switch::new();
+        let (mut a, mut b, qa, _) = rc_pair(&sw, last, mtu);
+        fill(&mut a, BASE, 4096, 6);
+        let before = bytes(&b, BASE, common::MEM);
+        let (remote_addr, rkey) = match case {
+            "a forged rkey" => (BASE, vrdma_wire::Rkey(b.rkey.0 ^ 0x0100)),
+            _ => (BASE + common::MEM as u64 - 100, b.rkey),
+        };
+        send(
+            &mut a,
+            qa,
+            1,
+            SendOp::RdmaWrite { remote_addr, rkey },
+            BASE,
+            4096,
+        );
+        let wcs = run_until(&mut a, &mut b, 1);
+        assert_eq!(wcs[0].status, WcStatus::RemAccessErr, "{case}");
+        assert!(
+            bytes(&b, BASE, common::MEM) == before,
+            "{case}: the peer's memory changed"
+        );
+        assert_eq!(counter(&a, "udp.tx_datagrams"), 0);
+    }
+}
+
+/// A peer that goes away mid-transfer (its device dropped: its port
+/// leaves the switch) costs its partner an error completion, not a hang:
+/// the WRITE in flight retries into the void and ends in RETRY_EXC_ERR.
+#[test]
+fn a_peer_gone_mid_transfer_ends_in_an_error_completion() {
+    let mtu = Mtu::Mtu1024;
+    let sw = Switch::new();
+    let mut a = end_on(&sw, v4(30), mtu);
+    let mut b = end_on(&sw, v4(31), mtu);
+    let (qa, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
+    let short = Connection {
+        mtu,
+        psn: Psn::from_masked(1),
+        // 4.096 µs · 2^8 ≈ 1 ms per try, 2 retries.
+        timeout: 8,
+        retry_cnt: 2,
+        ..Connection::default()
+    };
+    short.join(a.dev.engine_mut(), qa, b.gid, qb);
+    short.join(b.dev.engine_mut(), qb, a.gid, qa);
+    let op = SendOp::RdmaWrite {
+        remote_addr: BASE,
+        rkey: b.rkey,
+    };
+    send(&mut a, qa, 1, op, BASE, 2 << 20);
+    // Part of it arrives, then the peer is gone.
+    a.dev.progress().unwrap();
+    b.dev.progress().unwrap();
+    assert!(counter(&b, "shm.rx_packets") > 0);
+    drop(b);
+    let wcs = receive(&mut a, 1, "the WRITE's end");
+    assert_eq!(wcs[0].status, WcStatus::RetryExcErr);
+    assert!(counter(&a, "shm.tx_packets") > 0);
+    // With the peer's address gone from the switch, the retries went to
+    // the network, where an address that moved would be.
+    assert!(counter(&a, "udp.tx_datagrams") > 0);
+}
+
+/// A device asleep on its descriptor (event mode) wakes for a packet that
+/// comes over shm from another thread, and for every one after it: each
+/// time it has nothing to do, its descriptor must become readable (not
+/// time out) before the next packet is there.
+#[test]
+fn a_sleeping_device_wakes_for_shm() {
+    let mtu = Mtu::Mtu1024;
+    let sw = Switch::new();
+    let (mut a, mut b, qa, qb) = rc_pair(&sw, 40, mtu);
+    const N: u64 = 200;
+    for i in 0..N {
+        recv(&mut b, qb, i, BASE + 0x1000 * i, 64);
+    }
+    let receiver = thread::spawn(move || {
+        let limit = Instant::now() + Duration::from_secs(20);
+        let mut got = Vec::new();
+        while (got.len() as u64) < N {
+            let p = b.dev.progress().unwrap();
+            b.dev.engine_mut().poll_cq(b.cq, 64, &mut got).unwrap();
+            if p.is_idle() && (got.len() as u64) < N && b.dev.send_pending() == 0 {
+                // The sender waits for this device's ACK before it sends
+                // again, so a packet is coming: the descriptor must say so.
+                assert!(
+                    readable(b.dev.fd(), 10_000),
+                    "no wake-up after {} of {N}",
+                    got.len()
+                );
+            }
+            assert!(Instant::now() < limit, "{} of {N} received", got.len());
+        }
+        // The last SEND's ACK.
+        b.dev.send_pending();
+        (got, b)
+    });
+    for i in 0..N {
+        fill(&mut a, BASE + 64 * i, 64, i as u8);
+        send(&mut a, qa, i, SendOp::Send, BASE + 64 * i, 64);
+        // One at a time: each SEND must wake the sleeping receiver.
+        let wcs = receive(&mut a, 1, "a SEND's ACK");
+        assert_eq!(wcs[0].status, WcStatus::Success);
+    }
+    let (got, b) = receiver.join().unwrap();
+    assert!(got.iter().all(|w| w.status == WcStatus::Success));
+    for i in 0..N {
+        same(
+            bytes(&b, BASE + 0x1000 * i, 64),
+            bytes(&a, BASE + 64 * i, 64),
+            "SEND",
+        );
+    }
+}

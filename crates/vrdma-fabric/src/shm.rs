@@ -1,0 +1,684 @@
+//! Same-host shared memory: devices served by one process reach each other
+//! without a network. A [`Switch`] is the medium — a directory of the
+//! devices' addresses (GIDs) and a mailbox per device; a device's [`Port`]
+//! on it puts a packet straight into the mailbox of the device that holds
+//! its destination GID, and takes what its own mailbox holds. No IP or UDP
+//! header, no ICRC (the packet never leaves the process, so nothing can
+//! corrupt it), no system call per packet: an eventfd wakes a receiver
+//! whose mailbox went from empty to not empty, and a busy-polling receiver
+//! reads an atomic count before it takes a lock.
+//!
+//! A packet's payload lent by the engine (a gather send) is copied once,
+//! from the sender's memory (through its volatile view, [`Lender`]) into
+//! the mailbox; the receiving engine then moves it into the MR its checks
+//! allow. A mailbox is bounded in bytes: a packet for a full one is dropped
+//! and counted, as a network drops it, and RC's recovery resends it.
+//!
+//! What the medium checks, so that a device on it is no more trusted than
+//! one on a wire: a packet's source GID must be one its port holds (a
+//! device cannot speak as another), and a GID belongs to the first device
+//! that claims it (a second claim is refused and counted, its traffic to
+//! that address stays on the uplink). Everything else — QPN, PSN, keys,
+//! rights, bounds — is the receiving engine's job, exactly as for a packet
+//! from the wire.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    io,
+    os::fd::{AsFd, BorrowedFd},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError, RwLock,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+};
+
+use nix::sys::{
+    epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags},
+    eventfd::{EfdFlags, EventFd},
+};
+use vrdma_wire::{Gid, frame::Route};
+
+use crate::{Lender, Piece};
+
+/// The medium's limits.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Config {
+    /// Bytes of packets a device's mailbox holds at most: 16 MiB, room for
+    /// 32 RC QPs' whole windows (128 packets of 4 KiB) — a receiver that
+    /// falls further behind loses packets, as a switch's buffer would.
+    pub mailbox_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mailbox_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Packets one [`Port::receive`] takes at most.
+pub const BATCH: usize = 64;
+
+/// Spare packet buffers a mailbox keeps for its senders (the rest are
+/// freed).
+const SPARES: usize = 256;
+
+/// The same-host medium: the devices on it, by address. Cloning gives
+/// another handle on the same switch.
+#[derive(Clone, Debug, Default)]
+pub struct Switch {
+    inner: Arc<Directory>,
+}
+
+#[derive(Debug, Default)]
+struct Directory {
+    config: Config,
+    /// Who holds each address.
+    owners: RwLock<HashMap<Gid, Arc<Mailbox>>>,
+    /// Bumped whenever `owners` changes: a port's cached lookups are good
+    /// while it stands.
+    generation: AtomicU64,
+    /// Port identities handed out.
+    next_id: AtomicU64,
+}
+
+impl Switch {
+    /// A switch with the default limits.
+    pub fn new() -> Self {
+        Switch::with_config(Config::default())
+    }
+
+    pub fn with_config(config: Config) -> Self {
+        Switch {
+            inner: Arc::new(Directory {
+                config,
+                ..Directory::default()
+            }),
+        }
+    }
+
+    /// A new port on the switch, holding no address yet
+    /// ([`Port::set_local`]).
+    pub fn attach(&self) -> io::Result<Port> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let event = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        epoll.add(&event, EpollEvent::new(EpollFlags::EPOLLIN, 0))?;
+        let mailbox = Arc::new(Mailbox {
+            id,
+            limit: self.inner.config.mailbox_bytes,
+            pending: AtomicUsize::new(0),
+            queue: Mutex::new(Queue::default()),
+            event,
+        });
+        Ok(Port {
+            switch: self.clone(),
+            mailbox,
+            epoll,
+            gids: Vec::new(),
+            refused: Vec::new(),
+            cache: None,
+            inbox: VecDeque::with_capacity(BATCH),
+            stats: Stats::default(),
+        })
+    }
+
+    /// Whether some port on the switch holds `gid`.
+    pub fn holds(&self, gid: &Gid) -> bool {
+        read(&self.inner.owners).contains_key(gid)
+    }
+
+    fn lookup(&self, gid: &Gid) -> Option<Arc<Mailbox>> {
+        read(&self.inner.owners).get(gid).cloned()
+    }
+
+    fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Acquire)
+    }
+}
+
+/// A device's mailbox: the packets sent to it, in order.
+#[derive(Debug)]
+struct Mailbox {
+    /// The port it belongs to.
+    id: u64,
+    /// Bytes it holds at most.
+    limit: usize,
+    /// Packets queued (read without the lock by a polling receiver).
+    pending: AtomicUsize,
+    queue: Mutex<Queue>,
+    /// Readable while packets wait (once written per empty-to-not-empty
+    /// change, read when the receiver finds the queue empty).
+    event: EventFd,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    packets: VecDeque<Parcel>,
+    /// Bytes of the packets queued.
+    bytes: usize,
+    /// Whether the eventfd was written since the receiver last emptied
+    /// the queue.
+    signaled: bool,
+    /// Buffers the receiver gave back, for the next packets.
+    spare: Vec<Vec<u8>>,
+    /// The port is gone: nothing more is queued.
+    closed: bool,
+}
+
+/// A packet in a mailbox: its route (from which the receiver rebuilds the
+/// IP header the engine checks) and its bytes, BTH through ICRC.
+#[derive(Debug)]
+struct Parcel {
+    route: Route,
+    bytes: Vec<u8>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while a queue is locked leaves it consistent (every change
+    // is a push or pop): go on with it.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a port did, for `vrdma stat` (`shm.*`).
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct Stats {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Packets dropped because the receiver's mailbox was full.
+    pub tx_dropped_full: u64,
+    /// Packets dropped because their receiver left between the lookup and
+    /// the send.
+    pub tx_dropped_gone: u64,
+    /// Packets dropped because their lent payload was no longer in memory.
+    pub tx_dropped_unlent: u64,
+    /// Packets refused because their source GID is not one the port holds.
+    pub tx_spoofed: u64,
+    /// Addresses the port claimed that another port already held.
+    pub gid_conflicts: u64,
+}
+
+impl Stats {
+    pub fn fields(&self) -> [(&'static str, u64); 9] {
+        [
+            ("tx_packets", self.tx_packets),
+            ("tx_bytes", self.tx_bytes),
+            ("rx_packets", self.rx_packets),
+            ("rx_bytes", self.rx_bytes),
+            ("tx_dropped_full", self.tx_dropped_full),
+            ("tx_dropped_gone", self.tx_dropped_gone),
+            ("tx_dropped_unlent", self.tx_dropped_unlent),
+            ("tx_spoofed", self.tx_spoofed),
+            ("gid_conflicts", self.gid_conflicts),
+        ]
+    }
+}
+
+/// Why a packet was not put in a mailbox (each is counted in [`Stats`]).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum Dropped {
+    /// No port on the switch holds the destination (send it elsewhere).
+    NotHere,
+    Full,
+    Gone,
+    Unlent,
+    Spoofed,
+}
+
+/// A device's port on a [`Switch`].
+#[derive(Debug)]
+pub struct Port {
+    switch: Switch,
+    mailbox: Arc<Mailbox>,
+    /// The mailbox's eventfd and whatever else the device waits on
+    /// ([`Port::watch`]), as one descriptor.
+    epoll: Epoll,
+    /// The addresses this port holds on the switch.
+    gids: Vec<Gid>,
+    /// Addresses it claimed that another port holds (each counted once).
+    refused: Vec<Gid>,
+    /// The last destination looked up, and the switch generation it is
+    /// good for.
+    cache: Option<(u64, Gid, Option<Arc<Mailbox>>)>,
+    /// Packets taken from the mailbox, being delivered.
+    inbox: VecDeque<Parcel>,
+    stats: Stats,
+}
+
+impl Port {
+    /// The descriptor that becomes readable when a packet arrives (or when
+    /// a descriptor added with [`Port::watch`] does).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.epoll.0.as_fd()
+    }
+
+    /// Adds `fd` to what [`Port::fd`] stands for (a device's other
+    /// transport): `fd` must outlive the port.
+    pub fn watch(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.epoll
+            .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, 1))
+            .map_err(io::Error::from)
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The addresses the port holds on the switch.
+    pub fn gids(&self) -> &[Gid] {
+        &self.gids
+    }
+
+    /// Makes `gids` the port's addresses on the switch: the ones it held
+    /// and no longer names are released; a new one another port holds is
+    /// not taken (counted as a conflict: packets to it go to that port).
+    pub fn set_local(&mut self, gids: &[Gid]) {
+        let dir = &self.switch.inner;
+        let mut owners = write(&dir.owners);
+        for g in &self.gids {
+            if !gids.contains(g) && owners.get(g).is_some_and(|m| m.id == self.mailbox.id) {
+                owners.remove(g);
+            }
+        }
+        let mut held = Vec::with_capacity(gids.len());
+        for g in gids {
+            if held.contains(g) {
+                continue;
+            }
+            match owners.get(g) {
+                Some(m) if m.id != self.mailbox.id => {
+                    if !self.refused.contains(g) {
+                        self.refused.push(*g);
+                        self.stats.gid_conflicts += 1;
+                    }
+                }
+                Some(_) => held.push(*g),
+                None => {
+                    owners.insert(*g, Arc::clone(&self.mailbox));
+                    held.push(*g);
+                }
+            }
+        }
+        self.refused
+            .retain(|g| gids.contains(g) && !held.contains(g));
+        self.gids = held;
+        dir.generation.fetch_add(1, Ordering::AcqRel);
+        drop(owners);
+        self.cache = None;
+    }
+
+    /// The mailbox holding `dgid`, if a port on the switch holds it
+    /// (cached while the switch's directory does not change).
+    fn mailbox_of(&mut self, dgid: &Gid) -> Option<Arc<Mailbox>> {
+        let generation = self.switch.generation();
+        if let Some((g, gid, m)) = &self.cache
+            && *g == generation
+            && gid == dgid
+        {
+            return m.clone();
+        }
+        let m = self.switch.lookup(dgid);
+        self.cache = Some((generation, *dgid, m.clone()));
+        m
+    }
+
+    /// Whether a port on the switch holds `dgid` (the packet then goes
+    /// through [`Port::send`]).
+    pub fn reaches(&mut self, dgid: &Gid) -> bool {
+        self.mailbox_of(dgid).is_some()
+    }
+
+    /// Puts a packet into the mailbox of the port holding `route.dst`.
+    /// `head` holds the packet's bytes (BTH through the ICRC field); when
+    /// `lent` is not empty, `head` holds the bytes before the payload up to
+    /// `payload_at` and those after it from there, and the payload is read
+    /// from `mem` at the pieces' addresses.
+    pub fn send(
+        &mut self,
+        route: &Route,
+        head: &[u8],
+        payload_at: usize,
+        lent: &[Piece],
+        mem: &impl Lender,
+    ) -> Result<(), Dropped> {
+        let Some(mailbox) = self.mailbox_of(&route.dst) else {
+            return Err(Dropped::NotHere);
+        };
+        if !self.gids.contains(&route.src) {
+            self.stats.tx_spoofed += 1;
+            return Err(Dropped::Spoofed);
+        }
+        let referenced: usize = lent.iter().map(|p| p.len).sum();
+        let len = head.len() + referenced;
+        let mut q = lock(&mailbox.queue);
+        if q.closed {
+            self.stats.tx_dropped_gone += 1;
+            return Err(Dropped::Gone);
+        }
+        if q.bytes + len > mailbox.limit {
+            self.stats.tx_dropped_full += 1;
+            return Err(Dropped::Full);
+        }
+        let mut bytes = q.spare.pop().unwrap_or_default();
+        bytes.clear();
+        if lent.is_empty() {
+            bytes.extend_from_slice(head);
+        } else {
+            let Some(before) = head.get(..payload_at) else {
+                q.spare.push(bytes);
+                self.stats.tx_dropped_unlent += 1;
+                return Err(Dropped::Unlent);
+            };
+            bytes.extend_from_slice(before);
+            for p in lent {
+                let at = bytes.len();
+                bytes.resize(at + p.len, 0);
+                // The one copy of the payload: from the sender's memory,
+                // through its volatile view, into the daemon's own buffer.
+                let copied = mem
+                    .lend(p.addr, p.len)
+                    .map(|s| s.copy_to(&mut bytes[at..]))
+                    .filter(|n| *n == p.len);
+                if copied.is_none() {
+                    q.spare.push(bytes);
+                    self.stats.tx_dropped_unlent += 1;
+                    return Err(Dropped::Unlent);
+                }
+            }
+            bytes.extend_from_slice(&head[payload_at..]);
+        }
+        q.bytes += len;
+        q.packets.push_back(Parcel {
+            route: *route,
+            bytes,
+        });
+        mailbox.pending.store(q.packets.len(), Ordering::Release);
+        if !q.signaled {
+            q.signaled = true;
+            // An eventfd's counter cannot overflow from ones written once
+            // per wake-up; a failed write leaves a polling receiver to
+            // find the packet.
+            let _ = mailbox.event.write(1);
+        }
+        drop(q);
+        self.stats.tx_packets += 1;
+        self.stats.tx_bytes += len as u64;
+        Ok(())
+    }
+
+    /// Takes up to [`BATCH`] packets from the mailbox and hands each, with
+    /// its route, to `deliver`. Returns the packets taken.
+    pub fn receive(&mut self, mut deliver: impl FnMut(&Route, &[u8])) -> usize {
+        if self.mailbox.pending.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        {
+            let mut q = lock(&self.mailbox.queue);
+            while self.inbox.len() < BATCH {
+                let Some(p) = q.packets.pop_front() else {
+                    break;
+                };
+                q.bytes -= p.bytes.len();
+                self.inbox.push_back(p);
+            }
+            self.mailbox
+                .pending
+                .store(q.packets.len(), Ordering::Release);
+            if q.packets.is_empty() && q.signaled {
+                q.signaled = false;
+                // Drains the counter: the descriptor is readable again
+                // only when the next packet arrives.
+                let _ = self.mailbox.event.read();
+            }
+        }
+        let n = self.inbox.len();
+        for p in &self.inbox {
+            self.stats.rx_packets += 1;
+            self.stats.rx_bytes += p.bytes.len() as u64;
+            deliver(&p.route, &p.bytes);
+        }
+        let mut q = lock(&self.mailbox.queue);
+        for p in self.inbox.drain(..) {
+            if q.spare.len() < SPARES {
+                q.spare.push(p.bytes);
+            }
+        }
+        n
+    }
+
+    /// Bytes received since the port was made.
+    pub fn rx_bytes(&self) -> u64 {
+        self.stats.rx_bytes
+    }
+}
+
+impl Drop for Port {
+    /// Releases the port's addresses and closes its mailbox: packets sent
+    /// to it from now on are dropped as gone.
+    fn drop(&mut self) {
+        self.set_local(&[]);
+        let mut q = lock(&self.mailbox.queue);
+        q.closed = true;
+        q.packets.clear();
+        q.spare.clear();
+        q.bytes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NoLender;
+    use std::net::Ipv4Addr;
+
+    fn gid(last: u8) -> Gid {
+        Ipv4Addr::new(127, 0, 0, last).into()
+    }
+
+    fn route(src: u8, dst: u8) -> Route {
+        Route {
+            src: gid(src),
+            dst: gid(dst),
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+        }
+    }
+
+    fn readable(fd: BorrowedFd<'_>) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        poll(&mut fds, PollTimeout::ZERO).unwrap() > 0
+    }
+
+    fn pair(sw: &Switch) -> (Port, Port) {
+        let mut a = sw.attach().unwrap();
+        let mut b = sw.attach().unwrap();
+        a.set_local(&[gid(1)]);
+        b.set_local(&[gid(2)]);
+        (a, b)
+    }
+
+    #[test]
+    fn a_packet_reaches_the_holder_of_its_destination_in_order() {
+        let sw = Switch::new();
+        let (mut a, mut b) = pair(&sw);
+        assert!(a.reaches(&gid(2)));
+        assert!(!a.reaches(&gid(3)));
+        assert!(!readable(b.fd()));
+        for i in 0..3u8 {
+            a.send(&route(1, 2), &[i; 40], 40, &[], &NoLender).unwrap();
+        }
+        assert!(readable(b.fd()));
+        let mut got = Vec::new();
+        assert_eq!(
+            b.receive(|r, p| got.push((r.src, p.to_vec()))),
+            3,
+            "every packet taken"
+        );
+        assert_eq!(
+            got,
+            (0..3u8).map(|i| (gid(1), vec![i; 40])).collect::<Vec<_>>()
+        );
+        assert!(!readable(b.fd()), "the wake-up is consumed with the queue");
+        assert_eq!(
+            a.send(&route(1, 3), &[0; 40], 40, &[], &NoLender),
+            Err(Dropped::NotHere)
+        );
+        assert_eq!(b.stats().rx_packets, 3);
+        assert_eq!(a.stats().tx_bytes, 120);
+    }
+
+    #[test]
+    fn a_port_cannot_speak_as_another() {
+        let sw = Switch::new();
+        let (mut a, mut b) = pair(&sw);
+        assert_eq!(
+            a.send(&route(2, 2), &[0; 40], 40, &[], &NoLender),
+            Err(Dropped::Spoofed)
+        );
+        assert_eq!(a.stats().tx_spoofed, 1);
+        assert_eq!(b.receive(|_, _| panic!("nothing was sent")), 0);
+    }
+
+    #[test]
+    fn an_address_belongs_to_its_first_claimant() {
+        let sw = Switch::new();
+        let (mut a, mut b) = pair(&sw);
+        let mut c = sw.attach().unwrap();
+        c.set_local(&[gid(2), gid(3)]);
+        assert_eq!(c.gids(), &[gid(3)]);
+        assert_eq!(c.stats().gid_conflicts, 1);
+        c.set_local(&[gid(2), gid(3)]);
+        assert_eq!(c.stats().gid_conflicts, 1, "counted once");
+        a.send(&route(1, 2), &[7; 40], 40, &[], &NoLender).unwrap();
+        assert_eq!(c.receive(|_, _| panic!("not c's")), 0);
+        assert_eq!(b.receive(|_, _| {}), 1);
+        // Released when b lets go of it; then c may take it.
+        b.set_local(&[]);
+        assert!(!a.reaches(&gid(2)));
+        c.set_local(&[gid(2), gid(3)]);
+        assert!(a.reaches(&gid(2)));
+        a.send(&route(1, 2), &[7; 40], 40, &[], &NoLender).unwrap();
+        assert_eq!(c.receive(|_, _| {}), 1);
+    }
+
+    #[test]
+    fn a_full_mailbox_drops_and_counts() {
+        let sw = Switch::with_config(Config { mailbox_bytes: 100 });
+        let (mut a, mut b) = pair(&sw);
+        a.send(&route(1, 2), &[0; 60], 60, &[], &NoLender).unwrap();
+        assert_eq!(
+            a.send(&route(1, 2), &[0; 60], 60, &[], &NoLender),
+            Err(Dropped::Full)
+        );
+        assert_eq!(a.stats().tx_dropped_full, 1);
+        assert_eq!(b.receive(|_, _| {}), 1);
+        a.send(&route(1, 2), &[0; 60], 60, &[], &NoLender).unwrap();
+    }
+
+    #[test]
+    fn a_gone_port_takes_nothing_and_releases_its_addresses() {
+        let sw = Switch::new();
+        let (mut a, b) = pair(&sw);
+        assert!(a.reaches(&gid(2)));
+        drop(b);
+        assert!(!sw.holds(&gid(2)));
+        assert_eq!(
+            a.send(&route(1, 2), &[0; 40], 40, &[], &NoLender),
+            Err(Dropped::NotHere)
+        );
+    }
+
+    #[test]
+    fn a_batch_at_a_time_and_the_descriptor_stays_readable_until_drained() {
+        let sw = Switch::new();
+        let (mut a, mut b) = pair(&sw);
+        for _ in 0..BATCH + 5 {
+            a.send(&route(1, 2), &[0; 40], 40, &[], &NoLender).unwrap();
+        }
+        assert_eq!(b.receive(|_, _| {}), BATCH);
+        assert!(readable(b.fd()));
+        assert_eq!(b.receive(|_, _| {}), 5);
+        assert!(!readable(b.fd()));
+        assert_eq!(b.receive(|_, _| {}), 0);
+    }
+
+    #[test]
+    fn a_lent_payload_is_copied_from_the_senders_memory() {
+        use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x1000), 0x2000)]).unwrap();
+        mem.write_slice(&[0xab; 100], GuestAddress(0x1800)).unwrap();
+        let sw = Switch::new();
+        let (mut a, mut b) = pair(&sw);
+        // 12 header bytes, the payload lent, 4 bytes after it.
+        let mut head = vec![1u8; 12];
+        head.extend_from_slice(&[2; 4]);
+        let lent = [
+            Piece {
+                addr: 0x1800,
+                len: 60,
+            },
+            Piece {
+                addr: 0x1800 + 60,
+                len: 40,
+            },
+        ];
+        a.send(&route(1, 2), &head, 12, &lent, &mem).unwrap();
+        let mut got = Vec::new();
+        b.receive(|_, p| got = p.to_vec());
+        let mut want = vec![1u8; 12];
+        want.extend_from_slice(&[0xab; 100]);
+        want.extend_from_slice(&[2; 4]);
+        assert_eq!(got, want);
+        // A piece the memory does not hold drops the packet.
+        let far = [Piece {
+            addr: 0x2f80,
+            len: 0x100,
+        }];
+        assert_eq!(
+            a.send(&route(1, 2), &head, 12, &far, &mem),
+            Err(Dropped::Unlent)
+        );
+        assert_eq!(a.stats().tx_dropped_unlent, 1);
+    }
+
+    #[test]
+    fn ports_on_two_threads() {
+        let sw = Switch::new();
+        let (mut a, mut b) = pair(&sw);
+        const N: usize = 10_000;
+        let t = std::thread::spawn(move || {
+            let mut sent = 0;
+            while sent < N {
+                let v = (sent as u32).to_le_bytes();
+                let mut head = [0u8; 40];
+                head[..4].copy_from_slice(&v);
+                if a.send(&route(1, 2), &head, 40, &[], &NoLender).is_ok() {
+                    sent += 1;
+                }
+            }
+            a
+        });
+        let mut next = 0u32;
+        while (next as usize) < N {
+            b.receive(|_, p| {
+                assert_eq!(u32::from_le_bytes(p[..4].try_into().unwrap()), next);
+                next += 1;
+            });
+        }
+        let a = t.join().unwrap();
+        assert_eq!(a.stats().tx_packets, N as u64);
+    }
+}
