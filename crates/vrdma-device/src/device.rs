@@ -248,6 +248,9 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
         // poll(2) counts milliseconds: round up so that a deadline is not
         // missed by a busy loop of zero-length waits.
         let ms = wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        if ms > 0 {
+            self.transport.arm();
+        }
         wait_readable(self.transport.fd(), ms)?;
         Ok(())
     }

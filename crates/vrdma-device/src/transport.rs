@@ -60,6 +60,14 @@ pub trait Transport {
     /// The file descriptor that becomes readable when something arrives.
     fn fd(&self) -> BorrowedFd<'_>;
 
+    /// Must be called before sleeping on [`Transport::fd`] (not before a
+    /// poll that does not wait): a transport whose senders spare a polling
+    /// receiver its wake-ups (same-host shared memory) asks for them
+    /// again, and makes the descriptor readable at once if something came
+    /// meanwhile. Without it, a sleeper could miss such a packet until
+    /// something else wakes it.
+    fn arm(&mut self) {}
+
     /// Appends the transport's counters, by name (its prefix first:
     /// `udp.tx_packets`), for `vrdma stat`.
     fn counters(&self, out: &mut Vec<(String, u64)>);
@@ -202,7 +210,21 @@ fn named(out: &mut Vec<(String, u64)>, prefix: &str, fields: &[(&'static str, u6
 pub struct SameHost<T> {
     shm: Option<shm::Port>,
     uplink: T,
+    /// Receive calls since shm last delivered a packet.
+    shm_quiet: u32,
+    /// Whether the uplink's last receive took something.
+    uplink_hot: bool,
+    /// Receive calls that left the uplink alone since it was last read.
+    skipped: u32,
 }
+
+/// While shm is busy (it delivered within the last `SHM_BUSY` receive
+/// calls) and the uplink is quiet, the uplink is read every
+/// `UPLINK_EVERY`-th call only: reading a socket is a system call (about
+/// half a microsecond here), which would otherwise be most of a shm round
+/// trip. A packet from the network then waits a few rounds at most.
+const SHM_BUSY: u32 = 1024;
+const UPLINK_EVERY: u32 = 8;
 
 impl<T: Transport> SameHost<T> {
     /// `uplink` behind a port on `switch`; the device's descriptor then
@@ -212,13 +234,19 @@ impl<T: Transport> SameHost<T> {
         shm.watch(uplink.fd())?;
         Ok(SameHost {
             shm: Some(shm),
-            uplink,
+            ..SameHost::uplink_only(uplink)
         })
     }
 
     /// `uplink` alone (same-host shared memory turned off).
     pub fn uplink_only(uplink: T) -> Self {
-        SameHost { shm: None, uplink }
+        SameHost {
+            shm: None,
+            uplink,
+            shm_quiet: SHM_BUSY,
+            uplink_hot: false,
+            skipped: 0,
+        }
     }
 
     /// `uplink`, behind a port on `switch` if there is one.
@@ -255,7 +283,19 @@ impl<T: Transport> Transport for SameHost<T> {
             }),
             None => 0,
         };
-        Ok(n + self.uplink.receive(&mut deliver)?)
+        self.shm_quiet = if n > 0 {
+            0
+        } else {
+            self.shm_quiet.saturating_add(1)
+        };
+        if self.shm_quiet < SHM_BUSY && !self.uplink_hot && self.skipped + 1 < UPLINK_EVERY {
+            self.skipped += 1;
+            return Ok(n);
+        }
+        self.skipped = 0;
+        let m = self.uplink.receive(&mut deliver)?;
+        self.uplink_hot = m > 0;
+        Ok(n + m)
     }
 
     fn batch(&self) -> usize {
@@ -289,16 +329,15 @@ impl<T: Transport> Transport for SameHost<T> {
         let Some(head) = slot.get(..head_len) else {
             return 0;
         };
-        match shm.send(&t.route(), head, t.payload_at, lent, mem) {
-            Ok(()) => 1,
-            // Counted by the port: a medium that cannot carry a packet
-            // loses it, and RC recovers.
-            Err(_) => 0,
-        }
+        // Refusals are counted by the port: a medium that cannot carry a
+        // packet loses it, and RC recovers. Packets sent: at the flush.
+        let _ = shm.send(&t.route(), head, t.payload_at, lent, mem);
+        0
     }
 
     fn flush(&mut self, mem: &impl Lender) -> usize {
-        self.uplink.flush(mem)
+        let shm = self.shm.as_mut().map_or(0, |s| s.flush());
+        shm + self.uplink.flush(mem)
     }
 
     fn fd(&self) -> BorrowedFd<'_> {
@@ -306,6 +345,13 @@ impl<T: Transport> Transport for SameHost<T> {
             Some(s) => s.fd(),
             None => self.uplink.fd(),
         }
+    }
+
+    fn arm(&mut self) {
+        if let Some(s) = &mut self.shm {
+            s.arm();
+        }
+        self.uplink.arm();
     }
 
     fn counters(&self, out: &mut Vec<(String, u64)>) {

@@ -369,6 +369,7 @@ fn a_sleeping_device_wakes_for_shm() {
             if p.is_idle() && (got.len() as u64) < N && b.dev.send_pending() == 0 {
                 // The sender waits for this device's ACK before it sends
                 // again, so a packet is coming: the descriptor must say so.
+                b.dev.transport_mut().arm();
                 assert!(
                     readable(b.dev.fd(), 10_000),
                     "no wake-up after {} of {N}",

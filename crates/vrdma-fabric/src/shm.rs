@@ -28,7 +28,7 @@ use std::{
     os::fd::{AsFd, BorrowedFd},
     sync::{
         Arc, Mutex, MutexGuard, PoisonError, RwLock,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
 };
 
@@ -60,8 +60,8 @@ impl Default for Config {
 /// Packets one [`Port::receive`] takes at most.
 pub const BATCH: usize = 64;
 
-/// Spare packet buffers a mailbox keeps for its senders (the rest are
-/// freed).
+/// Spare packet buffers a mailbox keeps for its senders, and a port for
+/// its next sends (the rest are freed).
 const SPARES: usize = 256;
 
 /// The same-host medium: the devices on it, by address. Cloning gives
@@ -108,7 +108,8 @@ impl Switch {
         let mailbox = Arc::new(Mailbox {
             id,
             limit: self.inner.config.mailbox_bytes,
-            pending: AtomicUsize::new(0),
+            pending: Pending(AtomicUsize::new(0)),
+            armed: AtomicBool::new(true),
             queue: Mutex::new(Queue::default()),
             event,
         });
@@ -119,7 +120,10 @@ impl Switch {
             gids: Vec::new(),
             refused: Vec::new(),
             cache: None,
-            inbox: VecDeque::with_capacity(BATCH),
+            outbox: Vec::new(),
+            pool: Vec::new(),
+            inbox: Vec::with_capacity(BATCH),
+            delivered: Vec::with_capacity(BATCH),
             stats: Stats::default(),
         })
     }
@@ -138,6 +142,22 @@ impl Switch {
     }
 }
 
+/// A count a receiver polls, on a cache line of its own: a sender that
+/// takes the queue's lock does not take the line the receiver spins on.
+#[derive(Debug)]
+#[repr(align(64))]
+struct Pending(AtomicUsize);
+
+/// Whether the receiver may be asleep on its descriptor (a sender must
+/// then wake it), beside the count it polls.
+///
+/// A receiver that polls tells its senders to spare the wake-up (an
+/// eventfd write and read, two system calls per packet of a ping-pong):
+/// it clears the flag while it polls and sets it ([`Port::arm`]) before it
+/// sleeps, then looks at the count once more; a sender stores the count,
+/// then reads the flag. Both sequentially consistent, so at least one of
+/// them sees the other: no packet is left unannounced to a sleeper.
+
 /// A device's mailbox: the packets sent to it, in order.
 #[derive(Debug)]
 struct Mailbox {
@@ -146,7 +166,11 @@ struct Mailbox {
     /// Bytes it holds at most.
     limit: usize,
     /// Packets queued (read without the lock by a polling receiver).
-    pending: AtomicUsize,
+    pending: Pending,
+    /// See [`Pending`]: the receiver may be asleep (true until its first
+    /// [`Port::receive`], then set by [`Port::arm`] and cleared by the
+    /// next receive).
+    armed: AtomicBool,
     queue: Mutex<Queue>,
     /// Readable while packets wait (once written per empty-to-not-empty
     /// change, read when the receiver finds the queue empty).
@@ -198,8 +222,8 @@ pub struct Stats {
     pub rx_bytes: u64,
     /// Packets dropped because the receiver's mailbox was full.
     pub tx_dropped_full: u64,
-    /// Packets dropped because their receiver left between the lookup and
-    /// the send.
+    /// Packets dropped because their receiver left between the send and
+    /// the flush.
     pub tx_dropped_gone: u64,
     /// Packets dropped because their lent payload was no longer in memory.
     pub tx_dropped_unlent: u64,
@@ -251,8 +275,14 @@ pub struct Port {
     /// The last destination looked up, and the switch generation it is
     /// good for.
     cache: Option<(u64, Gid, Option<Arc<Mailbox>>)>,
+    /// Packets queued by [`Port::send`] for [`Port::flush`], by mailbox.
+    outbox: Vec<(Arc<Mailbox>, Vec<Parcel>)>,
+    /// Packet buffers for the next sends (from the receivers' spares).
+    pool: Vec<Vec<u8>>,
     /// Packets taken from the mailbox, being delivered.
-    inbox: VecDeque<Parcel>,
+    inbox: Vec<Parcel>,
+    /// Buffers of the packets delivered, given back at the next receive.
+    delivered: Vec<Vec<u8>>,
     stats: Stats,
 }
 
@@ -339,11 +369,14 @@ impl Port {
         self.mailbox_of(dgid).is_some()
     }
 
-    /// Puts a packet into the mailbox of the port holding `route.dst`.
-    /// `head` holds the packet's bytes (BTH through the ICRC field); when
-    /// `lent` is not empty, `head` holds the bytes before the payload up to
-    /// `payload_at` and those after it from there, and the payload is read
-    /// from `mem` at the pieces' addresses.
+    /// Queues a packet for the mailbox of the port holding `route.dst`;
+    /// [`Port::flush`] delivers what is queued, a mailbox's share under one
+    /// lock. `head` holds the packet's bytes (BTH through the ICRC field);
+    /// when `lent` is not empty, `head` holds the bytes before the payload
+    /// up to `payload_at` and those after it from there, and the payload is
+    /// read from `mem` at the pieces' addresses — the one copy of its bytes
+    /// on the way, from the sender's memory through its volatile view into
+    /// a buffer of the daemon's own.
     pub fn send(
         &mut self,
         route: &Route,
@@ -359,81 +392,100 @@ impl Port {
             self.stats.tx_spoofed += 1;
             return Err(Dropped::Spoofed);
         }
-        let referenced: usize = lent.iter().map(|p| p.len).sum();
-        let len = head.len() + referenced;
-        let mut q = lock(&mailbox.queue);
-        if q.closed {
-            self.stats.tx_dropped_gone += 1;
-            return Err(Dropped::Gone);
-        }
-        if q.bytes + len > mailbox.limit {
-            self.stats.tx_dropped_full += 1;
-            return Err(Dropped::Full);
-        }
-        let mut bytes = q.spare.pop().unwrap_or_default();
+        let mut bytes = self.pool.pop().unwrap_or_default();
         bytes.clear();
         if lent.is_empty() {
             bytes.extend_from_slice(head);
-        } else {
-            let Some(before) = head.get(..payload_at) else {
-                q.spare.push(bytes);
-                self.stats.tx_dropped_unlent += 1;
-                return Err(Dropped::Unlent);
-            };
-            bytes.extend_from_slice(before);
-            for p in lent {
-                let at = bytes.len();
-                bytes.resize(at + p.len, 0);
-                // The one copy of the payload: from the sender's memory,
-                // through its volatile view, into the daemon's own buffer.
-                let copied = mem
-                    .lend(p.addr, p.len)
-                    .map(|s| s.copy_to(&mut bytes[at..]))
-                    .filter(|n| *n == p.len);
-                if copied.is_none() {
-                    q.spare.push(bytes);
-                    self.stats.tx_dropped_unlent += 1;
-                    return Err(Dropped::Unlent);
-                }
-            }
-            bytes.extend_from_slice(&head[payload_at..]);
+        } else if !gather(&mut bytes, head, payload_at, lent, mem) {
+            self.pool.push(bytes);
+            self.stats.tx_dropped_unlent += 1;
+            return Err(Dropped::Unlent);
         }
-        q.bytes += len;
-        q.packets.push_back(Parcel {
+        let parcel = Parcel {
             route: *route,
             bytes,
-        });
-        mailbox.pending.store(q.packets.len(), Ordering::Release);
-        if !q.signaled {
-            q.signaled = true;
-            // An eventfd's counter cannot overflow from ones written once
-            // per wake-up; a failed write leaves a polling receiver to
-            // find the packet.
-            let _ = mailbox.event.write(1);
+        };
+        match self.outbox.iter_mut().find(|(m, _)| m.id == mailbox.id) {
+            Some((_, q)) => q.push(parcel),
+            None => self.outbox.push((mailbox, vec![parcel])),
         }
-        drop(q);
-        self.stats.tx_packets += 1;
-        self.stats.tx_bytes += len as u64;
         Ok(())
+    }
+
+    /// Delivers what [`Port::send`] queued: each mailbox's packets under
+    /// one lock, one wake-up if its receiver was not already woken.
+    /// Packets a full mailbox has no room for, or a closed one, are dropped
+    /// and counted. Returns the packets delivered.
+    pub fn flush(&mut self) -> usize {
+        let mut delivered = 0;
+        for (mailbox, parcels) in &mut self.outbox {
+            if parcels.is_empty() {
+                continue;
+            }
+            let mut q = lock(&mailbox.queue);
+            if q.closed {
+                self.stats.tx_dropped_gone += parcels.len() as u64;
+                self.pool.extend(parcels.drain(..).map(|p| p.bytes));
+                continue;
+            }
+            let before = q.packets.len();
+            for p in parcels.drain(..) {
+                let len = p.bytes.len();
+                if q.bytes + len > mailbox.limit {
+                    self.stats.tx_dropped_full += 1;
+                    self.pool.push(p.bytes);
+                    continue;
+                }
+                q.bytes += len;
+                self.stats.tx_packets += 1;
+                self.stats.tx_bytes += len as u64;
+                q.packets.push_back(p);
+            }
+            let added = q.packets.len() - before;
+            delivered += added;
+            // Buffers the receiver gave back, for the next packets.
+            let take = q.spare.len().min(added.max(1));
+            let at = q.spare.len() - take;
+            self.pool.extend(q.spare.drain(at..));
+            mailbox.pending.0.store(q.packets.len(), Ordering::SeqCst);
+            if added > 0 && !q.signaled && mailbox.armed.load(Ordering::SeqCst) {
+                q.signaled = true;
+                // One write per wake-up cannot overflow the counter; a
+                // failed write leaves a polling receiver to find them.
+                let _ = mailbox.event.write(1);
+            }
+        }
+        // Destinations not used in this round are let go (a gone port's
+        // mailbox is freed with its last packet).
+        self.outbox.retain(|(_, q)| !q.is_empty());
+        self.pool.truncate(SPARES);
+        delivered
     }
 
     /// Takes up to [`BATCH`] packets from the mailbox and hands each, with
     /// its route, to `deliver`. Returns the packets taken.
     pub fn receive(&mut self, mut deliver: impl FnMut(&Route, &[u8])) -> usize {
-        if self.mailbox.pending.load(Ordering::Acquire) == 0 {
+        // Awake: the senders may spare the wake-ups until it arms again.
+        self.mailbox.armed.store(false, Ordering::Relaxed);
+        if self.mailbox.pending.0.load(Ordering::Acquire) == 0 {
             return 0;
         }
         {
             let mut q = lock(&self.mailbox.queue);
+            let room = SPARES.saturating_sub(q.spare.len());
+            let keep = self.delivered.len().min(room);
+            q.spare.extend(self.delivered.drain(..keep));
+            self.delivered.clear();
             while self.inbox.len() < BATCH {
                 let Some(p) = q.packets.pop_front() else {
                     break;
                 };
                 q.bytes -= p.bytes.len();
-                self.inbox.push_back(p);
+                self.inbox.push(p);
             }
             self.mailbox
                 .pending
+                .0
                 .store(q.packets.len(), Ordering::Release);
             if q.packets.is_empty() && q.signaled {
                 q.signaled = false;
@@ -443,16 +495,11 @@ impl Port {
             }
         }
         let n = self.inbox.len();
-        for p in &self.inbox {
+        for p in self.inbox.drain(..) {
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += p.bytes.len() as u64;
             deliver(&p.route, &p.bytes);
-        }
-        let mut q = lock(&self.mailbox.queue);
-        for p in self.inbox.drain(..) {
-            if q.spare.len() < SPARES {
-                q.spare.push(p.bytes);
-            }
+            self.delivered.push(p.bytes);
         }
         n
     }
@@ -461,18 +508,64 @@ impl Port {
     pub fn rx_bytes(&self) -> u64 {
         self.stats.rx_bytes
     }
+
+    /// Says the port's user is about to sleep on [`Port::fd`]: senders
+    /// must wake it again, and a packet that came while they need not is
+    /// announced now (the descriptor is then readable at once). A
+    /// [`Port::receive`] spares senders the wake-ups until the next arm, so
+    /// a user must arm before every sleep — a busy-polling user never
+    /// does, and costs its senders no system call.
+    pub fn arm(&mut self) {
+        self.mailbox.armed.store(true, Ordering::SeqCst);
+        if self.mailbox.pending.0.load(Ordering::SeqCst) > 0 {
+            let mut q = lock(&self.mailbox.queue);
+            if !q.signaled && !q.packets.is_empty() {
+                q.signaled = true;
+                let _ = self.mailbox.event.write(1);
+            }
+        }
+    }
+}
+
+/// Copies a packet whose payload is lent into `out`: the head's bytes
+/// before `payload_at`, the pieces read from `mem`, the head's rest.
+/// False when `mem` no longer holds a piece (or the head is shorter than
+/// `payload_at`).
+fn gather(
+    out: &mut Vec<u8>,
+    head: &[u8],
+    payload_at: usize,
+    lent: &[Piece],
+    mem: &impl Lender,
+) -> bool {
+    let (Some(before), Some(after)) = (head.get(..payload_at), head.get(payload_at..)) else {
+        return false;
+    };
+    out.extend_from_slice(before);
+    for p in lent {
+        let at = out.len();
+        out.resize(at + p.len, 0);
+        let copied = mem.lend(p.addr, p.len).map(|s| s.copy_to(&mut out[at..]));
+        if copied != Some(p.len) {
+            return false;
+        }
+    }
+    out.extend_from_slice(after);
+    true
 }
 
 impl Drop for Port {
     /// Releases the port's addresses and closes its mailbox: packets sent
     /// to it from now on are dropped as gone.
     fn drop(&mut self) {
+        self.flush();
         self.set_local(&[]);
         let mut q = lock(&self.mailbox.queue);
         q.closed = true;
         q.packets.clear();
         q.spare.clear();
         q.bytes = 0;
+        self.mailbox.pending.0.store(0, Ordering::Release);
     }
 }
 
@@ -520,6 +613,8 @@ mod tests {
         for i in 0..3u8 {
             a.send(&route(1, 2), &[i; 40], 40, &[], &NoLender).unwrap();
         }
+        assert!(!readable(b.fd()), "nothing delivered before the flush");
+        assert_eq!(a.flush(), 3);
         assert!(readable(b.fd()));
         let mut got = Vec::new();
         assert_eq!(
@@ -563,6 +658,7 @@ mod tests {
         c.set_local(&[gid(2), gid(3)]);
         assert_eq!(c.stats().gid_conflicts, 1, "counted once");
         a.send(&route(1, 2), &[7; 40], 40, &[], &NoLender).unwrap();
+        a.flush();
         assert_eq!(c.receive(|_, _| panic!("not c's")), 0);
         assert_eq!(b.receive(|_, _| {}), 1);
         // Released when b lets go of it; then c may take it.
@@ -571,6 +667,7 @@ mod tests {
         c.set_local(&[gid(2), gid(3)]);
         assert!(a.reaches(&gid(2)));
         a.send(&route(1, 2), &[7; 40], 40, &[], &NoLender).unwrap();
+        a.flush();
         assert_eq!(c.receive(|_, _| {}), 1);
     }
 
@@ -578,14 +675,15 @@ mod tests {
     fn a_full_mailbox_drops_and_counts() {
         let sw = Switch::with_config(Config { mailbox_bytes: 100 });
         let (mut a, mut b) = pair(&sw);
-        a.send(&route(1, 2), &[0; 60], 60, &[], &NoLender).unwrap();
-        assert_eq!(
-            a.send(&route(1, 2), &[0; 60], 60, &[], &NoLender),
-            Err(Dropped::Full)
-        );
+        for _ in 0..2 {
+            a.send(&route(1, 2), &[0; 60], 60, &[], &NoLender).unwrap();
+        }
+        assert_eq!(a.flush(), 1, "room for one");
         assert_eq!(a.stats().tx_dropped_full, 1);
+        assert_eq!(a.stats().tx_packets, 1);
         assert_eq!(b.receive(|_, _| {}), 1);
         a.send(&route(1, 2), &[0; 60], 60, &[], &NoLender).unwrap();
+        assert_eq!(a.flush(), 1);
     }
 
     #[test]
@@ -593,7 +691,11 @@ mod tests {
         let sw = Switch::new();
         let (mut a, b) = pair(&sw);
         assert!(a.reaches(&gid(2)));
+        // Queued before the receiver went, flushed after: dropped as gone.
+        a.send(&route(1, 2), &[0; 40], 40, &[], &NoLender).unwrap();
         drop(b);
+        assert_eq!(a.flush(), 0);
+        assert_eq!(a.stats().tx_dropped_gone, 1);
         assert!(!sw.holds(&gid(2)));
         assert_eq!(
             a.send(&route(1, 2), &[0; 40], 40, &[], &NoLender),
@@ -608,6 +710,7 @@ mod tests {
         for _ in 0..BATCH + 5 {
             a.send(&route(1, 2), &[0; 40], 40, &[], &NoLender).unwrap();
         }
+        a.flush();
         assert_eq!(b.receive(|_, _| {}), BATCH);
         assert!(readable(b.fd()));
         assert_eq!(b.receive(|_, _| {}), 5);
@@ -636,6 +739,7 @@ mod tests {
             },
         ];
         a.send(&route(1, 2), &head, 12, &lent, &mem).unwrap();
+        a.flush();
         let mut got = Vec::new();
         b.receive(|_, p| got = p.to_vec());
         let mut want = vec![1u8; 12];
@@ -655,20 +759,51 @@ mod tests {
     }
 
     #[test]
+    fn a_polling_receiver_is_not_woken_and_an_armed_one_is() {
+        let sw = Switch::new();
+        let (mut a, mut b) = pair(&sw);
+        let send = |a: &mut Port| {
+            a.send(&route(1, 2), &[0; 40], 40, &[], &NoLender).unwrap();
+            a.flush();
+        };
+        // A new port may sleep before it ever receives: woken.
+        send(&mut a);
+        assert!(readable(b.fd()));
+        assert_eq!(b.receive(|_, _| {}), 1);
+        // Awake (it received): no wake-up, the packet polled.
+        send(&mut a);
+        assert!(!readable(b.fd()), "a polling receiver is not woken");
+        assert_eq!(b.receive(|_, _| {}), 1);
+        // Armed before sleeping: woken.
+        b.arm();
+        send(&mut a);
+        assert!(readable(b.fd()));
+        assert_eq!(b.receive(|_, _| {}), 1);
+        assert!(!readable(b.fd()));
+        // A packet that came while it polled is announced when it arms.
+        send(&mut a);
+        assert!(!readable(b.fd()));
+        b.arm();
+        assert!(readable(b.fd()), "arming announces what waits");
+        assert_eq!(b.receive(|_, _| {}), 1);
+        assert!(!readable(b.fd()));
+    }
+
+    #[test]
     fn ports_on_two_threads() {
         let sw = Switch::new();
         let (mut a, mut b) = pair(&sw);
         const N: usize = 10_000;
         let t = std::thread::spawn(move || {
-            let mut sent = 0;
-            while sent < N {
-                let v = (sent as u32).to_le_bytes();
+            for i in 0..N {
                 let mut head = [0u8; 40];
-                head[..4].copy_from_slice(&v);
-                if a.send(&route(1, 2), &head, 40, &[], &NoLender).is_ok() {
-                    sent += 1;
+                head[..4].copy_from_slice(&(i as u32).to_le_bytes());
+                a.send(&route(1, 2), &head, 40, &[], &NoLender).unwrap();
+                if i % 7 == 0 {
+                    a.flush();
                 }
             }
+            a.flush();
             a
         });
         let mut next = 0u32;
@@ -679,6 +814,6 @@ mod tests {
             });
         }
         let a = t.join().unwrap();
-        assert_eq!(a.stats().tx_packets, N as u64);
+        assert_eq!(a.stats().tx_packets, N as u64, "16 MiB is room enough");
     }
 }

@@ -155,6 +155,10 @@ impl<T: Transport> Server<T> {
         if let Some(d) = self.conn.as_ref().and_then(Connection::deadline) {
             timeout = timeout.min(d.saturating_duration_since(Instant::now()));
         }
+        if !timeout.is_zero() {
+            // About to sleep on the device's descriptor.
+            self.function.device_mut().transport_mut().arm();
+        }
         let (client, listener) = self.wait(timeout)?;
         // The client first: one that closed its connection (readable at
         // EOF) is gone before a newcomer is looked at, which would

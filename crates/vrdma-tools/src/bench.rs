@@ -35,9 +35,13 @@ use vrdma_engine::{
     wc::WcStatus,
     wr::{SendFlags, SendOp},
 };
+use vrdma_fabric::{shm::Switch, udp::UdpPort};
 use vrdma_wire::{Qpn, Rkey};
 
-use vrdma_device::verbs::{BASE, Context, Remote};
+use vrdma_device::{
+    transport::SameHost,
+    verbs::{BASE, Context, Remote},
+};
 
 use crate::{
     args::BenchArgs,
@@ -60,28 +64,47 @@ const MEM: usize = 2 << 20;
 const SRC: u64 = BASE;
 const DST: u64 = BASE + MSG;
 
-/// A device, its active QP and the peer's rkey.
-type Side = (Context, Qpn, Rkey);
+/// A device (on its UDP port, perhaps with same-host shared memory in
+/// front of it), its active QP and the peer's rkey.
+type Side = (Context<SameHost<UdpPort>>, Qpn, Rkey);
+
+/// What carries a pair's packets.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+enum Medium {
+    /// Their UDP ports, over loopback.
+    Udp,
+    /// Same-host shared memory (`vrdma_fabric::shm`): one switch.
+    Shm,
+}
 
 /// What one device tells the other before their QPs connect: every QP
 /// (the active one first) and the rkey of its memory.
 type Hello = (Vec<Remote>, Rkey);
 
-/// How many QPs each device has and how deep the active one's queues are.
+/// How many QPs each device has and how deep the active one's queues are,
+/// what carries their packets, and how much memory each device has.
 #[derive(Clone, Copy, Debug)]
 struct Shape {
     qps: u32,
     send: u32,
     recv: u32,
+    medium: Medium,
+    mem: usize,
 }
 
 impl Shape {
-    /// One QP, as the bandwidth and latency tests use.
+    /// One QP, as the bandwidth and latency tests use, over UDP.
     const ONE: Shape = Shape {
         qps: 1,
         send: 2 * DEPTH as u32,
         recv: 1,
+        medium: Medium::Udp,
+        mem: MEM,
     };
+
+    fn over(self, medium: Medium) -> Shape {
+        Shape { medium, ..self }
+    }
 }
 
 /// One device of a pair: `shape.qps` RC QPs, all brought up to RTS and
@@ -90,10 +113,11 @@ impl Shape {
 fn side(
     addr: Ipv4Addr,
     shape: Shape,
+    switch: Option<&Switch>,
     tx: &mpsc::Sender<Hello>,
     rx: &mpsc::Receiver<Hello>,
 ) -> Result<Side> {
-    let mut dev = Context::open_with_cq(IpAddr::V4(addr), MEM, false, 4096)?;
+    let mut dev = Context::open_same_host(switch, IpAddr::V4(addr), shape.mem, false, 4096)?;
     let c = loopback_connect();
     let mut mine = Vec::with_capacity(shape.qps as usize);
     for i in 0..shape.qps {
@@ -132,15 +156,17 @@ fn pair<T: Send + 'static>(
     let (to_a, from_b) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let stop_b = stop.clone();
+    let switch = (shape.medium == Medium::Shm).then(Switch::new);
+    let switch_b = switch.clone();
     let tb = thread::Builder::new()
         .name("bench-b".into())
         .spawn(move || -> Result<()> {
             rawudp::pin(1);
-            b(side(B, shape, &to_a, &from_a)?, &stop_b)
+            b(side(B, shape, switch_b.as_ref(), &to_a, &from_a)?, &stop_b)
         })?;
     // Side A runs on this thread: pinned for the test, then let go.
     rawudp::pin(0);
-    let result = side(A, shape, &to_b, &from_b).and_then(a);
+    let result = side(A, shape, switch.as_ref(), &to_b, &from_b).and_then(a);
     rawudp::unpin();
     stop.store(true, Ordering::Relaxed);
     let rb = tb.join().map_err(|_| anyhow!("side B panicked"))?;
@@ -159,26 +185,40 @@ fn serve((mut dev, _, _): Side, stop: &AtomicBool) -> Result<()> {
 
 /// 1 MiB WRITEs for `total` bytes, `DEPTH` in flight; bytes per second.
 fn write_bw(total: u64) -> Result<f64> {
+    write_bw_over(Shape::ONE, total)
+}
+
+/// 1 MiB WRITEs for `total` bytes, `DEPTH` in flight, over the pair
+/// `shape` says; bytes per second. With more than [`MEM`] bytes of memory
+/// each, the WRITEs go round its two halves 1 MiB at a time (source in
+/// the first, destination in the second), so that a memory larger than
+/// the caches is not cache-resident.
+fn write_bw_over(shape: Shape, total: u64) -> Result<f64> {
+    let half = shape.mem as u64 / 2;
+    let slots = (half / MSG).max(1);
     pair(
-        Shape::ONE,
+        shape,
         move |(mut dev, qpn, rkey)| {
             let iters = total.div_ceil(MSG);
             let fill: Vec<u8> = (0..MSG).map(|i| i as u8).collect();
-            dev.write(SRC, &fill)?;
-            let op = SendOp::RdmaWrite {
-                remote_addr: DST,
-                rkey,
-            };
+            for k in 0..slots {
+                dev.write(SRC + k * MSG, &fill)?;
+            }
             let limit = Duration::from_secs(10);
             let (mut posted, mut done) = (0u64, 0u64);
             let start = Instant::now();
             while done < iters {
                 while posted < iters && posted - done < DEPTH {
+                    let at = (posted % slots) * MSG;
+                    let op = SendOp::RdmaWrite {
+                        remote_addr: SRC + half + at,
+                        rkey,
+                    };
                     dev.post_send(
                         qpn,
                         posted,
                         op,
-                        (SRC, MSG as u32),
+                        (SRC + at, MSG as u32),
                         SendFlags::SIGNALED,
                         None,
                     )?;
@@ -208,9 +248,15 @@ fn write_bw(total: u64) -> Result<f64> {
 /// iteration, so the ACK of the WRITE just posted is not waited for).
 /// Half round trips in ns, measured on A.
 fn write_lat(warmup: u32, iters: u32) -> Result<Vec<f64>> {
-    let seen = |dev: &Context| dev.byte(DST + u64::from(SMALL) - 1).unwrap_or(0);
-    let write = |dev: &mut Context, qpn, rkey, seq: u8| -> Result<()> {
-        dev.write(SRC + u64::from(SMALL) - 1, &[seq])?;
+    write_lat_over(Shape::ONE, SMALL, warmup, iters)
+}
+
+/// [`write_lat`] with `size`-byte WRITEs over the pair `shape` says.
+fn write_lat_over(shape: Shape, size: u32, warmup: u32, iters: u32) -> Result<Vec<f64>> {
+    type Dev = Context<SameHost<UdpPort>>;
+    let seen = move |dev: &Dev| dev.byte(DST + u64::from(size) - 1).unwrap_or(0);
+    let write = move |dev: &mut Dev, qpn, rkey, seq: u8| -> Result<()> {
+        dev.write(SRC + u64::from(size) - 1, &[seq])?;
         Ok(dev.post_send(
             qpn,
             0,
@@ -218,13 +264,13 @@ fn write_lat(warmup: u32, iters: u32) -> Result<Vec<f64>> {
                 remote_addr: DST,
                 rkey,
             },
-            (SRC, SMALL),
+            (SRC, size),
             SendFlags::SIGNALED.with(SendFlags::INLINE),
             None,
         )?)
     };
     // Completions reaped; a side never has more than DEPTH WRITEs out.
-    let reap = |dev: &mut Context, out: &mut u64| -> Result<()> {
+    let reap = |dev: &mut Dev, out: &mut u64| -> Result<()> {
         for wc in dev.poll_now()? {
             ensure!(
                 wc.status == WcStatus::Success,
@@ -236,7 +282,7 @@ fn write_lat(warmup: u32, iters: u32) -> Result<Vec<f64>> {
         Ok(())
     };
     pair(
-        Shape::ONE,
+        shape,
         move |(mut dev, qpn, rkey)| {
             let mut samples = Vec::with_capacity(iters as usize);
             let limit = Duration::from_secs(1);
@@ -298,10 +344,17 @@ const RECV_DEPTH: u32 = 512;
 /// signaled, the receiver reposting each receive as it completes;
 /// messages per second.
 fn send_rate(qps: u32, msgs: u64) -> Result<f64> {
+    send_rate_over(qps, Medium::Udp, msgs)
+}
+
+/// [`send_rate`] over `medium`.
+fn send_rate_over(qps: u32, medium: Medium, msgs: u64) -> Result<f64> {
     let shape = Shape {
         qps,
         send: SEND_DEPTH as u32,
         recv: RECV_DEPTH,
+        medium,
+        mem: MEM,
     };
     pair(
         shape,
@@ -384,6 +437,104 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if a.only.is_none() || a.only.as_deref() == Some("scale") {
         scale(a.qps)?;
     }
+    if a.only.is_none() || a.only.as_deref() == Some("shm") {
+        same_host(total, a.iters)?;
+    }
+    Ok(())
+}
+
+/// Each device's memory in the same-host table's bandwidth test: 64 MiB,
+/// a source half and a destination half gone round 1 MiB at a time, larger
+/// than the caches (memcpy gets the same).
+const SPAN: usize = 64 << 20;
+/// The same-host table's latency test's WRITE.
+const TINY: u32 = 8;
+
+/// The same-host table: two devices of this process on one switch
+/// (`vrdma_fabric::shm`) against the same two over UDP loopback, and
+/// 1 MiB WRITEs against single-core memcpy of the same amount of memory.
+fn same_host(total: u64, iters: u32) -> Result<()> {
+    const MSGS: u64 = 300_000;
+    println!();
+    println!(
+        " {:<44} {:>12} {:>10} {:>10}",
+        format!("same host (median of {REPS})"),
+        "value",
+        "vs memcpy",
+        "vs UDP"
+    );
+    let wide = Shape {
+        mem: SPAN,
+        ..Shape::ONE
+    };
+    let part = iters.div_ceil(REPS as u32);
+    let warmup = part / 10;
+    let mut runs: [Vec<f64>; 7] = Default::default();
+    let (mut vs_memcpy, mut bw_vs_udp, mut lat_vs_udp, mut rate_vs_udp) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..REPS {
+        let m = rawudp::memcpy_span(MSG as usize, SPAN / 2, total / MSG);
+        let u = write_bw_over(wide.over(Medium::Udp), total)?;
+        let s = write_bw_over(wide.over(Medium::Shm), total)?;
+        vs_memcpy.push(s / m);
+        bw_vs_udp.push(s / u);
+        let lu = median(write_lat_over(Shape::ONE, TINY, warmup, part)?);
+        let ls = median(write_lat_over(Shape::ONE.over(Medium::Shm), TINY, warmup, part)?);
+        lat_vs_udp.push(ls / lu);
+        let ru = send_rate_over(1, Medium::Udp, MSGS)?;
+        let rs = send_rate_over(1, Medium::Shm, MSGS)?;
+        rate_vs_udp.push(rs / ru);
+        for (v, x) in runs.iter_mut().zip([m, u, s, lu, ls, ru, rs]) {
+            v.push(x);
+        }
+    }
+    let [m, u, s, lu, ls, ru, rs] = runs.map(median);
+    let pct = |r: f64| format!("{:.0}%", r * 100.0);
+    let times = |r: f64| format!("{r:.2}x");
+    let row = |name: &str, v: String, a: String, b: String| {
+        println!(" {name:<44} {v:>12} {a:>10} {b:>10}");
+    };
+    let gbs = |x: f64| format!("{:.2} GB/s", x / 1e9);
+    row(
+        "memcpy, 1 MiB blocks over 32 MiB",
+        gbs(m),
+        pct(1.0),
+        String::new(),
+    );
+    row("RC WRITE 1 MiB over UDP loopback", gbs(u), pct(u / m), pct(1.0));
+    row(
+        "RC WRITE 1 MiB over shm",
+        gbs(s),
+        pct(median(vs_memcpy.clone())),
+        pct(median(bw_vs_udp.clone())),
+    );
+    let us = |x: f64| format!("{:.2} us", x / 1000.0);
+    row("RC WRITE 8 B half round trip, UDP", us(lu), String::new(), times(1.0));
+    row(
+        "RC WRITE 8 B half round trip, shm",
+        us(ls),
+        String::new(),
+        times(median(lat_vs_udp.clone())),
+    );
+    let mps = |x: f64| format!("{:.2} M/s", x / 1e6);
+    row("RC SEND 64 B message rate, UDP", mps(ru), String::new(), times(1.0));
+    row(
+        "RC SEND 64 B message rate, shm",
+        mps(rs),
+        String::new(),
+        times(median(rate_vs_udp.clone())),
+    );
+    let sorted = |mut v: Vec<f64>, f: &dyn Fn(f64) -> String| {
+        v.sort_by(f64::total_cmp);
+        v.into_iter().map(f).collect::<Vec<_>>().join(" ")
+    };
+    println!(
+        "   (each round, sorted: shm WRITE / memcpy {}; shm / UDP: WRITE {}, latency {}, rate {})",
+        sorted(vs_memcpy, &pct),
+        sorted(bw_vs_udp, &pct),
+        sorted(lat_vs_udp, &times),
+        sorted(rate_vs_udp, &times)
+    );
     Ok(())
 }
 

@@ -352,6 +352,30 @@ pub fn memcpy(len: usize, rounds: u32) -> f64 {
     }
 }
 
+/// memcpy bandwidth over memory larger than the caches: `count` copies of
+/// `block` bytes, going round a source and a destination of `span` bytes
+/// each a block at a time (as the same-host benchmark's WRITEs go round
+/// their memory); bytes copied per second.
+pub fn memcpy_span(block: usize, span: usize, count: u64) -> f64 {
+    let span = span.max(block);
+    let src = vec![0x5a_u8; span];
+    let mut dst = vec![0xa5_u8; span];
+    dst.copy_from_slice(&src);
+    let slots = (span / block) as u64;
+    let start = Instant::now();
+    for i in 0..count {
+        let at = ((i % slots) as usize) * block;
+        dst[at..at + block].copy_from_slice(black_box(&src[at..at + block]));
+        black_box(&mut dst);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    if seconds > 0.0 {
+        (block as u64 * count) as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
 /// Sets the flag when dropped, so that a thread's partner learns it ended
 /// however it ended.
 struct SetOnDrop<'a>(&'a AtomicBool);

@@ -739,6 +739,11 @@ impl<T: Transport> Inner<T> {
             }
         }
         let spin = self.face.polling();
+        if !spin {
+            // The worker sleeps in epoll after this turn, the device's
+            // descriptor among those it waits on.
+            self.face.device.transport_mut().arm();
+        }
         if spin != self.spinning {
             if spin {
                 self.spin.1.notify()?;

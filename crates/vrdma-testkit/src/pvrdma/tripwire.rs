@@ -66,6 +66,10 @@ impl<T: Transport> Transport for Tripwire<T> {
         self.inner.fd()
     }
 
+    fn arm(&mut self) {
+        self.inner.arm();
+    }
+
     fn counters(&self, out: &mut Vec<(String, u64)>) {
         self.inner.counters(out);
     }
