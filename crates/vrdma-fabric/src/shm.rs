@@ -148,16 +148,6 @@ impl Switch {
 #[repr(align(64))]
 struct Pending(AtomicUsize);
 
-/// Whether the receiver may be asleep on its descriptor (a sender must
-/// then wake it), beside the count it polls.
-///
-/// A receiver that polls tells its senders to spare the wake-up (an
-/// eventfd write and read, two system calls per packet of a ping-pong):
-/// it clears the flag while it polls and sets it ([`Port::arm`]) before it
-/// sleeps, then looks at the count once more; a sender stores the count,
-/// then reads the flag. Both sequentially consistent, so at least one of
-/// them sees the other: no packet is left unannounced to a sleeper.
-
 /// A device's mailbox: the packets sent to it, in order.
 #[derive(Debug)]
 struct Mailbox {
@@ -167,9 +157,16 @@ struct Mailbox {
     limit: usize,
     /// Packets queued (read without the lock by a polling receiver).
     pending: Pending,
-    /// See [`Pending`]: the receiver may be asleep (true until its first
-    /// [`Port::receive`], then set by [`Port::arm`] and cleared by the
-    /// next receive).
+    /// Whether the receiver may be asleep on its descriptor, so that a
+    /// sender must wake it (true until its first [`Port::receive`]).
+    ///
+    /// A receiver that polls spares its senders the wake-up (an eventfd
+    /// write and read, two system calls per packet of a ping-pong): a
+    /// receive clears the flag; before it sleeps the receiver sets it
+    /// ([`Port::arm`]) and looks at the count once more, while a sender
+    /// stores the count, then reads the flag. Both sequentially
+    /// consistent, so at least one of them sees the other: no packet is
+    /// left unannounced to a sleeper.
     armed: AtomicBool,
     queue: Mutex<Queue>,
     /// Readable while packets wait (once written per empty-to-not-empty

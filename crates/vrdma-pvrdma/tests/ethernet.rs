@@ -419,3 +419,67 @@ fn a_panic_in_an_ethernet_devices_round_is_reported_and_the_device_reset() {
     exchange(&mut a, &mut b);
     others.finish();
 }
+
+/// Two guests' devices served as `vrdma serve` serves them (each in a
+/// thread of its own, on an Ethernet port whose uplink is on the switch)
+/// and also on one same-host switch: everything they exchange — SENDs,
+/// WRITEs, READs, atomics — goes through shared memory, not a frame of it
+/// on the Ethernet switch; a third device on the Ethernet switch alone is
+/// reached over it as before, from the same guest.
+#[test]
+fn guests_of_one_daemon_exchange_over_shm_and_others_over_the_wire() {
+    use vrdma_device::transport::SameHost;
+    use vrdma_fabric::shm;
+    use vrdma_testkit::pvrdma::read_and_atomics;
+
+    let switch = Switch::new();
+    let same_host = shm::Switch::new();
+    let on_shm = |name: &str| {
+        let s = same_host.clone();
+        NET.eth_device_with(
+            name,
+            &switch,
+            vrdma_vfio_user::Config::default(),
+            move |port, mac| {
+                let t = SameHost::new(&s, port).expect("joining the same-host switch");
+                function(t, mac, Mtu::Mtu4096)
+            },
+        )
+    };
+    let (da, db) = (on_shm("eth-shm-a"), on_shm("eth-shm-b"));
+    let mut a = Side::new(&da);
+    let mut b = Side::new(&db);
+    connect(&mut a, &mut b);
+    let frames = switch.stats().forwarded.load(Ordering::Relaxed);
+    for _ in 0..3 {
+        exchange(&mut a, &mut b);
+        read_and_atomics(&mut a, &mut b);
+        read_and_atomics(&mut b, &mut a);
+    }
+    assert_eq!(
+        switch.stats().forwarded.load(Ordering::Relaxed),
+        frames,
+        "a frame between them went over the Ethernet switch"
+    );
+    for d in [&da, &db] {
+        let n = d.counter_when("shm.rx_packets", |n| n >= 20);
+        assert!(n >= 20, "{n} packets over shm");
+        assert_eq!(d.counter_when("eth.roce_tx", |_| true), 0);
+        // Nothing waited for a timeout: each device, asleep between
+        // doorbells, was woken by every packet shm brought it.
+        assert_eq!(d.counter_when("engine.tx_retransmitted", |_| true), 0);
+    }
+
+    // A device on the Ethernet switch alone: reached over it, from a new
+    // QP of the same guest.
+    let dc = NET.eth_device("eth-shm-c", &switch);
+    let mut c = Side::new(&dc);
+    a.new_qp();
+    connect(&mut a, &mut c);
+    exchange(&mut a, &mut c);
+    read_and_atomics(&mut a, &mut c);
+    assert!(switch.stats().forwarded.load(Ordering::Relaxed) > frames);
+    let n = dc.counter_when("eth.roce_rx", |n| n > 0);
+    assert!(n > 0, "c heard nothing over the wire");
+    assert!(da.counter_when("eth.roce_tx", |n| n > 0) > 0);
+}

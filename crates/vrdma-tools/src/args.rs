@@ -129,6 +129,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub socket_path: Option<PathBuf>,
 
+    /// Keep the devices apart: without it, the devices this process serves
+    /// reach each other through same-host shared memory (a packet for
+    /// another of its devices' addresses goes straight into that device's
+    /// mailbox, never onto the uplink; `vrdma stat` counts it as `shm.*`).
+    #[arg(long)]
+    pub no_shm: bool,
+
     /// Print the vhost-user backend's capabilities as JSON (QEMU's
     /// "Backend program conventions": `{"type": …, "features": […]}`) and
     /// exit. vhost-user.json names no RDMA type; the type printed is

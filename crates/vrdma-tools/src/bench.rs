@@ -479,7 +479,12 @@ fn same_host(total: u64, iters: u32) -> Result<()> {
         vs_memcpy.push(s / m);
         bw_vs_udp.push(s / u);
         let lu = median(write_lat_over(Shape::ONE, TINY, warmup, part)?);
-        let ls = median(write_lat_over(Shape::ONE.over(Medium::Shm), TINY, warmup, part)?);
+        let ls = median(write_lat_over(
+            Shape::ONE.over(Medium::Shm),
+            TINY,
+            warmup,
+            part,
+        )?);
         lat_vs_udp.push(ls / lu);
         let ru = send_rate_over(1, Medium::Udp, MSGS)?;
         let rs = send_rate_over(1, Medium::Shm, MSGS)?;
@@ -501,7 +506,12 @@ fn same_host(total: u64, iters: u32) -> Result<()> {
         pct(1.0),
         String::new(),
     );
-    row("RC WRITE 1 MiB over UDP loopback", gbs(u), pct(u / m), pct(1.0));
+    row(
+        "RC WRITE 1 MiB over UDP loopback",
+        gbs(u),
+        pct(u / m),
+        pct(1.0),
+    );
     row(
         "RC WRITE 1 MiB over shm",
         gbs(s),
@@ -509,7 +519,12 @@ fn same_host(total: u64, iters: u32) -> Result<()> {
         pct(median(bw_vs_udp.clone())),
     );
     let us = |x: f64| format!("{:.2} us", x / 1000.0);
-    row("RC WRITE 8 B half round trip, UDP", us(lu), String::new(), times(1.0));
+    row(
+        "RC WRITE 8 B half round trip, UDP",
+        us(lu),
+        String::new(),
+        times(1.0),
+    );
     row(
         "RC WRITE 8 B half round trip, shm",
         us(ls),
@@ -517,7 +532,12 @@ fn same_host(total: u64, iters: u32) -> Result<()> {
         times(median(lat_vs_udp.clone())),
     );
     let mps = |x: f64| format!("{:.2} M/s", x / 1e6);
-    row("RC SEND 64 B message rate, UDP", mps(ru), String::new(), times(1.0));
+    row(
+        "RC SEND 64 B message rate, UDP",
+        mps(ru),
+        String::new(),
+        times(1.0),
+    );
     row(
         "RC SEND 64 B message rate, shm",
         mps(rs),

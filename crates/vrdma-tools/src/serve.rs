@@ -27,9 +27,13 @@ use nix::{
     sys::signal::{SigSet, Signal, kill},
     unistd::getpid,
 };
+use vrdma_device::transport::SameHost;
 use vrdma_device::{ObjectBudget, active_mtu};
 use vrdma_engine::attr::PortAttr;
-use vrdma_fabric::eth::{EthPort, Link, SourceFilter};
+use vrdma_fabric::{
+    eth::{EthPort, Link, SourceFilter},
+    shm::Switch,
+};
 use vrdma_pvrdma::{Pvrdma, Server, caps::Limits};
 
 use crate::{
@@ -325,9 +329,13 @@ impl CapsArgs {
 
 /// A device, opened: its sockets bound, ready to serve.
 enum Opened {
-    Pvrdma(Box<Server<EthPort>>),
-    Virtio(vrdma_virtio::server::Server<EthPort>),
+    Pvrdma(Box<Server<Port>>),
+    Virtio(vrdma_virtio::server::Server<Port>),
 }
+
+/// A served device's transport: its Ethernet port, behind the process's
+/// same-host switch unless `--no-shm`.
+type Port = SameHost<EthPort>;
 
 /// The Ethernet port of the device `spec` describes: its netdev socket
 /// (private to the peers `config` allows), its uplink, its filter.
@@ -354,8 +362,14 @@ fn port(spec: &DeviceSpec, config: &vrdma_vfio_user::Config) -> Result<EthPort> 
 
 /// Builds the device `spec` describes and binds its sockets (private to
 /// the peers `config` allows).
-fn open(spec: &DeviceSpec, limits: &Limits, config: &vrdma_vfio_user::Config) -> Result<Opened> {
-    let port = port(spec, config)?;
+fn open(
+    spec: &DeviceSpec,
+    limits: &Limits,
+    config: &vrdma_vfio_user::Config,
+    switch: Option<&Switch>,
+) -> Result<Opened> {
+    let port =
+        SameHost::with(switch, port(spec, config)?).context("joining the same-host switch")?;
     let mut attr = PortAttr::with_gids(&[]);
     attr.active_mtu = active_mtu(spec.mtu);
     if spec.kind == Kind::Virtio {
@@ -507,6 +521,8 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     signals.thread_block()?;
 
     let stop = Arc::new(AtomicBool::new(false));
+    // The devices' same-host medium.
+    let switch = (!a.no_shm).then(Switch::new);
     // The virtio-rdma servers' stops (their threads wait in vhost-user
     // calls, not on the flag).
     let stops: Arc<std::sync::Mutex<Vec<Arc<vrdma_virtio::server::Stop>>>> = Arc::default();
@@ -522,13 +538,14 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         let limits = limits.clone();
         let config = config.clone();
         let stops = stops.clone();
+        let switch = switch.clone();
         let name = spec.name.clone();
         let (go, go_rx) = mpsc::channel::<()>();
         let thread =
             std::thread::Builder::new()
                 .name(spec.name.clone())
                 .spawn(move || -> Result<()> {
-                    let opened = open(&spec, &limits, &config).and_then(|s| {
+                    let opened = open(&spec, &limits, &config, switch.as_ref()).and_then(|s| {
                         if drop_caps {
                             sandbox::drop_thread_capabilities()?;
                         }

@@ -936,3 +936,87 @@ fn the_gsi_qp_is_qpn_1_once_and_exchanges_datagrams() {
     assert_eq!((c.byte_len.get(), c.src_qp.get()), (140, 1));
     assert_eq!(a.get(DST + 40, 100), d);
 }
+
+/// The named counter of `dev`'s device (`vrdma stat`'s names).
+fn counter<T: vrdma_device::Transport + Send + 'static>(dev: &Device<T>, name: &str) -> u64 {
+    dev.backend.with_face(|f| {
+        f.device
+            .counters()
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .map_or_else(|| panic!("no counter {name}"), |(_, n)| n)
+    })
+}
+
+/// Two devices of one process on a same-host switch (as `vrdma serve`
+/// puts its devices): an RC exchange — SEND, WRITE, READ, an atomic —
+/// goes through shared memory, nothing on their UDP ports; with doorbells
+/// polled, and in event mode, where each device's worker sleeps between
+/// kicks and must be woken by a packet from shm (it arms before it
+/// sleeps).
+#[test]
+fn two_devices_on_one_switch_exchange_over_shm() {
+    use vrdma_device::transport::SameHost;
+    use vrdma_fabric::shm::Switch;
+
+    for (mode, poll) in [("poll", true), ("event", false)] {
+        let sw = Switch::new();
+        let opts = vrdma_virtio::face::Options {
+            poll,
+            ..Default::default()
+        };
+        let on_switch = |name: &str| {
+            NET.device_on(
+                &format!("shm-{mode}-{name}"),
+                opts.clone(),
+                std::time::Duration::ZERO,
+                |p| SameHost::new(&sw, p).expect("joining the switch"),
+            )
+        };
+        let (da, db) = (on_switch("a"), on_switch("b"));
+        let mut a = Side::new(&da);
+        let mut b = Side::new(&db);
+        let mut qa = a.qp(qp_type::RC);
+        let mut qb = b.qp(qp_type::RC);
+        connect(&mut a, &qa, &mut b, &qb);
+        for round in 0..20u8 {
+            send_checked(&mut a, &mut qa, &mut b, &mut qb, round, 3000);
+            let d = pattern(round, 10_000);
+            a.put(SRC, &d);
+            qa.post_send(&Wqe::write(
+                1,
+                &[a.mr.sge(SRC, 10_000)],
+                b.mr.addr(DST),
+                b.mr.rkey,
+            ));
+            a.cq.expect_ok(wc::RDMA_WRITE, 1);
+            assert_eq!(b.get(DST, 10_000), d, "{mode}: the WRITE's bytes");
+            qa.post_send(&Wqe::read(
+                2,
+                &[a.mr.sge(SRC + 16384, 10_000)],
+                b.mr.addr(DST),
+                b.mr.rkey,
+            ));
+            a.cq.expect_ok(wc::RDMA_READ, 2);
+            assert_eq!(a.get(SRC + 16384, 10_000), d, "{mode}: the READ's bytes");
+            qa.post_send(&Wqe::fetch_add(
+                3,
+                a.mr.sge(SRC, 8),
+                b.mr.addr(DST + 32768),
+                b.mr.rkey,
+                1,
+            ));
+            a.cq.expect_ok(wc::FETCH_ADD, 3);
+            assert_eq!(a.get(SRC, 8), u64::from(round).to_le_bytes(), "{mode}");
+        }
+        for d in [&da, &db] {
+            assert_eq!(counter(d, "udp.tx_datagrams"), 0, "{mode}");
+            assert!(counter(d, "shm.rx_packets") >= 60, "{mode}");
+            assert_eq!(
+                counter(d, "engine.tx_retransmitted"),
+                0,
+                "{mode}: a wake-up missed"
+            );
+        }
+    }
+}
