@@ -193,7 +193,16 @@ struct Queue {
 #[derive(Debug)]
 struct Parcel {
     route: Route,
+    /// A buffer whose first `len` bytes are the packet (its length never
+    /// shrinks, so that a reused buffer is not cleared again).
     bytes: Vec<u8>,
+    len: usize,
+}
+
+impl Parcel {
+    fn packet(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -347,17 +356,15 @@ impl Port {
 
     /// The mailbox holding `dgid`, if a port on the switch holds it
     /// (cached while the switch's directory does not change).
-    fn mailbox_of(&mut self, dgid: &Gid) -> Option<Arc<Mailbox>> {
+    /// (No reference count is touched on the way: an atomic per packet
+    /// that the profile showed.)
+    fn mailbox_of(&mut self, dgid: &Gid) -> Option<&Arc<Mailbox>> {
         let generation = self.switch.generation();
-        if let Some((g, gid, m)) = &self.cache
-            && *g == generation
-            && gid == dgid
-        {
-            return m.clone();
+        let fresh = matches!(&self.cache, Some((g, gid, _)) if *g == generation && gid == dgid);
+        if !fresh {
+            self.cache = Some((generation, *dgid, self.switch.lookup(dgid)));
         }
-        let m = self.switch.lookup(dgid);
-        self.cache = Some((generation, *dgid, m.clone()));
-        m
+        self.cache.as_ref().and_then(|(_, _, m)| m.as_ref())
     }
 
     /// Whether a port on the switch holds `dgid` (the packet then goes
@@ -382,7 +389,7 @@ impl Port {
         lent: &[Piece],
         mem: &impl Lender,
     ) -> Result<(), Dropped> {
-        let Some(mailbox) = self.mailbox_of(&route.dst) else {
+        let Some(id) = self.mailbox_of(&route.dst).map(|m| m.id) else {
             return Err(Dropped::NotHere);
         };
         if !self.gids.contains(&route.src) {
@@ -390,10 +397,11 @@ impl Port {
             return Err(Dropped::Spoofed);
         }
         let mut bytes = self.pool.pop().unwrap_or_default();
-        bytes.clear();
-        if lent.is_empty() {
-            bytes.extend_from_slice(head);
-        } else if !gather(&mut bytes, head, payload_at, lent, mem) {
+        let len = head.len() + lent.iter().map(|p| p.len).sum::<usize>();
+        if bytes.len() < len {
+            bytes.resize(len, 0);
+        }
+        if !gather(&mut bytes[..len], head, payload_at, lent, mem) {
             self.pool.push(bytes);
             self.stats.tx_dropped_unlent += 1;
             return Err(Dropped::Unlent);
@@ -401,10 +409,15 @@ impl Port {
         let parcel = Parcel {
             route: *route,
             bytes,
+            len,
         };
-        match self.outbox.iter_mut().find(|(m, _)| m.id == mailbox.id) {
+        match self.outbox.iter_mut().find(|(m, _)| m.id == id) {
             Some((_, q)) => q.push(parcel),
-            None => self.outbox.push((mailbox, vec![parcel])),
+            None => {
+                if let Some(m) = self.mailbox_of(&route.dst).cloned() {
+                    self.outbox.push((m, vec![parcel]));
+                }
+            }
         }
         Ok(())
     }
@@ -415,27 +428,30 @@ impl Port {
     /// and counted. Returns the packets delivered.
     pub fn flush(&mut self) -> usize {
         let mut delivered = 0;
-        for (mailbox, parcels) in &mut self.outbox {
+        let (stats, pool) = (&mut self.stats, &mut self.pool);
+        // A destination unused since the last flush is let go (a gone
+        // port's mailbox is freed with it); one in use keeps its entry.
+        self.outbox.retain_mut(|(mailbox, parcels)| {
             if parcels.is_empty() {
-                continue;
+                return false;
             }
             let mut q = lock(&mailbox.queue);
             if q.closed {
-                self.stats.tx_dropped_gone += parcels.len() as u64;
-                self.pool.extend(parcels.drain(..).map(|p| p.bytes));
-                continue;
+                stats.tx_dropped_gone += parcels.len() as u64;
+                pool.extend(parcels.drain(..).map(|p| p.bytes));
+                return false;
             }
             let before = q.packets.len();
             for p in parcels.drain(..) {
-                let len = p.bytes.len();
+                let len = p.len;
                 if q.bytes + len > mailbox.limit {
-                    self.stats.tx_dropped_full += 1;
-                    self.pool.push(p.bytes);
+                    stats.tx_dropped_full += 1;
+                    pool.push(p.bytes);
                     continue;
                 }
                 q.bytes += len;
-                self.stats.tx_packets += 1;
-                self.stats.tx_bytes += len as u64;
+                stats.tx_packets += 1;
+                stats.tx_bytes += len as u64;
                 q.packets.push_back(p);
             }
             let added = q.packets.len() - before;
@@ -443,7 +459,7 @@ impl Port {
             // Buffers the receiver gave back, for the next packets.
             let take = q.spare.len().min(added.max(1));
             let at = q.spare.len() - take;
-            self.pool.extend(q.spare.drain(at..));
+            pool.extend(q.spare.drain(at..));
             mailbox.pending.0.store(q.packets.len(), Ordering::SeqCst);
             if added > 0 && !q.signaled && mailbox.armed.load(Ordering::SeqCst) {
                 q.signaled = true;
@@ -451,10 +467,8 @@ impl Port {
                 // failed write leaves a polling receiver to find them.
                 let _ = mailbox.event.write(1);
             }
-        }
-        // Destinations not used in this round are let go (a gone port's
-        // mailbox is freed with its last packet).
-        self.outbox.retain(|(_, q)| !q.is_empty());
+            true
+        });
         self.pool.truncate(SPARES);
         delivered
     }
@@ -477,7 +491,7 @@ impl Port {
                 let Some(p) = q.packets.pop_front() else {
                     break;
                 };
-                q.bytes -= p.bytes.len();
+                q.bytes -= p.len;
                 self.inbox.push(p);
             }
             self.mailbox
@@ -494,8 +508,8 @@ impl Port {
         let n = self.inbox.len();
         for p in self.inbox.drain(..) {
             self.stats.rx_packets += 1;
-            self.stats.rx_bytes += p.bytes.len() as u64;
-            deliver(&p.route, &p.bytes);
+            self.stats.rx_bytes += p.len as u64;
+            deliver(&p.route, p.packet());
             self.delivered.push(p.bytes);
         }
         n
@@ -524,30 +538,34 @@ impl Port {
     }
 }
 
-/// Copies a packet whose payload is lent into `out`: the head's bytes
-/// before `payload_at`, the pieces read from `mem`, the head's rest.
+/// Writes a packet into `out` (exactly its length): the head's bytes
+/// before `payload_at`, the lent pieces read from `mem`, the head's rest.
 /// False when `mem` no longer holds a piece (or the head is shorter than
 /// `payload_at`).
 fn gather(
-    out: &mut Vec<u8>,
+    out: &mut [u8],
     head: &[u8],
     payload_at: usize,
     lent: &[Piece],
     mem: &impl Lender,
 ) -> bool {
+    if lent.is_empty() {
+        out.copy_from_slice(head);
+        return true;
+    }
     let (Some(before), Some(after)) = (head.get(..payload_at), head.get(payload_at..)) else {
         return false;
     };
-    out.extend_from_slice(before);
+    let (first, mut rest) = out.split_at_mut(payload_at);
+    first.copy_from_slice(before);
     for p in lent {
-        let at = out.len();
-        out.resize(at + p.len, 0);
-        let copied = mem.lend(p.addr, p.len).map(|s| s.copy_to(&mut out[at..]));
-        if copied != Some(p.len) {
+        let (piece, tail) = rest.split_at_mut(p.len);
+        if mem.lend(p.addr, p.len).map(|s| s.copy_to(piece)) != Some(p.len) {
             return false;
         }
+        rest = tail;
     }
-    out.extend_from_slice(after);
+    rest.copy_from_slice(after);
     true
 }
 
