@@ -75,3 +75,52 @@ print_debug_tail() {
     [ -s "$d/daemon.log" ] && { echo "---- daemon (last 30 lines): $d/daemon.log" >&2; tail -n 30 "$d/daemon.log" >&2; }
     return 0
 }
+
+# ---- one daemon serving guests 1..K (lifecycle.sh; matrix.sh with MATRIX_SHM=1) ---------------
+# Its devices pvrdma-g1..K reach each other through same-host shared memory (unless the options
+# say --no-shm); each one's uplink is a TAP of its own (vrdtapN) on the namespace's bridge.
+
+# shared_serve_pid DIR: the PID of the daemon serving on DIR's sockets, if it lives
+shared_serve_pid() { alive_pid "$1/daemon.pid" "$1/g1.vfio.sock"; }
+
+# shared_serve_start DIR LIFETIME_S K [SERVE OPTIONS...]: one `vrdma serve` (PVRDMA_SERVE_ARGS,
+#   then the options given) in the namespace for guests 1..K, on DIR/gN.vfio.sock and
+#   DIR/gN.net.sock (start.sh -x DIR boots a guest on them); its log DIR/daemon.log
+shared_serve_start() {
+    local dir=$1 life=$2 k=$3 n tap tpid specs=()
+    shift 3
+    rm -rf "$dir"; mkdir -p "$dir"
+    echo "$k" > "$dir/guests"
+    timeout 30 "$RXE_HARNESS/net.sh" up > /dev/null || { log "net.sh up failed"; return 1; }
+    for ((n = 1; n <= k; n++)); do
+        tap=$(pv_tap "$n")
+        ip -n "$NS" tuntap add dev "$tap" mode tap || { log "cannot create $tap"; return 1; }
+        ip -n "$NS" link set "$tap" master "$BR" txqueuelen 10000 up
+        specs+=(--device "socket=$dir/g$n.vfio.sock,netdev=$dir/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n")
+    done
+    # shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
+    setsid nohup timeout -k 10 $((life + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \
+        "$VRDMA" serve "${specs[@]}" ${PVRDMA_SERVE_ARGS:-} "$@" > "$dir/daemon.log" 2>&1 < /dev/null &
+    tpid=$!
+    echo "$tpid" > "$dir/daemon-timeout.pid"
+    wait_for 10 bash -c "pgrep -P $tpid > '$dir/daemon.pid' || ! kill -0 $tpid 2>/dev/null"
+    if ! wait_for 30 bash -c "[ -S '$dir/g$k.net.sock' ]" || ! shared_serve_pid "$dir" > /dev/null; then
+        log "the shared daemon did not start"; cat "$dir/daemon.log" >&2; return 1
+    fi
+}
+
+# shared_serve_stop DIR [STAT_FILE]: the daemon (its counters first, into STAT_FILE), its
+#   timeout(1) wrapper and its TAPs; nothing when DIR holds no daemon's state
+shared_serve_stop() {
+    local dir=$1 stat=${2:-/dev/null} k p n names=()
+    [ -s "$dir/guests" ] || return 0
+    k=$(cat "$dir/guests")
+    for ((n = 1; n <= k; n++)); do names+=("pvrdma-g$n"); done
+    if p=$(shared_serve_pid "$dir"); then
+        timeout 10 "$VRDMA" stat --all "${names[@]}" > "$stat" 2>&1
+        stop_pid "$p" 5
+    fi
+    p=$(alive_pid "$dir/daemon-timeout.pid" "$dir/g1.vfio.sock") && stop_pid "$p" 2
+    for ((n = 1; n <= k; n++)); do ip -n "$NS" link del "$(pv_tap "$n")" 2>/dev/null; done
+    return 0
+}

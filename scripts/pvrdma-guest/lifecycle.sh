@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Lifecycle of PVRDMA devices under real guests: one `vrdma serve` process serves two devices,
-# for pvrdma guests 1 and 2 (10.47.91.21, .22), and each step checks that the daemon frees what
-# a guest made and keeps serving:
+# Lifecycle of PVRDMA devices under real guests: one `vrdma serve` process serves two devices
+# for pvrdma guests 1 and 2 (10.47.91.21, .22; they reach each other through its same-host
+# shared memory), and each step checks that the daemon frees what a guest made and keeps serving:
 #   1. both guests up; ibv_rc_pingpong pv1 <-> pv2; the objects the guest kernels hold noted
 #   2. driver unload in pv1 (rmmod vmw_pvrdma): its device holds no object, reset counted;
 #      reload (modprobe): port ACTIVE again, same objects as at boot; pingpong again
@@ -48,44 +48,20 @@ for n in 1 2; do
 done
 
 # ---- one daemon, two devices -------------------------------------------------------------------
-serve_pid() { alive_pid "$SERVE/daemon.pid" "$SERVE/g1.vfio.sock"; }
-stop_serve() {
-    local p
-    if p=$(serve_pid); then
-        timeout 10 "$VRDMA" stat --all pvrdma-g1 pvrdma-g2 > "$OUT/stat-final.txt" 2>&1
-        stop_pid "$p" 5
-    fi
-    p=$(alive_pid "$SERVE/daemon-timeout.pid" "$SERVE/g1.vfio.sock") && stop_pid "$p" 2
-    for n in 1 2; do ip -n "$NS" link del "$(pv_tap "$n")" 2>/dev/null; done
-    cp "$SERVE/daemon.log" "$OUT/daemon.log" 2>/dev/null
-    return 0
-}
+serve_pid() { shared_serve_pid "$SERVE"; }
 cleanup() {
     "$PV_DIR/stop.sh" -i 1 > /dev/null 2>&1
     "$PV_DIR/stop.sh" -i 2 > /dev/null 2>&1
     for f in "$OUT"/host.*.pid; do [ -e "$f" ] && kill -- -"$(cat "$f")" 2>/dev/null; done
     ip -n "$NS" addr del "$NET_PREFIX.2/24" dev "$BR" 2>/dev/null
-    stop_serve
+    shared_serve_stop "$SERVE" "$OUT/stat-final.txt"
+    cp "$SERVE/daemon.log" "$OUT/daemon.log" 2>/dev/null
+    return 0
 }
 trap cleanup EXIT
 cleanup
-rm -rf "$SERVE"; mkdir -p "$SERVE"
-timeout 30 "$RXE_HARNESS/net.sh" up > /dev/null || { say "net.sh up failed"; exit 125; }
-SPECS=()
-for n in 1 2; do
-    tap=$(pv_tap "$n")
-    ip -n "$NS" tuntap add dev "$tap" mode tap || { say "cannot create $tap"; exit 125; }
-    ip -n "$NS" link set "$tap" master "$BR" txqueuelen 10000 up
-    SPECS+=(--device "socket=$SERVE/g$n.vfio.sock,netdev=$SERVE/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n")
-done
-# shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
-setsid nohup timeout -k 10 $((LIFE + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \
-    "$VRDMA" serve "${SPECS[@]}" ${PVRDMA_SERVE_ARGS:-} > "$SERVE/daemon.log" 2>&1 < /dev/null &
-TPID=$!
-echo "$TPID" > "$SERVE/daemon-timeout.pid"
-wait_for 10 bash -c "pgrep -P $TPID > '$SERVE/daemon.pid' || ! kill -0 $TPID 2>/dev/null"
-wait_for 30 bash -c "[ -S '$SERVE/g2.net.sock' ]" || { say "the daemon did not start"; cat "$SERVE/daemon.log"; exit 125; }
-DPID=$(serve_pid) || { say "the daemon did not start"; cat "$SERVE/daemon.log"; exit 125; }
+shared_serve_start "$SERVE" $LIFE 2 || exit 125
+DPID=$(serve_pid) || { say "the daemon did not start"; exit 125; }
 say "vrdma serve pid $DPID: pvrdma-g1, pvrdma-g2"
 
 boot() {   # boot N: QEMU for guest N on the shared daemon's sockets

@@ -16,6 +16,10 @@
 # host tools have neither SRQ pingpong nor CM).
 # --quick: ibv_devinfo, rc_pingpong 4 KiB with each peer, ib_write_bw 1 MiB with the host,
 # rping with the second guest, ib_write_bw -R with rxe; both roles each.
+# MATRIX_SHM=1: one `vrdma serve` serves both pvrdma guests (as lifecycle.sh's daemon does), so
+# the pvrdma pairs go through same-host shared memory: each such pair must leave no RoCE packet
+# in the capture on pv1's uplink and grow the daemon's shm counters (`vrdma stat`), instead of
+# being decoded; the rxe and host pairs run as always, from the same device.
 # MATRIX_ONLY=REGEX runs the tests whose tag (test.peer.role) matches. Builds vrdma unless
 # PVRDMA_NO_BUILD=1. Exit: the number of failed pairs (0: all passed), 125 the harness failed.
 # Logs, captures, decodes: target/pvrdma-guest/matrix/ (summary.txt: one line a pair).
@@ -28,6 +32,8 @@ need_root
 QUICK=0
 case "${1:-}" in --quick) QUICK=1 ;; "") ;; *) sed -n '2,20p' "$0"; exit 2 ;; esac
 PEERS=${MATRIX_PEERS:-rxe host pvrdma}
+SHM=${MATRIX_SHM:-0}
+SERVE=$PV_RUN/serve            # MATRIX_SHM: the shared daemon's sockets, log and PID
 R=${MATRIX_RXE_ID:-1}
 [[ "$R" =~ ^[1-8]$ ]] || { echo "MATRIX_RXE_ID must be 1..8" >&2; exit 2; }
 RXE=$RXE_HARNESS
@@ -59,6 +65,7 @@ done
 stop_all() {
     "$PV_DIR/stop.sh" -i 1 > "$OUT/stop-pv1.log" 2>&1
     "$PV_DIR/stop.sh" -i 2 > "$OUT/stop-pv2.log" 2>&1
+    shared_serve_stop "$SERVE" "$OUT/stat-shared.txt" > "$OUT/stop-serve.log" 2>&1
     "$RXE/stop.sh" -i "$R" > "$OUT/stop-rxe.log" 2>&1
 }
 collect() {   # the daemons' counters and the guests' kernel logs, beside the results
@@ -66,10 +73,12 @@ collect() {   # the daemons' counters and the guests' kernel logs, beside the re
     for n in 1 2; do
         d=$(guest_dir "$n")
         [ -d "$d" ] || continue
-        daemon_pid "$n" > /dev/null && timeout 10 "$VRDMA" stat --all "pvrdma-g$n" > "$OUT/stat-pv$n.txt" 2>&1
+        { daemon_pid "$n" > /dev/null || shared_serve_pid "$SERVE" > /dev/null; } \
+            && timeout 10 "$VRDMA" stat --all "pvrdma-g$n" > "$OUT/stat-pv$n.txt" 2>&1
         cp "$d/daemon.log" "$OUT/daemon-pv$n.log" 2>/dev/null
         cp "$d/share/out/dmesg.log" "$OUT/dmesg-pv$n.log" 2>/dev/null
     done
+    cp "$SERVE/daemon.log" "$OUT/daemon-shared.log" 2>/dev/null
     return 0
 }
 trap 'collect; stop_all' EXIT
@@ -78,9 +87,15 @@ if has_peer rxe; then
     "$RXE/start.sh" -i "$R" -l $LIFE > "$OUT/start-rxe.log" 2>&1 || { cat "$OUT/start-rxe.log"; say "rxe guest $R did not start"; exit 125; }
     ip -n "$NS" link set "rxetap$R" txqueuelen 10000
 fi
-"$PV_DIR/start.sh" -i 1 -l $LIFE > "$OUT/start-pv1.log" 2>&1 || { cat "$OUT/start-pv1.log"; say "pvrdma guest 1 did not start"; exit 125; }
+EXTERNAL=()
+if [ "$SHM" = 1 ]; then
+    shared_serve_start "$SERVE" $LIFE 2 || { say "the shared daemon did not start"; exit 125; }
+    EXTERNAL=(-x "$SERVE")
+    say "vrdma serve pid $(shared_serve_pid "$SERVE"): pvrdma-g1, pvrdma-g2, same-host shared memory on"
+fi
+"$PV_DIR/start.sh" -i 1 -l $LIFE "${EXTERNAL[@]}" > "$OUT/start-pv1.log" 2>&1 || { cat "$OUT/start-pv1.log"; say "pvrdma guest 1 did not start"; exit 125; }
 if has_peer pvrdma; then
-    "$PV_DIR/start.sh" -i 2 -l $LIFE > "$OUT/start-pv2.log" 2>&1 || { cat "$OUT/start-pv2.log"; say "pvrdma guest 2 did not start"; exit 125; }
+    "$PV_DIR/start.sh" -i 2 -l $LIFE "${EXTERNAL[@]}" > "$OUT/start-pv2.log" 2>&1 || { cat "$OUT/start-pv2.log"; say "pvrdma guest 2 did not start"; exit 125; }
 fi
 cat "$OUT"/start-*.log >&2
 
@@ -157,13 +172,27 @@ PASS=0
 FAILED=()
 summary() { printf '%-52s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 
+# shm_rx: the packets pv1's device took from shared memory, as the daemon last published them
+shm_rx() { timeout 10 "$VRDMA" stat pvrdma-g1 2>/dev/null | awk '$1 == "shm.rx_packets" { print $2 }'; }
+# shm_grew BEFORE: waits (10 s: counters are published once a second) for shm_rx to pass BEFORE
+shm_grew() {
+    local i n
+    for ((i = 0; i < 50; i++)); do
+        n=$(shm_rx); [ -n "$n" ] && [ "$n" -gt "$1" ] && { echo "$n"; return 0; }
+        sleep 0.2
+    done
+    echo "${n:-none}"; return 1
+}
+
 # pair TAG SERVER CLIENT 'SERVER_CMD' 'CLIENT_CMD' KIND PORT: the server's command on SERVER,
 #   then, once it listens, the client's on CLIENT followed by the server's address; the capture
 #   on pv1's uplink is checked after both have ended
 pair() {
     local tag=$1 s=$2 c=$3 scmd=$4 ccmd=$5 kind=$6 port=$7 hs hc src crc ok=1 m why=""
     [[ -n ${MATRIX_ONLY:-} && ! $tag =~ $MATRIX_ONLY ]] && return
-    local pcap=$OUT/$tag.pcap t0; t0=$(date +%s.%N)
+    local pcap=$OUT/$tag.pcap t0 shm=0 shm0=0; t0=$(date +%s.%N)
+    # (guest to guest through one daemon: shared memory, not the wire)
+    if [ "$SHM" = 1 ] && [[ $s == pv2 || $c == pv2 ]]; then shm=1; shm0=$(shm_rx); shm0=${shm0:-0}; fi
     # (whole: a capture that lost packets fails the pair, scripts/lib/pcap.sh)
     pcap_start "$NS" "$(pv_tap 1)" "$pcap" || { summary "$tag" "FAIL (capture did not start: $pcap.err)"; FAILED+=("$tag"); return; }
     hs=$(side_bg "$s" "$scmd") || ok=0
@@ -182,13 +211,22 @@ pair() {
     fi
     [ "$src" = 0 ] || { ok=0; why+=" server rc $src;"; }
     [ "$crc" = 0 ] || { ok=0; why+=" client rc $crc;"; }
-    if ! pcap_check "$VRDMA" "$pcap" "$OUT/$tag" > "$OUT/$tag.pcapcheck" 2>&1; then
+    local over=""
+    if [ $shm = 1 ]; then
+        # nothing on the wire, and the daemon says where it went
+        local wire now; wire=$(tcpdump -r "$pcap" 2>/dev/null | grep -c .)
+        [ "$wire" = 0 ] || { ok=0; why+=" $wire RoCE packets on the wire, none expected over shm;"; }
+        if now=$(shm_grew "$shm0"); then over=" over shm: 0 pkts on the wire; pv1's shm.rx_packets $shm0 -> $now (published)"
+        else ok=0; why+=" pv1's shm.rx_packets did not grow ($shm0 -> $now);"; fi
+    elif ! pcap_check "$VRDMA" "$pcap" "$OUT/$tag" > "$OUT/$tag.pcapcheck" 2>&1; then
         ok=0; why+=" $(head -1 "$OUT/$tag.pcapcheck" | sed 's/^ *//');"
     fi
     m=$(grep -hoE '[0-9.]+ usec/iter' "$hc.stdout" "$hs.stdout" 2>/dev/null | head -1)
     [ -n "$m" ] || m=$(grep -hE '^ *[0-9]+ +[0-9]+ +[0-9.]+' "$hc.stdout" 2>/dev/null | tail -1 | awk '{$1=$1; print}')
     local secs; secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
-    if [ $ok = 1 ]; then
+    if [ $ok = 1 ] && [ $shm = 1 ]; then
+        PASS=$((PASS + 1)); summary "$tag" "ok   ${secs}s ${over}  ${m}${note}"
+    elif [ $ok = 1 ]; then
         PASS=$((PASS + 1)); summary "$tag" "ok   ${secs}s  $(sed -n 's/^ *\([0-9]*\) frames:.*/\1/p' "$OUT/$tag.decode") pkts  ${m}${note}"
     else
         FAILED+=("$tag"); summary "$tag" "FAIL ${secs}s ${why} (logs: $OUT/$tag.*)"
