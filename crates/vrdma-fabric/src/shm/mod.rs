@@ -38,6 +38,8 @@ use nix::sys::{
 };
 use vrdma_wire::{Gid, frame::Route};
 
+pub mod ring;
+
 use crate::{Lender, Piece};
 
 /// The medium's limits.
