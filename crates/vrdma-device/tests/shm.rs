@@ -29,7 +29,10 @@ use vrdma_engine::{
     wc::{WcOpcode, WcStatus},
     wr::SendOp,
 };
-use vrdma_fabric::{shm::Switch, udp::UdpPort};
+use vrdma_fabric::{
+    shm::{JoinConfig, Switch},
+    udp::UdpPort,
+};
 use vrdma_testkit::setup::Connection;
 use vrdma_wire::{Gid, Psn, Qpn};
 
@@ -66,107 +69,219 @@ fn rc_pair(sw: &Switch, last: u8, mtu: Mtu) -> (ShmEnd, ShmEnd, Qpn, Qpn) {
     (a, b, qa, qb)
 }
 
+/// Every RC operation from `a` to `b` (SEND 100 kB, WRITE 1 MiB, READ
+/// 64 KiB, FETCH_ADD, COMPARE_SWAP, WRITE with immediate), each byte and
+/// completion checked; then that none of it went over UDP and nothing was
+/// lost or malformed.
+fn every_rc_operation(a: &mut ShmEnd, b: &mut ShmEnd, qa: Qpn, qb: Qpn, what: &str) {
+    let len = 100_000;
+    fill(a, BASE, len, 1);
+    recv(b, qb, 7, BASE + 0x20_0000, len as u32);
+    send(a, qa, 1, SendOp::Send, BASE, len as u32);
+    let wlen = 1 << 20;
+    fill(a, BASE + 0x10_0000, wlen, 2);
+    let write = SendOp::RdmaWrite {
+        remote_addr: BASE + 0x10_0000,
+        rkey: b.rkey,
+    };
+    send(a, qa, 2, write, BASE + 0x10_0000, wlen as u32);
+    fill(b, BASE + 0x30_0000, 65536, 3);
+    let read = SendOp::RdmaRead {
+        remote_addr: BASE + 0x30_0000,
+        rkey: b.rkey,
+    };
+    send(a, qa, 3, read, BASE + 0x38_0000, 65536);
+    let word = BASE + 0x3f_0000;
+    b.dev.mem_mut().write(word, &40u64.to_le_bytes()).unwrap();
+    let fa = SendOp::FetchAdd {
+        remote_addr: word,
+        rkey: b.rkey,
+        add: 2,
+    };
+    send(a, qa, 4, fa, BASE + 0x3f_8000, 8);
+    let cs = SendOp::CompareSwap {
+        remote_addr: word,
+        rkey: b.rkey,
+        compare: 42,
+        swap: 7,
+    };
+    send(a, qa, 5, cs, BASE + 0x3f_8008, 8);
+    recv(b, qb, 8, BASE + 0x3e_0000, 0);
+    let wimm = SendOp::RdmaWriteWithImm {
+        remote_addr: BASE + 0x3d_0000,
+        rkey: b.rkey,
+        imm: 0xfeed_f00d,
+    };
+    send(a, qa, 6, wimm, BASE, 5000);
+
+    let wcs = run_until(a, b, 6);
+    let ids: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        ids,
+        [1, 2, 3, 4, 5, 6].map(|i| (i, WcStatus::Success)),
+        "{what}"
+    );
+    let rx = receive(b, 2, "the SEND and the WRITE with immediate");
+    assert_eq!(
+        (rx[0].wr_id, rx[0].status, rx[0].byte_len),
+        (7, WcStatus::Success, len as u32)
+    );
+    assert_eq!(
+        (rx[1].wr_id, rx[1].opcode, rx[1].imm_data, rx[1].byte_len),
+        (8, WcOpcode::RecvRdmaWithImm, 0xfeed_f00d, 5000)
+    );
+    same(bytes(b, BASE + 0x20_0000, len), bytes(a, BASE, len), "SEND");
+    same(
+        bytes(b, BASE + 0x10_0000, wlen),
+        bytes(a, BASE + 0x10_0000, wlen),
+        "WRITE",
+    );
+    same(
+        bytes(a, BASE + 0x38_0000, 65536),
+        bytes(b, BASE + 0x30_0000, 65536),
+        "READ",
+    );
+    same(
+        bytes(b, BASE + 0x3d_0000, 5000),
+        bytes(a, BASE, 5000),
+        "WRITE with immediate",
+    );
+    assert_eq!(bytes(a, BASE + 0x3f_8000, 8), 40u64.to_le_bytes());
+    assert_eq!(bytes(a, BASE + 0x3f_8008, 8), 42u64.to_le_bytes());
+    assert_eq!(bytes(b, word, 8), 7u64.to_le_bytes());
+
+    // All of it through shared memory: nothing on the sockets, nothing
+    // lost, and the engines saw every packet.
+    for e in [&*a, &*b] {
+        assert_eq!(counter(e, "udp.tx_datagrams"), 0, "{what}");
+        assert_eq!(counter(e, "udp.rx_datagrams"), 0, "{what}");
+        assert_eq!(counter(e, "shm.tx_dropped_full"), 0, "{what}");
+        assert_eq!(counter(e, "shm.rx_refused"), 0, "{what}");
+        assert_eq!(counter(e, "engine.rx_malformed"), 0, "{what}");
+    }
+    assert_eq!(
+        counter(a, "shm.tx_packets"),
+        counter(b, "shm.rx_packets"),
+        "{what}"
+    );
+    assert_eq!(
+        counter(b, "shm.tx_packets"),
+        counter(a, "shm.rx_packets"),
+        "{what}"
+    );
+    assert!(counter(a, "shm.tx_bytes") > wlen as u64 + len as u64);
+    assert_eq!(
+        counter(b, "engine.rx_packets"),
+        counter(b, "shm.rx_packets")
+    );
+}
+
 #[test]
 fn rc_every_operation_over_shm_and_nothing_on_udp() {
     for (mtu, last) in [(Mtu::Mtu1024, 1), (Mtu::Mtu4096, 3)] {
         let sw = Switch::new();
         let (mut a, mut b, qa, qb) = rc_pair(&sw, last, mtu);
-        let len = 100_000;
-        fill(&mut a, BASE, len, 1);
-        recv(&mut b, qb, 7, BASE + 0x20_0000, len as u32);
-        send(&mut a, qa, 1, SendOp::Send, BASE, len as u32);
-        let wlen = 1 << 20;
-        fill(&mut a, BASE + 0x10_0000, wlen, 2);
-        let write = SendOp::RdmaWrite {
-            remote_addr: BASE + 0x10_0000,
-            rkey: b.rkey,
-        };
-        send(&mut a, qa, 2, write, BASE + 0x10_0000, wlen as u32);
-        fill(&mut b, BASE + 0x30_0000, 65536, 3);
-        let read = SendOp::RdmaRead {
-            remote_addr: BASE + 0x30_0000,
-            rkey: b.rkey,
-        };
-        send(&mut a, qa, 3, read, BASE + 0x38_0000, 65536);
-        let word = BASE + 0x3f_0000;
-        b.dev.mem_mut().write(word, &40u64.to_le_bytes()).unwrap();
-        let fa = SendOp::FetchAdd {
-            remote_addr: word,
-            rkey: b.rkey,
-            add: 2,
-        };
-        send(&mut a, qa, 4, fa, BASE + 0x3f_8000, 8);
-        let cs = SendOp::CompareSwap {
-            remote_addr: word,
-            rkey: b.rkey,
-            compare: 42,
-            swap: 7,
-        };
-        send(&mut a, qa, 5, cs, BASE + 0x3f_8008, 8);
-        recv(&mut b, qb, 8, BASE + 0x3e_0000, 0);
-        let wimm = SendOp::RdmaWriteWithImm {
-            remote_addr: BASE + 0x3d_0000,
-            rkey: b.rkey,
-            imm: 0xfeed_f00d,
-        };
-        send(&mut a, qa, 6, wimm, BASE, 5000);
-
-        let wcs = run_until(&mut a, &mut b, 6);
-        let ids: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
-        assert_eq!(
-            ids,
-            [1, 2, 3, 4, 5, 6].map(|i| (i, WcStatus::Success)),
-            "{mtu:?}"
-        );
-        let rx = receive(&mut b, 2, "the SEND and the WRITE with immediate");
-        assert_eq!(
-            (rx[0].wr_id, rx[0].status, rx[0].byte_len),
-            (7, WcStatus::Success, len as u32)
-        );
-        assert_eq!(
-            (rx[1].wr_id, rx[1].opcode, rx[1].imm_data, rx[1].byte_len),
-            (8, WcOpcode::RecvRdmaWithImm, 0xfeed_f00d, 5000)
-        );
-        same(
-            bytes(&b, BASE + 0x20_0000, len),
-            bytes(&a, BASE, len),
-            "SEND",
-        );
-        same(
-            bytes(&b, BASE + 0x10_0000, wlen),
-            bytes(&a, BASE + 0x10_0000, wlen),
-            "WRITE",
-        );
-        same(
-            bytes(&a, BASE + 0x38_0000, 65536),
-            bytes(&b, BASE + 0x30_0000, 65536),
-            "READ",
-        );
-        same(
-            bytes(&b, BASE + 0x3d_0000, 5000),
-            bytes(&a, BASE, 5000),
-            "WRITE with immediate",
-        );
-        assert_eq!(bytes(&a, BASE + 0x3f_8000, 8), 40u64.to_le_bytes());
-        assert_eq!(bytes(&a, BASE + 0x3f_8008, 8), 42u64.to_le_bytes());
-        assert_eq!(bytes(&b, word, 8), 7u64.to_le_bytes());
-
-        // All of it through shared memory: nothing on the sockets, nothing
-        // lost, and the engines saw every packet.
-        for e in [&a, &b] {
-            assert_eq!(counter(e, "udp.tx_datagrams"), 0);
-            assert_eq!(counter(e, "udp.rx_datagrams"), 0);
-            assert_eq!(counter(e, "shm.tx_dropped_full"), 0);
-            assert_eq!(counter(e, "engine.rx_malformed"), 0);
-        }
-        assert_eq!(counter(&a, "shm.tx_packets"), counter(&b, "shm.rx_packets"));
-        assert_eq!(counter(&b, "shm.tx_packets"), counter(&a, "shm.rx_packets"));
-        assert!(counter(&a, "shm.tx_bytes") > wlen as u64 + len as u64);
-        assert_eq!(
-            counter(&b, "engine.rx_packets"),
-            counter(&b, "shm.rx_packets")
-        );
+        every_rc_operation(&mut a, &mut b, qa, qb, &format!("{mtu:?}"));
     }
+}
+
+/// A rendezvous directory of this test's own.
+fn rendezvous_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("vrdma-shm-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Waits (10 s at most) until `sw` reaches `gid` (the rendezvous threads
+/// exchange addresses on their own time).
+fn until_reached(sw: &Switch, gid: &Gid) {
+    let limit = Instant::now() + Duration::from_secs(10);
+    while !sw.holds(gid) {
+        assert!(Instant::now() < limit, "{gid:?} not announced within 10 s");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Two daemons — two switches that joined one rendezvous directory, a
+/// device on each: every RC operation through the rings between them,
+/// nothing on UDP.
+#[test]
+fn devices_of_two_daemons_run_every_operation_through_rings() {
+    let d = rendezvous_dir("two");
+    let mtu = Mtu::Mtu4096;
+    let (sa, sb) = (Switch::new(), Switch::new());
+    let ra = sa.join(JoinConfig::new(&d)).unwrap();
+    let rb = sb.join(JoinConfig::new(&d)).unwrap();
+    let mut a = end_on(&sa, v4(50), mtu);
+    let mut b = end_on(&sb, v4(51), mtu);
+    until_reached(&sa, &b.gid);
+    until_reached(&sb, &a.gid);
+    let (qa, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
+    let (ga, gb) = (a.gid, b.gid);
+    connect(&mut a, qa, gb, qb, mtu);
+    connect(&mut b, qb, ga, qa, mtu);
+    every_rc_operation(&mut a, &mut b, qa, qb, "two daemons");
+    drop((rb, ra));
+}
+
+/// A daemon that goes away mid-transfer (its device and its membership
+/// dropped): its partner's WRITE in flight ends in RETRY_EXC_ERR, and the
+/// partner serves on — a device of its own daemon still reaches it.
+#[test]
+fn a_daemon_gone_mid_transfer_costs_an_error_completion_only() {
+    let d = rendezvous_dir("gone");
+    let mtu = Mtu::Mtu1024;
+    let (sa, sb) = (Switch::new(), Switch::new());
+    let _ra = sa.join(JoinConfig::new(&d)).unwrap();
+    let rb = sb.join(JoinConfig::new(&d)).unwrap();
+    let mut a = end_on(&sa, v4(52), mtu);
+    let mut b = end_on(&sb, v4(53), mtu);
+    let mut c = end_on(&sa, v4(54), mtu);
+    until_reached(&sa, &b.gid);
+    until_reached(&sb, &a.gid);
+    let (qa, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
+    let short = Connection {
+        mtu,
+        psn: Psn::from_masked(1),
+        timeout: 8,
+        retry_cnt: 2,
+        ..Connection::default()
+    };
+    short.join(a.dev.engine_mut(), qa, b.gid, qb);
+    short.join(b.dev.engine_mut(), qb, a.gid, qa);
+    send(
+        &mut a,
+        qa,
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: BASE,
+            rkey: b.rkey,
+        },
+        BASE,
+        2 << 20,
+    );
+    let limit = Instant::now() + Duration::from_secs(10);
+    while counter(&b, "shm.rx_packets") == 0 {
+        a.dev.progress().unwrap();
+        b.dev.progress().unwrap();
+        assert!(Instant::now() < limit, "nothing reached b");
+    }
+    drop((b, rb, sb));
+    let wcs = receive(&mut a, 1, "the WRITE's end");
+    assert_eq!(wcs[0].status, WcStatus::RetryExcErr);
+    // a serves on: its own daemon's c reaches it.
+    let (qa2, qc) = (qp(&mut a, QpType::Rc), qp(&mut c, QpType::Rc));
+    let (ga, gc) = (a.gid, c.gid);
+    connect(&mut a, qa2, gc, qc, mtu);
+    connect(&mut c, qc, ga, qa2, mtu);
+    fill(&mut c, BASE, 4096, 8);
+    recv(&mut a, qa2, 9, BASE + 0x1000, 4096);
+    send(&mut c, qc, 10, SendOp::Send, BASE, 4096);
+    let wcs = run_until(&mut c, &mut a, 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    let rx = receive(&mut a, 1, "c's SEND");
+    assert_eq!(rx[0].wr_id, 9);
 }
 
 #[test]

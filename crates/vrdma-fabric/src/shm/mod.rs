@@ -21,13 +21,18 @@
 //! that address stays on the uplink). Everything else — QPN, PSN, keys,
 //! rights, bounds — is the receiving engine's job, exactly as for a packet
 //! from the wire.
+//!
+//! Devices of other daemons on the host join through a rendezvous
+//! directory ([`Switch::join`], [`peer`]): an address one of them holds
+//! leads to a ring ([`ring`]) into that device, and a device reads the
+//! rings the other daemons write for it beside its mailbox.
 
 use std::{
     collections::{HashMap, VecDeque},
     io,
     os::fd::{AsFd, BorrowedFd},
     sync::{
-        Arc, Mutex, MutexGuard, PoisonError, RwLock,
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, Weak,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
 };
@@ -38,7 +43,11 @@ use nix::sys::{
 };
 use vrdma_wire::{Gid, frame::Route};
 
+pub mod peer;
 pub mod ring;
+mod sys;
+
+pub use peer::{Admit, JoinConfig, Rendezvous, RendezvousStats};
 
 use crate::{Lender, Piece};
 
@@ -77,12 +86,60 @@ pub struct Switch {
 struct Directory {
     config: Config,
     /// Who holds each address.
-    owners: RwLock<HashMap<Gid, Arc<Mailbox>>>,
+    owners: RwLock<HashMap<Gid, Dest>>,
     /// Bumped whenever `owners` changes: a port's cached lookups are good
     /// while it stands.
     generation: AtomicU64,
-    /// Port identities handed out.
+    /// Port (and remote ring) identities handed out.
     next_id: AtomicU64,
+    /// The ports, for the rendezvous (which gives each a ring from every
+    /// other daemon and tells them its addresses).
+    ports: Mutex<Vec<Weak<PortShared>>>,
+    /// The rendezvous thread's wake-up, once the switch joined one: a
+    /// port came, went or changed its addresses.
+    notify: OnceLock<Arc<EventFd>>,
+}
+
+impl Directory {
+    fn changed(&self) {
+        if let Some(e) = self.notify.get() {
+            let _ = e.write(1);
+        }
+    }
+}
+
+/// Where an address leads: a device of this process, or a ring into a
+/// device of another daemon.
+#[derive(Clone, Debug)]
+enum Dest {
+    Local(Arc<Mailbox>),
+    Remote(Arc<peer::Outbound>),
+}
+
+impl Dest {
+    fn id(&self) -> u64 {
+        match self {
+            Dest::Local(m) => m.id,
+            Dest::Remote(o) => o.id,
+        }
+    }
+}
+
+/// What a port shares with the rendezvous thread.
+#[derive(Debug)]
+struct PortShared {
+    id: u64,
+    /// False once the port is dropped (the rendezvous then says GONE).
+    alive: AtomicBool,
+    /// The device's descriptor: its mailbox's eventfd, its uplink's, and
+    /// the rings' from other daemons.
+    epoll: Epoll,
+    /// Its addresses, as the rendezvous tells other daemons.
+    gids: Mutex<Vec<Gid>>,
+    /// Rings other daemons were given for it, not yet taken by the port.
+    incoming: Mutex<Vec<peer::InRing>>,
+    /// Bumped when `incoming` grows or a ring's daemon leaves.
+    incoming_gen: AtomicU64,
 }
 
 impl Switch {
@@ -107,6 +164,16 @@ impl Switch {
         let event = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         epoll.add(&event, EpollEvent::new(EpollFlags::EPOLLIN, 0))?;
+        let shared = Arc::new(PortShared {
+            id,
+            alive: AtomicBool::new(true),
+            epoll,
+            gids: Mutex::new(Vec::new()),
+            incoming: Mutex::new(Vec::new()),
+            incoming_gen: AtomicU64::new(0),
+        });
+        lock(&self.inner.ports).push(Arc::downgrade(&shared));
+        self.inner.changed();
         let mailbox = Arc::new(Mailbox {
             id,
             limit: self.inner.config.mailbox_bytes,
@@ -118,14 +185,19 @@ impl Switch {
         Ok(Port {
             switch: self.clone(),
             mailbox,
-            epoll,
+            shared,
             gids: Vec::new(),
             refused: Vec::new(),
             cache: None,
             outbox: Vec::new(),
+            touched: Vec::new(),
             pool: Vec::new(),
             inbox: Vec::with_capacity(BATCH),
             delivered: Vec::with_capacity(BATCH),
+            rings: Vec::new(),
+            rings_gen: 0,
+            ring_buf: vec![0; vrdma_wire::packet::MAX_LEN],
+            armed: true,
             stats: Stats::default(),
         })
     }
@@ -135,7 +207,7 @@ impl Switch {
         read(&self.inner.owners).contains_key(gid)
     }
 
-    fn lookup(&self, gid: &Gid) -> Option<Arc<Mailbox>> {
+    fn lookup(&self, gid: &Gid) -> Option<Dest> {
         read(&self.inner.owners).get(gid).cloned()
     }
 
@@ -239,10 +311,16 @@ pub struct Stats {
     pub tx_spoofed: u64,
     /// Addresses the port claimed that another port already held.
     pub gid_conflicts: u64,
+    /// Packets from another daemon's ring refused: a source address that
+    /// daemon does not hold, or a destination that is not this device's.
+    pub rx_refused: u64,
+    /// Rings another daemon broke (indices or records out of range): each
+    /// is read no more.
+    pub rx_broken: u64,
 }
 
 impl Stats {
-    pub fn fields(&self) -> [(&'static str, u64); 9] {
+    pub fn fields(&self) -> [(&'static str, u64); 11] {
         [
             ("tx_packets", self.tx_packets),
             ("tx_bytes", self.tx_bytes),
@@ -253,6 +331,8 @@ impl Stats {
             ("tx_dropped_unlent", self.tx_dropped_unlent),
             ("tx_spoofed", self.tx_spoofed),
             ("gid_conflicts", self.gid_conflicts),
+            ("rx_refused", self.rx_refused),
+            ("rx_broken", self.rx_broken),
         ]
     }
 }
@@ -273,24 +353,35 @@ pub enum Dropped {
 pub struct Port {
     switch: Switch,
     mailbox: Arc<Mailbox>,
-    /// The mailbox's eventfd and whatever else the device waits on
-    /// ([`Port::watch`]), as one descriptor.
-    epoll: Epoll,
+    /// Its identity, addresses and descriptor as the rendezvous sees them
+    /// (the epoll instance: the mailbox's eventfd, the rings', and
+    /// whatever else the device waits on, [`Port::watch`]).
+    shared: Arc<PortShared>,
     /// The addresses this port holds on the switch.
     gids: Vec<Gid>,
     /// Addresses it claimed that another port holds (each counted once).
     refused: Vec<Gid>,
     /// The last destination looked up, and the switch generation it is
     /// good for.
-    cache: Option<(u64, Gid, Option<Arc<Mailbox>>)>,
+    cache: Option<(u64, Gid, Option<Dest>)>,
     /// Packets queued by [`Port::send`] for [`Port::flush`], by mailbox.
     outbox: Vec<(Arc<Mailbox>, Vec<Parcel>)>,
+    /// Rings into other daemons' devices written since the last flush.
+    touched: Vec<Arc<peer::Outbound>>,
     /// Packet buffers for the next sends (from the receivers' spares).
     pool: Vec<Vec<u8>>,
     /// Packets taken from the mailbox, being delivered.
     inbox: Vec<Parcel>,
     /// Buffers of the packets delivered, given back at the next receive.
     delivered: Vec<Vec<u8>>,
+    /// Rings other daemons write for this device, and the generation of
+    /// the shared list last taken.
+    rings: Vec<peer::InRing>,
+    rings_gen: u64,
+    /// A packet copied out of a ring.
+    ring_buf: Vec<u8>,
+    /// Whether senders were asked to wake the device ([`Port::arm`]).
+    armed: bool,
     stats: Stats,
 }
 
@@ -298,13 +389,14 @@ impl Port {
     /// The descriptor that becomes readable when a packet arrives (or when
     /// a descriptor added with [`Port::watch`] does).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.epoll.0.as_fd()
+        self.shared.epoll.0.as_fd()
     }
 
     /// Adds `fd` to what [`Port::fd`] stands for (a device's other
     /// transport): `fd` must outlive the port.
     pub fn watch(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
-        self.epoll
+        self.shared
+            .epoll
             .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, 1))
             .map_err(io::Error::from)
     }
@@ -325,7 +417,7 @@ impl Port {
         let dir = &self.switch.inner;
         let mut owners = write(&dir.owners);
         for g in &self.gids {
-            if !gids.contains(g) && owners.get(g).is_some_and(|m| m.id == self.mailbox.id) {
+            if !gids.contains(g) && owners.get(g).is_some_and(|d| d.id() == self.mailbox.id) {
                 owners.remove(g);
             }
         }
@@ -335,7 +427,7 @@ impl Port {
                 continue;
             }
             match owners.get(g) {
-                Some(m) if m.id != self.mailbox.id => {
+                Some(d) if d.id() != self.mailbox.id => {
                     if !self.refused.contains(g) {
                         self.refused.push(*g);
                         self.stats.gid_conflicts += 1;
@@ -343,7 +435,7 @@ impl Port {
                 }
                 Some(_) => held.push(*g),
                 None => {
-                    owners.insert(*g, Arc::clone(&self.mailbox));
+                    owners.insert(*g, Dest::Local(Arc::clone(&self.mailbox)));
                     held.push(*g);
                 }
             }
@@ -354,13 +446,19 @@ impl Port {
         dir.generation.fetch_add(1, Ordering::AcqRel);
         drop(owners);
         self.cache = None;
+        let mut shared = lock(&self.shared.gids);
+        if *shared != self.gids {
+            shared.clone_from(&self.gids);
+            drop(shared);
+            dir.changed();
+        }
     }
 
     /// The mailbox holding `dgid`, if a port on the switch holds it
     /// (cached while the switch's directory does not change).
     /// (No reference count is touched on the way: an atomic per packet
     /// that the profile showed.)
-    fn mailbox_of(&mut self, dgid: &Gid) -> Option<&Arc<Mailbox>> {
+    fn dest_of(&mut self, dgid: &Gid) -> Option<&Dest> {
         let generation = self.switch.generation();
         let fresh = matches!(&self.cache, Some((g, gid, _)) if *g == generation && gid == dgid);
         if !fresh {
@@ -372,7 +470,7 @@ impl Port {
     /// Whether a port on the switch holds `dgid` (the packet then goes
     /// through [`Port::send`]).
     pub fn reaches(&mut self, dgid: &Gid) -> bool {
-        self.mailbox_of(dgid).is_some()
+        self.dest_of(dgid).is_some()
     }
 
     /// Queues a packet for the mailbox of the port holding `route.dst`;
@@ -391,13 +489,41 @@ impl Port {
         lent: &[Piece],
         mem: &impl Lender,
     ) -> Result<(), Dropped> {
-        let Some(id) = self.mailbox_of(&route.dst).map(|m| m.id) else {
+        if self.dest_of(&route.dst).is_none() {
             return Err(Dropped::NotHere);
-        };
+        }
         if !self.gids.contains(&route.src) {
             self.stats.tx_spoofed += 1;
             return Err(Dropped::Spoofed);
         }
+        let dest = match &self.cache {
+            Some((_, _, Some(d))) => d,
+            _ => return Err(Dropped::NotHere),
+        };
+        let mailbox = match dest {
+            Dest::Local(m) => m,
+            Dest::Remote(o) => {
+                // Straight into the other daemon's ring.
+                return match o.push(route, head, payload_at, lent, mem) {
+                    Ok(len) => {
+                        self.stats.tx_packets += 1;
+                        self.stats.tx_bytes += len as u64;
+                        if !self.touched.iter().any(|t| t.id == o.id) {
+                            self.touched.push(Arc::clone(o));
+                        }
+                        Ok(())
+                    }
+                    Err(e) => {
+                        match e {
+                            Dropped::Full => self.stats.tx_dropped_full += 1,
+                            Dropped::Unlent => self.stats.tx_dropped_unlent += 1,
+                            _ => self.stats.tx_dropped_gone += 1,
+                        }
+                        Err(e)
+                    }
+                };
+            }
+        };
         let mut bytes = self.pool.pop().unwrap_or_default();
         let len = head.len() + lent.iter().map(|p| p.len).sum::<usize>();
         if bytes.len() < len {
@@ -413,13 +539,9 @@ impl Port {
             bytes,
             len,
         };
-        match self.outbox.iter_mut().find(|(m, _)| m.id == id) {
+        match self.outbox.iter_mut().find(|(m, _)| m.id == mailbox.id) {
             Some((_, q)) => q.push(parcel),
-            None => {
-                if let Some(m) = self.mailbox_of(&route.dst).cloned() {
-                    self.outbox.push((m, vec![parcel]));
-                }
-            }
+            None => self.outbox.push((Arc::clone(mailbox), vec![parcel])),
         }
         Ok(())
     }
@@ -472,16 +594,27 @@ impl Port {
             true
         });
         self.pool.truncate(SPARES);
+        for o in self.touched.drain(..) {
+            o.publish();
+        }
         delivered
     }
 
     /// Takes up to [`BATCH`] packets from the mailbox and hands each, with
     /// its route, to `deliver`. Returns the packets taken.
     pub fn receive(&mut self, mut deliver: impl FnMut(&Route, &[u8])) -> usize {
-        // Awake: the senders may spare the wake-ups until it arms again.
-        self.mailbox.armed.store(false, Ordering::Relaxed);
+        if self.armed {
+            // Awake: the senders may spare the wake-ups until it arms
+            // again.
+            self.armed = false;
+            self.mailbox.armed.store(false, Ordering::Relaxed);
+            for r in &self.rings {
+                r.disarm();
+            }
+        }
+        let mut n = self.receive_rings(&mut deliver);
         if self.mailbox.pending.0.load(Ordering::Acquire) == 0 {
-            return 0;
+            return n;
         }
         {
             let mut q = lock(&self.mailbox.queue);
@@ -507,12 +640,44 @@ impl Port {
                 let _ = self.mailbox.event.read();
             }
         }
-        let n = self.inbox.len();
+        n += self.inbox.len();
         for p in self.inbox.drain(..) {
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += p.len as u64;
             deliver(&p.route, p.packet());
             self.delivered.push(p.bytes);
+        }
+        n
+    }
+
+    /// Takes what other daemons' rings hold for this device ([`BATCH`]
+    /// packets at most), and lets go of the rings that are done with.
+    fn receive_rings(&mut self, deliver: &mut impl FnMut(&Route, &[u8])) -> usize {
+        let g = self.shared.incoming_gen.load(Ordering::Acquire);
+        if g != self.rings_gen {
+            self.rings_gen = g;
+            self.rings.append(&mut lock(&self.shared.incoming));
+            let epoll = &self.shared.epoll;
+            self.rings.retain(|r| {
+                if r.finished() {
+                    let _ = epoll.delete(r.event());
+                    return false;
+                }
+                true
+            });
+        }
+        let mut n = 0;
+        for r in &mut self.rings {
+            n += r.receive(
+                &mut self.ring_buf,
+                &self.gids,
+                &mut self.stats,
+                BATCH - n,
+                deliver,
+            );
+            if n >= BATCH {
+                break;
+            }
         }
         n
     }
@@ -529,6 +694,10 @@ impl Port {
     /// a user must arm before every sleep — a busy-polling user never
     /// does, and costs its senders no system call.
     pub fn arm(&mut self) {
+        self.armed = true;
+        for r in &self.rings {
+            r.arm();
+        }
         self.mailbox.armed.store(true, Ordering::SeqCst);
         if self.mailbox.pending.0.load(Ordering::SeqCst) > 0 {
             let mut q = lock(&self.mailbox.queue);
@@ -577,6 +746,9 @@ impl Drop for Port {
     fn drop(&mut self) {
         self.flush();
         self.set_local(&[]);
+        // The rendezvous tells the other daemons it is gone.
+        self.shared.alive.store(false, Ordering::Release);
+        self.switch.inner.changed();
         let mut q = lock(&self.mailbox.queue);
         q.closed = true;
         q.packets.clear();

@@ -33,6 +33,8 @@ use nix::{
 use vm_memory::{Bytes, FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
 use vrdma_wire::{Gid, frame::Route, packet};
 
+use crate::{Lender, Piece};
+
 /// Offsets of the index page's words.
 const PRODUCED: usize = 0;
 const CONSUMED: usize = 64;
@@ -57,6 +59,11 @@ fn seals() -> SealFlag {
 /// The bytes of a ring of `slots` slots.
 pub fn ring_len(slots: u32) -> usize {
     INDEX_PAGE + slots as usize * SLOT
+}
+
+/// [`ring_len`] as a file offset (at most 4 KiB + 2^14 slots: it fits).
+fn ring_len_off(slots: u32) -> i64 {
+    i64::try_from(ring_len(slots)).unwrap_or(i64::MAX)
 }
 
 /// Why a ring cannot be used.
@@ -121,12 +128,9 @@ pub fn create(slots: u32, name: &str) -> Result<(Consumer, OwnedFd), RingError> 
     if slots == 0 || slots > MAX_SLOTS || !slots.is_power_of_two() {
         return Err(RingError::Slots(slots));
     }
-    let fd = memfd_create(
-        name,
-        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-    )
-    .map_err(io::Error::from)?;
-    ftruncate(&fd, ring_len(slots) as i64).map_err(io::Error::from)?;
+    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
+        .map_err(io::Error::from)?;
+    ftruncate(&fd, ring_len_off(slots)).map_err(io::Error::from)?;
     fcntl(&fd, FcntlArg::F_ADD_SEALS(seals())).map_err(io::Error::from)?;
     let file = File::from(fd.try_clone()?);
     let map = Mapping::map(file, slots)?;
@@ -165,6 +169,8 @@ pub enum PushError {
     Full,
     /// The consumer's index is out of range: the ring is not used again.
     Broken,
+    /// A lent piece of the payload is no longer in the sender's memory.
+    Unlent,
 }
 
 /// The producer's end: packets written into slots, then the count moved.
@@ -184,11 +190,31 @@ impl Producer {
 
     /// Writes one packet (not yet visible: [`Producer::publish`]).
     pub fn push(&mut self, route: &Route, packet: &[u8]) -> Result<(), PushError> {
+        self.push_gather(route, packet, packet.len(), &[], &crate::NoLender)
+            .map(|_| ())
+    }
+
+    /// Writes one packet whose payload is lent, as `shm::Port::send` takes
+    /// it: `head`'s bytes before `payload_at`, the pieces read from `mem`
+    /// straight into the slot (volatile to volatile: the payload's one copy
+    /// on this side), `head`'s rest. Returns the packet's length.
+    pub fn push_gather(
+        &mut self,
+        route: &Route,
+        head: &[u8],
+        payload_at: usize,
+        lent: &[Piece],
+        mem: &impl Lender,
+    ) -> Result<usize, PushError> {
         if self.broken {
             return Err(PushError::Broken);
         }
-        if packet.len() > packet::MAX_LEN {
-            return Err(PushError::Full);
+        let len = head.len() + lent.iter().map(|p| p.len).sum::<usize>();
+        let (Some(before), Some(after)) = (head.get(..payload_at), head.get(payload_at..)) else {
+            return Err(PushError::Unlent);
+        };
+        if len > packet::MAX_LEN {
+            return Err(PushError::Unlent);
         }
         let consumed = self.map.load(CONSUMED, Ordering::Acquire);
         let outstanding = self.produced.wrapping_sub(consumed);
@@ -200,20 +226,35 @@ impl Producer {
             return Err(PushError::Full);
         }
         let at = self.map.slot(self.produced);
-        let mut head = [0u8; HEADER];
-        head[0..4].copy_from_slice(&(packet.len() as u32).to_le_bytes());
-        head[4..20].copy_from_slice(&route.src.0);
-        head[20..36].copy_from_slice(&route.dst.0);
-        head[36] = route.traffic_class;
-        head[37] = route.hop_limit;
-        head[40..44].copy_from_slice(&route.flow_label.to_le_bytes());
+        let mut rec = [0u8; HEADER];
+        rec[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+        rec[4..20].copy_from_slice(&route.src.0);
+        rec[20..36].copy_from_slice(&route.dst.0);
+        rec[36] = route.traffic_class;
+        rec[37] = route.hop_limit;
+        rec[40..44].copy_from_slice(&route.flow_label.to_le_bytes());
         let r = self.map.mem();
-        if r.write_slice(&head, at).is_err() || r.write_slice(packet, at + HEADER).is_err() {
+        let Ok(slot) = r.get_slice(at, SLOT) else {
             self.broken = true;
             return Err(PushError::Broken);
+        };
+        // In bounds: the slot holds a header and the largest packet.
+        let _ = slot.write_slice(&rec, 0);
+        let _ = slot.write_slice(before, HEADER);
+        let mut off = HEADER + before.len();
+        for p in lent {
+            let copied = mem
+                .lend(p.addr, p.len)
+                .zip(slot.get_slice(off, p.len).ok())
+                .map(|(src, dst)| src.copy_to_volatile_slice(dst));
+            if copied.is_none() {
+                return Err(PushError::Unlent);
+            }
+            off += p.len;
         }
+        let _ = slot.write_slice(after, off);
         self.produced = self.produced.wrapping_add(1);
-        Ok(())
+        Ok(len)
     }
 
     /// Makes the packets written visible; whether the consumer asked to be
@@ -377,10 +418,20 @@ mod tests {
             assert_eq!(c.pending(), 4);
             for i in 0..4u8 {
                 let r = c.pop(&mut buf).unwrap();
-                assert_eq!(r, Record { route: route(i), len: 100 });
+                assert_eq!(
+                    r,
+                    Record {
+                        route: route(i),
+                        len: 100
+                    }
+                );
                 assert_eq!(&buf[..100], &[i + round; 100]);
             }
-            assert_eq!(p.push(&route(9), &[0; 10]), Err(PushError::Full), "not released");
+            assert_eq!(
+                p.push(&route(9), &[0; 10]),
+                Err(PushError::Full),
+                "not released"
+            );
             c.release();
         }
         assert!(!c.arm());
@@ -403,15 +454,21 @@ mod tests {
         // A record longer than a slot.
         let (mut c, fd) = create(8, "test").unwrap();
         let w = scribbler(&fd, 8);
-        w.mem().write_slice(&u32::MAX.to_le_bytes(), INDEX_PAGE).unwrap();
+        w.mem()
+            .write_slice(&u32::MAX.to_le_bytes(), INDEX_PAGE)
+            .unwrap();
         w.store(PRODUCED, 1, Ordering::SeqCst);
         assert_eq!(c.pop(&mut buf), Err(PopError::Broken));
         // Every count within the ring is a slot of it, whatever it holds.
         let (mut c, fd) = create(8, "test").unwrap();
         let w = scribbler(&fd, 8);
         for i in 0..8usize {
-            w.mem().write_slice(&[0xff; 64], INDEX_PAGE + i * SLOT + 4).unwrap();
-            w.mem().write_slice(&60u32.to_le_bytes(), INDEX_PAGE + i * SLOT).unwrap();
+            w.mem()
+                .write_slice(&[0xff; 64], INDEX_PAGE + i * SLOT + 4)
+                .unwrap();
+            w.mem()
+                .write_slice(&60u32.to_le_bytes(), INDEX_PAGE + i * SLOT)
+                .unwrap();
         }
         w.store(PRODUCED, 8, Ordering::SeqCst);
         for _ in 0..8 {
@@ -436,14 +493,20 @@ mod tests {
     #[test]
     fn a_file_not_sealed_or_of_another_size_is_refused() {
         let fd = memfd_create("x", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).unwrap();
-        ftruncate(&fd, ring_len(8) as i64).unwrap();
+        ftruncate(&fd, ring_len_off(8)).unwrap();
         assert!(matches!(
             open(fd.try_clone().unwrap(), 8),
             Err(RingError::Unsealed)
         ));
         fcntl(&fd, FcntlArg::F_ADD_SEALS(seals())).unwrap();
-        assert!(matches!(open(fd.try_clone().unwrap(), 16), Err(RingError::Size { .. })));
-        assert!(matches!(open(fd.try_clone().unwrap(), 3), Err(RingError::Slots(3))));
+        assert!(matches!(
+            open(fd.try_clone().unwrap(), 16),
+            Err(RingError::Size { .. })
+        ));
+        assert!(matches!(
+            open(fd.try_clone().unwrap(), 3),
+            Err(RingError::Slots(3))
+        ));
         assert!(open(fd, 8).is_ok());
         // Sealed: the file cannot be cut under a mapping.
         let (_c, fd) = create(8, "test").unwrap();
