@@ -133,8 +133,23 @@ pub struct ServeArgs {
     /// reach each other through same-host shared memory (a packet for
     /// another of its devices' addresses goes straight into that device's
     /// mailbox, never onto the uplink; `vrdma stat` counts it as `shm.*`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "shm_dir")]
     pub no_shm: bool,
+
+    /// Reach the devices of other `vrdma serve` daemons on this host
+    /// through shared memory too: join the rendezvous directory DIR (it
+    /// must exist and be writable by the daemon's user). Its devices'
+    /// packets then travel in rings between the daemons — packets only:
+    /// no daemon maps another's guest memory (docs/same-host.md). Who may
+    /// join: whoever can make a socket in DIR and passes the check of its
+    /// peer's credentials (the daemon's own user, root, --shm-group).
+    #[arg(long, value_name = "DIR")]
+    pub shm_dir: Option<PathBuf>,
+
+    /// A group (name or gid) whose daemons may join this one's
+    /// rendezvous (its socket is then mode 0660 of that group). Repeatable.
+    #[arg(long = "shm-group", value_name = "GROUP", requires = "shm_dir")]
+    pub shm_groups: Vec<String>,
 
     /// Print the vhost-user backend's capabilities as JSON (QEMU's
     /// "Backend program conventions": `{"type": …, "features": […]}`) and

@@ -35,7 +35,10 @@ use vrdma_engine::{
     wc::WcStatus,
     wr::{SendFlags, SendOp},
 };
-use vrdma_fabric::{shm::Switch, udp::UdpPort};
+use vrdma_fabric::{
+    shm::{JoinConfig, Rendezvous, Switch},
+    udp::UdpPort,
+};
 use vrdma_wire::{Qpn, Rkey};
 
 use vrdma_device::{
@@ -73,8 +76,22 @@ type Side = (Context<SameHost<UdpPort>>, Qpn, Rkey);
 enum Medium {
     /// Their UDP ports, over loopback.
     Udp,
-    /// Same-host shared memory (`vrdma_fabric::shm`): one switch.
+    /// Same-host shared memory (`vrdma_fabric::shm`): one switch, as the
+    /// devices of one daemon.
     Shm,
+    /// Same-host shared memory between daemons: two switches that joined
+    /// one rendezvous directory, the packets in rings between them.
+    Rings,
+}
+
+impl Medium {
+    fn name(self) -> &'static str {
+        match self {
+            Medium::Udp => "UDP loopback",
+            Medium::Shm => "shm 1 daemon",
+            Medium::Rings => "shm 2 daemons",
+        }
+    }
 }
 
 /// What one device tells the other before their QPs connect: every QP
@@ -139,6 +156,18 @@ fn side(
         peers.len() == mine.len(),
         "the peer has another number of QPs"
     );
+    if let Some(sw) = switch {
+        // Another daemon's addresses come through the rendezvous on its
+        // own time: the test starts once the peer is reached by shm.
+        let t = Instant::now();
+        while !sw.holds(&peers[0].gid) {
+            ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "the peer never came through shm"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
     for (m, p) in mine.iter().zip(&peers) {
         dev.connect(m.qpn, m.psn, *p, &c)?;
     }
@@ -156,8 +185,7 @@ fn pair<T: Send + 'static>(
     let (to_a, from_b) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let stop_b = stop.clone();
-    let switch = (shape.medium == Medium::Shm).then(Switch::new);
-    let switch_b = switch.clone();
+    let (switch, switch_b, _rendezvous) = switches(shape.medium)?;
     let tb = thread::Builder::new()
         .name("bench-b".into())
         .spawn(move || -> Result<()> {
@@ -173,6 +201,52 @@ fn pair<T: Send + 'static>(
     let value = result?;
     rb.context("side B")?;
     Ok(value)
+}
+
+/// The switches of a pair's two sides over `medium` (none over UDP), and
+/// what keeps two daemons' switches joined.
+type Switches = (Option<Switch>, Option<Switch>, Option<Rings>);
+
+/// Two switches' memberships of a rendezvous directory of their own,
+/// removed when dropped.
+struct Rings {
+    members: Option<(Rendezvous, Rendezvous)>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Rings {
+    fn drop(&mut self) {
+        // The daemons leave (their sockets with them), then the directory.
+        drop(self.members.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn switches(medium: Medium) -> Result<Switches> {
+    Ok(match medium {
+        Medium::Udp => (None, None, None),
+        Medium::Shm => {
+            let s = Switch::new();
+            (Some(s.clone()), Some(s), None)
+        }
+        Medium::Rings => {
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "vrdma-bench-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir)?;
+            let (a, b) = (Switch::new(), Switch::new());
+            let ra = a.join(JoinConfig::new(&dir))?;
+            let rb = b.join(JoinConfig::new(&dir))?;
+            let rings = Rings {
+                members: Some((ra, rb)),
+                dir,
+            };
+            (Some(a), Some(b), Some(rings))
+        }
+    })
 }
 
 /// Side B of the bandwidth test: only answers (ACKs).
@@ -451,10 +525,13 @@ const SPAN: usize = 64 << 20;
 const TINY: u32 = 8;
 
 /// The same-host table: two devices of this process on one switch
-/// (`vrdma_fabric::shm`) against the same two over UDP loopback, and
-/// 1 MiB WRITEs against single-core memcpy of the same amount of memory.
+/// (`vrdma_fabric::shm`, as one daemon's devices), and on two switches
+/// joined through a rendezvous directory (as two daemons'), against the
+/// same two over UDP loopback; 1 MiB WRITEs also against single-core
+/// memcpy of the same amount of memory.
 fn same_host(total: u64, iters: u32) -> Result<()> {
     const MSGS: u64 = 300_000;
+    const MEDIA: [Medium; 3] = [Medium::Udp, Medium::Shm, Medium::Rings];
     println!();
     println!(
         " {:<44} {:>12} {:>10} {:>10}",
@@ -469,92 +546,79 @@ fn same_host(total: u64, iters: u32) -> Result<()> {
     };
     let part = iters.div_ceil(REPS as u32);
     let warmup = part / 10;
-    let mut runs: [Vec<f64>; 7] = Default::default();
-    let (mut vs_memcpy, mut bw_vs_udp, mut lat_vs_udp, mut rate_vs_udp) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Per medium: bandwidth, latency, rate; and each round's ratios
+    // (bandwidth to memcpy, and each to UDP).
+    let mut memcpy = Vec::new();
+    let mut runs: [[Vec<f64>; 3]; 3] = Default::default();
+    let mut ratios: [[Vec<f64>; 4]; 3] = Default::default();
     for _ in 0..REPS {
         let m = rawudp::memcpy_span(MSG as usize, SPAN / 2, total / MSG);
-        let u = write_bw_over(wide.over(Medium::Udp), total)?;
-        let s = write_bw_over(wide.over(Medium::Shm), total)?;
-        vs_memcpy.push(s / m);
-        bw_vs_udp.push(s / u);
-        let lu = median(write_lat_over(Shape::ONE, TINY, warmup, part)?);
-        let ls = median(write_lat_over(
-            Shape::ONE.over(Medium::Shm),
-            TINY,
-            warmup,
-            part,
-        )?);
-        lat_vs_udp.push(ls / lu);
-        let ru = send_rate_over(1, Medium::Udp, MSGS)?;
-        let rs = send_rate_over(1, Medium::Shm, MSGS)?;
-        rate_vs_udp.push(rs / ru);
-        for (v, x) in runs.iter_mut().zip([m, u, s, lu, ls, ru, rs]) {
-            v.push(x);
+        memcpy.push(m);
+        let mut round = [[0.0; 3]; 3];
+        for (k, medium) in MEDIA.into_iter().enumerate() {
+            round[k] = [
+                write_bw_over(wide.over(medium), total)?,
+                median(write_lat_over(Shape::ONE.over(medium), TINY, warmup, part)?),
+                send_rate_over(1, medium, MSGS)?,
+            ];
+        }
+        for k in 0..3 {
+            for t in 0..3 {
+                runs[k][t].push(round[k][t]);
+                ratios[k][t + 1].push(round[k][t] / round[0][t]);
+            }
+            ratios[k][0].push(round[k][0] / m);
         }
     }
-    let [m, u, s, lu, ls, ru, rs] = runs.map(median);
     let pct = |r: f64| format!("{:.0}%", r * 100.0);
     let times = |r: f64| format!("{r:.2}x");
-    let row = |name: &str, v: String, a: String, b: String| {
+    let row = |name: String, v: String, a: String, b: String| {
         println!(" {name:<44} {v:>12} {a:>10} {b:>10}");
     };
-    let gbs = |x: f64| format!("{:.2} GB/s", x / 1e9);
     row(
-        "memcpy, 1 MiB blocks over 32 MiB",
-        gbs(m),
+        "memcpy, 1 MiB blocks over 32 MiB".into(),
+        format!("{:.2} GB/s", median(memcpy) / 1e9),
         pct(1.0),
         String::new(),
     );
-    row(
-        "RC WRITE 1 MiB over UDP loopback",
-        gbs(u),
-        pct(u / m),
-        pct(1.0),
-    );
-    row(
-        "RC WRITE 1 MiB over shm",
-        gbs(s),
-        pct(median(vs_memcpy.clone())),
-        pct(median(bw_vs_udp.clone())),
-    );
-    let us = |x: f64| format!("{:.2} us", x / 1000.0);
-    row(
-        "RC WRITE 8 B half round trip, UDP",
-        us(lu),
-        String::new(),
-        times(1.0),
-    );
-    row(
-        "RC WRITE 8 B half round trip, shm",
-        us(ls),
-        String::new(),
-        times(median(lat_vs_udp.clone())),
-    );
-    let mps = |x: f64| format!("{:.2} M/s", x / 1e6);
-    row(
-        "RC SEND 64 B message rate, UDP",
-        mps(ru),
-        String::new(),
-        times(1.0),
-    );
-    row(
-        "RC SEND 64 B message rate, shm",
-        mps(rs),
-        String::new(),
-        times(median(rate_vs_udp.clone())),
-    );
+    for (k, medium) in MEDIA.into_iter().enumerate() {
+        row(
+            format!("RC WRITE 1 MiB, {}", medium.name()),
+            format!("{:.2} GB/s", median(runs[k][0].clone()) / 1e9),
+            pct(median(ratios[k][0].clone())),
+            pct(median(ratios[k][1].clone())),
+        );
+    }
+    for (k, medium) in MEDIA.into_iter().enumerate() {
+        row(
+            format!("RC WRITE 8 B half RTT, {}", medium.name()),
+            format!("{:.2} us", median(runs[k][1].clone()) / 1000.0),
+            String::new(),
+            times(median(ratios[k][2].clone())),
+        );
+    }
+    for (k, medium) in MEDIA.into_iter().enumerate() {
+        row(
+            format!("RC SEND 64 B rate, {}", medium.name()),
+            format!("{:.2} M/s", median(runs[k][2].clone()) / 1e6),
+            String::new(),
+            times(median(ratios[k][3].clone())),
+        );
+    }
     let sorted = |mut v: Vec<f64>, f: &dyn Fn(f64) -> String| {
         v.sort_by(f64::total_cmp);
         v.into_iter().map(f).collect::<Vec<_>>().join(" ")
     };
-    println!(
-        "   (each round, sorted: shm WRITE / memcpy {}; shm / UDP: WRITE {}, latency {}, rate {})",
-        sorted(vs_memcpy, &pct),
-        sorted(bw_vs_udp, &pct),
-        sorted(lat_vs_udp, &times),
-        sorted(rate_vs_udp, &times)
-    );
+    for (k, medium) in MEDIA.into_iter().enumerate().skip(1) {
+        println!(
+            "   ({} each round, sorted: WRITE / memcpy {}; / UDP: WRITE {}, latency {}, rate {})",
+            medium.name(),
+            sorted(ratios[k][0].clone(), &pct),
+            sorted(ratios[k][1].clone(), &pct),
+            sorted(ratios[k][2].clone(), &times),
+            sorted(ratios[k][3].clone(), &times)
+        );
+    }
     Ok(())
 }
 

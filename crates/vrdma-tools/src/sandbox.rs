@@ -229,6 +229,10 @@ pub fn allowed() -> Vec<i64> {
         // A new thread's C library asks how many CPUs it may run on (its
         // malloc arenas).
         libc::SYS_sched_getaffinity,
+        // Same-host shared memory between daemons (`--shm-dir`): a ring for
+        // each peer daemon that joins later is a sealed memfd of its size.
+        libc::SYS_memfd_create,
+        libc::SYS_ftruncate,
     ];
     #[cfg(target_arch = "x86_64")]
     v.extend([

@@ -32,7 +32,7 @@ use vrdma_device::{ObjectBudget, active_mtu};
 use vrdma_engine::attr::PortAttr;
 use vrdma_fabric::{
     eth::{EthPort, Link, SourceFilter},
-    shm::Switch,
+    shm::{JoinConfig, Rendezvous, Switch},
 };
 use vrdma_pvrdma::{Pvrdma, Server, caps::Limits};
 
@@ -401,14 +401,42 @@ fn open(
 
 /// Confines the whole process once every device is open: another user
 /// or no capabilities, then the seccomp filter on every thread.
-fn confine(user: Option<&sandbox::Identity>, drop_caps: bool, seccomp: Seccomp) -> Result<()> {
+/// `unconfined` runs between the two (as the daemon's user, before the
+/// filter: what it opens, the filter need not allow).
+fn confine(
+    user: Option<&sandbox::Identity>,
+    drop_caps: bool,
+    seccomp: Seccomp,
+    unconfined: impl FnOnce() -> Result<()>,
+) -> Result<()> {
     if let Some(u) = user {
         sandbox::drop_privileges(u)?;
     }
     if drop_caps {
         sandbox::drop_thread_capabilities()?;
     }
+    unconfined()?;
     sandbox::apply(seccomp)
+}
+
+/// Joins the rendezvous directory `--shm-dir` names (as the daemon's
+/// user: the socket it makes is the user's).
+fn join(switch: Option<&Switch>, a: &ServeArgs) -> Result<Option<Rendezvous>> {
+    let (Some(switch), Some(dir)) = (switch, &a.shm_dir) else {
+        return Ok(None);
+    };
+    let mut config = JoinConfig::new(dir);
+    for g in &a.shm_groups {
+        config.admit.gids.push(sandbox::group(g)?.as_raw());
+    }
+    let r = switch
+        .join(config)
+        .with_context(|| format!("joining the rendezvous directory {}", dir.display()))?;
+    eprintln!(
+        "vrdma serve: same-host shared memory with the daemons of {}",
+        dir.display()
+    );
+    Ok(Some(r))
 }
 
 /// Makes `dir` a directory of `user`'s, closed to others, for its
@@ -603,8 +631,12 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             }
         }
     }
+    let mut rendezvous = None;
     if failed.is_none()
-        && let Err(e) = confine(user.as_ref(), drop_caps, a.seccomp)
+        && let Err(e) = confine(user.as_ref(), drop_caps, a.seccomp, || {
+            rendezvous = join(switch.as_ref(), a)?;
+            Ok(())
+        })
     {
         failed = Some(e);
     }

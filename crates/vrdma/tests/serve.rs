@@ -515,3 +515,56 @@ fn unsealed_guest_memory_is_refused_unless_allowed_and_then_guarded() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Two confined daemons (`--seccomp kill`) that joined one rendezvous
+/// directory (`--shm-dir`), a device each whose uplink leads nowhere (a
+/// socket this test holds and never reads): their guests' whole RC
+/// exchange — SEND, WRITE, READ, atomics, both ways — can only go through
+/// the rings between the daemons. It does, byte-exact; the daemons stay
+/// confined, nothing arrived over an uplink, and each counted the
+/// packets it took from shared memory.
+#[test]
+fn two_confined_daemons_reach_each_other_through_their_rendezvous() {
+    let dir = test_dir("rendezvous");
+    let rdv = dir.join("rdv");
+    std::fs::create_dir_all(&rdv).unwrap();
+    let rdv_s = rdv.display().to_string();
+    let args = ["--seccomp", "kill", "--shm-dir", rdv_s.as_str()];
+    let (d1, _u1) = Daemon::start(&dir, "rdv-a", &args);
+    let (d2, _u2) = Daemon::start(&dir, "rdv-b", &args);
+    let side = |d: &Daemon| Side::on(&d.socket, Gid::from(d.addr), d.mac, RAM);
+    let (mut a, mut b) = (side(&d1), side(&d2));
+    connect(&mut a, &mut b);
+    for _ in 0..3 {
+        exchange(&mut a, &mut b);
+        read_and_atomics(&mut a, &mut b);
+        read_and_atomics(&mut b, &mut a);
+    }
+    confined(d1.pid());
+    confined(d2.pid());
+    drop((a, b));
+    let (n1, n2) = (d1.name.clone(), d2.name.clone());
+    for d in [d1, d2] {
+        let status = d.stop();
+        assert!(status.success(), "vrdma serve: {status}");
+    }
+    for n in [n1, n2] {
+        let c = counters(&dir.join("run"), &n);
+        assert!(
+            c["shm.rx_packets"] >= 20,
+            "{n}: {} packets from shm",
+            c["shm.rx_packets"]
+        );
+        assert_eq!(
+            c.get("eth.roce_rx").copied().unwrap_or(0),
+            0,
+            "{n}: nothing over the uplink"
+        );
+        assert_eq!(c.get("shm.rx_refused").copied().unwrap_or(0), 0, "{n}");
+    }
+    assert!(
+        std::fs::read_dir(&rdv).unwrap().next().is_none(),
+        "the daemons took their sockets with them"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

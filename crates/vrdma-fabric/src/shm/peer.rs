@@ -775,12 +775,12 @@ impl Runner {
                 let (consumer, memfd) = ring::create(slots, "vrdma-shm-ring")
                     .map_err(|e| io::Error::other(e.to_string()))?;
                 let event = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
-                let theirs = sys::dup(event.as_fd())?;
                 let mut m = Vec::with_capacity(12);
                 m.extend_from_slice(&RING.to_le_bytes());
                 m.extend_from_slice(&(port.id as u32).to_le_bytes());
                 m.extend_from_slice(&slots.to_le_bytes());
-                send(&p.sock, &m, &[memfd.as_raw_fd(), theirs.as_raw_fd()])?;
+                // (SCM_RIGHTS gives the peer descriptors of its own.)
+                send(&p.sock, &m, &[memfd.as_raw_fd(), event.as_fd().as_raw_fd()])?;
                 port.epoll
                     .add(&event, EpollEvent::new(EpollFlags::EPOLLIN, 2))?;
                 let ring = InRing {

@@ -4,10 +4,7 @@
 //! code.
 #![allow(unsafe_code)]
 
-use std::{
-    io,
-    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
-};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Owns `fd`, a descriptor the kernel just installed for this process
 /// (returned by `accept4` or received by `SCM_RIGHTS`).
@@ -16,11 +13,6 @@ pub(super) fn owned(fd: RawFd) -> OwnedFd {
     // process in the call just made (a new connection, or one received
     // with a message); nothing else holds or closes it.
     unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
-/// A second descriptor for `fd`'s open file (to give a peer).
-pub(super) fn dup(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    nix::unistd::dup(fd).map_err(io::Error::from)
 }
 
 /// Whether `fd` is an eventfd (a peer's wake-up descriptor must be one:
