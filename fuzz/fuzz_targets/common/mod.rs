@@ -81,8 +81,8 @@ impl Transport for Null {
         dev_null()
     }
 
-    fn counters(&self) -> (&'static str, Vec<(&'static str, u64)>) {
-        ("null", vec![("queued", self.queued)])
+    fn counters(&self, out: &mut Vec<(String, u64)>) {
+        out.push(("null.queued".into(), self.queued));
     }
 }
 

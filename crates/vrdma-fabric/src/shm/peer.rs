@@ -76,6 +76,132 @@ const MAX_PEER_PORTS: usize = 64;
 /// 1024).
 const MAX_PEER_SLOTS: u32 = 1024;
 
+/// A message of the rendezvous protocol, decoded from a copy of its
+/// bytes (and the number of descriptors that came with it).
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub enum Message {
+    /// The daemon's identity (magic and version checked).
+    Hello { id: u64 },
+    /// A ring into the sender's device `port`, of `slots` slots (its memfd
+    /// and its eventfd came with it).
+    Ring { port: u32, slots: u32 },
+    /// The addresses of the sender's device `port` now.
+    Gids { port: u32, gids: Vec<Gid> },
+    /// The sender's device `port` is gone.
+    Gone { port: u32 },
+}
+
+/// Why a message is refused (the connection is dropped).
+#[derive(Clone, Copy, Debug, Eq, PartialEq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("a message of {0} bytes")]
+    Length(usize),
+    #[error("an unknown message type {0}")]
+    Kind(u32),
+    #[error("not vrdma's rendezvous protocol, or another version")]
+    Magic,
+    #[error("{got} descriptors with a message that takes {want}")]
+    Descriptors { got: usize, want: usize },
+    #[error("{0} addresses for one device")]
+    TooManyGids(usize),
+}
+
+impl Message {
+    /// Decodes `m`, which came with `fds` descriptors.
+    pub fn parse(m: &[u8], fds: usize) -> Result<Message, ProtocolError> {
+        if m.len() < 4 || m.len() > MAX_MESSAGE {
+            return Err(ProtocolError::Length(m.len()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([m[o], m[o + 1], m[o + 2], m[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&m[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
+        let kind = u32_at(0);
+        let (len_ok, want_fds) = match kind {
+            HELLO => (m.len() == 24, 0),
+            RING => (m.len() == 12, 2),
+            GIDS => (m.len() >= 12, 0),
+            GONE => (m.len() == 8, 0),
+            k => return Err(ProtocolError::Kind(k)),
+        };
+        if !len_ok {
+            return Err(ProtocolError::Length(m.len()));
+        }
+        if fds != want_fds {
+            return Err(ProtocolError::Descriptors {
+                got: fds,
+                want: want_fds,
+            });
+        }
+        Ok(match kind {
+            HELLO => {
+                if u64_at(4) != MAGIC || u32_at(12) != VERSION {
+                    return Err(ProtocolError::Magic);
+                }
+                Message::Hello { id: u64_at(16) }
+            }
+            RING => Message::Ring {
+                port: u32_at(4),
+                slots: u32_at(8),
+            },
+            GIDS => {
+                let n = u32_at(8) as usize;
+                if n > MAX_GIDS {
+                    return Err(ProtocolError::TooManyGids(n));
+                }
+                if m.len() != 12 + 16 * n {
+                    return Err(ProtocolError::Length(m.len()));
+                }
+                let gids = (0..n)
+                    .map(|k| {
+                        let mut g = [0u8; 16];
+                        g.copy_from_slice(&m[12 + 16 * k..28 + 16 * k]);
+                        Gid(g)
+                    })
+                    .collect();
+                Message::Gids {
+                    port: u32_at(4),
+                    gids,
+                }
+            }
+            _ => Message::Gone { port: u32_at(4) },
+        })
+    }
+
+    /// The message's bytes (its descriptors go beside them).
+    pub fn emit(&self) -> Vec<u8> {
+        let mut m = Vec::with_capacity(24);
+        match self {
+            Message::Hello { id } => {
+                m.extend_from_slice(&HELLO.to_le_bytes());
+                m.extend_from_slice(&MAGIC.to_le_bytes());
+                m.extend_from_slice(&VERSION.to_le_bytes());
+                m.extend_from_slice(&id.to_le_bytes());
+            }
+            Message::Ring { port, slots } => {
+                m.extend_from_slice(&RING.to_le_bytes());
+                m.extend_from_slice(&port.to_le_bytes());
+                m.extend_from_slice(&slots.to_le_bytes());
+            }
+            Message::Gids { port, gids } => {
+                m.extend_from_slice(&GIDS.to_le_bytes());
+                m.extend_from_slice(&port.to_le_bytes());
+                m.extend_from_slice(&(gids.len() as u32).to_le_bytes());
+                for g in gids {
+                    m.extend_from_slice(&g.0);
+                }
+            }
+            Message::Gone { port } => {
+                m.extend_from_slice(&GONE.to_le_bytes());
+                m.extend_from_slice(&port.to_le_bytes());
+            }
+        }
+        m
+    }
+}
+
 /// Who may join the rendezvous: the daemon's own user and root always,
 /// and these users and groups.
 #[derive(Clone, Debug, Default)]
@@ -473,11 +599,7 @@ impl Runner {
         if fcntl(&sock, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).is_err() {
             return;
         }
-        let mut hello = Vec::with_capacity(24);
-        hello.extend_from_slice(&HELLO.to_le_bytes());
-        hello.extend_from_slice(&MAGIC.to_le_bytes());
-        hello.extend_from_slice(&VERSION.to_le_bytes());
-        hello.extend_from_slice(&self.me.to_le_bytes());
+        let hello = Message::Hello { id: self.me }.emit();
         if send(&sock, &hello, &[]).is_err() {
             return;
         }
@@ -589,23 +711,15 @@ impl Runner {
 
     /// Handles one message of peer `i`; false on a protocol error.
     fn message(&mut self, i: usize, m: &[u8], mut fds: Vec<OwnedFd>) -> bool {
-        if m.len() < 4 || m.len() > MAX_MESSAGE {
-            return false;
-        }
-        let u32_at = |o: usize| u32::from_le_bytes([m[o], m[o + 1], m[o + 2], m[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&m[o..o + 8]);
-            u64::from_le_bytes(b)
+        let msg = match Message::parse(m, fds.len()) {
+            Ok(msg) => msg,
+            Err(e) => {
+                tracing::warn!(error = %e, "shm rendezvous: a peer's message refused");
+                return false;
+            }
         };
-        let kind = u32_at(0);
-        let p = &self.peers[i];
-        match (kind, p.id) {
-            (HELLO, None) => {
-                if m.len() != 24 || u64_at(4) != MAGIC || u32_at(12) != VERSION || !fds.is_empty() {
-                    return false;
-                }
-                let id = u64_at(16);
+        match (msg, self.peers[i].id) {
+            (Message::Hello { id }, None) => {
                 if id == self.me {
                     return false;
                 }
@@ -625,13 +739,10 @@ impl Runner {
                 self.peers[i].id = Some(id);
                 true
             }
-            (RING, Some(_)) => {
-                if m.len() != 12 || fds.len() != 2 {
+            (Message::Ring { port, slots }, Some(_)) => {
+                let (Some(wake), Some(memfd)) = (fds.pop(), fds.pop()) else {
                     return false;
-                }
-                let (port, slots) = (u32_at(4), u32_at(8));
-                let wake = fds.pop().expect("two descriptors");
-                let memfd = fds.pop().expect("two descriptors");
+                };
                 if slots > MAX_PEER_SLOTS
                     || (self.peers[i].remote.len() >= MAX_PEER_PORTS
                         && !self.peers[i].remote.contains_key(&port))
@@ -660,21 +771,7 @@ impl Runner {
                 }
                 true
             }
-            (GIDS, Some(_)) => {
-                if m.len() < 12 || !fds.is_empty() {
-                    return false;
-                }
-                let (port, n) = (u32_at(4), u32_at(8) as usize);
-                if n > MAX_GIDS || m.len() != 12 + 16 * n {
-                    return false;
-                }
-                let gids: Vec<Gid> = (0..n)
-                    .map(|k| {
-                        let mut g = [0u8; 16];
-                        g.copy_from_slice(&m[12 + 16 * k..28 + 16 * k]);
-                        Gid(g)
-                    })
-                    .collect();
+            (Message::Gids { port, gids }, Some(_)) => {
                 let Some((out, held)) = self.peers[i].remote.get(&port).cloned() else {
                     // Addresses of a device with no ring: nothing to do.
                     return true;
@@ -686,16 +783,14 @@ impl Runner {
                 self.publish_allowed(i);
                 true
             }
-            (GONE, Some(_)) => {
-                if m.len() != 8 || !fds.is_empty() {
-                    return false;
-                }
-                if let Some((out, held)) = self.peers[i].remote.remove(&u32_at(4)) {
+            (Message::Gone { port }, Some(_)) => {
+                if let Some((out, held)) = self.peers[i].remote.remove(&port) {
                     self.release(out.id, &held);
                     self.publish_allowed(i);
                 }
                 true
             }
+            // A second HELLO, or anything before the first.
             _ => false,
         }
     }
@@ -775,10 +870,11 @@ impl Runner {
                 let (consumer, memfd) = ring::create(slots, "vrdma-shm-ring")
                     .map_err(|e| io::Error::other(e.to_string()))?;
                 let event = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
-                let mut m = Vec::with_capacity(12);
-                m.extend_from_slice(&RING.to_le_bytes());
-                m.extend_from_slice(&(port.id as u32).to_le_bytes());
-                m.extend_from_slice(&slots.to_le_bytes());
+                let m = Message::Ring {
+                    port: port.id as u32,
+                    slots,
+                }
+                .emit();
                 // (SCM_RIGHTS gives the peer descriptors of its own.)
                 send(&p.sock, &m, &[memfd.as_raw_fd(), event.as_fd().as_raw_fd()])?;
                 port.epoll
@@ -795,13 +891,11 @@ impl Runner {
             }
             if p.given.get(&port.id) != Some(&gids) {
                 let n = gids.len().min(MAX_GIDS);
-                let mut m = Vec::with_capacity(12 + 16 * n);
-                m.extend_from_slice(&GIDS.to_le_bytes());
-                m.extend_from_slice(&(port.id as u32).to_le_bytes());
-                m.extend_from_slice(&(n as u32).to_le_bytes());
-                for g in &gids[..n] {
-                    m.extend_from_slice(&g.0);
+                let m = Message::Gids {
+                    port: port.id as u32,
+                    gids: gids[..n].to_vec(),
                 }
+                .emit();
                 send(&p.sock, &m, &[])?;
                 p.given.insert(port.id, gids);
             }
@@ -814,10 +908,7 @@ impl Runner {
             .filter(|k| !live.contains(k))
             .collect();
         for id in gone {
-            let mut m = Vec::with_capacity(8);
-            m.extend_from_slice(&GONE.to_le_bytes());
-            m.extend_from_slice(&(id as u32).to_le_bytes());
-            send(&p.sock, &m, &[])?;
+            send(&p.sock, &Message::Gone { port: id as u32 }.emit(), &[])?;
             p.given.remove(&id);
         }
         Ok(())
@@ -882,4 +973,65 @@ fn recv(sock: &OwnedFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> nix::Result<u
         return Err(nix::errno::Errno::EMSGSIZE);
     }
     Ok(msg.bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_anything_else_is_refused() {
+        let all = [
+            (Message::Hello { id: 7 }, 0),
+            (
+                Message::Ring {
+                    port: 3,
+                    slots: 512,
+                },
+                2,
+            ),
+            (
+                Message::Gids {
+                    port: 3,
+                    gids: vec![Gid([1; 16]), Gid([2; 16])],
+                },
+                0,
+            ),
+            (
+                Message::Gids {
+                    port: 3,
+                    gids: vec![],
+                },
+                0,
+            ),
+            (Message::Gone { port: 3 }, 0),
+        ];
+        for (m, fds) in &all {
+            assert_eq!(Message::parse(&m.emit(), *fds).as_ref(), Ok(m));
+            let bytes = m.emit();
+            // Cut short, or one byte more: refused.
+            assert!(Message::parse(&bytes[..bytes.len() - 1], *fds).is_err());
+            let mut long = bytes.clone();
+            long.push(0);
+            assert!(Message::parse(&long, *fds).is_err());
+            // The wrong number of descriptors: refused.
+            assert!(Message::parse(&bytes, fds + 1).is_err());
+        }
+        let mut hello = Message::Hello { id: 1 }.emit();
+        hello[4] ^= 1;
+        assert_eq!(Message::parse(&hello, 0), Err(ProtocolError::Magic));
+        assert_eq!(
+            Message::parse(&[9, 0, 0, 0], 0),
+            Err(ProtocolError::Kind(9))
+        );
+        let mut many = Message::Gids {
+            port: 0,
+            gids: vec![],
+        }
+        .emit();
+        many[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Message::parse(&many, 0).is_err());
+        assert!(Message::parse(&[], 0).is_err());
+        assert!(Message::parse(&vec![0; MAX_MESSAGE + 1], 0).is_err());
+    }
 }
