@@ -19,7 +19,9 @@
 # MATRIX_SHM=1: one `vrdma serve` serves both pvrdma guests (as lifecycle.sh's daemon does), so
 # the pvrdma pairs go through same-host shared memory: each such pair must leave no RoCE packet
 # in the capture on pv1's uplink and grow the daemon's shm counters (`vrdma stat`), instead of
-# being decoded; the rxe and host pairs run as always, from the same device.
+# being decoded; the rxe and host pairs run as always, from the same device. MATRIX_SHM=2: each
+# guest has its own daemon, as by default, and both join one rendezvous directory (--shm-dir):
+# the pvrdma pairs go through the rings between the daemons, and are checked the same way.
 # MATRIX_ONLY=REGEX runs the tests whose tag (test.peer.role) matches. Builds vrdma unless
 # PVRDMA_NO_BUILD=1. Exit: the number of failed pairs (0: all passed), 125 the harness failed.
 # Logs, captures, decodes: target/pvrdma-guest/matrix/ (summary.txt: one line a pair).
@@ -88,7 +90,12 @@ if has_peer rxe; then
     ip -n "$NS" link set "rxetap$R" txqueuelen 10000
 fi
 EXTERNAL=()
-if [ "$SHM" = 1 ]; then
+if [ "$SHM" = 2 ]; then
+    RDV=$PV_RUN/shm-rdv
+    rm -rf "$RDV"; mkdir -p "$RDV"
+    export PVRDMA_SERVE_ARGS="$PVRDMA_SERVE_ARGS --shm-dir $RDV"
+    say "each guest's daemon joins the rendezvous $RDV"
+elif [ "$SHM" = 1 ]; then
     shared_serve_start "$SERVE" $LIFE 2 || { say "the shared daemon did not start"; exit 125; }
     EXTERNAL=(-x "$SERVE")
     say "vrdma serve pid $(shared_serve_pid "$SERVE"): pvrdma-g1, pvrdma-g2, same-host shared memory on"
@@ -192,7 +199,7 @@ pair() {
     [[ -n ${MATRIX_ONLY:-} && ! $tag =~ $MATRIX_ONLY ]] && return
     local pcap=$OUT/$tag.pcap t0 shm=0 shm0=0; t0=$(date +%s.%N)
     # (guest to guest through one daemon: shared memory, not the wire)
-    if [ "$SHM" = 1 ] && [[ $s == pv2 || $c == pv2 ]]; then shm=1; shm0=$(shm_rx); shm0=${shm0:-0}; fi
+    if [ "$SHM" != 0 ] && [[ $s == pv2 || $c == pv2 ]]; then shm=1; shm0=$(shm_rx); shm0=${shm0:-0}; fi
     # (whole: a capture that lost packets fails the pair, scripts/lib/pcap.sh)
     pcap_start "$NS" "$(pv_tap 1)" "$pcap" || { summary "$tag" "FAIL (capture did not start: $pcap.err)"; FAILED+=("$tag"); return; }
     hs=$(side_bg "$s" "$scmd") || ok=0

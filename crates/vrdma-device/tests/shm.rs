@@ -514,3 +514,68 @@ fn a_sleeping_device_wakes_for_shm() {
         );
     }
 }
+
+/// DEREG_MR while an operation on the MR is in flight over shm: the
+/// responder's MR under a WRITE (its rkey dies: the WRITE ends in
+/// REM_ACCESS_ERR), then the requester's under a READ (the responses find
+/// no MR: LOC_PROT_ERR) — each an error completion, nothing hangs, and not
+/// a byte of the deregistered memory changes after its DEREG_MR.
+#[test]
+fn dereg_mr_under_an_operation_in_flight() {
+    let mtu = Mtu::Mtu1024;
+    let len = 2u32 << 20;
+    for (case, last) in [
+        ("the responder's MR under a WRITE", 60),
+        ("the requester's MR under a READ", 62),
+    ] {
+        let sw = Switch::new();
+        let (mut a, mut b, qa, _) = rc_pair(&sw, last, mtu);
+        fill(&mut a, BASE, len as usize, 3);
+        fill(&mut b, BASE + 0x20_0000, len as usize, 4);
+        let write = case.contains("WRITE");
+        let op = if write {
+            SendOp::RdmaWrite {
+                remote_addr: BASE,
+                rkey: b.rkey,
+            }
+        } else {
+            SendOp::RdmaRead {
+                remote_addr: BASE + 0x20_0000,
+                rkey: b.rkey,
+            }
+        };
+        send(&mut a, qa, 1, op, BASE, len);
+        // Part of it moves, then the MR goes.
+        let limit = Instant::now() + Duration::from_secs(10);
+        // (The payload's receiver: b for the WRITE, a for the READ's
+        // responses.)
+        let moved =
+            |a: &ShmEnd, b: &ShmEnd| counter(if write { b } else { a }, "shm.rx_packets") > 16;
+        while !moved(&a, &b) {
+            a.dev.progress().unwrap();
+            b.dev.progress().unwrap();
+            assert!(Instant::now() < limit, "{case}: nothing moved");
+        }
+        let owner = if write { &mut b } else { &mut a };
+        let key = owner.lkey;
+        owner.dev.engine_mut().dereg_mr(key).unwrap();
+        let frozen = bytes(owner, BASE, common::MEM);
+        let wcs = run_until(&mut a, &mut b, 1);
+        let want = if write {
+            WcStatus::RemAccessErr
+        } else {
+            WcStatus::LocProtErr
+        };
+        assert_eq!(wcs[0].status, want, "{case}");
+        // Both keep going a while: nothing more lands.
+        for _ in 0..100 {
+            a.dev.progress().unwrap();
+            b.dev.progress().unwrap();
+        }
+        let owner = if write { &b } else { &a };
+        assert!(
+            bytes(owner, BASE, common::MEM) == frozen,
+            "{case}: memory changed after DEREG_MR"
+        );
+    }
+}
