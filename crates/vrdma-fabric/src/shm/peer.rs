@@ -568,10 +568,12 @@ impl Runner {
             if self.peers.len() >= MAX_PEERS {
                 break;
             }
+            // Non-blocking: a listener whose backlog is full (a daemon
+            // that does not accept) is passed over, not waited for.
             let Ok(s) = socket(
                 AddressFamily::Unix,
                 SockType::SeqPacket,
-                SockFlag::SOCK_CLOEXEC,
+                SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
                 None,
             ) else {
                 continue;

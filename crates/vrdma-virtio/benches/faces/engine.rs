@@ -5,20 +5,24 @@
 
 use std::net::IpAddr;
 
-use vrdma_device::verbs::{ALL_ACCESS, BASE, Connect, Context, Remote};
+use vrdma_device::{
+    transport::SameHost,
+    verbs::{ALL_ACCESS, BASE, Connect, Context, Remote},
+};
 use vrdma_engine::{
     attr::Mtu,
     qp::QpType,
     wc::Wc,
     wr::{SendFlags, SendOp},
 };
+use vrdma_fabric::{shm::Switch, udp::UdpPort};
 use vrdma_wire::{Psn, QKey, Qpn, Rkey};
 
 use crate::port::{Port, layout};
 
 /// One side: its device, its QP and the peer's rkey.
 pub struct EnginePort {
-    ctx: Context,
+    ctx: Context<SameHost<UdpPort>>,
     qpn: Qpn,
     peer_rkey: Rkey,
 }
@@ -41,11 +45,12 @@ fn attrs() -> Connect {
     }
 }
 
-/// Two devices at `a` and `b`, an RC QP each, connected.
-pub fn pair(a: IpAddr, b: IpAddr) -> (EnginePort, EnginePort) {
+/// Two devices at `a` and `b` (on `switch`, when given), an RC QP each,
+/// connected.
+pub fn pair(a: IpAddr, b: IpAddr, switch: Option<&Switch>) -> (EnginePort, EnginePort) {
     let c = attrs();
     let open = |addr| {
-        let mut ctx = Context::open_with_cq(addr, layout::LEN as usize, false, 4096)
+        let mut ctx = Context::open_same_host(switch, addr, layout::LEN as usize, false, 4096)
             .unwrap_or_else(|e| panic!("opening a device on {addr}: {e}"));
         let qpn = ctx.create_qp(QpType::Rc, 256, 1, 0).expect("an RC QP");
         ctx.init_qp(qpn, &c).expect("the QP to INIT");

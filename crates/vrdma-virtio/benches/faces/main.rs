@@ -107,8 +107,10 @@ struct Setup {
 /// A fresh pair of `face`. With `pin`, a face's side A (driver and device
 /// threads) goes on CPU 0 and side B on CPU 1; engine-direct is always so
 /// pinned, as `vrdma bench` pins it.
-fn setup(face: Face, pin: bool, k: u32) -> Setup {
+fn setup(face: Face, pin: bool, shm: bool, k: u32) -> Setup {
     let (aa, ab) = (addr(), addr());
+    let switch = shm.then(vrdma_fabric::shm::Switch::new);
+    let sw = switch.as_ref();
     let both = Pins {
         a: Some(0),
         b: Some(1),
@@ -116,7 +118,7 @@ fn setup(face: Face, pin: bool, k: u32) -> Setup {
     let face_pins = if pin { both } else { Pins::default() };
     match face {
         Face::Engine => {
-            let (a, b) = engine::pair(aa, ab);
+            let (a, b) = engine::pair(aa, ab, sw);
             Setup {
                 a: Box::new(a),
                 b: Box::new(b),
@@ -126,8 +128,8 @@ fn setup(face: Face, pin: bool, k: u32) -> Setup {
         }
         Face::VirtioPoll | Face::VirtioPollRung | Face::VirtioEvent => {
             let poll = face != Face::VirtioEvent;
-            let da = virtio::device(aa, &format!("v{k}a"), poll);
-            let db = virtio::device(ab, &format!("v{k}b"), poll);
+            let da = virtio::device(aa, &format!("v{k}a"), poll, sw);
+            let db = virtio::device(ab, &format!("v{k}b"), poll, sw);
             let ((a, wa), (b, wb)) = virtio::pair(&da, &db, face == Face::VirtioPollRung);
             if pin {
                 wa.iter().for_each(|&t| threads::pin(t, 0));
@@ -142,8 +144,8 @@ fn setup(face: Face, pin: bool, k: u32) -> Setup {
         }
         Face::PvrdmaShared | Face::PvrdmaTrapped => {
             let shared = face == Face::PvrdmaShared;
-            let da = pvrdma::Device::new(aa, &format!("p{k}a"), shared);
-            let db = pvrdma::Device::new(ab, &format!("p{k}b"), shared);
+            let da = pvrdma::Device::new(aa, &format!("p{k}a"), shared, switch.clone());
+            let db = pvrdma::Device::new(ab, &format!("p{k}b"), shared, switch.clone());
             if pin {
                 threads::pin(da.tid, 0);
                 threads::pin(db.tid, 1);
@@ -164,7 +166,7 @@ fn measure(face: Face, test: Test, opts: &Opts, k: u32) -> Sample {
     if opts.verbose {
         eprintln!("  {test:?} on {}", face.name());
     }
-    let s = setup(face, opts.pin, k);
+    let s = setup(face, opts.pin, opts.shm, k);
     let seed = k.wrapping_mul(2_654_435_761);
     let (mut sample, (a, b)) = match test {
         Test::Rate => measure::rate(s.a, s.b, s.pins, opts.timing, seed),
@@ -183,6 +185,8 @@ struct Opts {
     rounds: usize,
     timing: Timing,
     pin: bool,
+    /// Each pair's devices on one same-host switch.
+    shm: bool,
     /// Says each measurement as it starts.
     verbose: bool,
     /// Skips the lone-WRITE probe.
@@ -229,6 +233,7 @@ fn opts() -> Opts {
             measure: Duration::from_secs_f64(secs),
         },
         pin: args.iter().any(|a| a == "--pin"),
+        shm: args.iter().any(|a| a == "--shm"),
         verbose: args.iter().any(|a| a == "--verbose"),
         no_probe: args.iter().any(|a| a == "--no-probe"),
         faces,
@@ -269,10 +274,15 @@ fn main() {
     let opts = opts();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "faces: {} rounds, each measurement {:.2} s after {:.2} s of warm-up, a fresh device pair each; loopback 127.{BLOCK}.x.y, RC at MTU 4096; {cpus} CPUs; face threads {}",
+        "faces: {} rounds, each measurement {:.2} s after {:.2} s of warm-up, a fresh device pair each; {}, RC at MTU 4096; {cpus} CPUs; face threads {}",
         opts.rounds,
         opts.timing.measure.as_secs_f64(),
         opts.timing.warm.as_secs_f64(),
+        if opts.shm {
+            "the pair on one same-host switch (shm)"
+        } else {
+            "loopback 127.30.x.y"
+        },
         if opts.pin {
             "pinned (side A on CPU 0, side B on CPU 1)"
         } else {
@@ -334,7 +344,7 @@ fn probe(opts: &Opts) {
     // B has no thread in this probe.)
     let faces = opts.faces.iter().filter(|&&f| f != Face::VirtioPollRung);
     for (k, &face) in faces.enumerate() {
-        let mut s = setup(face, false, 10_000 + k as u32);
+        let mut s = setup(face, false, opts.shm, 10_000 + k as u32);
         let before = s.a.retry_timeouts();
         let times = measure::lone_writes(&mut *s.a, &mut *s.b, N, Duration::from_millis(20));
         let after = s.a.retry_timeouts();

@@ -17,8 +17,9 @@ use std::{
     thread::JoinHandle,
 };
 
+use vrdma_device::transport::SameHost;
 use vrdma_engine::attr::Mtu;
-use vrdma_fabric::udp::UdpPort;
+use vrdma_fabric::{shm::Switch, udp::UdpPort};
 use vrdma_pvrdma::{
     Server,
     abi::{PAGE_SIZE, qp_type, send_flags, wr_opcode},
@@ -45,8 +46,9 @@ pub struct Device {
 }
 
 impl Device {
-    /// A device at `addr` with shared doorbells (`shared`) or trapped.
-    pub fn new(addr: IpAddr, name: &str, shared: bool) -> Self {
+    /// A device at `addr` (on `switch`, when given) with shared doorbells
+    /// (`shared`) or trapped.
+    pub fn new(addr: IpAddr, name: &str, shared: bool, switch: Option<Switch>) -> Self {
         let socket =
             std::env::temp_dir().join(format!("vrdma-faces-{}-{name}.sock", std::process::id()));
         let _ = std::fs::remove_file(&socket);
@@ -58,6 +60,7 @@ impl Device {
             .spawn(move || {
                 let port = UdpPort::bind(vrdma_fabric::udp::Config::new(addr))
                     .expect("binding the UDP port");
+                let port = SameHost::with(switch.as_ref(), port).expect("joining the switch");
                 let mut f = function(port, mac_of(addr), Mtu::Mtu4096);
                 if shared {
                     f.share_doorbells().expect("sharing the doorbell pages");

@@ -8,8 +8,9 @@
 use std::{net::IpAddr, sync::Arc};
 
 use vm_memory::{Bytes, GuestAddress};
+use vrdma_device::transport::SameHost;
 use vrdma_engine::attr::Mtu;
-use vrdma_fabric::udp::UdpPort;
+use vrdma_fabric::{shm::Switch, udp::UdpPort};
 use vrdma_testkit::virtio::{
     ALL_ACCESS, Frontend, Mr, Path, Qp, QpSpec, Ram, Side, Wqe, mac_of, serve,
 };
@@ -31,11 +32,13 @@ const RAM: u64 = 64 << 20;
 /// A device served on a vhost-user socket in a thread of its own (the
 /// kit's), at MTU 4096 (the kit's suites' devices are at 1024); stopped
 /// when dropped.
-pub type Device = vrdma_testkit::virtio::Device;
+pub type Device = vrdma_testkit::virtio::Device<SameHost<UdpPort>>;
 
-/// A device at `addr` whose doorbells are polled (`poll`) or kicked.
-pub fn device(addr: IpAddr, name: &str, poll: bool) -> Device {
+/// A device at `addr` (on `switch`, when given) whose doorbells are
+/// polled (`poll`) or kicked.
+pub fn device(addr: IpAddr, name: &str, poll: bool, switch: Option<&Switch>) -> Device {
     let port = UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
+    let port = SameHost::with(switch, port).expect("joining the switch");
     let opts = Options {
         mac: mac_of(addr),
         poll,
@@ -51,7 +54,7 @@ pub struct VirtioPort {
     mr: Mr,
     peer: Mr,
     ram: Arc<Ram>,
-    backend: Arc<Backend<UdpPort>>,
+    backend: Arc<Backend<SameHost<UdpPort>>>,
     /// With nothing to post, ring the QP's doorbell once a millisecond
     /// (which keeps the device polling) instead of staying silent.
     ring_idle: bool,
