@@ -58,13 +58,6 @@ TESTS=(
 )
 FAILED=0
 GPRE=''
-# value FILE KIND: BW average (MB/s) or t_typical (µs) from perftest's (or vrdma perf's) table
-value() {
-    awk -v k="$2" '
-        /#bytes/ { hdr = 1; next }
-        hdr && NF >= 4 && $1 ~ /^[0-9]+$/ { v = (k == "bw") ? $4 : $5; hdr = 0 }
-        END { if (v != "" && v != "inf") print v }' "$1"
-}
 # one CONFIG NAME TEST ARGS KIND REP: the host's server, then the client (guest, or host at HOST2)
 one() {
     local cfg=$1 name=$2 t=$3 args=$4 kind=$5 rep=$6 log srv spid v i
@@ -81,13 +74,12 @@ one() {
             $X -t 280 "${GPRE}ib_$t -d \$RXE_DEV -x \$RXE_GID_IDX -F -m $MTU $args $HOST_IP" > "$log.client" 2>&1
         fi
         wait $spid
-        v=$(value "$log.client" "$kind")
+        v=$(perftest_value "$log.client" "$kind")
         [ -n "$v" ] && { echo "$v"; return 0; }
     done
     say "$cfg $name run $rep: no result (see $log.client)"
     return 1
 }
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 declare -A MED
 run_config() {
     local cfg=$1 spec name t args kind r v
@@ -133,7 +125,6 @@ run_config rxe
 run_config host
 
 # ---- the table ---------------------------------------------------------------------------------------
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "-" }'; }
 {
     echo "| test | rxe in the guest | vrdma in the guest | vrdma / rxe | vrdma engine direct (host) | guest vrdma / host |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"

@@ -124,3 +124,17 @@ shared_serve_stop() {
     for ((n = 1; n <= k; n++)); do ip -n "$NS" link del "$(pv_tap "$n")" 2>/dev/null; done
     return 0
 }
+
+# ---- the benchmarks' arithmetic (bench.sh, shm-bench.sh) -------------------------------------
+# perftest_value FILE KIND: BW average (MB/s, KIND bw) or t_typical (µs, KIND lat) from
+#   perftest's (or vrdma perf's) result table
+perftest_value() {
+    awk -v k="$2" '
+        /#bytes/ { hdr = 1; next }
+        hdr && NF >= 4 && $1 ~ /^[0-9]+$/ { v = (k == "bw") ? $4 : $5; hdr = 0 }
+        END { if (v != "" && v != "inf") print v }' "$1"
+}
+# median: of the numbers on stdin, one a line
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+# ratio A B: A / B to two places, "-" unless both are positive
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "-" }'; }

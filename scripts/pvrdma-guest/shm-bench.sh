@@ -67,13 +67,6 @@ TESTS=(
 )
 X1="$PV_DIR/exec.sh -i 1"
 X2="$PV_DIR/exec.sh -i 2"
-# value FILE KIND: BW average (MB/s) or t_typical (µs) from perftest's table
-value() {
-    awk -v k="$2" '
-        /#bytes/ { hdr = 1; next }
-        hdr && NF >= 4 && $1 ~ /^[0-9]+$/ { v = (k == "bw") ? $4 : $5; hdr = 0 }
-        END { if (v != "" && v != "inf") print v }' "$1"
-}
 # one WAY NAME TEST ARGS KIND REP: pv2's server, then pv1's client
 one() {
     local way=$1 name=$2 t=$3 args=$4 kind=$5 rep=$6 log h v i
@@ -84,13 +77,12 @@ one() {
         $X1 -t 280 "ib_$t -d \$RXE_DEV -x \$RXE_GID_IDX -F -m $MTU $args $(pv_ip 2)" > "$log.client" 2>&1
         wait_for 60 test -e "$h.rc"
         cat "$h.stdout" "$h.stderr" > "$log.server" 2>/dev/null
-        v=$(value "$log.client" "$kind")
+        v=$(perftest_value "$log.client" "$kind")
         [ -n "$v" ] && { echo "$v"; return 0; }
     done
     say "$way $name run $rep: no result (see $log.client)"
     return 1
 }
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 declare -A MED
 FAILED=0
 for way in udp shm rings; do
@@ -117,7 +109,6 @@ done
     echo "commit: $(git -C "$PROJECT_ROOT" rev-parse --short HEAD)$(git -C "$PROJECT_ROOT" diff --quiet HEAD -- crates || echo '+changes')"
     echo "guests: QEMU 11, $(cat "$RXE_CACHE_DIR/accel" 2>/dev/null || echo tcg), $PV_CPUS vCPUs, $PV_MEM each; date $(date -u +%Y-%m-%dT%H:%MZ)"
 } > "$OUT/machine.txt"
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "-" }'; }
 {
     echo "| test | udp (two daemons, the bridge) | shm (one daemon) | shm / udp | rings (two daemons) | rings / udp |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: |"

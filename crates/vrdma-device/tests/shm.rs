@@ -185,6 +185,33 @@ fn rc_every_operation_over_shm_and_nothing_on_udp() {
     }
 }
 
+/// An RC QP on each of `a` and `b` with short timeouts (4.096 µs · 2^8,
+/// about 1 ms a try, 2 retries), and a 2 MiB WRITE from `a` to `b` under
+/// way: returns once part of it reached `b`.
+fn write_under_way(a: &mut ShmEnd, b: &mut ShmEnd, mtu: Mtu) {
+    let (qa, qb) = (qp(a, QpType::Rc), qp(b, QpType::Rc));
+    let short = Connection {
+        mtu,
+        psn: Psn::from_masked(1),
+        timeout: 8,
+        retry_cnt: 2,
+        ..Connection::default()
+    };
+    short.join(a.dev.engine_mut(), qa, b.gid, qb);
+    short.join(b.dev.engine_mut(), qb, a.gid, qa);
+    let op = SendOp::RdmaWrite {
+        remote_addr: BASE,
+        rkey: b.rkey,
+    };
+    send(a, qa, 1, op, BASE, 2 << 20);
+    let limit = Instant::now() + Duration::from_secs(10);
+    while counter(b, "shm.rx_packets") == 0 {
+        a.dev.progress().unwrap();
+        b.dev.progress().unwrap();
+        assert!(Instant::now() < limit, "nothing reached b");
+    }
+}
+
 /// A rendezvous directory of this test's own.
 fn rendezvous_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("vrdma-shm-{}-{name}", std::process::id()));
@@ -240,33 +267,7 @@ fn a_daemon_gone_mid_transfer_costs_an_error_completion_only() {
     let mut c = end_on(&sa, v4(54), mtu);
     until_reached(&sa, &b.gid);
     until_reached(&sb, &a.gid);
-    let (qa, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
-    let short = Connection {
-        mtu,
-        psn: Psn::from_masked(1),
-        timeout: 8,
-        retry_cnt: 2,
-        ..Connection::default()
-    };
-    short.join(a.dev.engine_mut(), qa, b.gid, qb);
-    short.join(b.dev.engine_mut(), qb, a.gid, qa);
-    send(
-        &mut a,
-        qa,
-        1,
-        SendOp::RdmaWrite {
-            remote_addr: BASE,
-            rkey: b.rkey,
-        },
-        BASE,
-        2 << 20,
-    );
-    let limit = Instant::now() + Duration::from_secs(10);
-    while counter(&b, "shm.rx_packets") == 0 {
-        a.dev.progress().unwrap();
-        b.dev.progress().unwrap();
-        assert!(Instant::now() < limit, "nothing reached b");
-    }
+    write_under_way(&mut a, &mut b, mtu);
     drop((b, rb, sb));
     let wcs = receive(&mut a, 1, "the WRITE's end");
     assert_eq!(wcs[0].status, WcStatus::RetryExcErr);
@@ -433,26 +434,8 @@ fn a_peer_gone_mid_transfer_ends_in_an_error_completion() {
     let sw = Switch::new();
     let mut a = end_on(&sw, v4(30), mtu);
     let mut b = end_on(&sw, v4(31), mtu);
-    let (qa, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
-    let short = Connection {
-        mtu,
-        psn: Psn::from_masked(1),
-        // 4.096 µs · 2^8 ≈ 1 ms per try, 2 retries.
-        timeout: 8,
-        retry_cnt: 2,
-        ..Connection::default()
-    };
-    short.join(a.dev.engine_mut(), qa, b.gid, qb);
-    short.join(b.dev.engine_mut(), qb, a.gid, qa);
-    let op = SendOp::RdmaWrite {
-        remote_addr: BASE,
-        rkey: b.rkey,
-    };
-    send(&mut a, qa, 1, op, BASE, 2 << 20);
     // Part of it arrives, then the peer is gone.
-    a.dev.progress().unwrap();
-    b.dev.progress().unwrap();
-    assert!(counter(&b, "shm.rx_packets") > 0);
+    write_under_way(&mut a, &mut b, mtu);
     drop(b);
     let wcs = receive(&mut a, 1, "the WRITE's end");
     assert_eq!(wcs[0].status, WcStatus::RetryExcErr);
