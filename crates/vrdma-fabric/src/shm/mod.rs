@@ -454,21 +454,28 @@ impl Port {
         }
     }
 
-    /// The mailbox holding `dgid`, if a port on the switch holds it
-    /// (cached while the switch's directory does not change).
-    /// (No reference count is touched on the way: an atomic per packet
-    /// that the profile showed.)
+    /// Where `dgid` leads, if another port on the switch (or another
+    /// daemon's device) holds it — cached while the switch's directory
+    /// does not change, and no reference count touched on the way (an
+    /// atomic per packet that the profile showed). The port's own
+    /// addresses lead nowhere here: a device's packets to itself take its
+    /// uplink's loopback, which paces them (the Ethernet port's bounded
+    /// queue) rather than dropping what a full mailbox cannot hold.
     fn dest_of(&mut self, dgid: &Gid) -> Option<&Dest> {
         let generation = self.switch.generation();
         let fresh = matches!(&self.cache, Some((g, gid, _)) if *g == generation && gid == dgid);
         if !fresh {
             self.cache = Some((generation, *dgid, self.switch.lookup(dgid)));
         }
-        self.cache.as_ref().and_then(|(_, _, m)| m.as_ref())
+        let own = self.mailbox.id;
+        self.cache
+            .as_ref()
+            .and_then(|(_, _, d)| d.as_ref())
+            .filter(|d| d.id() != own)
     }
 
-    /// Whether a port on the switch holds `dgid` (the packet then goes
-    /// through [`Port::send`]).
+    /// Whether another port on the switch holds `dgid` (the packet then
+    /// goes through [`Port::send`]).
     pub fn reaches(&mut self, dgid: &Gid) -> bool {
         self.dest_of(dgid).is_some()
     }
@@ -497,7 +504,7 @@ impl Port {
             return Err(Dropped::Spoofed);
         }
         let dest = match &self.cache {
-            Some((_, _, Some(d))) => d,
+            Some((_, _, Some(d))) if d.id() != self.mailbox.id => d,
             _ => return Err(Dropped::NotHere),
         };
         let mailbox = match dest {
@@ -822,6 +829,18 @@ mod tests {
         );
         assert_eq!(b.stats().rx_packets, 3);
         assert_eq!(a.stats().tx_bytes, 120);
+    }
+
+    #[test]
+    fn a_ports_own_addresses_are_not_reached_through_the_switch() {
+        let sw = Switch::new();
+        let (mut a, _b) = pair(&sw);
+        assert!(sw.holds(&gid(1)));
+        assert!(!a.reaches(&gid(1)));
+        assert_eq!(
+            a.send(&route(1, 1), &[0; 40], 40, &[], &NoLender),
+            Err(Dropped::NotHere)
+        );
     }
 
     #[test]
