@@ -230,8 +230,8 @@ pub fn allowed() -> Vec<i64> {
         // malloc arenas).
         libc::SYS_sched_getaffinity,
         // Same-host shared memory between daemons (`--shm-dir`): a ring for
-        // each peer daemon that joins later is a sealed memfd of its size.
-        libc::SYS_memfd_create,
+        // each peer daemon that joins later is a sealed memfd given its
+        // size (memfd_create itself only with the rings' flags: `apply`).
         libc::SYS_ftruncate,
     ];
     #[cfg(target_arch = "x86_64")]
@@ -267,6 +267,18 @@ pub fn apply(mode: Seccomp) -> Result<()> {
     let fionbio =
         SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::FIONBIO)?;
     rules.insert(libc::SYS_ioctl, vec![SeccompRule::new(vec![fionbio])?]);
+    // A same-host ring's memfd (`vrdma_fabric::shm::ring::create`): close
+    // on exec and sealable, nothing else (no hugetlb, no executable).
+    let ring_memfd = SeccompCondition::new(
+        1,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        u64::from(libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING),
+    )?;
+    rules.insert(
+        libc::SYS_memfd_create,
+        vec![SeccompRule::new(vec![ring_memfd])?],
+    );
     // Threads, never processes: clone only with CLONE_THREAD (a
     // virtio-rdma device's vhost-user daemon starts its threads per
     // connection), and a thread may name itself.
