@@ -323,6 +323,11 @@ fn a_lying_daemon_is_refused_and_the_devices_keep_their_packets() {
         a.receive(|_, _| panic!("nothing from a broken ring"));
         a.stats().rx_broken == 1
     });
+    // Counted once, and the ring is gone: later rounds read nothing of it.
+    for _ in 0..10 {
+        a.receive(|_, _| panic!("nothing from a broken ring"));
+    }
+    assert_eq!(a.stats().rx_broken, 1);
     let mut local = sa.attach().unwrap();
     local.set_local(&[gid(5)]);
     local
@@ -342,4 +347,29 @@ fn a_lying_daemon_is_refused_and_the_devices_keep_their_packets() {
             >= 1
     );
     assert!(sa.holds(&gid(1)));
+}
+
+/// A connection that never says HELLO does not keep a peer's place: it is
+/// closed once its HELLO is overdue (5 s).
+#[test]
+fn a_silent_connection_is_closed() {
+    let d = dir("silent");
+    let (_sa, ra, _a) = daemon(&d, &[gid(1)]);
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    connect(sock.as_raw_fd(), &UnixAddr::new(ra.path()).unwrap()).unwrap();
+    let peers = || ra.stats().peers.load(std::sync::atomic::Ordering::Relaxed);
+    eventually("the connection taken", || peers() == 1);
+    eventually("the silent connection closed", || peers() == 0);
+    assert_eq!(
+        ra.stats()
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }

@@ -661,17 +661,11 @@ impl Port {
     /// packets at most), and lets go of the rings that are done with.
     fn receive_rings(&mut self, deliver: &mut impl FnMut(&Route, &[u8])) -> usize {
         let g = self.shared.incoming_gen.load(Ordering::Acquire);
+        let mut done = false;
         if g != self.rings_gen {
             self.rings_gen = g;
             self.rings.append(&mut lock(&self.shared.incoming));
-            let epoll = &self.shared.epoll;
-            self.rings.retain(|r| {
-                if r.finished() {
-                    let _ = epoll.delete(r.event());
-                    return false;
-                }
-                true
-            });
+            done = true;
         }
         let mut n = 0;
         for r in &mut self.rings {
@@ -682,9 +676,23 @@ impl Port {
                 BATCH - n,
                 deliver,
             );
+            // A ring that broke, or whose daemon left and which is read
+            // to its end, goes now (its eventfd out of the device's epoll,
+            // its mapping unmapped), not when the next ring comes.
+            done |= r.finished();
             if n >= BATCH {
                 break;
             }
+        }
+        if done {
+            let epoll = &self.shared.epoll;
+            self.rings.retain(|r| {
+                if r.finished() {
+                    let _ = epoll.delete(r.event());
+                    return false;
+                }
+                true
+            });
         }
         n
     }

@@ -72,6 +72,9 @@ const MAX_GIDS: usize = 128;
 /// Peers a daemon keeps at most, and devices of one peer.
 const MAX_PEERS: usize = 64;
 const MAX_PEER_PORTS: usize = 64;
+/// How long a connection may go without its HELLO (a peer slot held by
+/// one that never speaks is given back).
+const HELLO_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 /// Slots a ring may have at most when a peer offers one (about 4 MiB at
 /// 1024).
 const MAX_PEER_SLOTS: u32 = 1024;
@@ -531,6 +534,8 @@ struct Peer {
     initiated: bool,
     /// Its identity, once its HELLO came.
     id: Option<u64>,
+    /// When it connected (its HELLO is due within [`HELLO_WITHIN`]).
+    since: std::time::Instant,
     /// A second connection to the same daemon replaced this one: dropped
     /// at the end of the round.
     doomed: bool,
@@ -609,6 +614,7 @@ impl Runner {
             sock,
             initiated,
             id: None,
+            since: std::time::Instant::now(),
             doomed: false,
             link: Link::new(),
             given: HashMap::new(),
@@ -673,7 +679,11 @@ impl Runner {
             // The devices' rings and addresses, to every peer that said
             // HELLO (cheap when nothing changed).
             for i in 0..self.peers.len() {
-                if self.peers[i].id.is_some() && self.sync(i).is_err() {
+                let p = &self.peers[i];
+                if p.id.is_none() && p.since.elapsed() > HELLO_WITHIN {
+                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    self.peers[i].doomed = true;
+                } else if p.id.is_some() && self.sync(i).is_err() {
                     self.peers[i].doomed = true;
                 }
             }
