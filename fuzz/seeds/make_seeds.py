@@ -429,3 +429,27 @@ write("virtio_wqe", "ud-send", bytes([2, 4, 16]) + struct.pack("<QBBHI", 2, 2, 2
       + struct.pack("<II", 17, 0x11111111) + bytes(8) + struct.pack("<QII", 0x1000, 64, 0x100))
 write("virtio_wqe", "reg-mr", bytes([0, 4, 16]) + struct.pack("<QBBHI", 3, 10, 2, 0, 0)
       + struct.pack("<QQQIIIB", 0x7F0000000000, 8192, 0x9000, 0x105, 7, 2, 12) + bytes(11))
+
+# lent_packet: flags (1: the peer may send runs of segments, 2: aim at the QP, 4: aim a RETH at the
+# MR), payload_at, the payload's length (3 bytes, little-endian), then the head: the packet's
+# bytes around the payload (BTH, extension headers, then pad and ICRC).
+
+
+def bth(op, psn, ackreq=1):
+    return bytes([op, 0, 0xFF, 0xFF, 0, 0, 0, 0, 0x80 if ackreq else 0]) + psn.to_bytes(3, "big")
+
+
+def lent(flags, at, length, head):
+    return bytes([flags, at]) + length.to_bytes(3, "little") + head + bytes(4)
+
+
+def reth(va, length):
+    return struct.pack(">QII", va, 0, length)
+
+
+write("lent_packet", "write-only-run", lent(7, 28, 8192, bth(0x0A, 0) + reth(0x10000, 8192)))
+write("lent_packet", "write-first-run", lent(7, 28, 4096, bth(0x06, 0) + reth(0x10000, 16384)))
+write("lent_packet", "send-only-run", lent(3, 12, 5000, bth(0x04, 0)))
+write("lent_packet", "send-only-wire", lent(2, 12, 5000, bth(0x04, 0)))
+write("lent_packet", "send-inv", lent(3, 16, 6000, bth(0x17, 0) + bytes(4)))
+write("lent_packet", "read-response", lent(3, 16, 4096, bth(0x10, 0) + bytes(4)))

@@ -14,6 +14,7 @@ use std::{
 use vrdma_engine::{
     Engine, Memory,
     attr::{DeviceAttr, Mtu, PortAttr},
+    fence::Fence,
 };
 use vrdma_fabric::{
     Lender, Piece,
@@ -21,7 +22,11 @@ use vrdma_fabric::{
 };
 use vrdma_wire::Gid;
 
-use crate::transport::Transport;
+use crate::{
+    loan,
+    memory::Leased,
+    transport::{LEND_ON_MIN, Lent, Transport},
+};
 
 /// What one [`Device::progress`] did, and when it wants to run next.
 #[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
@@ -93,7 +98,7 @@ pub fn derived_budget(mem: u64) -> u64 {
 
 /// An RDMA device: the engine, its memory and its transport.
 #[derive(Debug)]
-pub struct Device<M: Memory + Lender, T: Transport> {
+pub struct Device<M: Memory + Lender + Leased, T: Transport> {
     engine: Engine,
     mem: M,
     transport: T,
@@ -103,9 +108,14 @@ pub struct Device<M: Memory + Lender, T: Transport> {
     /// The lent pieces of the packet being queued (kept for its
     /// allocation).
     pieces: Vec<Piece>,
+    /// The fences of a payload to be lent on (kept for its allocation).
+    fences: Vec<Fence>,
+    /// Packets whose payload another device lent on and revoked before
+    /// this one copied it (dropped: `loan.refused`).
+    refused: u64,
 }
 
-impl<M: Memory + Lender, T: Transport> Device<M, T> {
+impl<M: Memory + Lender + Leased, T: Transport> Device<M, T> {
     /// A device of `engine` over `mem`, reached through `transport`. Its
     /// clock starts now.
     pub fn new(engine: Engine, mem: M, transport: T) -> Self {
@@ -116,6 +126,8 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
             epoch: Instant::now(),
             clock: 0,
             pieces: Vec::with_capacity(8),
+            fences: Vec::with_capacity(2),
+            refused: 0,
         }
     }
 
@@ -193,11 +205,17 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
             ..Progress::default()
         };
         let before = self.transport.rx_bytes();
+        self.refresh_jumbo();
         for _ in 0..RECEIVES_PER_ROUND {
-            let (engine, mem) = (&mut self.engine, &mut self.mem);
-            let n = self
-                .transport
-                .receive(|ip, roce| engine.handle_packet(now, ip, roce, mem))?;
+            let (engine, mem, refused) = (&mut self.engine, &mut self.mem, &mut self.refused);
+            let n = self.transport.receive(|ip, roce, loan| match loan {
+                None => engine.handle_packet(now, ip, roce, mem),
+                Some(l) => {
+                    if loan::receive(engine, now, ip, roce, l, mem).is_err() {
+                        *refused += 1;
+                    }
+                }
+            })?;
             p.received += n;
             if n < self.transport.batch() {
                 break;
@@ -260,6 +278,7 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
     pub fn counters(&self) -> Vec<(String, u64)> {
         let mut v = Vec::new();
         self.transport.counters(&mut v);
+        v.push(("loan.refused".into(), self.refused));
         v.extend(
             self.engine
                 .stats()
@@ -287,11 +306,20 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
         v
     }
 
+    /// Tells the engine which peers take a run of segments in one packet,
+    /// when the transport says they changed.
+    fn refresh_jumbo(&mut self) {
+        if let Some(peers) = self.transport.jumbo_peers() {
+            self.engine.set_jumbo(&peers);
+        }
+    }
+
     /// Sends what the engine has, [`TX_BUDGET`] packets at most and while
     /// the transport has room; the number sent. The engine writes each
     /// packet straight into the transport's send buffer; a payload it
     /// lends stays in memory.
     fn transmit(&mut self, now: u64) -> usize {
+        self.refresh_jumbo();
         let mut sent = 0;
         for _ in 0..TX_BUDGET {
             if !self.transport.has_room() {
@@ -303,23 +331,32 @@ impl<M: Memory + Lender, T: Transport> Device<M, T> {
                 break;
             };
             self.pieces.clear();
+            let mut lent = Lent::default();
             if t.referenced > 0 {
-                // The engine left the payload's room empty: the bytes after
-                // it (pad, ICRC field) move up to the headers.
-                slot.copy_within(t.payload_at + t.referenced..t.len, t.payload_at);
                 self.pieces
                     .extend(self.engine.gathered().iter().map(|r| Piece {
                         addr: r.addr,
                         len: r.len,
                     }));
+                // A payload long enough to be lent on carries its MRs'
+                // fences (cloning them costs a short packet too much).
+                self.fences.clear();
+                if t.referenced >= LEND_ON_MIN {
+                    self.engine.gathered_fences(&mut self.fences);
+                }
+                lent = Lent {
+                    pieces: &self.pieces,
+                    fences: &self.fences,
+                    lease: self.mem.lease(),
+                };
             }
-            sent += self.transport.queue(&t, &self.pieces, &self.mem);
+            sent += self.transport.queue(&t, &lent, &self.mem);
         }
         sent + self.transport.flush(&self.mem)
     }
 }
 
-impl<M: Memory + Lender, T: Transport> Drop for Device<M, T> {
+impl<M: Memory + Lender + Leased, T: Transport> Drop for Device<M, T> {
     /// Sends what is queued: the answers to the last packets received wait
     /// for a next round that a closing device does not have (a peer's last
     /// message would go unacknowledged, and its sender retry into the
@@ -338,7 +375,7 @@ pub type UdpDevice<M> = Device<M, UdpPort>;
 /// the MAC address), its limits are `attr`'s, and its port's active MTU is
 /// `mtu` or, by default, the largest that fits the interface holding the
 /// address ([`active_mtu`]).
-pub fn udp_device<M: Memory + Lender>(
+pub fn udp_device<M: Memory + Lender + Leased>(
     config: udp::Config,
     attr: DeviceAttr,
     mtu: Option<Mtu>,
@@ -349,7 +386,7 @@ pub fn udp_device<M: Memory + Lender>(
 
 /// As [`udp_device`], the port put behind the transport `wrap` makes of it
 /// (same-host shared memory in front of it, for instance).
-pub fn udp_device_behind<M: Memory + Lender, T: Transport>(
+pub fn udp_device_behind<M: Memory + Lender + Leased, T: Transport>(
     config: udp::Config,
     attr: DeviceAttr,
     mtu: Option<Mtu>,

@@ -20,6 +20,7 @@
 #![deny(unsafe_code)]
 
 pub mod device;
+pub mod loan;
 pub mod memory;
 pub mod publish;
 pub mod transport;

@@ -10,19 +10,49 @@
 //! `lock xadd` on x86), so they stay atomic against another process that
 //! maps the same memory.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
 
 use vm_memory::{
     Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileMemory,
     VolatileSlice,
 };
-use vrdma_engine::memory::{Memory, MemoryError};
+use vrdma_engine::{
+    fence::Fence,
+    memory::{Memory, MemoryError},
+};
 use vrdma_fabric::Lender;
 
 /// Device memory over a `vm-memory` map.
 #[derive(Clone, Debug, Default)]
 pub struct GuestMem {
+    shared: Lease,
+}
+
+/// A handle on a device's memory map that outlives the device's use of
+/// it, and the fence revoked before that use ends ([`GuestMem::revoke`]):
+/// what a payload lent on to another device of the process carries, so
+/// that its receiver reads the sender's memory only while the sender
+/// still may (`vrdma_engine::fence`).
+#[derive(Clone, Debug, Default)]
+pub struct Lease(Arc<Shared>);
+
+#[derive(Debug, Default)]
+struct Shared {
     map: GuestMemoryMmap<()>,
+    fence: Fence,
+}
+
+impl Lease {
+    pub fn map(&self) -> &GuestMemoryMmap<()> {
+        &self.0.map
+    }
+
+    pub fn fence(&self) -> &Fence {
+        &self.0.fence
+    }
 }
 
 impl GuestMem {
@@ -31,30 +61,51 @@ impl GuestMem {
     pub fn anonymous(base: u64, len: usize) -> std::io::Result<Self> {
         let map = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(base), len)])
             .map_err(std::io::Error::other)?;
-        Ok(GuestMem { map })
+        Ok(GuestMem::from_map(map))
     }
 
     /// Memory over an existing map (a guest's regions).
     pub fn from_map(map: GuestMemoryMmap<()>) -> Self {
-        GuestMem { map }
+        GuestMem {
+            shared: Lease(Arc::new(Shared {
+                map,
+                fence: Fence::new(),
+            })),
+        }
     }
 
     /// The map, to add or remove regions (a new map replaces the old one
     /// with [`GuestMem::from_map`]).
     pub fn map(&self) -> &GuestMemoryMmap<()> {
-        &self.map
+        &self.shared.0.map
+    }
+
+    /// A handle on the map for a payload lent on ([`Lease`]).
+    pub fn lease(&self) -> &Lease {
+        &self.shared
+    }
+
+    /// Ends every lease on this map: no payload lent from it is read from
+    /// now on, and this returns once the copies under way ended. The owner
+    /// calls it before the memory stops being the device's (replaced by
+    /// another map, unmapped, the device gone).
+    pub fn revoke(&self) {
+        self.shared.0.fence.revoke();
     }
 
     /// Bytes mapped, over all regions.
     pub fn size(&self) -> u64 {
-        self.map.iter().map(|r| r.len()).sum()
+        self.map().iter().map(|r| r.len()).sum()
     }
 
     /// Runs `f` on the 8 bytes at `addr` as an atomic word: they must lie
     /// in one region, 8-byte aligned.
     fn with_word<R>(&self, addr: u64, f: impl FnOnce(&AtomicU64) -> R) -> Result<R, MemoryError> {
         let err = MemoryError { addr, len: 8 };
-        let slice = self.map.get_slice(GuestAddress(addr), 8).map_err(|_| err)?;
+        let slice = self
+            .map()
+            .get_slice(GuestAddress(addr), 8)
+            .map_err(|_| err)?;
         let word = slice.get_atomic_ref::<AtomicU64>(0).map_err(|_| err)?;
         Ok(f(word))
     }
@@ -77,7 +128,10 @@ impl GuestMem {
     /// full barrier between a device's flag and its next scan needs).
     pub fn store_u32(&self, addr: u64, v: u32) -> Result<(), MemoryError> {
         let err = MemoryError { addr, len: 4 };
-        let slice = self.map.get_slice(GuestAddress(addr), 4).map_err(|_| err)?;
+        let slice = self
+            .map()
+            .get_slice(GuestAddress(addr), 4)
+            .map_err(|_| err)?;
         let word = slice
             .get_atomic_ref::<std::sync::atomic::AtomicU32>(0)
             .map_err(|_| err)?;
@@ -88,7 +142,10 @@ impl GuestMem {
     /// Reads the little-endian 32-bit word at `addr` atomically.
     pub fn load_u32(&self, addr: u64) -> Result<u32, MemoryError> {
         let err = MemoryError { addr, len: 4 };
-        let slice = self.map.get_slice(GuestAddress(addr), 4).map_err(|_| err)?;
+        let slice = self
+            .map()
+            .get_slice(GuestAddress(addr), 4)
+            .map_err(|_| err)?;
         let word = slice
             .get_atomic_ref::<std::sync::atomic::AtomicU32>(0)
             .map_err(|_| err)?;
@@ -98,7 +155,7 @@ impl GuestMem {
 
 impl Memory for GuestMem {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
-        self.map
+        self.map()
             .read_slice(buf, GuestAddress(addr))
             .map_err(|_| MemoryError {
                 addr,
@@ -107,7 +164,7 @@ impl Memory for GuestMem {
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        self.map
+        self.map()
             .write_slice(data, GuestAddress(addr))
             .map_err(|_| MemoryError {
                 addr,
@@ -153,9 +210,31 @@ impl Memory for GuestMem {
     }
 }
 
+/// Memory whose lent payloads a device may lend on to another device of
+/// the process ([`crate::loan`]): the lease they carry, and its end.
+pub trait Leased {
+    /// The lease, if the memory has one (without, payloads are copied).
+    fn lease(&self) -> Option<&Lease> {
+        None
+    }
+
+    /// Ends the lease ([`GuestMem::revoke`]).
+    fn revoke(&self) {}
+}
+
+impl Leased for GuestMem {
+    fn lease(&self) -> Option<&Lease> {
+        Some(&self.shared)
+    }
+
+    fn revoke(&self) {
+        GuestMem::revoke(self);
+    }
+}
+
 impl Lender for GuestMem {
     fn lend(&self, addr: u64, len: usize) -> Option<VolatileSlice<'_>> {
-        self.map.lend(addr, len)
+        self.map().lend(addr, len)
     }
 }
 

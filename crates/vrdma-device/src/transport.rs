@@ -9,7 +9,7 @@
 
 use std::{io, os::fd::BorrowedFd};
 
-use vrdma_engine::transmit::Transmit;
+use vrdma_engine::{fence::Fence, transmit::Transmit};
 use vrdma_fabric::{
     Lender, Piece,
     eth::EthPort,
@@ -18,12 +18,21 @@ use vrdma_fabric::{
 };
 use vrdma_wire::{Gid, frame::IpRepr};
 
+use crate::{loan::Token, memory::Lease};
+
 /// A device's way to its peers.
 pub trait Transport {
     /// One receive call without blocking: each RoCE packet that arrived
     /// with a good ICRC goes to `deliver` with the IP header it came in.
     /// Returns the datagrams (or frames) taken, 0 when none was waiting.
-    fn receive(&mut self, deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize>;
+    ///
+    /// A packet whose payload another device of the process lent on comes
+    /// with its loan (the bytes are then those around the payload): the
+    /// device copies the payload ([`crate::loan`]).
+    fn receive(
+        &mut self,
+        deliver: impl FnMut(&IpRepr, &[u8], Option<&shm::Loan>),
+    ) -> io::Result<usize>;
 
     /// Datagrams one [`Transport::receive`] takes at most: a call that
     /// took fewer emptied the queue.
@@ -49,10 +58,17 @@ pub trait Transport {
     fn slot(&mut self, mem: &impl Lender) -> (&mut [u8], usize);
 
     /// Queues the packet the engine wrote into the slot: `t` says where it
-    /// goes; `lent` are its payload's pieces left in memory (the slot then
+    /// goes; `lent` its payload's pieces left in memory (the slot then
     /// holds the bytes before the payload followed by those after it).
     /// Returns the packets sent on the way.
-    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize;
+    fn queue(&mut self, t: &Transmit, lent: &Lent<'_>, mem: &impl Lender) -> usize;
+
+    /// The addresses a packet may carry a run of segments to (the engine's
+    /// [`vrdma_engine::Engine::set_jumbo`]), when they changed since the
+    /// last call; `None` if they did not (or the medium has none).
+    fn jumbo_peers(&mut self) -> Option<Vec<Gid>> {
+        None
+    }
 
     /// Sends what is queued; the number of packets sent.
     fn flush(&mut self, mem: &impl Lender) -> usize;
@@ -86,9 +102,28 @@ pub trait Transport {
     }
 }
 
+/// A packet's payload the engine lent (left in memory): its pieces, the
+/// fences of the MRs they lie in, and the memory's lease — what a
+/// transport needs to read it as it sends (a gather send), or to lend it
+/// on to another device of the process ([`crate::loan`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Lent<'a> {
+    pub pieces: &'a [Piece],
+    pub fences: &'a [Fence],
+    pub lease: Option<&'a Lease>,
+}
+
+/// Payloads at least this long are lent on to a device of the process
+/// (one copy, by the receiver); shorter ones are copied into the medium
+/// as they are sent (cheaper than a loan and its fences).
+pub const LEND_ON_MIN: usize = 4096;
+
 impl Transport for UdpPort {
-    fn receive(&mut self, deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize> {
-        UdpPort::receive(self, deliver)
+    fn receive(
+        &mut self,
+        mut deliver: impl FnMut(&IpRepr, &[u8], Option<&shm::Loan>),
+    ) -> io::Result<usize> {
+        UdpPort::receive(self, |ip, roce| deliver(ip, roce, None))
     }
 
     fn batch(&self) -> usize {
@@ -104,13 +139,13 @@ impl Transport for UdpPort {
         (UdpPort::slot(self), sent)
     }
 
-    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize {
+    fn queue(&mut self, t: &Transmit, lent: &Lent<'_>, mem: &impl Lender) -> usize {
         let out = Outgoing {
             route: t.route(),
             src_port: t.udp_src_port,
             len: t.len,
             payload_at: t.payload_at,
-            lent,
+            lent: lent.pieces,
         };
         UdpPort::queue(self, &out, mem)
     }
@@ -129,8 +164,11 @@ impl Transport for UdpPort {
 }
 
 impl Transport for EthPort {
-    fn receive(&mut self, deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize> {
-        EthPort::receive(self, deliver)
+    fn receive(
+        &mut self,
+        mut deliver: impl FnMut(&IpRepr, &[u8], Option<&shm::Loan>),
+    ) -> io::Result<usize> {
+        EthPort::receive(self, |ip, roce| deliver(ip, roce, None))
     }
 
     fn batch(&self) -> usize {
@@ -151,7 +189,7 @@ impl Transport for EthPort {
         (EthPort::slot(self), 0)
     }
 
-    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize {
+    fn queue(&mut self, t: &Transmit, lent: &Lent<'_>, mem: &impl Lender) -> usize {
         match EthPort::queue(
             self,
             &t.route(),
@@ -159,7 +197,7 @@ impl Transport for EthPort {
             t.dmac,
             t.len,
             t.payload_at,
-            lent,
+            lent.pieces,
             mem,
         ) {
             Ok(n) => n,
@@ -272,13 +310,17 @@ impl<T: Transport> SameHost<T> {
 }
 
 impl<T: Transport> Transport for SameHost<T> {
-    fn receive(&mut self, mut deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize> {
+    fn receive(
+        &mut self,
+        mut deliver: impl FnMut(&IpRepr, &[u8], Option<&shm::Loan>),
+    ) -> io::Result<usize> {
         let n = match &mut self.shm {
-            Some(shm) => shm.receive(|route, roce| {
+            Some(shm) => shm.receive(|route, roce, loan| {
                 // The IP header the wire would have carried (the engine
                 // checks its addresses; a UD receive's GRH is it).
-                if let Ok(ip) = route.ip(roce.len(), 0) {
-                    deliver(&ip, roce);
+                let len = roce.len() + loan.map_or(0, |l| l.len);
+                if let Ok(ip) = route.ip(len, 0) {
+                    deliver(&ip, roce, loan);
                 }
             }),
             None => 0,
@@ -315,7 +357,7 @@ impl<T: Transport> Transport for SameHost<T> {
         self.uplink.slot(mem)
     }
 
-    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize {
+    fn queue(&mut self, t: &Transmit, lent: &Lent<'_>, mem: &impl Lender) -> usize {
         let Some(shm) = self.shm.as_mut() else {
             return self.uplink.queue(t, lent, mem);
         };
@@ -329,10 +371,34 @@ impl<T: Transport> Transport for SameHost<T> {
         let Some(head) = slot.get(..head_len) else {
             return 0;
         };
+        let route = t.route();
+        // A long payload to a device of this process is lent on: its
+        // receiver copies it from this device's memory, once.
+        if t.referenced >= LEND_ON_MIN
+            && let Some(lease) = lent.lease
+            && shm.lends_to(&t.dgid)
+        {
+            let loan = shm::Loan {
+                payload_at: t.payload_at,
+                len: t.referenced,
+                token: Box::new(Token {
+                    lease: lease.clone(),
+                    fences: lent.fences.to_vec(),
+                    pieces: lent.pieces.to_vec(),
+                }),
+            };
+            if shm.send_loan(&route, head, loan).is_ok() {
+                return 0;
+            }
+        }
         // Refusals are counted by the port: a medium that cannot carry a
         // packet loses it, and RC recovers. Packets sent: at the flush.
-        let _ = shm.send(&t.route(), head, t.payload_at, lent, mem);
+        let _ = shm.send(&route, head, t.payload_at, lent.pieces, mem);
         0
+    }
+
+    fn jumbo_peers(&mut self) -> Option<Vec<Gid>> {
+        self.shm.as_mut()?.local_peers()
     }
 
     fn flush(&mut self, mem: &impl Lender) -> usize {

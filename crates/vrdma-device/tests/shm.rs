@@ -182,13 +182,26 @@ fn rc_every_operation_over_shm_and_nothing_on_udp() {
         let sw = Switch::new();
         let (mut a, mut b, qa, qb) = rc_pair(&sw, last, mtu);
         every_rc_operation(&mut a, &mut b, qa, qb, &format!("{mtu:?}"));
+        // Devices of one process: the long payloads were lent on (one
+        // copy) in runs of segments, not cut into MTUs — the 1 MiB WRITE
+        // alone would be 256 packets at 4 KiB, 1024 at 1 KiB.
+        let per_run = (mtu.bytes() * vrdma_engine::datapath::JUMBO_PSNS) as u64;
+        assert!(counter(&b, "shm.rx_lent") >= (1 << 20) / per_run, "{mtu:?}");
+        assert!(
+            counter(&a, "shm.rx_lent") >= 1,
+            "{mtu:?}: the READ's response"
+        );
+        assert!(
+            counter(&b, "shm.rx_packets") < (1 << 20) / u64::from(mtu.bytes()),
+            "{mtu:?}"
+        );
+        assert_eq!(counter(&b, "loan.refused"), 0);
     }
 }
 
-/// An RC QP on each of `a` and `b` with short timeouts (4.096 µs · 2^8,
-/// about 1 ms a try, 2 retries), and a 2 MiB WRITE from `a` to `b` under
-/// way: returns once part of it reached `b`.
-fn write_under_way(a: &mut ShmEnd, b: &mut ShmEnd, mtu: Mtu) {
+/// An RC QP on each of `a` and `b`, connected, with short timeouts
+/// (4.096 µs · 2^8, about 1 ms a try, 2 retries).
+fn short_pair(a: &mut ShmEnd, b: &mut ShmEnd, mtu: Mtu) -> (Qpn, Qpn) {
     let (qa, qb) = (qp(a, QpType::Rc), qp(b, QpType::Rc));
     let short = Connection {
         mtu,
@@ -199,6 +212,13 @@ fn write_under_way(a: &mut ShmEnd, b: &mut ShmEnd, mtu: Mtu) {
     };
     short.join(a.dev.engine_mut(), qa, b.gid, qb);
     short.join(b.dev.engine_mut(), qb, a.gid, qa);
+    (qa, qb)
+}
+
+/// [`short_pair`], and a 2 MiB WRITE from `a` to `b` under way: returns
+/// once part of it reached `b`.
+fn write_under_way(a: &mut ShmEnd, b: &mut ShmEnd, mtu: Mtu) {
+    let (qa, _) = short_pair(a, b, mtu);
     let op = SendOp::RdmaWrite {
         remote_addr: BASE,
         rkey: b.rkey,
@@ -383,7 +403,7 @@ fn the_path_is_chosen_per_destination() {
     }
     // b heard a only through shm, c only through UDP.
     assert_eq!(counter(&b, "udp.rx_datagrams"), 0);
-    assert!(counter(&b, "shm.rx_packets") >= 20);
+    assert!(counter(&b, "shm.rx_bytes") >= 20_000);
     assert!(counter(&c, "udp.rx_datagrams") >= 20);
     assert_eq!(
         counter(&a, "udp.tx_datagrams"),
@@ -500,9 +520,10 @@ fn a_sleeping_device_wakes_for_shm() {
 
 /// DEREG_MR while an operation on the MR is in flight over shm: the
 /// responder's MR under a WRITE (its rkey dies: the WRITE ends in
-/// REM_ACCESS_ERR), then the requester's under a READ (the responses find
-/// no MR: LOC_PROT_ERR) — each an error completion, nothing hangs, and not
-/// a byte of the deregistered memory changes after its DEREG_MR.
+/// REM_ACCESS_ERR), then the requester's under a READ whose responses
+/// wait, lent on, in its mailbox (they find no MR: LOC_PROT_ERR) — each an
+/// error completion, nothing hangs, and not a byte of the deregistered
+/// memory changes after its DEREG_MR.
 #[test]
 fn dereg_mr_under_an_operation_in_flight() {
     let mtu = Mtu::Mtu1024;
@@ -528,16 +549,25 @@ fn dereg_mr_under_an_operation_in_flight() {
             }
         };
         send(&mut a, qa, 1, op, BASE, len);
-        // Part of it moves, then the MR goes.
-        let limit = Instant::now() + Duration::from_secs(10);
-        // (The payload's receiver: b for the WRITE, a for the READ's
-        // responses.)
-        let moved =
-            |a: &ShmEnd, b: &ShmEnd| counter(if write { b } else { a }, "shm.rx_packets") > 16;
-        while !moved(&a, &b) {
+        if write {
+            // Part of it moves (the send window holds the rest back), then
+            // the MR goes.
+            let limit = Instant::now() + Duration::from_secs(10);
+            while counter(&b, "shm.rx_bytes") < 64 << 10 {
+                a.dev.progress().unwrap();
+                b.dev.progress().unwrap();
+                assert!(Instant::now() < limit, "{case}: nothing moved");
+            }
+            assert!(
+                counter(&b, "shm.rx_bytes") < u64::from(len),
+                "{case}: all moved"
+            );
+        } else {
+            // The request goes, the responses come back lent on and wait in
+            // a's mailbox; then the MR goes.
             a.dev.progress().unwrap();
             b.dev.progress().unwrap();
-            assert!(Instant::now() < limit, "{case}: nothing moved");
+            assert_eq!(counter(&a, "shm.rx_packets"), 0, "{case}");
         }
         let owner = if write { &mut b } else { &mut a };
         let key = owner.lkey;
@@ -560,5 +590,109 @@ fn dereg_mr_under_an_operation_in_flight() {
             bytes(owner, BASE, common::MEM) == frozen,
             "{case}: memory changed after DEREG_MR"
         );
+    }
+}
+
+/// One copy: a long payload is lent on, and its receiver copies it from
+/// the sender's memory later — so the sender's side of the grant is
+/// fenced. Its MR deregistered, or its memory map replaced (as a face does
+/// when the guest's maps change), while a payload waits lent on in the
+/// receiver's mailbox: the receiver refuses it (`loan.refused`) and not a
+/// byte of it lands. A deregistered source then ends the WRITE (or the
+/// READ, whose responder lent the payload) in an error completion when RC
+/// resends; a replaced map serves the resend from the new map, and the
+/// WRITE completes whole.
+#[test]
+fn a_payload_lent_on_is_fenced_by_its_senders_grant() {
+    let mtu = Mtu::Mtu4096;
+    let len = 1u32 << 20;
+    for (case, last) in [
+        ("a WRITE's source MR deregistered", 70),
+        ("a READ's responder MR deregistered", 72),
+        ("a WRITE's source map replaced", 74),
+    ] {
+        let sw = Switch::new();
+        let mut a = end_on(&sw, v4(last), mtu);
+        let mut b = end_on(&sw, v4(last + 1), mtu);
+        let (qa, _) = short_pair(&mut a, &mut b, mtu);
+        fill(&mut a, BASE, len as usize, 5);
+        fill(&mut b, BASE + 0x20_0000, len as usize, 6);
+        let read = case.contains("READ");
+        let op = if read {
+            SendOp::RdmaRead {
+                remote_addr: BASE + 0x20_0000,
+                rkey: b.rkey,
+            }
+        } else {
+            SendOp::RdmaWrite {
+                remote_addr: BASE + 0x20_0000,
+                rkey: b.rkey,
+            }
+        };
+        // The READ lands in a's memory, the WRITE in b's.
+        let (dst_before, src) = if read {
+            (
+                bytes(&a, BASE + 0x28_0000, len as usize),
+                bytes(&b, BASE + 0x20_0000, len as usize),
+            )
+        } else {
+            (
+                bytes(&b, BASE + 0x20_0000, len as usize),
+                bytes(&a, BASE, len as usize),
+            )
+        };
+        send(
+            &mut a,
+            qa,
+            1,
+            op,
+            if read { BASE + 0x28_0000 } else { BASE },
+            len,
+        );
+        // The payload's first packets leave, lent on, and wait unread.
+        a.dev.progress().unwrap();
+        if read {
+            b.dev.progress().unwrap();
+            b.dev.send_pending();
+            assert!(counter(&b, "shm.tx_packets") > 0, "{case}: no response");
+            let key = b.lkey;
+            b.dev.engine_mut().dereg_mr(key).unwrap();
+        } else if case.contains("deregistered") {
+            let key = a.lkey;
+            a.dev.engine_mut().dereg_mr(key).unwrap();
+        } else {
+            let map = a.dev.mem().map().clone();
+            a.dev.mem().revoke();
+            *a.dev.mem_mut() = vrdma_device::GuestMem::from_map(map);
+        }
+        let (receiver, at) = if read {
+            (&mut a, BASE + 0x28_0000)
+        } else {
+            (&mut b, BASE + 0x20_0000)
+        };
+        receiver.dev.progress().unwrap();
+        assert!(counter(receiver, "loan.refused") > 0, "{case}: read anyway");
+        assert_eq!(
+            counter(receiver, "shm.rx_lent"),
+            counter(receiver, "loan.refused")
+        );
+        same(bytes(receiver, at, len as usize), &dst_before, case);
+        let wcs = run_until(&mut a, &mut b, 1);
+        let want = match case {
+            c if c.contains("replaced") => WcStatus::Success,
+            c if c.contains("READ") => WcStatus::RemAccessErr,
+            _ => WcStatus::LocProtErr,
+        };
+        assert_eq!(wcs[0].status, want, "{case}");
+        if want == WcStatus::Success {
+            same(bytes(&b, BASE + 0x20_0000, len as usize), &src, case);
+        } else {
+            for _ in 0..100 {
+                a.dev.progress().unwrap();
+                b.dev.progress().unwrap();
+            }
+            let receiver = if read { &a } else { &b };
+            same(bytes(receiver, at, len as usize), &dst_before, case);
+        }
     }
 }

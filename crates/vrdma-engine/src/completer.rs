@@ -6,16 +6,16 @@
 use vrdma_wire::{
     Psn,
     aeth::{NakCode, Syndrome},
-    packet,
 };
 
 use crate::{
     completion::{complete_front_with_error, retire_executed, retire_front},
     context::Ctx,
-    memory::Memory,
+    datapath::Rx,
+    memory::{Memory, Payload},
     qp::QpState,
     qpc::Qp,
-    requester::seek,
+    requester::{JUMBO_PSNS, seek},
     sgl::scatter,
     timers::restart_timer,
     wc::WcStatus,
@@ -38,12 +38,7 @@ enum Retry {
 }
 
 /// Requester: RDMA READ response data for the oldest WQE.
-pub(crate) fn recv_read_response(
-    q: &mut Qp,
-    cx: &mut Ctx,
-    r: &packet::Repr<'_>,
-    mem: &mut impl Memory,
-) {
+pub(crate) fn recv_read_response(q: &mut Qp, cx: &mut Ctx, r: &Rx<'_, '_>, mem: &mut impl Memory) {
     let psn = r.bth.psn;
     // Only a response to something outstanding counts: a stale or forged
     // one must not acknowledge anything.
@@ -76,12 +71,19 @@ pub(crate) fn recv_read_response(
     };
     let len = r.payload.len() as u64;
     let left = w.length - w.read_done;
+    // One MTU a packet, or a run of whole ones from a peer whose medium
+    // takes it (a Last or Only packet ends the READ).
+    let max = if r.jumbo {
+        mtu * u64::from(JUMBO_PSNS)
+    } else {
+        mtu
+    };
     let len_ok = match position {
         vrdma_wire::opcode::Position::First | vrdma_wire::opcode::Position::Middle => {
-            len == mtu && left > mtu
+            len.is_multiple_of(mtu) && (mtu..=max).contains(&len) && left > len
         }
-        vrdma_wire::opcode::Position::Last => len == left && len > 0,
-        vrdma_wire::opcode::Position::Only => len == left,
+        vrdma_wire::opcode::Position::Last => len == left && (1..=max).contains(&len),
+        vrdma_wire::opcode::Position::Only => len == left && len <= max,
     };
     if !len_ok {
         complete_front_with_error(q, cx, WcStatus::BadRespErr);
@@ -98,17 +100,12 @@ pub(crate) fn recv_read_response(
     if position.ends() {
         progress(q, cx);
     } else {
-        acknowledged_before(q, cx, psn.next());
+        acknowledged_before(q, cx, psn.wrapping_add((len / mtu) as u32));
     }
 }
 
 /// Requester: the acknowledgement of the oldest WQE, an atomic.
-pub(crate) fn recv_atomic_ack(
-    q: &mut Qp,
-    cx: &mut Ctx,
-    r: &packet::Repr<'_>,
-    mem: &mut impl Memory,
-) {
+pub(crate) fn recv_atomic_ack(q: &mut Qp, cx: &mut Ctx, r: &Rx<'_, '_>, mem: &mut impl Memory) {
     let psn = r.bth.psn;
     if !outstanding(q, psn) {
         stale(q, cx);
@@ -133,7 +130,7 @@ pub(crate) fn recv_atomic_ack(
         q.init.pd,
         &w.sges,
         0,
-        &ack.orig.to_le_bytes(),
+        Payload::Bytes(&ack.orig.to_le_bytes()),
     )
     .is_err()
     {
@@ -195,7 +192,7 @@ fn implicit_ack(q: &mut Qp, cx: &mut Ctx, psn: Psn) {
 }
 
 /// The completer: an ACK or NAK for this QP's requests.
-pub(crate) fn recv_ack(q: &mut Qp, cx: &mut Ctx, r: &packet::Repr<'_>) {
+pub(crate) fn recv_ack(q: &mut Qp, cx: &mut Ctx, r: &Rx<'_, '_>) {
     let Some(a) = r.ext.aeth else {
         cx.stats.rx_malformed += 1;
         return;

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use vrdma_wire::{PKey, Qpn};
+use vrdma_wire::{Gid, Lkey, PKey, Qpn, frame::IpRepr};
 
 use crate::{
     attr::PortAttr,
@@ -21,6 +21,7 @@ use crate::{
     mr::Keys,
     objects::Srq,
     qpc::Qp,
+    requester::JUMBO_PSNS,
     stats::Stats,
     table::Table,
     transmit::PayloadRef,
@@ -49,6 +50,13 @@ pub(crate) struct Ctx {
     /// the poll running lends.
     pub lent: Vec<PayloadRef>,
     pub lend: bool,
+    /// The MRs the lent pieces lie in, each once, by lkey (their fences
+    /// are cloned only for a caller that asks:
+    /// [`crate::Engine::gathered_fences`]).
+    pub lent_mrs: Vec<Lkey>,
+    /// Addresses of peers whose medium takes a run of up to
+    /// [`JUMBO_PSNS`] segments in one packet ([`crate::Engine::set_jumbo`]).
+    pub jumbo: Vec<Gid>,
     /// CQs that overflowed since the engine last looked: their QPs go to
     /// ERR.
     pub overflowed: Vec<CqHandle>,
@@ -69,8 +77,30 @@ impl Ctx {
             now: 0,
             lent: Vec::new(),
             lend: false,
+            lent_mrs: Vec::new(),
+            jumbo: Vec::new(),
             overflowed: Vec::new(),
         }
+    }
+
+    /// The payload bytes one packet of `q` carries at most: its path MTU,
+    /// or — in a gather poll, to a peer on a medium that takes a run of
+    /// segments at once — [`JUMBO_PSNS`] MTUs. Such a packet still takes
+    /// one PSN per MTU, so every sequence rule holds as on the wire; only
+    /// a payload lent by reference may be that long (one copied into the
+    /// caller's buffer is an MTU at most).
+    pub(crate) fn segment(&self, q: &Qp) -> u64 {
+        let mtu = u64::from(q.attr.path_mtu.bytes());
+        if self.lend && q.path.is_some_and(|p| self.jumbo.contains(&p.dgid)) {
+            mtu * u64::from(JUMBO_PSNS)
+        } else {
+            mtu
+        }
+    }
+
+    /// Whether a packet that came with `ip` may carry a run of segments.
+    pub(crate) fn jumbo_from(&self, ip: &IpRepr) -> bool {
+        !self.jumbo.is_empty() && self.jumbo.contains(&Gid::from(ip.src()))
     }
 
     /// Puts `q` in the transmit queue (once).

@@ -34,8 +34,28 @@
 //! FENCE; the local operations LOCAL_INV, BIND_MW and REG_MR (run in queue
 //! order, completed in order); SEND with invalidate.
 
+/// A received packet, parsed: its headers and its payload (carried, or
+/// lent), and whether it may carry a run of segments (it came from a peer
+/// [`Engine::set_jumbo`] names).
+/// (Its headers are the parsed packet's, reached through `Deref`: built
+/// in place, not copied, on the hot path.)
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rx<'r, 'a> {
+    repr: &'r packet::Repr<'a>,
+    pub payload: Payload<'a>,
+    pub jumbo: bool,
+}
+
+impl<'a> std::ops::Deref for Rx<'_, 'a> {
+    type Target = packet::Repr<'a>;
+
+    fn deref(&self) -> &Self::Target {
+        self.repr
+    }
+}
+
 use vrdma_wire::{
-    Psn, Qpn, ServiceType,
+    Gid, Psn, Qpn, ServiceType,
     frame::IpRepr,
     opcode::Operation,
     packet::{self, Packet},
@@ -46,7 +66,8 @@ use crate::{
     deadlines::TimerKind,
     engine::Engine,
     event::AsyncEvent,
-    memory::Memory,
+    fence::Fence,
+    memory::{Memory, Payload},
     qp::{QpState, QpType},
     responder, scheduler,
     stats::Stats,
@@ -56,7 +77,7 @@ use crate::{
 
 pub use crate::{
     completer::{RNR_BACKOFF_AFTER, RNR_BACKOFF_CAP},
-    requester::{MAX_UNACKED_PSNS, PACKETS_PER_ACK_REQ},
+    requester::{JUMBO_PSNS, MAX_UNACKED_PSNS, PACKETS_PER_ACK_REQ},
 };
 
 impl Engine {
@@ -88,6 +109,7 @@ impl Engine {
         buf: &mut [u8],
     ) -> Option<Transmit> {
         self.cx.lent.clear();
+        self.cx.lent_mrs.clear();
         self.cx.lend = true;
         let t = self.poll_transmit(now, mem, buf);
         self.cx.lend = false;
@@ -206,14 +228,119 @@ impl Engine {
     /// Handles one received RoCE packet (BTH through ICRC, ICRC already
     /// verified by the fabric); `ip` is the IP header it arrived with.
     pub fn handle_packet(&mut self, now: u64, ip: &IpRepr, roce: &[u8], mem: &mut impl Memory) {
-        let cx = &mut self.cx;
-        cx.now = cx.now.max(now);
-        cx.stats.rx_packets += 1;
+        self.cx.now = self.cx.now.max(now);
+        self.cx.stats.rx_packets += 1;
         // `Repr::parse` does every layout check `new_checked` would.
         let Ok(r) = packet::Repr::parse(&Packet::new_unchecked(roce)) else {
-            cx.stats.rx_malformed += 1;
+            self.cx.stats.rx_malformed += 1;
             return;
         };
+        let jumbo = self.cx.jumbo_from(ip);
+        let rx = Rx {
+            payload: Payload::Bytes(r.payload),
+            repr: &r,
+            jumbo,
+        };
+        self.handle_rx(ip, &rx, mem);
+        self.finish_revocations();
+    }
+
+    /// Completes the revocations of MRs a packet invalidated (SEND with
+    /// invalidate): returns once no copy from them is under way. After
+    /// [`Engine::handle_lent_packet`] the caller calls it once it let go
+    /// of the sender's fences, and before it reports completions — two
+    /// devices each invalidating an MR the other is copying from would
+    /// otherwise wait for each other. ([`Engine::handle_packet`] calls it
+    /// itself.)
+    #[inline]
+    pub fn finish_revocations(&mut self) {
+        self.cx.keys.wait_closed();
+    }
+
+    /// Handles one received packet whose payload was lent with it rather
+    /// than carried: `head` holds its bytes before the payload, up to
+    /// `payload_at`, then those after it (pad, ICRC field), and the `len`
+    /// payload bytes are left where the sender lent them — `mem` copies
+    /// them into place ([`Memory::write_lent`]) once the checks a carried
+    /// payload gets (keys, PD, rights, bounds, sequence) allow it. The one
+    /// copy of a payload between two devices of one process
+    /// (`vrdma_fabric::shm`). The caller then calls
+    /// [`Engine::finish_revocations`].
+    pub fn handle_lent_packet(
+        &mut self,
+        now: u64,
+        ip: &IpRepr,
+        head: &[u8],
+        payload_at: usize,
+        len: usize,
+        mem: &mut impl Memory,
+    ) {
+        self.cx.now = self.cx.now.max(now);
+        self.cx.stats.rx_packets += 1;
+        // The headers parse as those of a packet with a payload of len % 4
+        // bytes: the same pad, the same headers.
+        let small = len % 4;
+        let (Some(before), Some(after)) = (head.get(..payload_at), head.get(payload_at..)) else {
+            self.cx.stats.rx_malformed += 1;
+            return;
+        };
+        // BTH, the longest extension headers, 3 bytes, pad, ICRC: 50.
+        let mut packet = [0u8; 64];
+        let total = head.len() + small;
+        if total > packet.len() {
+            self.cx.stats.rx_malformed += 1;
+            return;
+        }
+        packet[..payload_at].copy_from_slice(before);
+        packet[payload_at + small..total].copy_from_slice(after);
+        let Ok(r) = packet::Repr::parse(&Packet::new_unchecked(&packet[..total])) else {
+            self.cx.stats.rx_malformed += 1;
+            return;
+        };
+        if r.payload.len() != small {
+            // The payload is not where the sender said.
+            self.cx.stats.rx_malformed += 1;
+            return;
+        }
+        let jumbo = self.cx.jumbo_from(ip);
+        let rx = Rx {
+            repr: &r,
+            payload: Payload::Lent { at: 0, len },
+            jumbo,
+        };
+        self.handle_rx(ip, &rx, mem);
+    }
+
+    /// Makes `peers` the addresses whose medium takes a run of up to
+    /// [`JUMBO_PSNS`](crate::requester::JUMBO_PSNS) segments in one packet
+    /// (same-host shared memory, which a device asks its transport about):
+    /// a payload lent to one of them is not cut into MTUs, and a packet
+    /// from one of them may be that long. Each segment still takes its PSN,
+    /// so sequence, acknowledgement and retry work as on the wire, and a
+    /// peer not named here is sent MTU-sized packets as before.
+    pub fn set_jumbo(&mut self, peers: &[Gid]) {
+        self.cx.jumbo.clear();
+        self.cx.jumbo.extend_from_slice(peers);
+    }
+
+    /// Appends to `out` the fences of the MRs the last
+    /// [`Engine::poll_transmit_gather`] lent pieces of, each once: a
+    /// reader of the pieces after the poll enters them for its copy
+    /// ([`crate::fence`]). Asked before the engine is called again (and
+    /// only by a caller that lends the pieces on: a clone is an atomic
+    /// operation, which a short packet is better without).
+    pub fn gathered_fences(&self, out: &mut Vec<Fence>) {
+        out.extend(
+            self.cx
+                .lent_mrs
+                .iter()
+                .filter_map(|k| self.cx.keys.fence_of(*k))
+                .cloned(),
+        );
+    }
+
+    fn handle_rx(&mut self, ip: &IpRepr, r: &Rx<'_, '_>, mem: &mut impl Memory) {
+        let cx = &mut self.cx;
         let Some(q) = self.qps.get_mut(r.bth.dest_qp.value()) else {
             cx.stats.rx_no_qp += 1;
             return;
@@ -258,21 +385,19 @@ impl Engine {
             return;
         }
         match (q.init.qp_type, op) {
-            (QpType::Ud | QpType::Gsi, _) => responder::recv_ud(q, cx, ip, &r, mem),
-            (QpType::Rc, Operation::Acknowledge) => completer::recv_ack(q, cx, &r),
+            (QpType::Ud | QpType::Gsi, _) => responder::recv_ud(q, cx, ip, r, mem),
+            (QpType::Rc, Operation::Acknowledge) => completer::recv_ack(q, cx, r),
             (QpType::Rc | QpType::Uc, Operation::Send | Operation::RdmaWrite) => {
-                responder::recv_request(q, cx, &r, mem)
+                responder::recv_request(q, cx, r, mem)
             }
             (
                 QpType::Rc,
                 Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd,
-            ) => responder::recv_read_or_atomic(q, cx, &r, mem),
+            ) => responder::recv_read_or_atomic(q, cx, r, mem),
             (QpType::Rc, Operation::RdmaReadResponse) => {
-                completer::recv_read_response(q, cx, &r, mem)
+                completer::recv_read_response(q, cx, r, mem)
             }
-            (QpType::Rc, Operation::AtomicAcknowledge) => {
-                completer::recv_atomic_ack(q, cx, &r, mem)
-            }
+            (QpType::Rc, Operation::AtomicAcknowledge) => completer::recv_atomic_ack(q, cx, r, mem),
             _ => cx.stats.rx_malformed += 1,
         }
         self.settle();

@@ -35,6 +35,7 @@ mod deadlines;
 pub mod engine;
 pub mod error;
 pub mod event;
+pub mod fence;
 pub mod handle;
 pub mod memory;
 pub mod mr;

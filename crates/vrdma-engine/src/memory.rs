@@ -38,6 +38,96 @@ pub trait Memory {
         let _ = (addr, len);
         false
     }
+
+    /// Copies `len` bytes, from `at` on, of the payload lent with the
+    /// packet being handled ([`crate::Engine::handle_lent_packet`]) to
+    /// `addr`: the one copy of a same-host payload, from its sender's
+    /// memory. Memory that was given no such payload holds none (the
+    /// default).
+    fn write_lent(&mut self, addr: u64, at: usize, len: usize) -> Result<(), MemoryError> {
+        let _ = at;
+        Err(MemoryError {
+            addr,
+            len: len as u64,
+        })
+    }
+}
+
+/// A memory while it handles a packet whose payload was lent on
+/// ([`crate::Engine::handle_lent_packet`]): everything goes to `mem`, and
+/// [`Memory::write_lent`] to `copy`, which knows where the payload is (the
+/// sender's memory, for a device; a buffer, for a test network).
+#[allow(missing_debug_implementations)] // `copy` is a closure.
+pub struct WithLent<'a, M, F> {
+    pub mem: &'a mut M,
+    pub copy: F,
+}
+
+impl<M, F> Memory for WithLent<'_, M, F>
+where
+    M: Memory,
+    F: FnMut(&mut M, u64, usize, usize) -> Result<(), MemoryError>,
+{
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        self.mem.read(addr, buf)
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.mem.write(addr, data)
+    }
+
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        self.mem.compare_swap(addr, compare, swap)
+    }
+
+    fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        self.mem.fetch_add(addr, add)
+    }
+
+    fn lends(&self, addr: u64, len: usize) -> bool {
+        self.mem.lends(addr, len)
+    }
+
+    fn write_lent(&mut self, addr: u64, at: usize, len: usize) -> Result<(), MemoryError> {
+        (self.copy)(self.mem, addr, at, len)
+    }
+}
+
+/// A received packet's payload: its bytes, or `len` bytes lent with it and
+/// still in the sender's memory ([`Memory::write_lent`]), from `at` on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Payload<'a> {
+    Bytes(&'a [u8]),
+    Lent { at: usize, len: usize },
+}
+
+impl<'a> Payload<'a> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(b) => b.len(),
+            Payload::Lent { len, .. } => *len,
+        }
+    }
+
+    /// The `n` bytes from `from` on (within the payload: the callers walk
+    /// it in order).
+    pub(crate) fn part(&self, from: usize, n: usize) -> Payload<'a> {
+        match *self {
+            Payload::Bytes(b) => Payload::Bytes(&b[from..from + n]),
+            Payload::Lent { at, .. } => Payload::Lent {
+                at: at + from,
+                len: n,
+            },
+        }
+    }
+
+    /// Copies the payload to `addr`.
+    pub(crate) fn write_to(&self, mem: &mut impl Memory, addr: u64) -> Result<(), MemoryError> {
+        match *self {
+            Payload::Bytes(b) => mem.write(addr, b),
+            Payload::Lent { at, len } => mem.write_lent(addr, at, len),
+        }
+    }
 }
 
 /// Memory backed by a vector, mapped at `base`: for tests and tools.

@@ -10,8 +10,9 @@ use vrdma_wire::{Lkey, Rkey};
 
 use crate::{
     error::{Kind, Result, VerbsError},
+    fence::Fence,
     handle::PdHandle,
-    memory::{Memory, MemoryError},
+    memory::{Memory, MemoryError, Payload},
     table::Table,
 };
 
@@ -69,6 +70,10 @@ pub struct Mr {
     /// Memory windows bound to this MR (it cannot be deregistered while
     /// any is).
     pub bound_mws: u32,
+    /// The fence its lent payloads carry: revoked when the MR is
+    /// deregistered or invalidated (a new one comes with the next
+    /// registration), so no copy reads it after ([`crate::fence`]).
+    pub fence: Fence,
 }
 
 /// How an MR came to be.
@@ -256,10 +261,20 @@ impl Mr {
         va: u64,
         data: &[u8],
     ) -> core::result::Result<(), AccessError> {
+        self.write_payload(mem, va, Payload::Bytes(data))
+    }
+
+    /// Writes a received payload (its bytes, or lent) at `va`.
+    pub(crate) fn write_payload(
+        &self,
+        mem: &mut impl Memory,
+        va: u64,
+        data: Payload<'_>,
+    ) -> core::result::Result<(), AccessError> {
         let mut done = 0usize;
         self.for_each_chunk(va, data.len() as u64, |addr, n| {
             let n = n as usize;
-            mem.write(addr, &data[done..done + n])?;
+            data.part(done, n).write_to(mem, addr)?;
             done += n;
             Ok(())
         })
@@ -302,6 +317,9 @@ pub struct MrRequest {
 #[derive(Debug)]
 pub(crate) struct Keys {
     table: Table<KeyObj>,
+    /// Fences closed by a remote invalidation and not yet waited for
+    /// ([`Keys::wait_closed`]).
+    closed: Vec<Fence>,
 }
 
 fn not_found(key: u32) -> VerbsError {
@@ -311,11 +329,41 @@ fn not_found(key: u32) -> VerbsError {
     }
 }
 
+impl Drop for Keys {
+    /// The engine is gone (destroyed or reset): no payload it lent is read
+    /// again.
+    fn drop(&mut self) {
+        for (_, obj) in self.table.iter() {
+            if let KeyObj::Mr(mr) = obj {
+                mr.fence.revoke();
+            }
+        }
+    }
+}
+
 impl Keys {
+    /// The fence of the MR `lkey` names, valid or not.
+    pub(crate) fn fence_of(&self, lkey: Lkey) -> Option<&Fence> {
+        self.mr_any(lkey.0).map(|mr| &mr.fence)
+    }
+
+    /// Waits for the copies under way from MRs a remote invalidation
+    /// closed (the second half of their revocation).
+    #[inline]
+    pub(crate) fn wait_closed(&mut self) {
+        if self.closed.is_empty() {
+            return;
+        }
+        for f in self.closed.drain(..) {
+            f.wait();
+        }
+    }
+
     pub(crate) fn new(max_mr: u32, max_mw: u32) -> Self {
         // Index 0 is never handed out: a zeroed key names nothing.
         Keys {
             table: Table::new(1, max_mr.saturating_add(max_mw)),
+            closed: Vec::new(),
         }
     }
 
@@ -354,6 +402,7 @@ impl Keys {
             kind: MrKind::Regular,
             valid: true,
             bound_mws: 0,
+            fence: Fence::new(),
         };
         let key = self.insert(KeyObj::Mr(mr), Kind::Mr)?;
         Ok((Lkey(key), Rkey(key)))
@@ -379,6 +428,7 @@ impl Keys {
             },
             valid: false,
             bound_mws: 0,
+            fence: Fence::new(),
         };
         self.insert(KeyObj::Mr(mr), Kind::Mr).map(Lkey)
     }
@@ -451,7 +501,10 @@ impl Keys {
             });
         }
         match self.table.remove_keyed(lkey.index(), lkey.key()) {
-            Some(KeyObj::Mr(mr)) => Ok(mr),
+            Some(KeyObj::Mr(mr)) => {
+                mr.fence.revoke();
+                Ok(mr)
+            }
             _ => Err(not_found(lkey.0)),
         }
     }
@@ -688,7 +741,19 @@ impl Keys {
                 if mr.bound_mws > 0 {
                     return Err(KeyOpError::WrongState);
                 }
-                mr.valid = false;
+                if mr.valid {
+                    mr.valid = false;
+                    // A SEND with invalidate arrives while its receiver
+                    // may hold a sender's fences (a payload lent on):
+                    // the wait comes once they are let go.
+                    let old = std::mem::take(&mut mr.fence);
+                    if remote.is_some() {
+                        old.close();
+                        self.closed.push(old);
+                    } else {
+                        old.revoke();
+                    }
+                }
                 return Ok(());
             }
             KeyObj::Mw(mw) if mw.rkey.0 == key => {

@@ -18,7 +18,7 @@ use crate::{
     qp::{QpState, QpType},
     qpc::Qp,
     sgl::{gather, lend},
-    transmit::{Transmit, emit_bare},
+    transmit::{Transmit, emit_bare, emit_lent},
     wc::WcStatus,
     wr::{SendFlags, SendOp},
 };
@@ -27,6 +27,11 @@ use crate::{
 /// RXE_MAX_UNACKED_PSNS). A loss then costs at most this many resent
 /// packets, and a responder's reply queue stays bounded.
 pub const MAX_UNACKED_PSNS: u32 = 128;
+
+/// The most segments (MTUs, PSNs) one packet carries to a peer whose
+/// medium takes a run of them ([`crate::Engine::set_jumbo`]): half the send
+/// window, so that two such packets keep the medium busy.
+pub const JUMBO_PSNS: u32 = MAX_UNACKED_PSNS / 2;
 
 /// RC: inside a long message every this many packets asks for an ACK, so
 /// that the window keeps moving and the retransmit timer, which restarts
@@ -104,7 +109,30 @@ pub(crate) fn emit_request(
     if ty == QpType::Rc && op.is_read_or_atomic() {
         return emit_read_or_atomic(q, cx, cursor, op, offset, buf);
     }
-    let n = (w.length - offset).min(mtu);
+    // A payload the memory lends stays where it is (a gather poll) and
+    // may be a run of segments long ([`Ctx::segment`]); one copied into
+    // the packet is an MTU at most.
+    let mut n = (w.length - offset).min(cx.segment(q));
+    let mut lent = Ok(false);
+    if n > 0 && !w.is_inline && cx.lend {
+        // Pieces of an attempt that produced no packet are not this
+        // packet's.
+        cx.lent.clear();
+        cx.lent_mrs.clear();
+        lent = lend(
+            &cx.keys,
+            mem,
+            pd,
+            &w.sges,
+            offset,
+            n as usize,
+            &mut cx.lent,
+            &mut cx.lent_mrs,
+        );
+    }
+    if lent == Ok(false) {
+        n = n.min(mtu);
+    }
     let first = offset == 0;
     let last = offset + n >= w.length;
     let position = match (first, last) {
@@ -141,6 +169,8 @@ pub(crate) fn emit_request(
         }
     };
     let psn = q.req.psn;
+    // The segments the packet covers (one PSN each).
+    let (seg_first, seg_last) = (offset / mtu, (offset + n.max(1) - 1) / mtu);
     let bth = bth::Repr {
         opcode,
         solicited: last && w.flags.contains(SendFlags::SOLICITED),
@@ -151,46 +181,41 @@ pub(crate) fn emit_request(
         becn: false,
         dest_qp,
         // An ACK at the end of each message (as rxe) and every
-        // PACKETS_PER_ACK_REQ packets inside a long one, so that the send
+        // PACKETS_PER_ACK_REQ segments inside a long one, so that the send
         // window moves.
         ack_req: ty == QpType::Rc
-            && (last || (offset / mtu) % PACKETS_PER_ACK_REQ == PACKETS_PER_ACK_REQ - 1),
+            && (last || (seg_last + 1) / PACKETS_PER_ACK_REQ > seg_first / PACKETS_PER_ACK_REQ),
         psn,
     };
-    // Headers first, then the payload gathered straight into the packet
-    // (n <= mtu <= 4096).
     let n_bytes = n as usize;
-    let out = buf.get_mut(..packet::packet_len(opcode, n_bytes))?;
-    let at = packet::emit_headers(out, &bth, &ext, n_bytes).ok()?;
-    let payload = &mut out[at..at + n_bytes];
-    let mut referenced = 0;
-    let gathered = if w.is_inline {
-        let start = offset as usize;
-        payload.copy_from_slice(&w.inline[start..start + n_bytes]);
-        Ok(())
-    } else if cx.lend && n_bytes > 0 {
-        // Pieces of an attempt that produced no packet are not this
-        // packet's.
-        cx.lent.clear();
-        match lend(&cx.keys, mem, pd, &w.sges, offset, n_bytes, &mut cx.lent) {
-            Ok(true) => {
-                referenced = n_bytes;
+    let emitted = match lent {
+        Ok(true) => emit_lent(buf, &bth, &ext, n_bytes).map(|(at, len)| Ok((at, len, n_bytes))),
+        Err(e) => Some(Err(e)),
+        Ok(false) => {
+            // Headers first, then the payload gathered straight into the
+            // packet (n <= mtu <= 4096).
+            let out = buf.get_mut(..packet::packet_len(opcode, n_bytes))?;
+            let at = packet::emit_headers(out, &bth, &ext, n_bytes).ok()?;
+            let payload = &mut out[at..at + n_bytes];
+            let gathered = if w.is_inline {
+                let start = offset as usize;
+                payload.copy_from_slice(&w.inline[start..start + n_bytes]);
                 Ok(())
-            }
-            // Memory that does not lend its bytes: copied.
-            Ok(false) => gather(&cx.keys, mem, pd, &w.sges, offset, payload),
-            Err(e) => Err(e),
+            } else {
+                gather(&cx.keys, mem, pd, &w.sges, offset, payload)
+            };
+            Some(gathered.map(|()| (at, out.len(), 0)))
         }
-    } else {
-        gather(&cx.keys, mem, pd, &w.sges, offset, payload)
     };
-    if gathered.is_err() {
-        // IBTA Vol1 §10.7.2.3: a bad local SGE completes the WQE with a
-        // local protection error and the QP enters ERR.
-        complete_front_with_error(q, cx, WcStatus::LocProtErr);
-        return None;
-    }
-    let len = out.len();
+    let (at, len, referenced) = match emitted? {
+        Ok(e) => e,
+        Err(_) => {
+            // IBTA Vol1 §10.7.2.3: a bad local SGE completes the WQE with
+            // a local protection error and the QP enters ERR.
+            complete_front_with_error(q, cx, WcStatus::LocProtErr);
+            return None;
+        }
+    };
     let Some(t) = path(q, cx, ah) else {
         no_route(q, cx);
         return None;
@@ -213,7 +238,7 @@ pub(crate) fn emit_request(
     if first && let Some(w) = q.sq.get_mut(cursor) {
         w.first_psn = psn;
     }
-    q.req.psn = psn.next();
+    q.req.psn = psn.wrapping_add((seg_last - seg_first + 1) as u32);
     let resent = q.req.psn.precedes(q.req.high) || q.req.psn == q.req.high;
     if resent {
         cx.stats.tx_retransmitted += 1;
@@ -462,6 +487,7 @@ pub(crate) fn seek(q: &mut Qp, cx: &mut Ctx, psn: Psn) -> bool {
 /// the QP enters ERR, rather than waiting for a GID that may never come.
 fn no_route(q: &mut Qp, cx: &mut Ctx) {
     cx.lent.clear();
+    cx.lent_mrs.clear();
     complete_front_with_error(q, cx, WcStatus::LocQpOpErr);
 }
 

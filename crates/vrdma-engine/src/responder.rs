@@ -18,14 +18,15 @@ use vrdma_wire::{
 use crate::{
     completion::enter_error,
     context::Ctx,
+    datapath::Rx,
     event::AsyncEvent,
-    memory::Memory,
+    memory::{Memory, Payload},
     mr::Access,
     qp::{QpState, QpType},
     qpc::{InMsg, Qp, Resource, RespOut},
-    requester::path,
+    requester::{JUMBO_PSNS, path},
     sgl::{lend_range, scatter},
-    transmit::{Transmit, emit_bare},
+    transmit::{Transmit, emit_bare, emit_lent},
     wc::{NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus},
 };
 
@@ -44,7 +45,7 @@ pub(crate) fn recv_ud(
     q: &mut Qp,
     cx: &mut Ctx,
     ip: &IpRepr,
-    r: &packet::Repr<'_>,
+    r: &Rx<'_, '_>,
     mem: &mut impl Memory,
 ) {
     let Some(deth) = r.ext.deth else {
@@ -83,7 +84,7 @@ pub(crate) fn recv_ud(
     let status = if !grh_ok {
         WcStatus::GeneralErr
     } else {
-        let a = scatter(&cx.keys, mem, pd, &wqe.sges, 0, &g)
+        let a = scatter(&cx.keys, mem, pd, &wqe.sges, 0, Payload::Bytes(&g))
             .and_then(|()| scatter(&cx.keys, mem, pd, &wqe.sges, 40, r.payload));
         match a {
             Ok(()) => WcStatus::Success,
@@ -167,7 +168,7 @@ fn ack(q: &mut Qp, cx: &mut Ctx, psn: Psn) {
 }
 
 /// UC and RC SEND and RDMA WRITE packets.
-pub(crate) fn recv_request(q: &mut Qp, cx: &mut Ctx, r: &packet::Repr<'_>, mem: &mut impl Memory) {
+pub(crate) fn recv_request(q: &mut Qp, cx: &mut Ctx, r: &Rx<'_, '_>, mem: &mut impl Memory) {
     let rc = q.init.qp_type == QpType::Rc;
     let psn = r.bth.psn;
     let epsn = q.resp.epsn;
@@ -200,7 +201,7 @@ pub(crate) fn recv_request(q: &mut Qp, cx: &mut Ctx, r: &packet::Repr<'_>, mem: 
         // lost message never completes, the buffer does.
         if !position.starts() {
             q.resp.msg = InMsg::Dropping;
-            q.resp.epsn = psn.next();
+            q.resp.epsn = psn.wrapping_add(span(r, q));
             return;
         }
         q.resp.msg = InMsg::Idle;
@@ -224,7 +225,7 @@ pub(crate) fn recv_request(q: &mut Qp, cx: &mut Ctx, r: &packet::Repr<'_>, mem: 
             } else {
                 InMsg::Dropping
             };
-            q.resp.epsn = psn.next();
+            q.resp.epsn = psn.wrapping_add(span(r, q));
         }
         Err(Failure::Local(WcStatus::LocLenErr)) if !rc => {
             // UC: a message too long for the receive buffer is dropped; the
@@ -235,7 +236,7 @@ pub(crate) fn recv_request(q: &mut Qp, cx: &mut Ctx, r: &packet::Repr<'_>, mem: 
             } else {
                 InMsg::Dropping
             };
-            q.resp.epsn = psn.next();
+            q.resp.epsn = psn.wrapping_add(span(r, q));
         }
         Err(Failure::Local(status)) => {
             // The receive WQE completes in error and the QP enters ERR, on
@@ -265,18 +266,24 @@ pub(crate) fn recv_request(q: &mut Qp, cx: &mut Ctx, r: &packet::Repr<'_>, mem: 
 fn execute(
     q: &mut Qp,
     cx: &mut Ctx,
-    r: &packet::Repr<'_>,
+    r: &Rx<'_, '_>,
     position: Position,
     mem: &mut impl Memory,
 ) -> Result<(), Failure> {
     let mtu = q.attr.path_mtu.bytes() as usize;
     let len = r.payload.len();
     // IBTA Vol1 §9.7.5.2.5: First and Middle carry exactly one MTU, Last
-    // 1..=MTU, Only 0..=MTU.
+    // 1..=MTU, Only 0..=MTU — or, from a peer whose medium takes a run of
+    // segments, whole MTUs up to the run, and the rest.
+    let max = if r.jumbo {
+        mtu * JUMBO_PSNS as usize
+    } else {
+        mtu
+    };
     let len_ok = match position {
-        Position::First | Position::Middle => len == mtu,
-        Position::Last => (1..=mtu).contains(&len),
-        Position::Only => len <= mtu,
+        Position::First | Position::Middle => len.is_multiple_of(mtu) && (mtu..=max).contains(&len),
+        Position::Last => (1..=max).contains(&len),
+        Position::Only => len <= max,
     };
     let op = r.bth.opcode.info().operation;
     let in_msg = q.resp.msg;
@@ -289,7 +296,7 @@ fn execute(
     );
     if in_msg == InMsg::Dropping && !position.starts() {
         // UC, still dropping a lost message.
-        q.resp.epsn = r.bth.psn.next();
+        q.resp.epsn = r.bth.psn.wrapping_add(span(r, q));
         if position.ends() {
             q.resp.msg = InMsg::Idle;
         }
@@ -405,7 +412,7 @@ fn execute(
                     .keys
                     .check_remote(rkey, pd, va, len as u64, Access::REMOTE_WRITE, qpn)
                     .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
-                mr.write(mem, va, r.payload)
+                mr.write_payload(mem, va, r.payload)
                     .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
             }
             q.resp.msg = InMsg::Write {
@@ -435,20 +442,24 @@ fn execute(
         }
         _ => return Err(Failure::Nak(NakCode::InvalidRequest)),
     }
-    q.resp.epsn = r.bth.psn.next();
+    let covered = span(r, q);
+    q.resp.epsn = r.bth.psn.wrapping_add(covered);
     if rc && (r.bth.ack_req || position.ends()) {
-        ack(q, cx, r.bth.psn);
+        // The packet's last PSN: a run of segments is acknowledged whole.
+        ack(q, cx, r.bth.psn.wrapping_add(covered - 1));
     }
     Ok(())
 }
 
+/// The PSNs a SEND or WRITE packet takes: one, or one per MTU of a run of
+/// segments.
+fn span(r: &Rx<'_, '_>, q: &Qp) -> u32 {
+    let mtu = q.attr.path_mtu.bytes() as usize;
+    r.payload.len().div_ceil(mtu).max(1) as u32
+}
+
 /// RC responder: an RDMA READ request or an atomic.
-pub(crate) fn recv_read_or_atomic(
-    q: &mut Qp,
-    cx: &mut Ctx,
-    r: &packet::Repr<'_>,
-    mem: &mut impl Memory,
-) {
+pub(crate) fn recv_read_or_atomic(q: &mut Qp, cx: &mut Ctx, r: &Rx<'_, '_>, mem: &mut impl Memory) {
     let psn = r.bth.psn;
     let epsn = q.resp.epsn;
     if psn.precedes(epsn) {
@@ -555,7 +566,7 @@ pub(crate) fn recv_read_or_atomic(
 /// the same range or the rest of it, an atomic by its PSN, never executed
 /// twice — and only while response room is left; anything else is dropped
 /// (the requester times out and retries).
-fn duplicate_read_or_atomic(q: &mut Qp, cx: &mut Ctx, r: &packet::Repr<'_>) {
+fn duplicate_read_or_atomic(q: &mut Qp, cx: &mut Ctx, r: &Rx<'_, '_>) {
     let psn = r.bth.psn;
     // The requester went back to `psn` and will ask again for everything
     // after it: responses still queued from there on are superseded (they
@@ -730,7 +741,26 @@ fn response(
             psn,
             sent,
         } => {
-            let n = (len - sent).min(mtu);
+            // The MR is checked again: it may have been deregistered since
+            // the request was accepted. A payload the memory lends stays
+            // there (a gather poll) and may be a run of segments long
+            // ([`Ctx::segment`]); one read into the packet is an MTU at
+            // most. A zero-length READ touches no memory and needs no key
+            // (IBTA Vol1 §9.4.3).
+            let mut n = (len - sent).min(cx.segment(q));
+            let mut lent = Ok(false);
+            if n > 0 && cx.lend {
+                let (lent_refs, fences) = (&mut cx.lent, &mut cx.lent_mrs);
+                lent_refs.clear();
+                fences.clear();
+                lent = cx
+                    .keys
+                    .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ, qpn)
+                    .and_then(|mr| lend_range(mr, mem, va + sent, n, lent_refs, fences));
+            }
+            if lent == Ok(false) {
+                n = n.min(mtu);
+            }
             let first = sent == 0;
             let last = sent + n >= len;
             let (opcode, with_aeth) = match (first, last) {
@@ -744,46 +774,44 @@ fn response(
                 aeth: with_aeth.then(|| ack(ok)),
                 ..Default::default()
             };
-            // n <= mtu <= 4096.
             let n_bytes = n as usize;
-            let Some(out) = buf.get_mut(..packet::packet_len(opcode, n_bytes)) else {
-                return Response::Packet(None);
+            let read = match lent {
+                Ok(true) => {
+                    let Some((at, total)) = emit_lent(buf, &bth(opcode, ppsn), &ext, n_bytes)
+                    else {
+                        return Response::Packet(None);
+                    };
+                    (payload_at, referenced) = (at, n_bytes);
+                    Ok(total)
+                }
+                Err(e) => Err(e),
+                Ok(false) => {
+                    // n <= mtu <= 4096.
+                    let Some(out) = buf.get_mut(..packet::packet_len(opcode, n_bytes)) else {
+                        return Response::Packet(None);
+                    };
+                    let Ok(at) = packet::emit_headers(out, &bth(opcode, ppsn), &ext, n_bytes)
+                    else {
+                        return Response::Packet(None);
+                    };
+                    let total = out.len();
+                    if n == 0 {
+                        Ok(total)
+                    } else {
+                        cx.keys
+                            .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ, qpn)
+                            .and_then(|mr| mr.read(mem, va + sent, &mut out[at..at + n_bytes]))
+                            .map(|()| total)
+                    }
+                }
             };
-            let Ok(at) = packet::emit_headers(out, &bth(opcode, ppsn), &ext, n_bytes) else {
-                return Response::Packet(None);
-            };
-            // The MR is checked again: it may have been deregistered since
-            // the request was accepted. The data is read straight into the
-            // packet.
-            let read = if n == 0 {
-                // A zero-length READ touches no memory and needs no key
-                // (IBTA Vol1 §9.4.3).
-                Ok(())
-            } else {
-                let lent = &mut cx.lent;
-                let lend = cx.lend;
-                cx.keys
-                    .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ, qpn)
-                    .and_then(|mr| {
-                        // Lent where the memory lends it (a gather poll),
-                        // else copied.
-                        lent.clear();
-                        if lend && lend_range(mr, mem, va + sent, n, lent)? {
-                            (payload_at, referenced) = (at, n_bytes);
-                            Ok(())
-                        } else {
-                            mr.read(mem, va + sent, &mut out[at..at + n_bytes])
-                        }
-                    })
-            };
-            if read.is_err() {
+            let Ok(written) = read else {
                 q.resp.out.push_front(RespOut::Ack {
                     psn: ppsn,
                     syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
                 });
                 return Response::Retry;
-            }
-            let written = out.len();
+            };
             if !last {
                 q.resp.out.push_front(RespOut::Read {
                     rkey,

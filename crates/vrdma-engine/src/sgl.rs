@@ -2,9 +2,11 @@
 //! each piece checked against its lkey, PD, bounds and rights before the
 //! memory is touched.
 
+use vrdma_wire::Lkey;
+
 use crate::{
     handle::PdHandle,
-    memory::Memory,
+    memory::{Memory, Payload},
     mr::{Access, AccessError, Keys, Mr},
     transmit::PayloadRef,
     wr::Sge,
@@ -13,6 +15,7 @@ use crate::{
 /// Lends `len` bytes starting `offset` bytes into the SGE list: checks
 /// each piece as [`gather`] does and appends its device address to `out`.
 /// False (and `out` as it was) when the memory does not lend a piece.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn lend(
     keys: &Keys,
     mem: &impl Memory,
@@ -21,13 +24,14 @@ pub(crate) fn lend(
     offset: u64,
     len: usize,
     out: &mut Vec<PayloadRef>,
+    mrs: &mut Vec<Lkey>,
 ) -> Result<bool, AccessError> {
     let start = out.len();
     let mut lendable = true;
     walk(sges, offset, len, |sge, at, _, n| {
         let mr = keys.check_local(sge.lkey, pd, sge.addr + at, n as u64, Access::NONE)?;
         if lendable {
-            lendable = lend_range(mr, mem, sge.addr + at, n as u64, out)?;
+            lendable = lend_range(mr, mem, sge.addr + at, n as u64, out, mrs)?;
         }
         Ok(())
     })?;
@@ -38,14 +42,17 @@ pub(crate) fn lend(
 }
 
 /// Appends the device addresses of `va..va + len` of the (checked) `mr`
-/// to `out` if `mem` lends every piece; else leaves `out` as it was.
-/// Whether it did.
+/// to `out` if `mem` lends every piece, and the MR's lkey to `mrs`
+/// unless it is there already (its fence guards the pieces:
+/// [`crate::Engine::gathered_fences`]); else leaves `out` as it was. Whether it
+/// did.
 pub(crate) fn lend_range(
     mr: &Mr,
     mem: &impl Memory,
     va: u64,
     len: u64,
     out: &mut Vec<PayloadRef>,
+    mrs: &mut Vec<Lkey>,
 ) -> Result<bool, AccessError> {
     let start = out.len();
     let mut lendable = true;
@@ -61,6 +68,8 @@ pub(crate) fn lend_range(
     })?;
     if !lendable {
         out.truncate(start);
+    } else if !mrs.contains(&mr.lkey) {
+        mrs.push(mr.lkey);
     }
     Ok(lendable)
 }
@@ -89,11 +98,11 @@ pub(crate) fn scatter(
     pd: PdHandle,
     sges: &[Sge],
     offset: u64,
-    data: &[u8],
+    data: Payload<'_>,
 ) -> Result<(), AccessError> {
     walk(sges, offset, data.len(), |sge, at, done, n| {
         let mr = keys.check_local(sge.lkey, pd, sge.addr + at, n as u64, Access::LOCAL_WRITE)?;
-        mr.write(mem, sge.addr + at, &data[done..done + n])
+        mr.write_payload(mem, sge.addr + at, data.part(done, n))
     })
 }
 

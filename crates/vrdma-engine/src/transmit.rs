@@ -65,3 +65,24 @@ pub(crate) fn emit_bare(buf: &mut [u8], bth: bth::Repr, ext: packet::ExtHeaders)
     packet::emit_headers(buf.get_mut(..n)?, &bth, &ext, 0).ok()?;
     Some(n)
 }
+
+/// Emits a packet whose `n`-byte payload is lent (left in memory) into
+/// `buf`: its headers and, right after them, the bytes that follow the
+/// payload (pad, ICRC field) — the payload has no room in `buf`, so a lent
+/// payload may be longer than a buffer. Returns where the payload goes
+/// and the packet's whole length, or `None` if `buf` is too small.
+pub(crate) fn emit_lent(
+    buf: &mut [u8],
+    bth: &bth::Repr,
+    ext: &packet::ExtHeaders,
+    n: usize,
+) -> Option<(usize, usize)> {
+    // A payload of n % 4 bytes takes the same pad and the same headers (a
+    // RETH names the message's length, not the packet's).
+    let small = n % 4;
+    let room = packet::packet_len(bth.opcode, small);
+    let out = buf.get_mut(..room)?;
+    let at = packet::emit_headers(out, bth, ext, small).ok()?;
+    out.copy_within(at + small.., at);
+    Some((at, room - small + n))
+}

@@ -1675,3 +1675,187 @@ fn a_forged_read_response_acknowledges_nothing() {
     assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
     assert_eq!(poll(&mut net, b)[0].wr_id, 9);
 }
+
+/// Over a same-host medium (`Net::same_host`) a lent payload travels in
+/// runs of segments — one packet for a 20 000-byte WRITE, READ response or
+/// SEND at MTU 1024 — each segment still taking its PSN, so a run lost is
+/// resent whole after the timeout, and the bytes land as over the wire.
+#[test]
+fn a_same_host_medium_carries_runs_of_segments_each_with_its_psn() {
+    for lose_first in [false, true] {
+        let (mut net, a, b) = pair(QpType::Rc, 7);
+        net.same_host();
+        let data = pattern(20_000, 9);
+        fill(&mut net, a, 0, &data);
+        fill(&mut net, b, 0x8000, &data);
+        if lose_first {
+            net.drop.insert(0);
+        }
+        let (psn0, _) = e(&mut net, a).qp_psns(a.qpn).unwrap();
+        let r = [sge(b, 0x4000, 20_000)];
+        e(&mut net, b)
+            .post_recv(
+                b.qpn,
+                &RecvWr {
+                    wr_id: 7,
+                    sg_list: &r,
+                },
+            )
+            .unwrap();
+        let write = [sge(a, 0, 20_000)];
+        let into = [sge(a, 0xa000, 20_000)];
+        for (id, op, s) in [
+            (
+                1,
+                SendOp::RdmaWrite {
+                    remote_addr: BASE,
+                    rkey: b.rkey,
+                },
+                &write,
+            ),
+            (
+                2,
+                SendOp::RdmaRead {
+                    remote_addr: BASE + 0x8000,
+                    rkey: b.rkey,
+                },
+                &into,
+            ),
+            (3, SendOp::Send, &write),
+        ] {
+            let wr = SendWr {
+                wr_id: id,
+                op,
+                payload: Payload::Sges(s),
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            };
+            e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+        }
+        let mut rounds = 0;
+        loop {
+            match net.run(100) {
+                Quiet::Idle => break,
+                Quiet::Timer(t) => net.advance_to(t),
+                Quiet::Busy => panic!("never quiet"),
+            }
+            rounds += 1;
+            assert!(rounds < 20, "no progress");
+        }
+        let sw = poll(&mut net, a);
+        let got: Vec<_> = sw.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            got,
+            [1, 2, 3].map(|i| (i, WcStatus::Success)),
+            "lose_first {lose_first}"
+        );
+        assert_eq!(read(&net, b, 0, 20_000), data);
+        assert_eq!(read(&net, a, 0xa000, 20_000), data);
+        assert_eq!(read(&net, b, 0x4000, 20_000), data);
+        // 20 segments a message: 40 request PSNs (the READ's included).
+        let (psn, _) = e(&mut net, a).qp_psns(a.qpn).unwrap();
+        assert_eq!(psn, psn0.wrapping_add(60));
+        // Three runs and their answers (and the lost run's resend) — not
+        // 60 MTU-sized packets.
+        assert!(net.delivered <= 8, "{} packets", net.delivered);
+        // The lost run resent (twice: a timeout's first resend goes out
+        // twice), nothing else.
+        assert_eq!(
+            e(&mut net, a).stats().tx_retransmitted,
+            if lose_first { 2 } else { 0 }
+        );
+    }
+}
+
+/// A run of segments is taken only from a peer whose medium carries such
+/// runs ([`Engine::set_jumbo`]): from any other it is an over-long packet,
+/// refused with an invalid-request NAK, and nothing is written.
+#[test]
+fn a_run_of_segments_from_a_wire_peer_is_an_invalid_request() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    net.same_host();
+    e(&mut net, b).set_jumbo(&[]);
+    let data = pattern(20_000, 3);
+    fill(&mut net, a, 0, &data);
+    let s = [sge(a, 0, 20_000)];
+    let wr = SendWr {
+        wr_id: 5,
+        op: SendOp::RdmaWrite {
+            remote_addr: BASE,
+            rkey: b.rkey,
+        },
+        payload: Payload::Sges(&s),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    net.run(100);
+    let sw = poll(&mut net, a);
+    assert_eq!(
+        sw.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(5, WcStatus::RemInvReqErr)]
+    );
+    assert_eq!(read(&net, b, 0, 20_000), vec![0; 20_000]);
+    assert_eq!(e(&mut net, b).stats().rx_malformed, 1);
+}
+
+/// Every way an MR's grant ends revokes the fence its lent payloads carry
+/// (`vrdma_engine::fence`): a SEND with invalidate that arrives lent on (its
+/// wait comes after the packet, `Engine::finish_revocations`), LOCAL_INV,
+/// DEREG_MR; a new registration of the same MR comes with an open fence.
+#[test]
+fn the_end_of_an_mrs_grant_revokes_its_fence() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    net.same_host();
+    let k = fast_reg(&mut net, b, 0x8000, 7);
+    let fence = e(&mut net, b).mr(k).unwrap().fence.clone();
+    assert!(!fence.is_revoked());
+    let data = pattern(8000, 4);
+    fill(&mut net, a, 0, &data);
+    let rsge = [sge(b, 0x1000, 8000)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &rsge,
+            },
+        )
+        .unwrap();
+    let s = [sge(a, 0, 8000)];
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::SendWithInv {
+            invalidate: Rkey(k.0),
+        },
+        payload: Payload::Sges(&s),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, a, &wr);
+    net.run(100);
+    let wc = poll(&mut net, b);
+    assert!(wc[0].wc_flags.contains(WcFlags::WITH_INV));
+    assert_eq!(read(&net, b, 0x1000, 8000), data, "lent on, one run");
+    assert!(fence.is_revoked(), "SEND with invalidate");
+    // Registered again: a new, open fence; LOCAL_INV revokes it.
+    let k = fast_reg(&mut net, b, 0x8000, 8);
+    let fence = e(&mut net, b).mr(k).unwrap().fence.clone();
+    assert!(!fence.is_revoked());
+    let inv = SendWr {
+        wr_id: 2,
+        op: SendOp::LocalInv {
+            invalidate: Rkey(k.0),
+        },
+        payload: Payload::Sges(&[]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    post(&mut net, b, &inv);
+    net.run(100);
+    assert_eq!(poll(&mut net, b)[0].status, WcStatus::Success);
+    assert!(fence.is_revoked(), "LOCAL_INV");
+    let regular = e(&mut net, a).mr(a.lkey).unwrap().fence.clone();
+    e(&mut net, a).dereg_mr(a.lkey).unwrap();
+    assert!(regular.is_revoked(), "DEREG_MR");
+}

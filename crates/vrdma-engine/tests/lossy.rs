@@ -1,7 +1,9 @@
 //! RC over a lossy network (IBTA's reliable service, DESIGN invariant 1):
 //! whatever packets are lost (here up to six, chosen by proptest), every
 //! message is delivered exactly once, in order, and every signaled WR
-//! completes exactly once, in order, with the data intact.
+//! completes exactly once, in order, with the data intact — over the wire
+//! (MTU-sized packets) and over a same-host medium, where a payload is
+//! lent on in runs of segments that each take their PSN (`Net::same_host`).
 
 use proptest::prelude::*;
 use vrdma_engine::{
@@ -60,11 +62,15 @@ proptest! {
     fn every_message_arrives_once_in_order_whatever_is_lost(
         ops in prop::collection::vec(op(), 1..16),
         drops in prop::collection::btree_set(0u64..200, 0..7),
+        same_host in any::<bool>(),
     ) {
         let mut net = Net::default();
         let a = side(&mut net, 1);
         let b = side(&mut net, 2);
         connect(&mut net, a, b);
+        if same_host {
+            net.same_host();
+        }
         net.drop = drops;
         // Source data on a, slots of 8 KiB per operation.
         let src: Vec<u8> = (0..256 * 1024).map(|i| (i * 7 + 3) as u8).collect();

@@ -68,7 +68,7 @@ fn daemon(d: &PathBuf, gids: &[Gid]) -> (Switch, Rendezvous, Port) {
 fn take(p: &mut Port, n: usize) -> Vec<(Route, Vec<u8>)> {
     let mut got = Vec::new();
     eventually("packets", || {
-        p.receive(|r, b| got.push((*r, b.to_vec())));
+        p.receive(|r, b, _| got.push((*r, b.to_vec())));
         got.len() >= n
     });
     got
@@ -273,7 +273,7 @@ fn a_lying_daemon_is_refused_and_the_devices_keep_their_packets() {
     into_a.push(&route(9, 1), &[1; 80]).unwrap();
     into_a.publish();
     eventually("the spoofed packet refused", || {
-        a.receive(|_, _| panic!("a packet from an address the peer does not hold"));
+        a.receive(|_, _, _| panic!("a packet from an address the peer does not hold"));
         a.stats().rx_refused == 1
     });
     // It announces a device at an address of its own and one of A's: the
@@ -320,12 +320,12 @@ fn a_lying_daemon_is_refused_and_the_devices_keep_their_packets() {
         .store(1u64 << 50, 0, std::sync::atomic::Ordering::SeqCst)
         .unwrap();
     eventually("the ring broken", || {
-        a.receive(|_, _| panic!("nothing from a broken ring"));
+        a.receive(|_, _, _| panic!("nothing from a broken ring"));
         a.stats().rx_broken == 1
     });
     // Counted once, and the ring is gone: later rounds read nothing of it.
     for _ in 0..10 {
-        a.receive(|_, _| panic!("nothing from a broken ring"));
+        a.receive(|_, _, _| panic!("nothing from a broken ring"));
     }
     assert_eq!(a.stats().rx_broken, 1);
     let mut local = sa.attach().unwrap();

@@ -58,9 +58,12 @@ impl Budget {
 
     /// The device's memory replaced (the guest's maps changed), the budget
     /// derived again. Packets queued with payloads lent from the old
-    /// memory leave first.
+    /// memory leave first; payloads lent on from it to another device
+    /// and not yet copied are read no more (its lease ends, after the
+    /// copies under way).
     pub fn replace_memory<T: Transport>(&self, device: &mut Device<GuestMem, T>, mem: GuestMem) {
         let _ = device.flush();
+        device.mem().revoke();
         *device.mem_mut() = mem;
         self.apply(device);
     }

@@ -11,7 +11,11 @@
 
 use vrdma_wire::{Gid, frame, udp};
 
-use vrdma_engine::{Engine, memory::Memory, memory::VecMemory, transmit::MAX_PACKET};
+use vrdma_engine::{
+    Engine,
+    memory::{Memory, MemoryError, VecMemory, WithLent},
+    transmit::MAX_PACKET,
+};
 
 /// One attached device.
 #[derive(Debug)]
@@ -45,6 +49,24 @@ pub struct Net {
     /// Poll as a gather-send fabric does ([`Engine::poll_transmit_gather`]):
     /// a lent payload is read from the sender's memory into the packet.
     pub gather: bool,
+    /// A same-host medium ([`Net::jumbo`]): payloads lent on, in runs of
+    /// segments.
+    pub jumbo: bool,
+}
+
+/// A node's memory while it handles a packet whose payload was lent on:
+/// [`Memory::write_lent`] copies from `payload`.
+pub fn lent_in<'a>(mem: &'a mut VecMemory, payload: &'a [u8]) -> impl Memory + 'a {
+    WithLent {
+        mem,
+        copy: move |mem: &mut VecMemory, addr: u64, at: usize, len: usize| {
+            let err = MemoryError {
+                addr,
+                len: len as u64,
+            };
+            mem.write(addr, payload.get(at..at + len).ok_or(err)?)
+        },
+    }
 }
 
 /// What stopped [`Net::run`].
@@ -59,6 +81,22 @@ pub enum Quiet {
 }
 
 impl Net {
+    /// Makes the network a same-host medium, as `vrdma_fabric::shm` is
+    /// between devices of one process: each engine may send every other
+    /// node a run of segments in one packet ([`Engine::set_jumbo`]), and a
+    /// lent payload travels lent on — delivered with
+    /// [`Engine::handle_lent_packet`], no IP framing (such a packet may be
+    /// longer than a datagram). Call it once the nodes are added.
+    pub fn same_host(&mut self) {
+        self.gather = true;
+        self.jumbo = true;
+        let gids: Vec<Gid> = self.nodes.iter().map(|n| n.gid).collect();
+        for n in &mut self.nodes {
+            let others: Vec<Gid> = gids.iter().copied().filter(|g| *g != n.gid).collect();
+            n.engine.set_jumbo(&others);
+        }
+    }
+
     /// Adds a node; returns its index.
     pub fn add(&mut self, engine: Engine, mem: VecMemory, gid: Gid) -> usize {
         self.nodes.push(Node { engine, mem, gid });
@@ -98,7 +136,9 @@ impl Net {
                         .read(r.addr, &mut assembled[at..])
                         .expect("the engine lends what memory has");
                 }
-                assembled.extend_from_slice(&buf[t.payload_at + t.referenced..t.len]);
+                // The engine put the bytes after the payload right after
+                // the headers.
+                assembled.extend_from_slice(&buf[t.payload_at..t.len - t.referenced]);
                 &assembled[..]
             } else {
                 &buf[..t.len]
@@ -108,6 +148,35 @@ impl Net {
             self.sent += 1;
             if let Some(tap) = &mut self.tap {
                 tap.push((i, packet.to_vec()));
+            }
+            if self.jumbo && t.referenced > 0 {
+                if self.drop.contains(&n) {
+                    self.dropped += 1;
+                    continue;
+                }
+                let head: Vec<u8> = [
+                    &packet[..t.payload_at],
+                    &packet[t.payload_at + t.referenced..],
+                ]
+                .concat();
+                let payload = packet[t.payload_at..t.payload_at + t.referenced].to_vec();
+                let ip = t.route().ip(t.len, 0).expect("a route");
+                let Some(to) = self.nodes.iter_mut().find(|n| n.gid == t.dgid) else {
+                    self.undeliverable += 1;
+                    continue;
+                };
+                let mut lent = lent_in(&mut to.mem, &payload);
+                to.engine.handle_lent_packet(
+                    self.now,
+                    &ip,
+                    &head,
+                    t.payload_at,
+                    t.referenced,
+                    &mut lent,
+                );
+                to.engine.finish_revocations();
+                self.delivered += 1;
+                continue;
             }
             let mut bytes = Vec::new();
             let ip = t.route().ip(packet.len(), 0);

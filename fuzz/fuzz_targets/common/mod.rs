@@ -13,10 +13,10 @@ use std::{
 
 use std::os::unix::net::UnixStream;
 
-use vrdma_device::Transport;
+use vrdma_device::{Transport, transport::Lent};
 use vrdma_engine::transmit::{MAX_PACKET, Transmit};
+use vrdma_fabric::Lender;
 use vrdma_fabric::eth::{EthPort, Link, SourceFilter, Stream};
-use vrdma_fabric::{Lender, Piece};
 use vrdma_pvrdma::{Pvrdma, caps::Limits};
 use vrdma_wire::frame::IpRepr;
 
@@ -43,7 +43,10 @@ fn dev_null() -> BorrowedFd<'static> {
 }
 
 impl Transport for Null {
-    fn receive(&mut self, _deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize> {
+    fn receive(
+        &mut self,
+        _deliver: impl FnMut(&IpRepr, &[u8], Option<&vrdma_fabric::shm::Loan>),
+    ) -> io::Result<usize> {
         Ok(0)
     }
 
@@ -59,10 +62,10 @@ impl Transport for Null {
         (&mut self.slot, 0)
     }
 
-    fn queue(&mut self, _t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize {
+    fn queue(&mut self, _t: &Transmit, lent: &Lent<'_>, mem: &impl Lender) -> usize {
         // What a real port would read: the lent pieces (the engine checked
         // them against an MR; memory gone since is a dropped datagram).
-        for p in lent {
+        for p in lent.pieces {
             if let Some(s) = mem.lend(p.addr, p.len) {
                 let mut b = [0u8; 64];
                 let n = s.len().min(b.len());

@@ -197,6 +197,7 @@ impl Switch {
             rings: Vec::new(),
             rings_gen: 0,
             ring_buf: vec![0; vrdma_wire::packet::MAX_LEN],
+            peers_gen: None,
             armed: true,
             stats: Stats::default(),
         })
@@ -263,7 +264,9 @@ struct Queue {
 }
 
 /// A packet in a mailbox: its route (from which the receiver rebuilds the
-/// IP header the engine checks) and its bytes, BTH through ICRC.
+/// IP header the engine checks) and its bytes, BTH through ICRC — or, for
+/// a payload lent on ([`Port::send_loan`]), the bytes around the payload
+/// and the loan.
 #[derive(Debug)]
 struct Parcel {
     route: Route,
@@ -271,11 +274,39 @@ struct Parcel {
     /// shrinks, so that a reused buffer is not cleared again).
     bytes: Vec<u8>,
     len: usize,
+    loan: Option<Loan>,
 }
+
+/// A payload a device lent on to its receiver instead of copying it: the
+/// receiver copies it, once, from the sender's memory into its own MR
+/// ([`Port::send_loan`]). What `token` holds — the sender's memory and the
+/// fences its MRs and maps are revoked through — is the devices' business,
+/// not the medium's: the medium carries it, the receiving device reads
+/// it.
+#[derive(Debug)]
+pub struct Loan {
+    /// Where the payload goes in the packet: the packet's bytes before it
+    /// are those up to here, those after it follow.
+    pub payload_at: usize,
+    /// Its length.
+    pub len: usize,
+    pub token: Box<dyn std::any::Any + Send>,
+}
+
+/// Bytes a lent-on packet counts in its receiver's mailbox beside its
+/// headers: what a copy of its payload would hold, up to a 4 KiB page (a
+/// mailbox bounds a slow receiver's backlog, and a loan holds its
+/// sender's MR against deregistration until it is read).
+const LOAN_WEIGHT: usize = 4096;
 
 impl Parcel {
     fn packet(&self) -> &[u8] {
         &self.bytes[..self.len]
+    }
+
+    /// What it counts against its mailbox's bound.
+    fn weight(&self) -> usize {
+        self.len + self.loan.as_ref().map_or(0, |l| l.len.min(LOAN_WEIGHT))
     }
 }
 
@@ -317,10 +348,13 @@ pub struct Stats {
     /// Rings another daemon broke (indices or records out of range): each
     /// is read no more.
     pub rx_broken: u64,
+    /// Packets received whose payload their sender lent on (copied by the
+    /// receiving device from the sender's memory: [`Port::send_loan`]).
+    pub rx_lent: u64,
 }
 
 impl Stats {
-    pub fn fields(&self) -> [(&'static str, u64); 11] {
+    pub fn fields(&self) -> [(&'static str, u64); 12] {
         [
             ("tx_packets", self.tx_packets),
             ("tx_bytes", self.tx_bytes),
@@ -333,6 +367,7 @@ impl Stats {
             ("gid_conflicts", self.gid_conflicts),
             ("rx_refused", self.rx_refused),
             ("rx_broken", self.rx_broken),
+            ("rx_lent", self.rx_lent),
         ]
     }
 }
@@ -380,6 +415,8 @@ pub struct Port {
     rings_gen: u64,
     /// A packet copied out of a ring.
     ring_buf: Vec<u8>,
+    /// The switch generation [`Port::local_peers`] last answered for.
+    peers_gen: Option<u64>,
     /// Whether senders were asked to wake the device ([`Port::arm`]).
     armed: bool,
     stats: Stats,
@@ -545,12 +582,76 @@ impl Port {
             route: *route,
             bytes,
             len,
+            loan: None,
         };
         match self.outbox.iter_mut().find(|(m, _)| m.id == mailbox.id) {
             Some((_, q)) => q.push(parcel),
             None => self.outbox.push((Arc::clone(mailbox), vec![parcel])),
         }
         Ok(())
+    }
+
+    /// Whether `dgid` is held by a device of this process (not another
+    /// daemon's): one a payload can be lent on to ([`Port::send_loan`]).
+    pub fn lends_to(&mut self, dgid: &Gid) -> bool {
+        matches!(self.dest_of(dgid), Some(Dest::Local(_)))
+    }
+
+    /// Queues a packet whose payload is lent on, not copied: `head` holds
+    /// its bytes around the payload (up to `loan.payload_at`, then those
+    /// after it) and the receiver copies the payload from the sender's
+    /// memory through the loan — one copy, by the receiver, into the MR
+    /// its checks allow. Only to a device of this process
+    /// ([`Port::lends_to`]); else `Err` with the loan back (the caller then
+    /// copies, [`Port::send`]).
+    pub fn send_loan(&mut self, route: &Route, head: &[u8], loan: Loan) -> Result<(), Loan> {
+        let Some(Dest::Local(mailbox)) = self.dest_of(&route.dst) else {
+            return Err(loan);
+        };
+        let mailbox = Arc::clone(mailbox);
+        if !self.gids.contains(&route.src) {
+            self.stats.tx_spoofed += 1;
+            // Refused, and counted: the caller must not send it otherwise.
+            drop(loan);
+            return Ok(());
+        }
+        let mut bytes = self.pool.pop().unwrap_or_default();
+        if bytes.len() < head.len() {
+            bytes.resize(head.len(), 0);
+        }
+        bytes[..head.len()].copy_from_slice(head);
+        let parcel = Parcel {
+            route: *route,
+            bytes,
+            len: head.len(),
+            loan: Some(loan),
+        };
+        match self.outbox.iter_mut().find(|(m, _)| m.id == mailbox.id) {
+            Some((_, q)) => q.push(parcel),
+            None => self.outbox.push((mailbox, vec![parcel])),
+        }
+        Ok(())
+    }
+
+    /// The addresses held by the other devices of this process, when they
+    /// changed since the last call (`None` if not): the peers a device's
+    /// engine may send a run of segments to in one packet (a lent-on
+    /// payload is not cut into MTUs).
+    pub fn local_peers(&mut self) -> Option<Vec<Gid>> {
+        let generation = self.switch.generation();
+        if self.peers_gen == Some(generation) {
+            return None;
+        }
+        self.peers_gen = Some(generation);
+        let own = self.mailbox.id;
+        let owners = read(&self.switch.inner.owners);
+        Some(
+            owners
+                .iter()
+                .filter(|(_, d)| matches!(d, Dest::Local(m) if m.id != own))
+                .map(|(g, _)| *g)
+                .collect(),
+        )
     }
 
     /// Delivers what [`Port::send`] queued: each mailbox's packets under
@@ -574,15 +675,15 @@ impl Port {
             }
             let before = q.packets.len();
             for p in parcels.drain(..) {
-                let len = p.len;
-                if q.bytes + len > mailbox.limit {
+                let weight = p.weight();
+                if q.bytes + weight > mailbox.limit {
                     stats.tx_dropped_full += 1;
                     pool.push(p.bytes);
                     continue;
                 }
-                q.bytes += len;
+                q.bytes += weight;
                 stats.tx_packets += 1;
-                stats.tx_bytes += len as u64;
+                stats.tx_bytes += (p.len + p.loan.as_ref().map_or(0, |l| l.len)) as u64;
                 q.packets.push_back(p);
             }
             let added = q.packets.len() - before;
@@ -608,8 +709,10 @@ impl Port {
     }
 
     /// Takes up to [`BATCH`] packets from the mailbox and hands each, with
-    /// its route, to `deliver`. Returns the packets taken.
-    pub fn receive(&mut self, mut deliver: impl FnMut(&Route, &[u8])) -> usize {
+    /// its route, to `deliver` — with its loan, if its sender lent its
+    /// payload on ([`Port::send_loan`]; the bytes are then those around the
+    /// payload). Returns the packets taken.
+    pub fn receive(&mut self, mut deliver: impl FnMut(&Route, &[u8], Option<&Loan>)) -> usize {
         if self.armed {
             // Awake: the senders may spare the wake-ups until it arms
             // again.
@@ -633,7 +736,7 @@ impl Port {
                 let Some(p) = q.packets.pop_front() else {
                     break;
                 };
-                q.bytes -= p.len;
+                q.bytes -= p.weight();
                 self.inbox.push(p);
             }
             self.mailbox
@@ -650,8 +753,9 @@ impl Port {
         n += self.inbox.len();
         for p in self.inbox.drain(..) {
             self.stats.rx_packets += 1;
-            self.stats.rx_bytes += p.len as u64;
-            deliver(&p.route, p.packet());
+            self.stats.rx_bytes += (p.len + p.loan.as_ref().map_or(0, |l| l.len)) as u64;
+            self.stats.rx_lent += u64::from(p.loan.is_some());
+            deliver(&p.route, p.packet(), p.loan.as_ref());
             self.delivered.push(p.bytes);
         }
         n
@@ -659,7 +763,7 @@ impl Port {
 
     /// Takes what other daemons' rings hold for this device ([`BATCH`]
     /// packets at most), and lets go of the rings that are done with.
-    fn receive_rings(&mut self, deliver: &mut impl FnMut(&Route, &[u8])) -> usize {
+    fn receive_rings(&mut self, deliver: &mut impl FnMut(&Route, &[u8], Option<&Loan>)) -> usize {
         let g = self.shared.incoming_gen.load(Ordering::Acquire);
         let mut done = false;
         if g != self.rings_gen {
@@ -674,7 +778,7 @@ impl Port {
                 &self.gids,
                 &mut self.stats,
                 BATCH - n,
-                deliver,
+                &mut |route: &Route, p: &[u8]| deliver(route, p, None),
             );
             // A ring that broke, or whose daemon left and which is read
             // to its end, goes now (its eventfd out of the device's epoll,
@@ -822,7 +926,7 @@ mod tests {
         assert!(readable(b.fd()));
         let mut got = Vec::new();
         assert_eq!(
-            b.receive(|r, p| got.push((r.src, p.to_vec()))),
+            b.receive(|r, p, _| got.push((r.src, p.to_vec()))),
             3,
             "every packet taken"
         );
@@ -860,7 +964,7 @@ mod tests {
             Err(Dropped::Spoofed)
         );
         assert_eq!(a.stats().tx_spoofed, 1);
-        assert_eq!(b.receive(|_, _| panic!("nothing was sent")), 0);
+        assert_eq!(b.receive(|_, _, _| panic!("nothing was sent")), 0);
     }
 
     #[test]
@@ -875,8 +979,8 @@ mod tests {
         assert_eq!(c.stats().gid_conflicts, 1, "counted once");
         a.send(&route(1, 2), &[7; 40], 40, &[], &NoLender).unwrap();
         a.flush();
-        assert_eq!(c.receive(|_, _| panic!("not c's")), 0);
-        assert_eq!(b.receive(|_, _| {}), 1);
+        assert_eq!(c.receive(|_, _, _| panic!("not c's")), 0);
+        assert_eq!(b.receive(|_, _, _| {}), 1);
         // Released when b lets go of it; then c may take it.
         b.set_local(&[]);
         assert!(!a.reaches(&gid(2)));
@@ -884,7 +988,7 @@ mod tests {
         assert!(a.reaches(&gid(2)));
         a.send(&route(1, 2), &[7; 40], 40, &[], &NoLender).unwrap();
         a.flush();
-        assert_eq!(c.receive(|_, _| {}), 1);
+        assert_eq!(c.receive(|_, _, _| {}), 1);
     }
 
     #[test]
@@ -897,7 +1001,7 @@ mod tests {
         assert_eq!(a.flush(), 1, "room for one");
         assert_eq!(a.stats().tx_dropped_full, 1);
         assert_eq!(a.stats().tx_packets, 1);
-        assert_eq!(b.receive(|_, _| {}), 1);
+        assert_eq!(b.receive(|_, _, _| {}), 1);
         a.send(&route(1, 2), &[0; 60], 60, &[], &NoLender).unwrap();
         assert_eq!(a.flush(), 1);
     }
@@ -927,11 +1031,11 @@ mod tests {
             a.send(&route(1, 2), &[0; 40], 40, &[], &NoLender).unwrap();
         }
         a.flush();
-        assert_eq!(b.receive(|_, _| {}), BATCH);
+        assert_eq!(b.receive(|_, _, _| {}), BATCH);
         assert!(readable(b.fd()));
-        assert_eq!(b.receive(|_, _| {}), 5);
+        assert_eq!(b.receive(|_, _, _| {}), 5);
         assert!(!readable(b.fd()));
-        assert_eq!(b.receive(|_, _| {}), 0);
+        assert_eq!(b.receive(|_, _, _| {}), 0);
     }
 
     #[test]
@@ -957,7 +1061,7 @@ mod tests {
         a.send(&route(1, 2), &head, 12, &lent, &mem).unwrap();
         a.flush();
         let mut got = Vec::new();
-        b.receive(|_, p| got = p.to_vec());
+        b.receive(|_, p, _| got = p.to_vec());
         let mut want = vec![1u8; 12];
         want.extend_from_slice(&[0xab; 100]);
         want.extend_from_slice(&[2; 4]);
@@ -985,23 +1089,23 @@ mod tests {
         // A new port may sleep before it ever receives: woken.
         send(&mut a);
         assert!(readable(b.fd()));
-        assert_eq!(b.receive(|_, _| {}), 1);
+        assert_eq!(b.receive(|_, _, _| {}), 1);
         // Awake (it received): no wake-up, the packet polled.
         send(&mut a);
         assert!(!readable(b.fd()), "a polling receiver is not woken");
-        assert_eq!(b.receive(|_, _| {}), 1);
+        assert_eq!(b.receive(|_, _, _| {}), 1);
         // Armed before sleeping: woken.
         b.arm();
         send(&mut a);
         assert!(readable(b.fd()));
-        assert_eq!(b.receive(|_, _| {}), 1);
+        assert_eq!(b.receive(|_, _, _| {}), 1);
         assert!(!readable(b.fd()));
         // A packet that came while it polled is announced when it arms.
         send(&mut a);
         assert!(!readable(b.fd()));
         b.arm();
         assert!(readable(b.fd()), "arming announces what waits");
-        assert_eq!(b.receive(|_, _| {}), 1);
+        assert_eq!(b.receive(|_, _, _| {}), 1);
         assert!(!readable(b.fd()));
     }
 
@@ -1024,7 +1128,7 @@ mod tests {
         });
         let mut next = 0u32;
         while (next as usize) < N {
-            b.receive(|_, p| {
+            b.receive(|_, p, _| {
                 assert_eq!(u32::from_le_bytes(p[..4].try_into().unwrap()), next);
                 next += 1;
             });

@@ -12,7 +12,7 @@ use std::{
 
 use vrdma_device::Transport;
 use vrdma_engine::transmit::Transmit;
-use vrdma_fabric::{Lender, Piece};
+use vrdma_fabric::Lender;
 use vrdma_wire::{Gid, frame::IpRepr};
 
 /// `T` that panics in its next receive once its `trip` flag is
@@ -31,7 +31,10 @@ impl<T> Tripwire<T> {
 }
 
 impl<T: Transport> Transport for Tripwire<T> {
-    fn receive(&mut self, deliver: impl FnMut(&IpRepr, &[u8])) -> io::Result<usize> {
+    fn receive(
+        &mut self,
+        deliver: impl FnMut(&IpRepr, &[u8], Option<&vrdma_fabric::shm::Loan>),
+    ) -> io::Result<usize> {
         if self.trip.swap(false, Ordering::Relaxed) {
             panic!("tripwire: a bug in the device's round");
         }
@@ -54,8 +57,17 @@ impl<T: Transport> Transport for Tripwire<T> {
         self.inner.slot(mem)
     }
 
-    fn queue(&mut self, t: &Transmit, lent: &[Piece], mem: &impl Lender) -> usize {
+    fn queue(
+        &mut self,
+        t: &Transmit,
+        lent: &vrdma_device::transport::Lent<'_>,
+        mem: &impl Lender,
+    ) -> usize {
         self.inner.queue(t, lent, mem)
+    }
+
+    fn jumbo_peers(&mut self) -> Option<Vec<vrdma_wire::Gid>> {
+        self.inner.jumbo_peers()
     }
 
     fn flush(&mut self, mem: &impl Lender) -> usize {

@@ -34,10 +34,15 @@ use std::{
 use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 use vrdma_engine::{
-    Engine, VecMemory,
+    Engine, Memory, VecMemory,
     transmit::{MAX_PACKET, Transmit},
 };
-use vrdma_wire::{Gid, frame};
+use vrdma_wire::{
+    Gid,
+    frame::{self, IpRepr},
+};
+
+use crate::net::lent_in;
 
 /// How one directed link treats each packet. Probabilities are per packet
 /// and independent.
@@ -221,6 +226,10 @@ struct Flight {
     /// A bit of it was flipped on the way.
     corrupted: bool,
     bytes: Vec<u8>,
+    /// On a same-host medium ([`Sim::same_host`]), a packet whose payload
+    /// was lent on: `bytes` is the RoCE packet (no IP framing), with the
+    /// IP header it stands for, where its payload starts and its length.
+    lent: Option<(IpRepr, usize, usize)>,
 }
 
 impl Ord for Flight {
@@ -267,6 +276,8 @@ pub struct Sim {
     stats: Stats,
     trace: u64,
     recent: VecDeque<Event>,
+    /// A same-host medium ([`Sim::same_host`]).
+    same_host: bool,
 }
 
 /// Packets a test wants lost: the next `count` packets from `from` to
@@ -314,6 +325,26 @@ impl Sim {
             // FNV-1a offset basis.
             trace: 0xcbf2_9ce4_8422_2325,
             recent: VecDeque::with_capacity(RECENT),
+            same_host: false,
+        }
+    }
+
+    /// Makes the network a same-host medium, as `vrdma_fabric::shm` is
+    /// between the devices of one process: each engine may send every
+    /// other node a run of segments in one packet
+    /// ([`Engine::set_jumbo`](vrdma_engine::Engine::set_jumbo)), and a lent
+    /// payload travels lent on, handed over with
+    /// [`Engine::handle_lent_packet`](vrdma_engine::Engine::handle_lent_packet)
+    /// (no IP framing: such a packet may be longer than a datagram). The
+    /// links' loss, duplication, reordering and delays still apply; a bit
+    /// flip does not (nothing on the way can flip one). Call it once the
+    /// nodes are added.
+    pub fn same_host(&mut self) {
+        self.same_host = true;
+        let gids: Vec<Gid> = self.nodes.iter().map(|n| n.gid).collect();
+        for n in &mut self.nodes {
+            let others: Vec<Gid> = gids.iter().copied().filter(|g| *g != n.gid).collect();
+            n.engine.set_jumbo(&others);
         }
     }
 
@@ -547,31 +578,62 @@ impl Sim {
             if !node.tx_active || node.tx_free_at > now {
                 return;
             }
-            let Some(t) = node.engine.poll_transmit(now, &node.mem, &mut self.buf) else {
+            let t = if self.same_host {
+                node.engine
+                    .poll_transmit_gather(now, &node.mem, &mut self.buf)
+            } else {
+                node.engine.poll_transmit(now, &node.mem, &mut self.buf)
+            };
+            let Some(t) = t else {
                 node.tx_active = false;
                 node.timer_stale = true;
                 return;
             };
             node.timer_stale = true;
             let mut bytes = self.pool.pop().unwrap_or_default();
-            // The engine emits only packets that parse: checked, not
-            // assumed, since a framing failure would silently lose data.
-            let roce = &self.buf[..t.len];
-            t.route()
-                .ip(roce.len(), 0)
-                .and_then(|ip| frame::emit_ip_packet(&ip, t.udp_src_port, roce, &mut bytes))
-                .expect("the engine emitted a malformed packet");
+            let mut lent = None;
+            if t.referenced > 0 {
+                // Lent on: the packet whole, its payload read from the
+                // sender's memory (the receiver would read it there).
+                bytes.clear();
+                bytes.extend_from_slice(&self.buf[..t.payload_at]);
+                for r in node.engine.gathered() {
+                    let at = bytes.len();
+                    bytes.resize(at + r.len, 0);
+                    node.mem
+                        .read(r.addr, &mut bytes[at..])
+                        .expect("the engine lends what memory has");
+                }
+                bytes.extend_from_slice(&self.buf[t.payload_at..t.len - t.referenced]);
+                let ip = t.route().ip(t.len, 0).expect("a route");
+                lent = Some((ip, t.payload_at, t.referenced));
+            } else {
+                // The engine emits only packets that parse: checked, not
+                // assumed, since a framing failure would silently lose
+                // data.
+                let roce = &self.buf[..t.len];
+                t.route()
+                    .ip(roce.len(), 0)
+                    .and_then(|ip| frame::emit_ip_packet(&ip, t.udp_src_port, roce, &mut bytes))
+                    .expect("the engine emitted a malformed packet");
+            }
             if let Some(bw) = self.bandwidth {
                 // Serialization: the port is busy for the frame's bits.
                 let ns = (bytes.len() as u64 * 1_000_000_000).div_ceil(bw.max(1));
                 node.tx_free_at = now + ns;
             }
-            self.send(i, &t, bytes);
+            self.send(i, &t, bytes, lent);
         }
     }
 
     /// Puts a frame from `from` on its link, with the link's faults.
-    fn send(&mut self, from: usize, t: &Transmit, mut bytes: Vec<u8>) {
+    fn send(
+        &mut self,
+        from: usize,
+        t: &Transmit,
+        mut bytes: Vec<u8>,
+        lent: Option<(IpRepr, usize, usize)>,
+    ) {
         self.stats.sent += 1;
         let roce_at = bytes.len() - t.len;
         let (opcode, psn) = bth_of(&bytes[roce_at..]);
@@ -616,7 +678,7 @@ impl Sim {
             self.pool.push(bytes);
             return;
         }
-        let corrupted = self.rng.random_bool(link.corrupt);
+        let corrupted = lent.is_none() && self.rng.random_bool(link.corrupt);
         if corrupted {
             let bit = self.rng.random_range(0..bytes.len() * 8);
             bytes[bit / 8] ^= 1 << (bit % 8);
@@ -632,10 +694,10 @@ impl Sim {
             copy.clear();
             copy.extend_from_slice(&bytes);
             let at = self.arrival(from, to, &link, copy.len());
-            self.fly(at, to, corrupted, copy);
+            self.fly(at, to, corrupted, copy, lent);
         }
         let at = self.arrival(from, to, &link, bytes.len());
-        self.fly(at, to, corrupted, bytes);
+        self.fly(at, to, corrupted, bytes, lent);
     }
 
     /// When a packet of `len` bytes sent now from `from` to `to` over
@@ -665,7 +727,14 @@ impl Sim {
         at
     }
 
-    fn fly(&mut self, at: u64, to: usize, corrupted: bool, bytes: Vec<u8>) {
+    fn fly(
+        &mut self,
+        at: u64,
+        to: usize,
+        corrupted: bool,
+        bytes: Vec<u8>,
+        lent: Option<(IpRepr, usize, usize)>,
+    ) {
         let seq = self.seq;
         self.seq += 1;
         self.flights.push(Reverse(Flight {
@@ -674,11 +743,29 @@ impl Sim {
             to,
             corrupted,
             bytes,
+            lent,
         }));
     }
 
     fn deliver(&mut self, f: Flight) {
         let to = f.to;
+        if let Some((ip, payload_at, len)) = f.lent {
+            let (opcode, psn) = bth_of(&f.bytes);
+            self.stats.delivered += 1;
+            self.record(EventKind::Delivered { to, opcode, psn });
+            let head = [&f.bytes[..payload_at], &f.bytes[payload_at + len..]].concat();
+            let now = self.now;
+            let node = &mut self.nodes[to];
+            let mut mem = lent_in(&mut node.mem, &f.bytes[payload_at..payload_at + len]);
+            node.engine
+                .handle_lent_packet(now, &ip, &head, payload_at, len, &mut mem);
+            drop(mem);
+            node.engine.finish_revocations();
+            node.timer_stale = true;
+            node.tx_active = true;
+            self.pool.push(f.bytes);
+            return;
+        }
         // What a NIC checks (IP and UDP headers, the ICRC); the engine
         // parses the RoCE packet.
         let parsed = frame::unframe_ip(&f.bytes);

@@ -53,6 +53,9 @@ pub struct Config {
     pub retry_cnt: u8,
     /// Give up (as a failure) when simulated time passes this, ns.
     pub time_limit: u64,
+    /// A same-host medium ([`Sim::same_host`]): payloads lent on in runs
+    /// of segments.
+    pub same_host: bool,
 }
 
 impl Config {
@@ -85,6 +88,7 @@ impl Config {
             timeout: 2,
             retry_cnt: 7,
             time_limit: 3_600 * 1_000_000_000,
+            same_host: false,
         }
     }
 }
@@ -214,6 +218,9 @@ pub fn run(c: &Config) -> Result<Report, Failure> {
     let mut sim = Sim::new(c.seed, c.link, c.bandwidth);
     let a = device(&mut sim, 1, A_MEM);
     let b = device(&mut sim, 2, B_MEM);
+    if c.same_host {
+        sim.same_host();
+    }
     connection(c).pair_in_sim(&mut sim, a, b);
     let (a_cq, a_qpn, a_lkey) = (a.cq, a.qpn, a.lkey);
     let (b_cq, b_qpn, b_lkey, b_rkey) = (b.cq, b.qpn, b.lkey, b.rkey);
