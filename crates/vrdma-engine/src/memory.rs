@@ -120,14 +120,6 @@ impl<'a> Payload<'a> {
             },
         }
     }
-
-    /// Copies the payload to `addr`.
-    pub(crate) fn write_to(&self, mem: &mut impl Memory, addr: u64) -> Result<(), MemoryError> {
-        match *self {
-            Payload::Bytes(b) => mem.write(addr, b),
-            Payload::Lent { at, len } => mem.write_lent(addr, at, len),
-        }
-    }
 }
 
 /// Memory backed by a vector, mapped at `base`: for tests and tools.

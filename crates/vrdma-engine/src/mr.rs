@@ -261,7 +261,13 @@ impl Mr {
         va: u64,
         data: &[u8],
     ) -> core::result::Result<(), AccessError> {
-        self.write_payload(mem, va, Payload::Bytes(data))
+        let mut done = 0usize;
+        self.for_each_chunk(va, data.len() as u64, |addr, n| {
+            let n = n as usize;
+            mem.write(addr, &data[done..done + n])?;
+            done += n;
+            Ok(())
+        })
     }
 
     /// Writes a received payload (its bytes, or lent) at `va`.
@@ -271,13 +277,20 @@ impl Mr {
         va: u64,
         data: Payload<'_>,
     ) -> core::result::Result<(), AccessError> {
-        let mut done = 0usize;
-        self.for_each_chunk(va, data.len() as u64, |addr, n| {
-            let n = n as usize;
-            data.part(done, n).write_to(mem, addr)?;
-            done += n;
-            Ok(())
-        })
+        // One match, then the loop of each kind: the bytes' is the hot
+        // path of every packet, and stays as plain as `write`.
+        match data {
+            Payload::Bytes(b) => self.write(mem, va, b),
+            Payload::Lent { at, len } => {
+                let mut done = 0usize;
+                self.for_each_chunk(va, len as u64, |addr, n| {
+                    let n = n as usize;
+                    mem.write_lent(addr, at + done, n)?;
+                    done += n;
+                    Ok(())
+                })
+            }
+        }
     }
 
     /// The device address of the 8 bytes at `va` for an atomic, which must

@@ -100,10 +100,19 @@ pub(crate) fn scatter(
     offset: u64,
     data: Payload<'_>,
 ) -> Result<(), AccessError> {
-    walk(sges, offset, data.len(), |sge, at, done, n| {
-        let mr = keys.check_local(sge.lkey, pd, sge.addr + at, n as u64, Access::LOCAL_WRITE)?;
-        mr.write_payload(mem, sge.addr + at, data.part(done, n))
-    })
+    // One match, then the walk of each kind (the bytes' is every packet's).
+    match data {
+        Payload::Bytes(b) => walk(sges, offset, b.len(), |sge, at, done, n| {
+            let mr =
+                keys.check_local(sge.lkey, pd, sge.addr + at, n as u64, Access::LOCAL_WRITE)?;
+            mr.write(mem, sge.addr + at, &b[done..done + n])
+        }),
+        Payload::Lent { .. } => walk(sges, offset, data.len(), |sge, at, done, n| {
+            let mr =
+                keys.check_local(sge.lkey, pd, sge.addr + at, n as u64, Access::LOCAL_WRITE)?;
+            mr.write_payload(mem, sge.addr + at, data.part(done, n))
+        }),
+    }
 }
 
 /// Calls `f(sge, offset_in_sge, bytes_done, n)` for each piece of

@@ -274,7 +274,9 @@ struct Parcel {
     /// shrinks, so that a reused buffer is not cleared again).
     bytes: Vec<u8>,
     len: usize,
-    loan: Option<Loan>,
+    /// Boxed: a loan is rare (long payloads only), and the short packets'
+    /// parcels stay small as they move through the queues.
+    loan: Option<Box<Loan>>,
 }
 
 /// A payload a device lent on to its receiver instead of copying it: the
@@ -624,7 +626,7 @@ impl Port {
             route: *route,
             bytes,
             len: head.len(),
-            loan: Some(loan),
+            loan: Some(Box::new(loan)),
         };
         match self.outbox.iter_mut().find(|(m, _)| m.id == mailbox.id) {
             Some((_, q)) => q.push(parcel),
@@ -755,7 +757,7 @@ impl Port {
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += (p.len + p.loan.as_ref().map_or(0, |l| l.len)) as u64;
             self.stats.rx_lent += u64::from(p.loan.is_some());
-            deliver(&p.route, p.packet(), p.loan.as_ref());
+            deliver(&p.route, p.packet(), p.loan.as_deref());
             self.delivered.push(p.bytes);
         }
         n
