@@ -339,15 +339,15 @@ impl<M: Memory + Lender + Leased, T: Transport> Device<M, T> {
                         len: r.len,
                     }));
                 // A payload long enough to be lent on carries its MRs'
-                // fences (cloning them costs a short packet too much).
+                // fences (cloning them costs a short packet too much);
+                // without all of them it is not lent on (no lease).
                 self.fences.clear();
-                if t.referenced >= LEND_ON_MIN {
-                    self.engine.gathered_fences(&mut self.fences);
-                }
+                let fenced =
+                    t.referenced >= LEND_ON_MIN && self.engine.gathered_fences(&mut self.fences);
                 lent = Lent {
                     pieces: &self.pieces,
                     fences: &self.fences,
-                    lease: self.mem.lease(),
+                    lease: self.mem.lease().filter(|_| fenced),
                 };
             }
             sent += self.transport.queue(&t, &lent, &self.mem);

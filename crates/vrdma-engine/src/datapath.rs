@@ -312,7 +312,7 @@ impl Engine {
     }
 
     /// Makes `peers` the addresses whose medium takes a run of up to
-    /// [`JUMBO_PSNS`](crate::requester::JUMBO_PSNS) segments in one packet
+    /// [`JUMBO_PSNS`] segments in one packet
     /// (same-host shared memory, which a device asks its transport about):
     /// a payload lent to one of them is not cut into MTUs, and a packet
     /// from one of them may be that long. Each segment still takes its PSN,
@@ -328,15 +328,16 @@ impl Engine {
     /// reader of the pieces after the poll enters them for its copy
     /// ([`crate::fence`]). Asked before the engine is called again (and
     /// only by a caller that lends the pieces on: a clone is an atomic
-    /// operation, which a short packet is better without).
-    pub fn gathered_fences(&self, out: &mut Vec<Fence>) {
-        out.extend(
-            self.cx
-                .lent_mrs
-                .iter()
-                .filter_map(|k| self.cx.keys.fence_of(*k))
-                .cloned(),
-        );
+    /// operation, which a short packet is better without). False if an MR
+    /// is not there any more (then the pieces must not be lent on).
+    pub fn gathered_fences(&self, out: &mut Vec<Fence>) -> bool {
+        for k in &self.cx.lent_mrs {
+            match self.cx.keys.fence_of(*k) {
+                Some(f) => out.push(f.clone()),
+                None => return false,
+            }
+        }
+        true
     }
 
     fn handle_rx(&mut self, ip: &IpRepr, r: &Rx<'_, '_>, mem: &mut impl Memory) {
