@@ -200,12 +200,14 @@ impl<M: Memory + Lender + Leased, T: Transport> Device<M, T> {
     /// answers at once.
     pub fn progress_at(&mut self, now: u64) -> io::Result<Progress> {
         self.clock = now;
+        // Once a round (the switch's directory rarely changes; a round
+        // late is a few packets sent MTU by MTU).
+        self.refresh_jumbo();
         let mut p = Progress {
             sent: self.transmit(now),
             ..Progress::default()
         };
         let before = self.transport.rx_bytes();
-        self.refresh_jumbo();
         for _ in 0..RECEIVES_PER_ROUND {
             let (engine, mem, refused) = (&mut self.engine, &mut self.mem, &mut self.refused);
             let n = self.transport.receive(|ip, roce, loan| match loan {
@@ -319,7 +321,6 @@ impl<M: Memory + Lender + Leased, T: Transport> Device<M, T> {
     /// packet straight into the transport's send buffer; a payload it
     /// lends stays in memory.
     fn transmit(&mut self, now: u64) -> usize {
-        self.refresh_jumbo();
         let mut sent = 0;
         for _ in 0..TX_BUDGET {
             if !self.transport.has_room() {

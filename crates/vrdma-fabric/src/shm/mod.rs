@@ -212,6 +212,7 @@ impl Switch {
         read(&self.inner.owners).get(gid).cloned()
     }
 
+    #[inline]
     fn generation(&self) -> u64 {
         self.inner.generation.load(Ordering::Acquire)
     }
@@ -639,11 +640,17 @@ impl Port {
     /// changed since the last call (`None` if not): the peers a device's
     /// engine may send a run of segments to in one packet (a lent-on
     /// payload is not cut into MTUs).
+    #[inline]
     pub fn local_peers(&mut self) -> Option<Vec<Gid>> {
         let generation = self.switch.generation();
         if self.peers_gen == Some(generation) {
             return None;
         }
+        self.local_peers_at(generation)
+    }
+
+    #[cold]
+    fn local_peers_at(&mut self, generation: u64) -> Option<Vec<Gid>> {
         self.peers_gen = Some(generation);
         let own = self.mailbox.id;
         let owners = read(&self.switch.inner.owners);
