@@ -254,6 +254,10 @@ pub struct SameHost<T> {
     uplink_hot: bool,
     /// Receive calls that left the uplink alone since it was last read.
     skipped: u32,
+    /// Runs of segments (longer than any wire packet) whose peer left the
+    /// switch between the engine's poll and the send: dropped, not sent
+    /// to the uplink; RC resends them MTU by MTU.
+    runs_dropped: u64,
 }
 
 /// While shm is busy (it delivered within the last `SHM_BUSY` receive
@@ -284,6 +288,7 @@ impl<T: Transport> SameHost<T> {
             shm_quiet: SHM_BUSY,
             uplink_hot: false,
             skipped: 0,
+            runs_dropped: 0,
         }
     }
 
@@ -362,6 +367,10 @@ impl<T: Transport> Transport for SameHost<T> {
             return self.uplink.queue(t, lent, mem);
         };
         if !shm.reaches(&t.dgid) {
+            if t.referenced > vrdma_wire::MAX_PAYLOAD {
+                self.runs_dropped += 1;
+                return 0;
+            }
             return self.uplink.queue(t, lent, mem);
         }
         // The engine wrote the packet into the uplink's slot: read it back
@@ -423,6 +432,7 @@ impl<T: Transport> Transport for SameHost<T> {
     fn counters(&self, out: &mut Vec<(String, u64)>) {
         if let Some(s) = &self.shm {
             named(out, "shm", &s.stats().fields());
+            out.push(("shm.tx_runs_off_switch".into(), self.runs_dropped));
         }
         self.uplink.counters(out);
     }

@@ -465,6 +465,37 @@ fn a_peer_gone_mid_transfer_ends_in_an_error_completion() {
     assert!(counter(&a, "udp.tx_datagrams") > 0);
 }
 
+/// A run of segments whose peer left the switch between the engine's poll
+/// and the send (here: an engine told of a peer already gone) is dropped
+/// and counted, never sent to the uplink as an over-long datagram; once
+/// the device asks the switch again, RC resends MTU by MTU through the
+/// uplink, where a moved address would be.
+#[test]
+fn a_run_for_a_peer_gone_is_not_sent_to_the_uplink() {
+    let mtu = Mtu::Mtu1024;
+    let sw = Switch::new();
+    let mut a = end_on(&sw, v4(34), mtu);
+    let mut b = end_on(&sw, v4(35), mtu);
+    let (qa, _) = short_pair(&mut a, &mut b, mtu);
+    let gone = b.gid;
+    drop(b);
+    a.dev.engine_mut().set_jumbo(&[gone]);
+    let op = SendOp::RdmaWrite {
+        remote_addr: BASE,
+        rkey: vrdma_wire::Rkey(1),
+    };
+    send(&mut a, qa, 1, op, BASE, 256 << 10);
+    a.dev.send_pending();
+    assert!(counter(&a, "shm.tx_runs_off_switch") >= 1);
+    assert_eq!(counter(&a, "udp.tx_datagrams"), 0, "an over-long datagram");
+    // The next round asks the switch, which no longer holds the peer: the
+    // retries go out MTU by MTU.
+    let wcs = receive(&mut a, 1, "the WRITE's end");
+    assert_eq!(wcs[0].status, WcStatus::RetryExcErr);
+    assert!(counter(&a, "udp.tx_datagrams") > 0);
+    assert_eq!(counter(&a, "udp.tx_failed"), 0);
+}
+
 /// A device asleep on its descriptor (event mode) wakes for a packet that
 /// comes over shm from another thread, and for every one after it: each
 /// time it has nothing to do, its descriptor must become readable (not
