@@ -452,8 +452,12 @@ fn execute(
 }
 
 /// The PSNs a SEND or WRITE packet takes: one, or one per MTU of a run of
-/// segments.
+/// segments — only from a peer that may send runs (a longer packet from
+/// any other is refused, or, on UC while dropping, still one packet).
 fn span(r: &Rx<'_, '_>, q: &Qp) -> u32 {
+    if !r.jumbo {
+        return 1;
+    }
     let mtu = q.attr.path_mtu.bytes() as usize;
     r.payload.len().div_ceil(mtu).max(1) as u32
 }
