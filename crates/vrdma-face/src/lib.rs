@@ -6,7 +6,8 @@
 //! reached from copies, page lists, ring cursors under either index
 //! scheme, work queues taken into the engine, completions written into a
 //! guest's CQ ring, command refusals with their errno, and the object
-//! budget. It knows no transport to the VMM and no device ABI.
+//! budget — and the one transport to the VMM both faces are served over,
+//! vfio-user's server loop. It knows no device ABI.
 //!
 //! | module | what |
 //! |---|---|
@@ -17,6 +18,7 @@
 //! | [`cq`] | [`cq::GuestCq`]: the engine's CQ sink for a CQ ring in guest memory |
 //! | [`status`] | [`Refused`]: a refused command's errno and what was wrong |
 //! | [`budget`] | [`Budget`]: the object budget, applied again when the memory or the engine changes |
+//! | [`vfio`] | a PCI function with a vrdma device behind it ([`vfio::Served`]: PVRDMA, virtio-rdma as virtio-pci) served over vfio-user: socket, client, the device's event loop |
 #![forbid(unsafe_code)]
 
 pub mod budget;
@@ -25,6 +27,7 @@ pub mod guest;
 pub mod pages;
 pub mod ring;
 pub mod status;
+pub mod vfio;
 pub mod wq;
 
 pub use budget::Budget;

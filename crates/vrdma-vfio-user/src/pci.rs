@@ -46,6 +46,7 @@ const STATUS_CAP_LIST: u16 = 1 << 4;
 const STATUS_W1C: u16 = 0xf900;
 
 /// Capability ids.
+pub const CAP_VENDOR: u8 = 0x09;
 pub const CAP_MSIX: u8 = 0x11;
 
 /// What a BAR is.
@@ -71,6 +72,8 @@ pub struct ConfigSpace {
     /// pointer.
     next_cap: usize,
     last_link: usize,
+    /// Capability fields the guest writes, zeroed by a reset.
+    cleared_on_reset: Vec<(usize, usize)>,
 }
 
 impl ConfigSpace {
@@ -82,6 +85,7 @@ impl ConfigSpace {
             w1c: [0; SIZE],
             next_cap: 0x40,
             last_link: off::CAP_PTR,
+            cleared_on_reset: Vec::new(),
         };
         c.put16(off::VENDOR, vendor);
         c.put16(off::DEVICE, device);
@@ -159,6 +163,23 @@ impl ConfigSpace {
         at
     }
 
+    /// Appends a vendor-specific capability whose bytes after its id and
+    /// next pointer are `body` (by convention its first byte is the
+    /// capability's length, id and pointer included). Returns its offset.
+    pub fn add_vendor(&mut self, body: &[u8]) -> usize {
+        let at = self.add_cap(CAP_VENDOR, 2 + body.len());
+        self.bytes[at + 2..at + 2 + body.len()].copy_from_slice(body);
+        at
+    }
+
+    /// Lets the guest write `len` bytes at `at` (a capability's fields
+    /// that are the driver's to set); a reset zeroes them.
+    pub fn make_writable(&mut self, at: usize, len: usize) {
+        assert!(at + len <= SIZE, "writable bytes past config space");
+        self.writable[at..at + len].fill(0xff);
+        self.cleared_on_reset.push((at, len));
+    }
+
     fn add_cap(&mut self, id: u8, len: usize) -> usize {
         let at = self.next_cap;
         assert!(at + len <= SIZE, "capabilities overflow config space");
@@ -216,6 +237,9 @@ impl ConfigSpace {
         self.bytes[off::CACHE_LINE] = 0;
         self.bytes[off::LATENCY] = 0;
         self.bytes[off::INTERRUPT_LINE] = 0;
+        for &(at, len) in &self.cleared_on_reset {
+            self.bytes[at..at + len].fill(0);
+        }
         let mut at = self.bytes[off::CAP_PTR] as usize;
         while at != 0 {
             if self.bytes[at] == CAP_MSIX {

@@ -82,6 +82,21 @@ pub trait Function {
         data: &[u8],
     ) -> Result<(), Errno>;
 
+    /// A read of the config space (inside it). By default its bytes; a
+    /// function whose capabilities read through to its state (virtio's
+    /// PCI configuration access window) answers itself.
+    fn config_read(&mut self, bus: &mut Bus<'_>, offset: u64, data: &mut [u8]) {
+        let _ = bus;
+        self.config().read(offset, data);
+    }
+
+    /// A write of the config space (inside it), through its masks by
+    /// default.
+    fn config_write(&mut self, bus: &mut Bus<'_>, offset: u64, data: &[u8]) {
+        let _ = bus;
+        self.config_mut().write(offset, data);
+    }
+
     /// The config space was written (Bus Master or Memory Space may have
     /// changed).
     fn config_written(&mut self, bus: &mut Bus<'_>);
@@ -329,13 +344,13 @@ impl Session {
             } => {
                 let mut data = vec![0u8; count as usize];
                 self.access(f, index, offset, count as usize)?;
+                let mut bus = Bus {
+                    mem: &self.visible,
+                    irqs: &mut self.irqs,
+                };
                 if index == region::CONFIG {
-                    f.config().read(offset, &mut data);
+                    f.config_read(&mut bus, offset, &mut data);
                 } else {
-                    let mut bus = Bus {
-                        mem: &self.visible,
-                        irqs: &mut self.irqs,
-                    };
                     f.region_read(&mut bus, index, offset, &mut data)?;
                 }
                 let a = RegionAccess {
@@ -352,7 +367,11 @@ impl Session {
             } => {
                 self.access(f, index, offset, data.len())?;
                 if index == region::CONFIG {
-                    f.config_mut().write(offset, data);
+                    let mut bus = Bus {
+                        mem: &self.visible,
+                        irqs: &mut self.irqs,
+                    };
+                    f.config_write(&mut bus, offset, data);
                     self.refresh(f);
                     let mut bus = self.bus();
                     f.config_written(&mut bus);

@@ -22,10 +22,9 @@ use std::{
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
-use virtio_queue::{DescriptorChain, QueueT};
+use virtio_queue::QueueT;
 use vm_memory::{
-    Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryLoadGuard,
-    GuestMemoryMmap, GuestMemoryRegion,
+    GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
 };
 use vmm_sys_util::{
     epoll::EventSet,
@@ -35,38 +34,18 @@ use vrdma_device::Transport;
 use zerocopy::IntoBytes;
 
 use crate::{
-    abi::{self, feature, vq},
-    face::{MAX_REQUEST, VirtioRdma},
+    abi::{feature, vq},
+    face::VirtioRdma,
+    queues,
 };
 
-/// A used-buffer notification, unless the driver's event index says it
-/// does not want one yet (VIRTIO_RING_F_EVENT_IDX).
-/// Notifies the driver of used buffers unless it asked not to be: with
-/// VIRTIO_F_EVENT_IDX, by its used_event (virtio-queue decides); without,
-/// by VIRTQ_AVAIL_F_NO_INTERRUPT in the available ring's flags (virtio
-/// 1.2 §2.7.10: the device SHOULD NOT notify then — virtio-queue reads
-/// no flags, so the word is read here, from guest memory; unreadable, it
-/// notifies).
-fn signal(vring: &Vring, event_idx: bool, mem: &Mem) -> io::Result<()> {
-    let wanted = if event_idx {
-        vring.needs_notification().map_err(queue_error)?
-    } else {
-        let avail = vm_memory::GuestAddress(vring.get_ref().get_queue().avail_ring());
-        mem.memory()
-            .load::<u16>(avail, std::sync::atomic::Ordering::Acquire)
-            .map_or(true, |flags| {
-                u16::from_le(flags) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
-            })
-    };
+/// Sends a used-buffer notification when the queue's work said so.
+fn signal(vring: &Vring, wanted: bool) -> io::Result<()> {
     if wanted {
         vring.signal_used_queue()?;
     }
     Ok(())
 }
-
-/// The available ring's flag by which a driver without EVENT_IDX asks for
-/// no notifications.
-const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
 
 fn queue_error(e: virtio_queue::Error) -> io::Error {
     io::Error::other(format!("virtqueue: {e}"))
@@ -515,31 +494,18 @@ impl<T: Transport> Inner<T> {
         let Some(atomic) = self.mem.clone() else {
             return Ok(());
         };
-        loop {
-            if self.event_idx {
-                vring.disable_notification().map_err(queue_error)?;
-            }
-            let mut used_any = false;
-            loop {
-                let chain = vring
-                    .get_mut()
-                    .get_queue_mut()
-                    .pop_descriptor_chain(atomic.memory());
-                let Some(chain) = chain else {
-                    break;
-                };
-                let head = chain.head_index();
-                let len = self.command(chain);
-                vring.add_used(head, len).map_err(queue_error)?;
-                used_any = true;
-            }
-            if used_any {
-                signal(vring, self.event_idx, &atomic)?;
-            }
-            if !self.event_idx || !vring.enable_notification().map_err(queue_error)? {
-                break;
-            }
-        }
+        let wanted = {
+            let mut state = vring.get_mut();
+            queues::control(
+                &mut self.face,
+                state.get_queue_mut(),
+                &*atomic.memory(),
+                self.event_idx,
+                &mut self.bad_chains,
+            )
+            .map_err(queue_error)?
+        };
+        signal(vring, wanted)?;
         let q = vring.get_ref();
         let queue = q.get_queue();
         self.control = Some(ControlQueue {
@@ -551,128 +517,35 @@ impl<T: Transport> Inner<T> {
         Ok(())
     }
 
-    /// One request: read whole from its chain's driver-readable part, its
-    /// response written into the device-writable part. Returns the bytes
-    /// written (`used.len`).
-    fn command(
-        &mut self,
-        chain: DescriptorChain<GuestMemoryLoadGuard<GuestMemoryMmap<()>>>,
-    ) -> u32 {
-        let mem = chain.memory().clone();
-        let mut req = Vec::new();
-        let mut writable = Vec::new();
-        let mut room = 0usize;
-        let mut over = false;
-        for d in chain {
-            if d.is_write_only() {
-                room = room.saturating_add(d.len() as usize);
-                writable.push((d.addr(), d.len() as usize));
-                continue;
-            }
-            if !writable.is_empty() {
-                // A readable buffer after a writable one: no status can
-                // be trusted to its place.
-                self.bad_chains += 1;
-                return 0;
-            }
-            if req.len() + d.len() as usize > MAX_REQUEST as usize {
-                over = true;
-                continue;
-            }
-            let at = req.len();
-            req.resize(at + d.len() as usize, 0);
-            if mem.read_slice(&mut req[at..], d.addr()).is_err() {
-                self.bad_chains += 1;
-                return 0;
-            }
-        }
-        if room < size_of::<abi::RespHdr>() {
-            self.bad_chains += 1;
-            return 0;
-        }
-        let resp = if over {
-            let hdr = abi::RespHdr {
-                status: abi::status::LENGTH.into(),
-                reserved: 0.into(),
-                detail: crate::decode::errno::EMSGSIZE.into(),
-            };
-            self.face.stats.commands += 1;
-            self.face.stats.refused += 1;
-            hdr.as_bytes().to_vec()
-        } else {
-            self.face.command(&req, room)
+    /// Hands what waits to the driver's eventq and notifyq buffers.
+    fn deliver_all(&mut self, vrings: &[Vring]) -> io::Result<()> {
+        let Some(atomic) = self.mem.clone() else {
+            return Ok(());
         };
-        let mut done = 0;
-        for (addr, len) in writable {
-            if done == resp.len() {
-                break;
-            }
-            let n = len.min(resp.len() - done);
-            if mem.write_slice(&resp[done..done + n], addr).is_err() {
-                self.bad_chains += 1;
-                break;
-            }
-            done += n;
-        }
-        done as u32
-    }
-
-    /// Hands what waits to the driver's eventq or notifyq buffers.
-    fn deliver<E: IntoBytes + zerocopy::Immutable + Copy>(
-        atomic: &Mem,
-        event_idx: bool,
-        vring: &Vring,
-        mut next: impl FnMut() -> Option<E>,
-        mut unget: impl FnMut(E),
-        bad: &mut u64,
-    ) -> io::Result<()> {
-        let mut used_any = false;
-        while let Some(item) = next() {
-            let chain = vring
-                .get_mut()
-                .get_queue_mut()
-                .pop_descriptor_chain(atomic.memory());
-            let Some(chain) = chain else {
-                unget(item);
-                break;
-            };
-            let head = chain.head_index();
-            let mem = chain.memory().clone();
-            let bytes = item.as_bytes();
-            let mut first = None;
-            let mut readable = false;
-            for d in chain {
-                if !d.is_write_only() {
-                    readable = true;
-                } else if first.is_none() {
-                    first = Some(d);
-                }
-            }
-            let written = match first {
-                Some(d)
-                    if !readable
-                        && d.len() as usize >= bytes.len()
-                        && mem.write_slice(bytes, d.addr()).is_ok() =>
-                {
-                    bytes.len() as u32
-                }
-                _ => {
-                    // Too small, or a buffer the device must not write:
-                    // returned empty, the item waits for the next.
-                    *bad += 1;
-                    unget(item);
-                    0
-                }
-            };
-            vring.add_used(head, written).map_err(queue_error)?;
-            used_any = true;
-            if written == 0 {
-                break;
-            }
-        }
-        if used_any {
-            signal(vring, event_idx, atomic)?;
-        }
+        let mem = atomic.memory();
+        let mut bad = 0;
+        let cell = std::cell::RefCell::new(&mut self.face);
+        let wanted = queues::deliver(
+            vrings[vq::EVENT as usize].get_mut().get_queue_mut(),
+            &*mem,
+            self.event_idx,
+            || cell.borrow_mut().next_event(),
+            |e| cell.borrow_mut().unget_event(e),
+            &mut bad,
+        )
+        .map_err(queue_error)?;
+        signal(&vrings[vq::EVENT as usize], wanted)?;
+        let wanted = queues::deliver(
+            vrings[vq::NOTIFY as usize].get_mut().get_queue_mut(),
+            &*mem,
+            self.event_idx,
+            || cell.borrow_mut().next_notification(),
+            |n| cell.borrow_mut().unget_notification(n),
+            &mut bad,
+        )
+        .map_err(queue_error)?;
+        signal(&vrings[vq::NOTIFY as usize], wanted)?;
+        self.bad_chains += bad;
         Ok(())
     }
 
@@ -707,27 +580,7 @@ impl<T: Transport> Inner<T> {
         if turn.busy {
             self.last_busy = now;
         }
-        let mut bad = 0;
-        if let Some(atomic) = self.mem.clone() {
-            let cell = std::cell::RefCell::new(&mut self.face);
-            Self::deliver(
-                &atomic,
-                self.event_idx,
-                &vrings[vq::EVENT as usize],
-                || cell.borrow_mut().next_event(),
-                |e| cell.borrow_mut().unget_event(e),
-                &mut bad,
-            )?;
-            Self::deliver(
-                &atomic,
-                self.event_idx,
-                &vrings[vq::NOTIFY as usize],
-                || cell.borrow_mut().next_notification(),
-                |n| cell.borrow_mut().unget_notification(n),
-                &mut bad,
-            )?;
-        }
-        self.bad_chains += bad;
+        self.deliver_all(vrings)?;
         // Poll on while work flows; past the spin period, tell the drivers
         // to kick, look once more (a doorbell rung before they read the
         // word), and sleep.

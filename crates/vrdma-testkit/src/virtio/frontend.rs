@@ -28,6 +28,7 @@ use vrdma_virtio::abi::{self, feature, op, status, vq as vqi};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use super::{
+    pci::PciLink,
     ram::{PAGE, Ram},
     vq::{Buf, Vq},
 };
@@ -91,12 +92,29 @@ pub struct Status {
     pub detail: u32,
 }
 
-/// The front-end: the vhost-user connection, the guest's memory and its
+/// How the front-end reaches the device.
+pub enum Link {
+    /// A vhost-user connection (QEMU's `vhost-user-test-device-pci`).
+    VhostUser(Conn),
+    /// A virtio-pci function over vfio-user (QEMU's `vfio-user-pci`).
+    Pci(PciLink),
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Link::VhostUser(_) => f.write_str("VhostUser"),
+            Link::Pci(p) => f.debug_tuple("Pci").field(&p.layout).finish(),
+        }
+    }
+}
+
+/// The front-end: its link to the device, the guest's memory and its
 /// four virtqueues.
 pub struct Frontend {
     pub socket: PathBuf,
     pub ram: Arc<Ram>,
-    pub conn: Conn,
+    pub link: Link,
     pub opts: Options,
     /// Features the device offered and those negotiated.
     pub offered: u64,
@@ -147,14 +165,13 @@ impl Frontend {
     /// configuration), with no memory table and no queue yet: what a VMM
     /// has done before SET_MEM_TABLE.
     pub fn negotiated(socket: &Path, ram: Arc<Ram>, opts: Options) -> Self {
-        let control = Vq::new(&ram, vqi::CONTROL, CONTROL_SIZE);
-        let eventq = Vq::new(&ram, vqi::EVENT, ITEM_SIZE);
-        let notifyq = Vq::new(&ram, vqi::NOTIFY, ITEM_SIZE);
-        let doorbellq = Vq::new(&ram, vqi::DOORBELL, DOORBELL_SIZE);
+        let [control, eventq, notifyq, doorbellq] = fresh_queues(&ram);
         let req_room = 64 * 1024;
         let req = ram.alloc(req_room, PAGE);
         let resp = ram.pages(1);
-        let conn = Conn::connect(socket, vqi::COUNT as u64).expect("connecting to the device");
+        let link = Link::VhostUser(
+            Conn::connect(socket, vqi::COUNT as u64).expect("connecting to the device"),
+        );
         let kicker = Arc::new(Kicker {
             fd: Mutex::new(doorbellq.kick.try_clone().expect("dup")),
             poll: AtomicBool::new(false),
@@ -163,7 +180,7 @@ impl Frontend {
         let mut fe = Frontend {
             socket: socket.to_path_buf(),
             ram,
-            conn,
+            link,
             opts,
             offered: 0,
             features: 0,
@@ -185,6 +202,22 @@ impl Frontend {
         };
         fe.negotiate();
         fe
+    }
+
+    /// The vhost-user connection (a test of that transport's messages).
+    pub fn conn(&mut self) -> &mut Conn {
+        match &mut self.link {
+            Link::VhostUser(c) => c,
+            Link::Pci(_) => panic!("a vhost-user message on a virtio-pci front-end"),
+        }
+    }
+
+    /// The virtio-pci link (a test of that transport).
+    pub fn pci(&self) -> &PciLink {
+        match &self.link {
+            Link::Pci(p) => p,
+            Link::VhostUser(_) => panic!("a virtio-pci access on a vhost-user front-end"),
+        }
     }
 
     /// Posts `events` more buffers of 16 bytes on the eventq and
@@ -216,13 +249,13 @@ impl Frontend {
     /// Features, protocol features, queues, configuration: what QEMU's
     /// vhost_dev_init and the driver's probe do.
     fn negotiate(&mut self) {
-        self.conn.set_owner().expect("SET_OWNER");
+        self.conn().set_owner().expect("SET_OWNER");
         self.negotiate_features();
     }
 
     /// [`Frontend::negotiate`] past SET_OWNER.
     fn negotiate_features(&mut self) {
-        self.offered = self.conn.get_features().expect("GET_FEATURES");
+        self.offered = self.conn().get_features().expect("GET_FEATURES");
         assert!(
             self.offered & feature::VERSION_1 != 0,
             "the device must offer VERSION_1 (DEV-1)"
@@ -232,7 +265,7 @@ impl Frontend {
             "the backend must offer VHOST_USER_F_PROTOCOL_FEATURES"
         );
         let offered = self
-            .conn
+            .conn()
             .get_protocol_features()
             .expect("GET_PROTOCOL_FEATURES");
         let want = VhostUserProtocolFeatures::MQ
@@ -244,20 +277,30 @@ impl Frontend {
             "protocol features offered: {offered:?}"
         );
         self.protocol = want;
-        self.conn
+        self.conn()
             .set_protocol_features(want)
             .expect("SET_PROTOCOL_FEATURES");
-        let queues = self.conn.get_queue_num().expect("GET_QUEUE_NUM");
+        let queues = self.conn().get_queue_num().expect("GET_QUEUE_NUM");
         assert_eq!(queues, vqi::COUNT as u64, "GET_QUEUE_NUM (§13.1: 4)");
         // 64 bytes (never an offset or size the device would refuse: the
         // vhost crate's get_config never returns on the zero-size error
         // reply).
         let (_, cfg) = self
-            .conn
+            .conn()
             .get_config(0, 64, VhostUserConfigFlags::WRITABLE, &[0; 64])
             .expect("GET_CONFIG");
         self.config = abi::Config::read_from_bytes(&cfg).expect("64 bytes");
-        let mut f = PROTOCOL_FEATURES;
+        let f = PROTOCOL_FEATURES | self.wanted_features();
+        self.features = f;
+        self.kicker
+            .poll
+            .store(f & feature::DOORBELL_POLL != 0, Ordering::Relaxed);
+        self.acked(|c| c.set_features(f)).expect("SET_FEATURES");
+    }
+
+    /// The features the driver accepts of those offered.
+    fn wanted_features(&self) -> u64 {
+        let mut f = 0;
         if self.opts.version_1 {
             f |= feature::VERSION_1;
         }
@@ -267,19 +310,95 @@ impl Frontend {
         if self.opts.poll {
             f |= self.offered & feature::DOORBELL_POLL;
         }
+        f
+    }
+
+    /// Connects to a virtio-rdma device served as a virtio-pci function
+    /// over vfio-user at `socket`, and starts it as Linux's
+    /// `virtio_pci_modern` and the driver do: reset, features, the
+    /// configuration, the four queues with their vectors, the eventq and
+    /// the notifyq stocked, DRIVER_OK.
+    pub fn connect_pci(socket: &Path, ram: Arc<Ram>, opts: Options) -> Self {
+        let [control, eventq, notifyq, doorbellq] = fresh_queues(&ram);
+        let link = Link::Pci(PciLink::connect(socket, &ram));
+        let req_room = 64 * 1024;
+        let req = ram.alloc(req_room, PAGE);
+        let resp = ram.pages(1);
+        let kicker = Arc::new(Kicker {
+            fd: Mutex::new(doorbellq.kick.try_clone().expect("dup")),
+            poll: AtomicBool::new(false),
+            kicks: AtomicU64::new(0),
+        });
+        let mut fe = Frontend {
+            socket: socket.to_path_buf(),
+            ram,
+            link,
+            opts,
+            offered: 0,
+            features: 0,
+            protocol: VhostUserProtocolFeatures::empty(),
+            config: abi::Config::new_zeroed(),
+            control,
+            eventq,
+            notifyq,
+            doorbellq,
+            kicker,
+            req,
+            req_room,
+            resp,
+            event_bufs: HashMap::new(),
+            notify_bufs: HashMap::new(),
+            events: VecDeque::new(),
+            notifications: VecDeque::new(),
+            short_items: 0,
+        };
+        fe.start_pci();
+        fe
+    }
+
+    /// The virtio-pci start-up, from a reset to DRIVER_OK.
+    fn start_pci(&mut self) {
+        use vrdma_virtio::pci::device_status as st;
+        self.pci().reset();
+        self.offered = self.pci().device_features();
+        assert!(
+            self.offered & feature::VERSION_1 != 0,
+            "the device must offer VERSION_1 (DEV-1)"
+        );
+        let f = self.wanted_features();
+        assert!(self.pci().negotiate(f), "FEATURES_OK refused for {f:#x}");
         self.features = f;
         self.kicker
             .poll
             .store(f & feature::DOORBELL_POLL != 0, Ordering::Relaxed);
-        self.acked(|c| c.set_features(f)).expect("SET_FEATURES");
+        self.config =
+            abi::Config::read_from_bytes(&self.pci().device_config(64)).expect("64 bytes");
+        self.pci().setup_config_vector();
+        for q in [&self.control, &self.eventq, &self.notifyq, &self.doorbellq] {
+            self.pci().setup_queue(q);
+        }
+        let Link::Pci(p) = &mut self.link else {
+            unreachable!("a virtio-pci front-end");
+        };
+        p.start_vmm([&self.control, &self.eventq, &self.notifyq, &self.doorbellq]);
+        let n = self.opts.buffers;
+        self.stock(n, n);
+        self.pci()
+            .set_status(st::ACKNOWLEDGE | st::DRIVER | st::FEATURES_OK | st::DRIVER_OK);
+        let now = self.pci().status();
+        assert_eq!(
+            now & (st::DRIVER_OK | st::NEEDS_RESET),
+            st::DRIVER_OK,
+            "DRIVER_OK taken (status {now:#x})"
+        );
     }
 
     /// Runs a message that has no reply of its own with NEED_REPLY set,
     /// so that the backend's refusal reaches the test.
     pub fn acked<R>(&mut self, f: impl FnOnce(&mut Conn) -> vhost::Result<R>) -> vhost::Result<R> {
-        self.conn.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        let r = f(&mut self.conn);
-        self.conn.set_hdr_flags(VhostUserHeaderFlag::empty());
+        self.conn().set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        let r = f(self.conn());
+        self.conn().set_hdr_flags(VhostUserHeaderFlag::empty());
         r
     }
 
@@ -364,7 +483,7 @@ impl Frontend {
             Conn::connect(&self.socket, vqi::COUNT as u64).expect("reconnecting to the device");
         // The old connection closes: the device pauses, then serves this
         // one.
-        drop(std::mem::replace(&mut self.conn, conn));
+        drop(std::mem::replace(&mut self.link, Link::VhostUser(conn)));
         let used = |q: &Vq| self.ram.load_u16(q.used + 2, Ordering::Acquire);
         let bases = [
             used(&self.control),
@@ -381,13 +500,18 @@ impl Frontend {
     pub fn stop(&mut self) -> [u32; 4] {
         let mut b = [0; 4];
         for (i, v) in b.iter_mut().enumerate() {
-            *v = self.conn.get_vring_base(i).expect("GET_VRING_BASE");
+            *v = self.conn().get_vring_base(i).expect("GET_VRING_BASE");
         }
         b
     }
 
-    /// RESET_DEVICE (a system reset QEMU passes on).
+    /// RESET_DEVICE (a system reset QEMU passes on); over virtio-pci,
+    /// device status 0.
     pub fn reset_device(&mut self) {
+        if let Link::Pci(p) = &self.link {
+            p.reset();
+            return;
+        }
         self.acked(|c| c.reset_device()).expect("RESET_DEVICE");
     }
 
@@ -398,10 +522,7 @@ impl Frontend {
     /// forgotten.
     pub fn reset_and_restart(&mut self) {
         self.reset_device();
-        self.control = Vq::new(&self.ram, vqi::CONTROL, CONTROL_SIZE);
-        self.eventq = Vq::new(&self.ram, vqi::EVENT, ITEM_SIZE);
-        self.notifyq = Vq::new(&self.ram, vqi::NOTIFY, ITEM_SIZE);
-        self.doorbellq = Vq::new(&self.ram, vqi::DOORBELL, DOORBELL_SIZE);
+        [self.control, self.eventq, self.notifyq, self.doorbellq] = fresh_queues(&self.ram);
         *self
             .kicker
             .fd
@@ -412,6 +533,10 @@ impl Frontend {
         self.notify_bufs.clear();
         self.events.clear();
         self.notifications.clear();
+        if matches!(self.link, Link::Pci(_)) {
+            self.start_pci();
+            return;
+        }
         self.negotiate_features();
         self.start_queues([0; 4]);
         let n = self.opts.buffers;
@@ -683,6 +808,16 @@ impl std::fmt::Debug for Frontend {
             .field("features", &self.features)
             .finish_non_exhaustive()
     }
+}
+
+/// The four virtqueues, fresh in guest memory.
+fn fresh_queues(ram: &Arc<Ram>) -> [Vq; 4] {
+    [
+        Vq::new(ram, vqi::CONTROL, CONTROL_SIZE),
+        Vq::new(ram, vqi::EVENT, ITEM_SIZE),
+        Vq::new(ram, vqi::NOTIFY, ITEM_SIZE),
+        Vq::new(ram, vqi::DOORBELL, DOORBELL_SIZE),
+    ]
 }
 
 /// A request's bytes: header, body, trailing array.

@@ -25,6 +25,7 @@
 //! failed.
 
 pub mod frontend;
+pub mod pci;
 pub mod ram;
 pub mod verbs;
 pub mod vq;
@@ -34,8 +35,8 @@ use std::{
     os::unix::net::UnixListener,
     path::PathBuf,
     sync::{
-        Arc,
-        atomic::{AtomicU32, Ordering},
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU32, Ordering},
     },
     thread::JoinHandle,
     time::Duration,
@@ -49,6 +50,7 @@ use vrdma_engine::attr::{Mtu, PortAttr};
 use vrdma_fabric::udp::UdpPort;
 use vrdma_virtio::{
     face::{FaceStats, VirtioRdma},
+    pci::VirtioPci,
     server::{Server, Stop},
     vhost::Backend,
 };
@@ -153,6 +155,234 @@ pub fn serve<T: Transport + Send + 'static>(
     }
 }
 
+/// A test binary's block of loopback addresses whose devices are served
+/// as virtio-pci functions over vfio-user (§13.3) instead of over
+/// vhost-user: the same suites run on either transport.
+#[derive(Debug)]
+pub struct PciNet(Net);
+
+impl PciNet {
+    pub const fn new(block: u8) -> Self {
+        PciNet(Net::new(block))
+    }
+
+    pub fn addr(&self) -> IpAddr {
+        self.0.addr()
+    }
+
+    /// A device with the default options.
+    pub fn device(&self, name: &str) -> PciDevice {
+        self.device_with(
+            name,
+            vrdma_virtio::face::Options::default(),
+            vrdma_virtio::vhost::DEFAULT_SPIN,
+        )
+    }
+
+    pub fn device_with(
+        &self,
+        name: &str,
+        opts: vrdma_virtio::face::Options,
+        spin: Duration,
+    ) -> PciDevice {
+        self.device_on(name, opts, spin, |port| port)
+    }
+
+    /// As [`Net::device_on`].
+    pub fn device_on<T: Transport + Send + 'static>(
+        &self,
+        name: &str,
+        mut opts: vrdma_virtio::face::Options,
+        spin: Duration,
+        wrap: impl FnOnce(UdpPort) -> T,
+    ) -> PciDevice<T> {
+        let addr = self.addr();
+        opts.mac = crate::virtio::mac_of(addr);
+        let port =
+            UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
+        serve_pci(name, addr, Mtu::Mtu1024, opts, spin, wrap(port))
+    }
+}
+
+/// A device a test's guest connects to, over either transport.
+pub trait Served {
+    /// A front-end on guest memory of `size` bytes, the device started.
+    fn connect(&self, size: u64) -> Frontend;
+    /// The device's address as a GID.
+    fn gid(&self) -> Gid;
+}
+
+impl<T: Transport + Send + 'static> Served for Device<T> {
+    fn connect(&self, size: u64) -> Frontend {
+        Device::connect(self, size)
+    }
+
+    fn gid(&self) -> Gid {
+        Device::gid(self)
+    }
+}
+
+impl<T: Transport + Send + 'static> Served for PciDevice<T> {
+    fn connect(&self, size: u64) -> Frontend {
+        PciDevice::connect(self, size)
+    }
+
+    fn gid(&self) -> Gid {
+        PciDevice::gid(self)
+    }
+}
+
+type PciServer<T> = vrdma_face::vfio::Server<VirtioPci<T>>;
+
+/// A device on `port` served as a virtio-pci function on a vfio-user
+/// socket of a fresh directory, in a thread of its own (the loop `vrdma
+/// serve` runs for it).
+pub fn serve_pci<T: Transport + Send + 'static>(
+    name: &str,
+    addr: IpAddr,
+    mtu: Mtu,
+    opts: vrdma_virtio::face::Options,
+    spin: Duration,
+    port: T,
+) -> PciDevice<T> {
+    let mut attr = PortAttr::with_gids(&[]);
+    attr.active_mtu = mtu;
+    let face = VirtioRdma::new(opts, attr, port);
+    let function = VirtioPci::new(face, spin);
+    let dir = std::env::temp_dir().join(format!("vrdma-vpci-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a socket directory");
+    let socket = dir.join("rdma.sock");
+    let server = PciServer::bind(&socket, function, name).expect("binding the device's socket");
+    let waker = server.waker();
+    let server = Arc::new(Mutex::new(server));
+    let stop = Arc::new(AtomicBool::new(false));
+    let waiting = Arc::new(AtomicU32::new(0));
+    let (s, st, w) = (server.clone(), stop.clone(), waiting.clone());
+    let thread = std::thread::Builder::new()
+        .name(format!("dev-{name}"))
+        .spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                // A test thread that wants the device goes first.
+                while w.load(Ordering::SeqCst) > 0 {
+                    std::thread::yield_now();
+                }
+                lock(&s).turn()?;
+            }
+            Ok(())
+        })
+        .expect("a device thread");
+    PciDevice {
+        addr,
+        socket,
+        dir,
+        server,
+        waker,
+        waiting,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A device served as a virtio-pci function in a thread of its own;
+/// stopped (and its thread joined) when dropped.
+#[derive(Debug)]
+pub struct PciDevice<T: Transport + Send + 'static = UdpPort> {
+    pub addr: IpAddr,
+    pub socket: PathBuf,
+    dir: PathBuf,
+    server: Arc<Mutex<PciServer<T>>>,
+    waker: vrdma_face::vfio::Waker,
+    /// Test threads waiting for the device between two of its turns.
+    waiting: Arc<AtomicU32>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl<T: Transport + Send + 'static> PciDevice<T> {
+    pub fn gid(&self) -> Gid {
+        Gid::from(self.addr)
+    }
+
+    /// The server, between two of the device's turns.
+    fn server(&self) -> std::sync::MutexGuard<'_, PciServer<T>> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.waker.wake();
+        let g = lock(&self.server);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        g
+    }
+
+    /// Runs `f` on the face (between two of the device's turns).
+    pub fn with_face<R>(&self, f: impl FnOnce(&mut VirtioRdma<T>) -> R) -> R {
+        f(self.server().function_mut().face_mut())
+    }
+
+    /// Runs `f` on the function.
+    pub fn with_function<R>(&self, f: impl FnOnce(&mut VirtioPci<T>) -> R) -> R {
+        f(self.server().function_mut())
+    }
+
+    /// The face's counters now.
+    pub fn stats(&self) -> FaceStats {
+        self.with_face(|f| f.stats)
+    }
+
+    /// The transport's counters now.
+    pub fn pci_stats(&self) -> vrdma_virtio::pci::PciStats {
+        self.with_function(|f| f.stats)
+    }
+
+    /// The device's counters for `vrdma stat`, the server's included.
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        self.server().counters()
+    }
+
+    /// A front-end on guest memory of `size` bytes, the device started.
+    pub fn connect(&self, size: u64) -> Frontend {
+        self.connect_with(Arc::new(Ram::new(0, size)), Options::default())
+    }
+
+    pub fn connect_with(&self, ram: Arc<Ram>, opts: Options) -> Frontend {
+        Frontend::connect_pci(&self.socket, ram, opts)
+    }
+
+    /// Whether the server thread still runs.
+    pub fn alive(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the server and returns what its thread returned.
+    pub fn stop(mut self) -> std::io::Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.waker.wake();
+        let r = match self.thread.take() {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the device thread panicked"))),
+            None => Ok(()),
+        };
+        let _ = std::fs::remove_dir_all(&self.dir);
+        r
+    }
+}
+
+impl<T: Transport + Send + 'static> Drop for PciDevice<T> {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.finish();
+        }
+    }
+}
+
 /// The MAC of the device at `addr`.
 pub fn mac_of(addr: IpAddr) -> [u8; 6] {
     let o = match addr {
@@ -191,6 +421,16 @@ impl<T: Transport + Send + 'static> Device<T> {
     /// A front-end on guest memory of `size` bytes.
     pub fn connect(&self, size: u64) -> Frontend {
         Frontend::connect(&self.socket, Arc::new(Ram::new(0, size)))
+    }
+
+    /// A front-end on `ram` asking for `opts`.
+    pub fn connect_with(&self, ram: Arc<Ram>, opts: Options) -> Frontend {
+        Frontend::connect_with(&self.socket, ram, opts)
+    }
+
+    /// Runs `f` on the face.
+    pub fn with_face<R>(&self, f: impl FnOnce(&mut VirtioRdma<T>) -> R) -> R {
+        self.backend.with_face(f)
     }
 
     /// Ends the current connection only, as a VMM that goes away.

@@ -14,13 +14,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use vrdma_device::Transport;
 use vrdma_virtio::abi::{self, access, cq_header, doorbell as db, op, qp_type, wq_header, wr};
 use vrdma_wire::Gid;
 use zerocopy::{FromZeros, IntoBytes};
 
 use super::{
-    Device,
+    Served,
     frontend::{Frontend, Kicker, Status, WAIT},
     ram::{PAGE, Ram},
 };
@@ -1116,11 +1115,11 @@ pub struct Side {
 
 impl Side {
     /// On `dev` with 64 MiB of guest memory.
-    pub fn new<T: Transport + Send + 'static>(dev: &Device<T>) -> Self {
+    pub fn new(dev: &impl Served) -> Self {
         Self::with_memory(dev, 64 << 20)
     }
 
-    pub fn with_memory<T: Transport + Send + 'static>(dev: &Device<T>, size: u64) -> Self {
+    pub fn with_memory(dev: &impl Served, size: u64) -> Self {
         Self::on(dev.connect(size), dev.gid())
     }
 
