@@ -222,6 +222,9 @@ pub struct VirtioPci<T: Transport> {
     queue_select: u16,
     queues: [PciQueue; vq::COUNT],
     isr: u8,
+    /// The queues cannot be served until a reset (DRIVER_OK refused, a
+    /// used ring that could not be written).
+    broken: bool,
     /// How long the device polls doorbells after its last work.
     spin_for: Duration,
     /// The device clock when it last had work (ns).
@@ -280,6 +283,7 @@ impl<T: Transport> VirtioPci<T> {
             queue_select: 0,
             queues: std::array::from_fn(|_| PciQueue::new()),
             isr: 0,
+            broken: false,
             spin_for: spin,
             last_busy: 0,
             stats: PciStats::default(),
@@ -304,12 +308,12 @@ impl<T: Transport> VirtioPci<T> {
         self.acked
     }
 
-    /// Whether the device serves its queues: DRIVER_OK, no reset needed,
-    /// and guest memory to serve them in (bus mastering on).
+    /// Whether the device serves its queues: DRIVER_OK, queues it can
+    /// use, and guest memory to serve them in (bus mastering on). A device
+    /// that failed inside (DEVICE_NEEDS_RESET after DEVICE_FATAL) still
+    /// answers its controlq, ERR_DEVICE but for the queries (§10.4).
     fn running(&self, mem: &GuestMemoryMmap<()>) -> bool {
-        self.status & (device_status::DRIVER_OK | device_status::NEEDS_RESET)
-            == device_status::DRIVER_OK
-            && mem.num_regions() > 0
+        self.status & device_status::DRIVER_OK != 0 && !self.broken && mem.num_regions() > 0
     }
 
     fn event_idx(&self) -> bool {
@@ -330,6 +334,7 @@ impl<T: Transport> VirtioPci<T> {
         self.queue_select = 0;
         self.queues = std::array::from_fn(|_| PciQueue::new());
         self.isr = 0;
+        self.broken = false;
         self.stats.resets += 1;
     }
 
@@ -389,6 +394,7 @@ impl<T: Transport> VirtioPci<T> {
                 .all(|q| q.queue.ready() && q.queue.is_valid(bus.mem));
             if new & FEATURES_OK == 0 || !whole {
                 self.stats.start_refused += 1;
+                self.broken = true;
                 self.needs_reset(bus);
             } else {
                 // What waits (PORT_ACTIVE) goes into the buffers the
@@ -559,6 +565,7 @@ impl<T: Transport> VirtioPci<T> {
     /// guest memory): the device needs a reset.
     fn queue_broken(&mut self, bus: &mut Bus<'_>, e: virtio_queue::Error) {
         tracing::warn!(error = %e, "virtio-rdma (pci): a virtqueue is broken; the device needs a reset");
+        self.broken = true;
         self.needs_reset(bus);
     }
 
@@ -727,15 +734,20 @@ impl<T: Transport> Function for VirtioPci<T> {
 
     fn config_read(&mut self, bus: &mut Bus<'_>, offset: u64, data: &mut [u8]) {
         self.config.read(offset, data);
-        // The window's data: read through to the BAR it names.
+        // The window's data: read through to the BAR it names; a window
+        // that names no access reads 0 (never what an earlier access
+        // left).
         let at = self.pci_cfg as u64 + 16;
-        if offset == at
-            && let Some((bar, off, len)) = self.window()
-            && data.len() >= len
-        {
-            let mut b = [0u8; 4];
-            if self.region_read(bus, bar, off, &mut b[..len]).is_ok() {
-                data[..len].copy_from_slice(&b[..len]);
+        if offset == at {
+            let n = data.len().min(4);
+            data[..n].fill(0);
+            if let Some((bar, off, len)) = self.window()
+                && n >= len
+            {
+                let mut b = [0u8; 4];
+                if self.region_read(bus, bar, off, &mut b[..len]).is_ok() {
+                    data[..len].copy_from_slice(&b[..len]);
+                }
             }
         }
     }
