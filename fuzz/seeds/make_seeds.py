@@ -453,3 +453,52 @@ write("lent_packet", "send-only-run", lent(3, 12, 5000, bth(0x04, 0)))
 write("lent_packet", "send-only-wire", lent(2, 12, 5000, bth(0x04, 0)))
 write("lent_packet", "send-inv", lent(3, 16, 6000, bth(0x17, 0) + bytes(4)))
 write("lent_packet", "read-response", lent(3, 16, 4096, bth(0x10, 0) + bytes(4)))
+
+
+# ---- virtio_pci: the transport's records ---------------------------------
+def pci_w(off, data):
+    widx = {1: 0, 2: 1, 4: 2, 8: 3}[len(data)]
+    return bytes([3, 1]) + struct.pack("<HB", off, widx) + data
+
+
+def pci_poke(off, data):
+    return bytes([4]) + struct.pack("<HB", off, len(data)) + data
+
+
+def pci_start(features_lo, features_hi, sizes=(16, 16, 16, 2)):
+    out = pci_w(0x14, b"\x00") + pci_w(0x14, b"\x01") + pci_w(0x14, b"\x03")
+    out += pci_w(0x08, struct.pack("<I", 0)) + pci_w(0x0C, struct.pack("<I", features_lo))
+    out += pci_w(0x08, struct.pack("<I", 1)) + pci_w(0x0C, struct.pack("<I", features_hi))
+    out += pci_w(0x14, b"\x0b")
+    for q in range(4):
+        base = (1 + 3 * q) * PAGE
+        out += pci_w(0x16, struct.pack("<H", q)) + pci_w(0x18, struct.pack("<H", sizes[q]))
+        for field, addr in ((0x20, base), (0x28, base + PAGE), (0x30, base + 2 * PAGE)):
+            out += pci_w(field, struct.pack("<I", addr)) + pci_w(field + 4, struct.pack("<I", 0))
+        out += pci_w(0x1A, struct.pack("<H", [1, 2, 3, 0xFFFF][q]))
+        out += pci_w(0x1C, struct.pack("<H", 1))
+    return out + pci_w(0x14, b"\x0f")
+
+
+def pci_desc(i, addr, length, flags, nxt):
+    return pci_poke(1 * PAGE + 16 * i, struct.pack("<QIHH", addr, length, flags, nxt))
+
+
+def pci_request(opcode, body=b""):
+    req = struct.pack("<HHI", opcode, 0, 0) + body
+    out = pci_poke(13 * PAGE, req)
+    out += pci_desc(0, 13 * PAGE, len(req), 1, 1) + pci_desc(1, 14 * PAGE, 255, 2, 0)
+    out += pci_poke(2 * PAGE, struct.pack("<HHH", 0, 1, 0))
+    return out + pci_w(0x3000, struct.pack("<H", 0)) + bytes([5])
+
+
+write("virtio_pci", "start", pci_start((1 << 29) | 1, 1))
+write("virtio_pci", "query_device", pci_start((1 << 29) | 1, 1) + pci_request(1))
+write("virtio_pci", "no_version_1", pci_start(1, 0) + pci_request(1))
+write(
+    "virtio_pci",
+    "window",
+    bytes([1, 0x84 + 4, 0, 2]) + bytes([1, 0x84 + 8, 2]) + struct.pack("<I", 0x12)
+    + bytes([0, 0x84 + 16, 2]),
+)
+write("virtio_pci", "reset_in_use", pci_start(1, 1) + pci_request(2) + bytes([7, 5, 8, 5, 9, 5]))

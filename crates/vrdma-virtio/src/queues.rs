@@ -69,7 +69,19 @@ pub(crate) fn control<T: Transport, M: GuestMemory>(
         if used_any && wants_notification(q, mem, event_idx)? {
             notify = true;
         }
-        if !event_idx || !q.enable_notification(mem)? {
+        if !event_idx {
+            break;
+        }
+        let more = q.enable_notification(mem)?;
+        if more && !used_any {
+            // The available index names chains that cannot be taken (it
+            // is more than the queue's size ahead): a broken ring, left
+            // until the driver mends it — never looked at again and
+            // again here, which would hold the device's thread for good.
+            *bad += 1;
+            break;
+        }
+        if !more {
             break;
         }
     }

@@ -731,3 +731,39 @@ fn guest_memory_not_sealed_or_short_is_refused_at_set_mem_table() {
     let _ = s.qp(qp_type::RC);
     good.check(&[&dev]);
 }
+
+/// A controlq whose available index runs more than the queue's size ahead
+/// of what the device took (chains from nowhere, which `virtio-queue`
+/// cannot take): the device counts the broken ring and goes on — its
+/// thread is not held looking at the ring again and again (it was, until
+/// the fuzzer of the virtio-pci transport found it) — and serves the
+/// queue again once the driver mends the index.
+#[test]
+fn an_available_index_from_nowhere_holds_no_thread() {
+    let dev = Arc::new(NET.device("avail-nowhere"));
+    let mut fe = dev.connect(16 << 20);
+    let _ = fe.query_device();
+    let bad = dev.backend.bad_chains();
+    let (avail, idx) = (fe.control.avail, fe.control.avail_idx);
+    fe.ram.store_u16(
+        avail + 2,
+        idx.wrapping_add(200),
+        std::sync::atomic::Ordering::Release,
+    );
+    fe.control.notify();
+    // Asked from another thread: a device whose thread is held never
+    // answers.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dev.clone();
+    std::thread::spawn(move || {
+        while d.backend.bad_chains() == bad {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(WAIT)
+        .expect("the broken ring is counted, and the device's thread is not held");
+    fe.ram
+        .store_u16(avail + 2, idx, std::sync::atomic::Ordering::Release);
+    let _ = fe.query_device();
+}

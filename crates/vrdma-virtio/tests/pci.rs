@@ -117,7 +117,10 @@ fn the_status_handshake_refuses_what_the_device_cannot_honour() {
     let (_ram, l, qs) = link(&dev);
     l.reset();
     let offered = l.device_features();
-    assert!(!l.negotiate(offered | feature::ACCESS_PLATFORM), "not offered");
+    assert!(
+        !l.negotiate(offered | feature::ACCESS_PLATFORM),
+        "not offered"
+    );
     l.reset();
     assert!(
         !l.negotiate(offered & !feature::VERSION_1),
@@ -322,7 +325,10 @@ fn a_reset_and_a_client_gone_leave_nothing_behind() {
     send_checked(&mut a, &mut qa, &mut b, &mut qb, 1, 5000);
     assert!(!dev.with_face(|f| f.is_empty()));
     a.fe.reset_and_restart();
-    assert!(dev.with_face(|f| f.is_empty()), "nothing left after a reset");
+    assert!(
+        dev.with_face(|f| f.is_empty()),
+        "nothing left after a reset"
+    );
     let counts = dev.with_face(|f| f.device.engine().counts());
     assert_eq!(counts, vrdma_engine::Counts::default());
     let mut a = Side::on(a.fe, dev.gid());
@@ -384,7 +390,13 @@ fn a_panic_in_a_turn_needs_a_reset() {
     }
     assert_eq!(dev.pci_stats().panics, 1);
     let _ = s.fe.query_port();
-    s.fe.refused(abi::status::DEVICE, abi::op::ALLOC_PD, s.ctx.handle, &[], &[]);
+    s.fe.refused(
+        abi::status::DEVICE,
+        abi::op::ALLOC_PD,
+        s.ctx.handle,
+        &[],
+        &[],
+    );
     s.fe.reset_and_restart();
     assert_eq!(s.fe.pci().status() & st::NEEDS_RESET, 0);
     let mut s = Side::on(s.fe, dev.gid());
@@ -392,4 +404,31 @@ fn a_panic_in_a_turn_needs_a_reset() {
     let mut qb = b.qp(qp_type::RC);
     connect(&mut s, &q, &mut b, &qb);
     send_checked(&mut s, &mut q, &mut b, &mut qb, 4, 3000);
+}
+
+/// The controlq's available index more than the queue's size ahead: the
+/// device counts the broken ring and its thread goes on (the fuzzer found
+/// it held for good), then serves the mended queue.
+#[test]
+fn an_available_index_from_nowhere_holds_no_thread() {
+    let dev = Arc::new(NET.device("avail-nowhere"));
+    let mut fe = dev.connect(16 << 20);
+    let _ = fe.query_device();
+    let bad = dev.pci_stats().bad_chains;
+    let (avail, idx) = (fe.control.avail, fe.control.avail_idx);
+    fe.ram
+        .store_u16(avail + 2, idx.wrapping_add(200), Ordering::Release);
+    fe.control.notify();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dev.clone();
+    std::thread::spawn(move || {
+        while d.pci_stats().bad_chains == bad {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(WAIT)
+        .expect("the broken ring is counted, and the device's thread is not held");
+    fe.ram.store_u16(avail + 2, idx, Ordering::Release);
+    let _ = fe.query_device();
 }
