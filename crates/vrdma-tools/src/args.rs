@@ -91,9 +91,11 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// A device: comma-separated KEY=VALUE —
-    /// kind=pvrdma|virtio (pvrdma, the default: VMware's PVRDMA over vfio-user, for QEMU's
-    /// vfio-user-pci and the stock vmw_pvrdma driver; virtio: virtio-rdma, device ID 42, over
-    /// vhost-user, for QEMU's vhost-user-test-device-pci, docs/virtio-rdma.md),
+    /// kind=pvrdma|virtio|virtio-pci (pvrdma, the default: VMware's PVRDMA over vfio-user, for
+    /// QEMU's vfio-user-pci and the stock vmw_pvrdma driver; virtio: virtio-rdma, device ID 42,
+    /// over vhost-user, for QEMU's vhost-user-test-device-pci, docs/virtio-rdma.md; virtio-pci:
+    /// the same device as a whole virtio-pci function, 1af4:106a, over vfio-user, for QEMU's
+    /// vfio-user-pci and the guest's stock virtio_pci, §13.3),
     /// socket=PATH (the vfio-user or vhost-user socket to listen on),
     /// netdev=PATH (the socket QEMU's `-netdev stream,server=off` connects to),
     /// uplink=tap:NAME (a TAP device: an existing one, e.g. a port of a bridge, or
@@ -106,7 +108,7 @@ pub struct ServeArgs {
     /// a write QEMU forwards; shared: the doorbell pages are memory the guest writes
     /// without an exit and the device's thread busy-polls them and every ring, a core
     /// per device; an arm can then not be told from a poll, so a CQ may get a
-    /// notification nobody asked for) or doorbells=poll|event for virtio (poll, the default: the
+    /// notification nobody asked for) or doorbells=poll|event for virtio and virtio-pci (poll, the default: the
     /// device polls the doorbell areas while work flows and for spin=MICROSECONDS after,
     /// default 200, then sleeps until a kick; event: every doorbell is kicked), spoof=on|off (the guest may send only from its
     /// MAC, and from the addresses ip= gives, and bind only those as GIDs; on by

@@ -58,6 +58,9 @@ pub enum Kind {
     Pvrdma,
     /// virtio-rdma (device ID 42) over vhost-user.
     Virtio,
+    /// virtio-rdma as a whole virtio-pci function (1af4:106a) over
+    /// vfio-user (docs/virtio-rdma.md §13.3).
+    VirtioPci,
 }
 
 /// One `--device`, parsed.
@@ -160,7 +163,8 @@ impl DeviceSpec {
                     let k = match v {
                         "pvrdma" => Kind::Pvrdma,
                         "virtio" => Kind::Virtio,
-                        _ => bail!("--device: kind {v:?}: pvrdma or virtio"),
+                        "virtio-pci" => Kind::VirtioPci,
+                        _ => bail!("--device: kind {v:?}: pvrdma, virtio or virtio-pci"),
                     };
                     kind.replace(k).is_some()
                 }
@@ -234,8 +238,8 @@ impl DeviceSpec {
         let (shared_doorbells, poll) = match (kind, doorbells.as_deref()) {
             (Kind::Pvrdma, None | Some("trap")) => (false, false),
             (Kind::Pvrdma, Some("shared")) => (true, false),
-            (Kind::Virtio, None | Some("poll")) => (false, true),
-            (Kind::Virtio, Some("event")) => (false, false),
+            (Kind::Virtio | Kind::VirtioPci, None | Some("poll")) => (false, true),
+            (Kind::Virtio | Kind::VirtioPci, Some("event")) => (false, false),
             (_, Some(d)) => bail!("--device: doorbells={d} is not one of this kind's"),
         };
         if kind == Kind::Pvrdma && spin.is_some() {
@@ -252,7 +256,7 @@ impl DeviceSpec {
             mtu: mtu.unwrap_or(1500),
             name: name.unwrap_or_else(|| match kind {
                 Kind::Pvrdma => format!("pvrdma{index}"),
-                Kind::Virtio => format!("vrdma{index}"),
+                Kind::Virtio | Kind::VirtioPci => format!("vrdma{index}"),
             }),
             shared_doorbells,
             spoof_check,
@@ -330,6 +334,7 @@ impl CapsArgs {
 /// A device, opened: its sockets bound, ready to serve.
 enum Opened {
     Pvrdma(Box<Server<Port>>),
+    VirtioPci(Box<vrdma_face::vfio::Server<vrdma_virtio::pci::VirtioPci<Port>>>),
     Virtio(vrdma_virtio::server::Server<Port>),
 }
 
@@ -372,7 +377,7 @@ fn open(
         SameHost::with(switch, port(spec, config)?).context("joining the same-host switch")?;
     let mut attr = PortAttr::with_gids(&[]);
     attr.active_mtu = active_mtu(spec.mtu);
-    if spec.kind == Kind::Virtio {
+    if matches!(spec.kind, Kind::Virtio | Kind::VirtioPci) {
         let opts = vrdma_virtio::face::Options {
             mac: spec.mac,
             poll: spec.poll,
@@ -380,6 +385,13 @@ fn open(
         };
         let mut face = vrdma_virtio::face::VirtioRdma::new(opts, attr, port);
         face.set_budget(spec.objects);
+        if spec.kind == Kind::VirtioPci {
+            let function = vrdma_virtio::pci::VirtioPci::new(face, spec.spin);
+            let server =
+                vrdma_face::vfio::Server::bind_with(&spec.socket, function, &spec.name, config)
+                    .with_context(|| format!("listening at {}", spec.socket.display()))?;
+            return Ok(Opened::VirtioPci(Box::new(server)));
+        }
         let backend = vrdma_virtio::vhost::Backend::new(face, spec.spin)?;
         backend.publish_as(&spec.name);
         let listener = vrdma_vfio_user::socket::bind_private(&spec.socket, &config.socket)
@@ -603,6 +615,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
                     }
                     let r = match server {
                         Opened::Pvrdma(mut s) => s.run(&stop).map_err(anyhow::Error::from),
+                        Opened::VirtioPci(mut s) => s.run(&stop).map_err(anyhow::Error::from),
                         Opened::Virtio(s) => {
                             // Stopped before it began: its stop came too
                             // early to reach it.
@@ -796,7 +809,22 @@ mod tests {
         .unwrap();
         assert!(!d.poll);
         assert_eq!(d.spin, std::time::Duration::from_micros(50));
+        let d = DeviceSpec::parse(
+            "kind=virtio-pci,socket=/s,netdev=/n,uplink=stream:/u,mac=52:54:00:4c:00:01,spin=7",
+            1,
+        )
+        .unwrap();
+        assert_eq!(
+            (d.kind, d.poll, d.name.as_str(), d.spin),
+            (
+                Kind::VirtioPci,
+                true,
+                "vrdma1",
+                std::time::Duration::from_micros(7)
+            )
+        );
         for bad in [
+            "kind=virtio-pci,socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,doorbells=trap",
             "kind=virtio,socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,doorbells=shared",
             "kind=pvrdma,socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,doorbells=poll",
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,spin=10",
