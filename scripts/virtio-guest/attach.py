@@ -10,12 +10,17 @@ and sends commands on the control queue — QUERY_DEVICE, CREATE_CONTEXT,
 ALLOC_PD — whose responses come back through QEMU from the daemon. Beside
 it, a virtio-net whose `-netdev stream` backend is the daemon's port.
 
-    attach.py VRDMA_BINARY [VIRTIO_ID]
+    attach.py VRDMA_BINARY [VIRTIO_ID | pci]
 
 VIRTIO_ID defaults to 30: QEMU 11.1 aborts for 42 (its virtio name table
 has no entry for it: `virtio_id_to_name: Assertion 'name != NULL'`), so the
 check uses an ID QEMU names and no Linux driver binds. With VIRTIO_ID 42 the
-script reports that abort. Exit status 0: every check passed.
+script reports that abort.
+
+With `pci` the daemon serves the device as a whole virtio-pci function over
+vfio-user (`kind=virtio-pci`, §13.3) and QEMU attaches it with
+`vfio-user-pci`, which knows nothing of virtio: the real device ID, 42, and
+the same checks. Exit status 0: every check passed.
 """
 import os
 import socket
@@ -43,7 +48,8 @@ def fail(msg):
 
 def main():
     vrdma = sys.argv[1]
-    vid = int(sys.argv[2]) if len(sys.argv) > 2 else 30
+    pci = len(sys.argv) > 2 and sys.argv[2] == "pci"
+    vid = 42 if pci else int(sys.argv[2]) if len(sys.argv) > 2 else 30
     run = tempfile.mkdtemp(prefix="vrdma-attach-")
     sock, netdev, uplink = (os.path.join(run, n) for n in ("rdma.sock", "net.sock", "uplink.sock"))
     # The uplink: a stream socket the daemon connects to; frames are read
@@ -61,7 +67,8 @@ def main():
     env = dict(os.environ, VRDMA_RUN_DIR=run)
     daemon = subprocess.Popen(
         [vrdma, "serve", *os.environ.get("VRDMA_SERVE_ARGS", "--seccomp kill").split(), "--device",
-         f"kind=virtio,name=vrdma-attach,socket={sock},netdev={netdev},uplink=stream:{uplink},mac={MAC}"],
+         f"kind={'virtio-pci' if pci else 'virtio'},name=vrdma-attach,socket={sock},netdev={netdev},"
+         f"uplink=stream:{uplink},mac={MAC}"],
         stderr=open(os.path.join(run, "daemon.err"), "w"), env=env)
     CHILDREN.append(daemon)
     # Ready once it says so (its sockets listen, the process is confined).
@@ -72,13 +79,18 @@ def main():
             fail("vrdma serve did not start: " + open(os.path.join(run, "daemon.err")).read())
         time.sleep(0.05)
     qemu_err = os.path.join(run, "qemu.err")
+    if pci:
+        rdma = ["-device", '{"driver":"vfio-user-pci","socket":{"type":"unix","path":"%s"},'
+                '"addr":"%#x.0","x-no-posted-writes":true}' % (sock, SLOT)]
+    else:
+        rdma = ["-chardev", f"socket,id=rdma0,path={sock}",
+                "-device", f"vhost-user-test-device-pci,chardev=rdma0,addr={SLOT}.0,virtio-id={vid},"
+                           "num_vqs=4,config_size=64,vq_size=256,page-per-vq=on"]
     qemu = subprocess.Popen(
         [QEMU, "-nodefaults", "-display", "none", "-accel", "qtest", "-qtest", "stdio",
          "-machine", "q35,memory-backend=mem", "-m", "256",
          "-object", "memory-backend-memfd,id=mem,size=256M,share=on",
-         "-chardev", f"socket,id=rdma0,path={sock}",
-         "-device", f"vhost-user-test-device-pci,chardev=rdma0,addr={SLOT}.0,virtio-id={vid},"
-                    "num_vqs=4,config_size=64,vq_size=256,page-per-vq=on",
+         *rdma,
          "-netdev", f"stream,id=net0,server=off,addr.type=unix,addr.path={netdev}",
          "-device", f"virtio-net-pci,netdev=net0,mac={MAC},addr=5.0"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(qemu_err, "w"), text=True)
@@ -133,10 +145,13 @@ def main():
     print(f"attach: PCI function {vendor:04x}:{device:04x} at 00:{SLOT:02x}.0")
     if (vendor, device) != (0x1AF4, 0x1040 + vid):
         fail("not the virtio device asked for")
-    # BAR2 (the modern BAR, 64-bit) at a fixed address; memory decoding on.
+    # BAR2 (the modern BAR: 64-bit for QEMU's virtio-pci, 32-bit for the
+    # daemon's function) at a fixed address; memory decoding and bus
+    # mastering on.
     BAR = 0xE0000000
     cfg_w32(0x18, BAR)
-    cfg_w32(0x1C, 0)
+    if not pci:
+        cfg_w32(0x1C, 0)
     cfg_w32(0x04, cfg_r(0x04) | 6)
     caps = {}
     at = cfg_r(0x34, 1)
@@ -244,8 +259,9 @@ def main():
     daemon.terminate()
     if daemon.wait(timeout=10) != 0:
         fail("vrdma serve did not stop cleanly: " + open(os.path.join(run, "daemon.err")).read())
-    print("attach: ok (QEMU attached the daemon's virtio-rdma device, negotiated, "
-          f"4 queues, 4 commands; the daemon ran confined and stopped with status 0)")
+    how = "as a virtio-pci function over vfio-user-pci" if pci else "over vhost-user"
+    print(f"attach: ok (QEMU attached the daemon's virtio-rdma device {how}, device ID {vid}, "
+          "negotiated, 4 queues, 4 commands; the daemon ran confined and stopped with status 0)")
 
 
 if __name__ == "__main__":
