@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# A Linux guest's stock virtio-pci transport on vrdma's virtio-rdma device served as a whole
-# virtio-pci function over vfio-user (docs/virtio-rdma.md §13.3; `vrdma serve --device
-# kind=virtio-pci`). QEMU 11's vfio-user-pci attaches it at 00:05.0 beside a virtio-net (the
-# sibling NIC, whose backend is the daemon's port) in the rxe harness's Debian guest (TCG; this
-# machine's Linux guests do not boot under KVM), and the guest reports what its kernel made of the
-# function: the PCI function 1af4:106a bound to virtio-pci, a virtio device with device ID 42
-# (0x002a) under it — found, reset and acknowledged by the stock driver (no virtio-rdma driver
-# exists in the guest yet: issue 21's) — and no complaint in its log. The daemon runs confined
-# (--seccomp kill) and must stop with status 0 having counted no stray access of the guest's
-# transport (pci.bad_accesses 0). Root; about a minute under TCG once QEMU 11 and the rxe image
-# exist (qemu11/setup.sh and rxe-guest/build-image.sh run first when they do not).
+# Linux guests on vrdma's virtio-rdma device served as a whole virtio-pci function over vfio-user
+# (docs/virtio-rdma.md §13.3; `vrdma serve --device kind=virtio-pci`). QEMU 11's vfio-user-pci
+# attaches it at 00:05.0 beside a virtio-net (the sibling NIC, whose backend is the daemon's port)
+# in a Debian 12 guest (TCG; this machine's Linux guests do not boot under KVM) whose image
+# carries the project's virtio_rdma module (scripts/virtio-guest/image.sh). The guest reports:
+#
+# - before the module: the PCI function 1af4:106a bound to the stock virtio-pci, a virtio device
+#   with ID 42 (0x002a) under it, found, reset and acknowledged (status 0x1);
+# - after `modprobe virtio_rdma`: the driver bound (status 0xf: DRIVER_OK), the device's
+#   attributes queried, the kernel's context made, the sibling netdev bound by its MAC, the
+#   port ACTIVE event taken from the eventq;
+# - after `rmmod` (the device reset) and `modprobe` again: the same, from a clean device;
+#
+# and no complaint in its log. The daemon runs confined (--seccomp kill) and must stop with
+# status 0 having counted no stray access of the guest's transport (pci.bad_accesses 0) and no
+# panic. Root; about a minute under TCG once QEMU 11 and the images exist (made first when not).
 #
 #   scripts/virtio-guest/pci-boot.sh        # exit 0: every check passed
 #
-# Evidence in target/virtio-guest/pci-boot/: console.log, daemon.log, stat.txt, and the guest's
-# share/out/ (pci.txt, virtio.txt, dmesg.txt).
+# Evidence in target/virtio-guest/pci-boot/: console.log, daemon.log, and the guest's
+# share/out/ (pci.txt, virtio.txt, virtio-loaded.txt, virtio-reloaded.txt, dmesg.txt).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../pvrdma-guest/config.sh"
@@ -23,9 +28,10 @@ need_root
 if ! "$QEMU11" -version >/dev/null 2>&1; then
     timeout 1200 "$QEMU11_DIR/setup.sh" >/dev/null
 fi
-timeout 1800 "$RXE_HARNESS/build-image.sh" >/dev/null
-for f in "$RXE_CACHE_DIR/rootfs.img" "$PV_KERNEL" "$PV_INITRD"; do
-    [ -s "$f" ] || die "no $f after the rxe harness's build-image.sh"
+timeout 3600 "$here/image.sh" >/dev/null
+IMAGE="$PROJECT_ROOT/target/virtio-guest/rootfs.img"
+for f in "$IMAGE" "$PV_KERNEL" "$PV_INITRD"; do
+    [ -s "$f" ] || die "no $f after scripts/virtio-guest/image.sh"
 done
 
 D="$PROJECT_ROOT/target/virtio-guest/pci-boot"
@@ -50,20 +56,43 @@ cat > "$D/share/guest-init.sh" <<'EOF'
 #!/bin/bash
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 OUT=/harness/out
+log() { echo "[guest $(cut -d' ' -f1 /proc/uptime)s] $*" > /dev/console; }
+virtio_list() {
+    for d in /sys/bus/virtio/devices/*; do
+        drv=-
+        [ -e "$d/driver" ] && drv=$(basename "$(readlink "$d/driver")")
+        parent=$(basename "$(dirname "$(readlink -f "$d")")")
+        echo "${d##*/} vendor $(cat "$d/vendor") device $(cat "$d/device") status $(cat "$d/status") driver $drv pci $parent"
+    done
+}
+# Waits (20 s at most) until the port is ACTIVE and the netdev bound, $1 times since boot.
+wait_up() {
+    for _ in $(seq 1 200); do
+        [ "$(dmesg | grep -c 'virtio_rdma.*port 1 active')" = "$1" ] \
+            && [ "$(dmesg | grep -c 'virtio_rdma.*bound to')" = "$1" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+ip link set lo up
 modprobe -q virtio_net
-sleep 1
+for _ in $(seq 1 50); do ip -o link | grep -q 52:54:00:4c:01:01 && break; sleep 0.1; done
 for d in /sys/bus/pci/devices/*; do
     drv=-
     [ -e "$d/driver" ] && drv=$(basename "$(readlink "$d/driver")")
     echo "${d##*/} $(cat "$d/vendor"):$(cat "$d/device") rev $(cat "$d/revision") $drv"
 done > $OUT/pci.txt
-for d in /sys/bus/virtio/devices/*; do
-    drv=-
-    [ -e "$d/driver" ] && drv=$(basename "$(readlink "$d/driver")")
-    parent=$(basename "$(dirname "$(readlink -f "$d")")")
-    echo "${d##*/} vendor $(cat "$d/vendor") device $(cat "$d/device") status $(cat "$d/status") driver $drv pci $parent"
-done > $OUT/virtio.txt
+virtio_list > $OUT/virtio.txt
 ip -o link > $OUT/net.txt 2>&1
+log "modprobe virtio_rdma"
+{ modprobe virtio_rdma > $OUT/modprobe.txt 2>&1 && wait_up 1; } || echo "first load" >> $OUT/failed
+virtio_list > $OUT/virtio-loaded.txt
+log "rmmod virtio_rdma"
+rmmod virtio_rdma > $OUT/rmmod.txt 2>&1 || echo "rmmod" >> $OUT/failed
+virtio_list > $OUT/virtio-removed.txt
+log "modprobe virtio_rdma again"
+{ modprobe virtio_rdma >> $OUT/modprobe.txt 2>&1 && wait_up 2; } || echo "second load" >> $OUT/failed
+virtio_list > $OUT/virtio-reloaded.txt
 dmesg > $OUT/dmesg.txt
 echo done > $OUT/done
 sync
@@ -101,7 +130,7 @@ timeout -k 5 "$PV_BOOT_TIMEOUT" "$QEMU11" \
     -object memory-backend-memfd,id=mem,size=1G,share=on -machine q35,memory-backend=mem \
     -kernel "$PV_KERNEL" -initrd "$PV_INITRD" \
     -append "console=ttyS0 root=/dev/vda rw init=/sbin/rxe-harness-init panic=-1 quiet loglevel=4 net.ifnames=0" \
-    -drive "file=$RXE_CACHE_DIR/rootfs.img,if=none,id=d0,format=raw,snapshot=on" \
+    -drive "file=$IMAGE,if=none,id=d0,format=raw,snapshot=on" \
     -device virtio-blk-pci,drive=d0,addr=0x3 \
     -fsdev "local,id=hshare,path=$D/share,security_model=none" \
     -device virtio-9p-pci,fsdev=hshare,mount_tag=harness,addr=0x4 \
@@ -126,7 +155,22 @@ case "$line" in
 esac
 # The sibling NIC is there with its MAC.
 grep -q "$MAC" "$out/net.txt" || fail "no NIC with $MAC"
-if grep -iE 'virtio.*(error|fail|leaving for legacy)|05\.0.*(error|fail)' "$out/dmesg.txt"; then
+# The driver.
+[ ! -e "$out/failed" ] || fail "in the guest: $(tr '\n' ' ' < "$out/failed")"
+for f in virtio-loaded virtio-reloaded; do
+    echo "--- $f"; grep ' pci 0000:00:05.0$' "$out/$f.txt" || true
+    grep -q 'device 0x002a status 0x0000000f driver virtio_rdma pci 0000:00:05.0$' "$out/$f.txt" \
+        || fail "$f: virtio_rdma not bound with DRIVER_OK"
+done
+grep -q 'device 0x002a status 0x00000001 driver - pci 0000:00:05.0$' "$out/virtio-removed.txt" \
+    || fail "after rmmod: $(grep ' pci 0000:00:05.0$' "$out/virtio-removed.txt")"
+echo "--- the driver's log"; grep virtio_rdma "$out/dmesg.txt" || true
+[ "$(grep -c 'virtio_rdma.*virtio-rdma device 1af4:106a: .* kernel context 1$' "$out/dmesg.txt")" = 2 ] \
+    || fail "the device's attributes and the kernel context, once per load"
+[ "$(grep -c "virtio_rdma.*bound to eth0 ($MAC)" "$out/dmesg.txt")" = 2 ] || fail "the netdev, by MAC, once per load"
+# (An out-of-tree module taints the kernel unsigned: that line is no complaint.)
+if grep -v 'module verification failed' "$out/dmesg.txt" \
+    | grep -E '(virtio|05\.0).*([Ee]rror|[Ff]ail|leaving for legacy)|virtio_rdma.*(: -[0-9]|needs a reset)|BUG:|WARNING:|Oops|Call Trace'; then
     fail "the guest's kernel complained (above)"
 fi
 
@@ -137,8 +181,9 @@ wait "$DAEMON" || rc=$?
 VRDMA_RUN_DIR="$D/run" "$VRDMA" stat --all > "$D/stat.txt" 2>&1 || true
 stat_of() { awk -v k="$1" '$1 == k { print $2 }' "$D/run/vpci-boot.stat"; }
 [ -s "$D/run/vpci-boot.stat" ] || fail "no counters published"
-echo "--- the daemon: clients $(stat_of vfio.clients), messages $(stat_of vfio.messages), kicks $(stat_of pci.kicks), resets $(stat_of pci.resets), bad accesses $(stat_of pci.bad_accesses)"
+echo "--- the daemon: clients $(stat_of vfio.clients), messages $(stat_of vfio.messages), commands $(stat_of virtio.commands) (refused $(stat_of virtio.refused)), kicks $(stat_of pci.kicks), interrupts $(stat_of pci.interrupts), resets $(stat_of pci.resets), bad accesses $(stat_of pci.bad_accesses)"
 [ "$(stat_of pci.bad_accesses)" = 0 ] || fail "the guest's transport made stray accesses"
 [ "$(stat_of pci.panics)" = 0 ] || fail "a panic in the device"
 [ "$(stat_of vfio.clients)" = 1 ] || fail "clients: $(stat_of vfio.clients)"
-echo "pci-boot: ok (a Debian guest's stock virtio-pci found virtio device 42 on vrdma's function, TCG)"
+[ "$(stat_of virtio.commands)" -ge 6 ] || fail "commands: $(stat_of virtio.commands)"
+echo "pci-boot: ok (a Debian guest's stock virtio-pci found virtio device 42 on vrdma's function, and virtio_rdma bound, brought it up, was removed and loaded again; TCG)"

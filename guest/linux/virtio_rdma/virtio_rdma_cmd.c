@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * virtio-rdma: control commands on the controlq (docs/virtio-rdma.md §6).
+ *
+ * A command is one chain: the request (header, body, trailing page
+ * addresses) in one driver-readable buffer, the response (header, body)
+ * in one device-writable buffer. Commands go one at a time; the controlq's
+ * interrupt wakes the caller.
+ */
+#include <linux/overflow.h>
+#include <linux/scatterlist.h>
+#include <linux/slab.h>
+
+#include "virtio_rdma.h"
+
+/* The errno of a response status (spec §6.2). */
+int vrdma_status_errno(u16 status)
+{
+	switch (status) {
+	case VIRTIO_RDMA_OK:
+		return 0;
+	case VIRTIO_RDMA_ERR_INVALID:
+		return -EINVAL;
+	case VIRTIO_RDMA_ERR_NOENT:
+		return -ENOENT;
+	case VIRTIO_RDMA_ERR_NOMEM:
+		return -ENOMEM;
+	case VIRTIO_RDMA_ERR_BUSY:
+		return -EBUSY;
+	case VIRTIO_RDMA_ERR_UNSUPPORTED:
+		return -EOPNOTSUPP;
+	case VIRTIO_RDMA_ERR_FAULT:
+		return -EFAULT;
+	case VIRTIO_RDMA_ERR_LENGTH:
+		return -EMSGSIZE;
+	default:
+		return -EIO;
+	}
+}
+
+/*
+ * Runs command @opcode in @context with @body and @npages page addresses,
+ * and copies the response's body (exactly @resp_len bytes) into @resp.
+ * Returns 0, the command's errno, or -ETIMEDOUT (the device stopped
+ * answering: every later command fails until the device is reset).
+ */
+int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
+	      const void *body, size_t body_len,
+	      const u64 *pages, size_t npages,
+	      void *resp, size_t resp_len)
+{
+	struct virtqueue *vq = dev->vqs[VIRTIO_RDMA_VQ_CONTROL];
+	struct virtio_rdma_cmd_hdr *hdr;
+	struct virtio_rdma_resp_hdr *rhdr;
+	struct scatterlist out, in, *sgs[2];
+	size_t req_len, rsp_len, i;
+	__le64 *trailing;
+	unsigned int len;
+	void *req, *rsp, *token;
+	int ret;
+
+	if (check_mul_overflow(npages, sizeof(__le64), &req_len) ||
+	    check_add_overflow(req_len, sizeof(*hdr) + body_len, &req_len))
+		return -EMSGSIZE;
+	if (req_len > le32_to_cpu(dev->config.max_request))
+		return -EMSGSIZE;
+	rsp_len = sizeof(*rhdr) + resp_len;
+
+	req = kzalloc(req_len, GFP_KERNEL);
+	rsp = kzalloc(rsp_len, GFP_KERNEL);
+	if (!req || !rsp) {
+		ret = -ENOMEM;
+		goto free;
+	}
+	hdr = req;
+	hdr->opcode = cpu_to_le16(opcode);
+	hdr->context = cpu_to_le32(context);
+	if (body_len)
+		memcpy(hdr + 1, body, body_len);
+	trailing = (__le64 *)((u8 *)(hdr + 1) + body_len);
+	for (i = 0; i < npages; i++)
+		trailing[i] = cpu_to_le64(pages[i]);
+
+	sg_init_one(&out, req, req_len);
+	sg_init_one(&in, rsp, rsp_len);
+	sgs[0] = &out;
+	sgs[1] = &in;
+
+	mutex_lock(&dev->cmd_lock);
+	if (dev->broken) {
+		ret = -EIO;
+		goto unlock;
+	}
+	reinit_completion(&dev->cmd_done);
+	spin_lock_irq(&dev->ctrl_lock);
+	ret = virtqueue_add_sgs(vq, sgs, 1, 1, req, GFP_ATOMIC);
+	if (!ret)
+		virtqueue_kick(vq);
+	spin_unlock_irq(&dev->ctrl_lock);
+	if (ret)
+		goto unlock;
+
+	wait_for_completion_timeout(&dev->cmd_done,
+				    msecs_to_jiffies(VRDMA_CMD_TIMEOUT_MS));
+	spin_lock_irq(&dev->ctrl_lock);
+	token = virtqueue_get_buf(vq, &len);
+	spin_unlock_irq(&dev->ctrl_lock);
+	if (token != req) {
+		/*
+		 * No answer: the device may still write the response, so its
+		 * buffers stay allocated for good.
+		 */
+		dev->broken = true;
+		mutex_unlock(&dev->cmd_lock);
+		dev_err(&dev->vdev->dev,
+			"command %u: no response in %u ms; the device needs a reset\n",
+			opcode, VRDMA_CMD_TIMEOUT_MS);
+		return -ETIMEDOUT;
+	}
+	mutex_unlock(&dev->cmd_lock);
+
+	rhdr = rsp;
+	if (len < sizeof(*rhdr)) {
+		/* A chain that could carry no status (spec DEV-12). */
+		ret = -EIO;
+		goto free;
+	}
+	ret = vrdma_status_errno(le16_to_cpu(rhdr->status));
+	if (ret) {
+		dev_dbg(&dev->vdev->dev, "command %u: status %u, detail %u\n",
+			opcode, le16_to_cpu(rhdr->status),
+			le32_to_cpu(rhdr->detail));
+		goto free;
+	}
+	if (len != rsp_len) {
+		dev_err(&dev->vdev->dev,
+			"command %u: a response of %u bytes, not %zu\n",
+			opcode, len, rsp_len);
+		ret = -EPROTO;
+		goto free;
+	}
+	if (resp_len)
+		memcpy(resp, rhdr + 1, resp_len);
+	goto free;
+
+unlock:
+	mutex_unlock(&dev->cmd_lock);
+free:
+	kfree(req);
+	kfree(rsp);
+	return ret;
+}
