@@ -9,7 +9,10 @@
 #   with ID 42 (0x002a) under it, found, reset and acknowledged (status 0x1);
 # - after `modprobe virtio_rdma`: the driver bound (status 0xf: DRIVER_OK), the device's
 #   attributes queried, the kernel's context made, the sibling netdev bound by its MAC, the
-#   port ACTIVE event taken from the eventq;
+#   port ACTIVE event taken from the eventq, the RDMA device virtio_rdma0 registered with
+#   ib_core — port ACTIVE, link layer Ethernet, netdev eth0 (`rdma link`), the RoCE v2 GID of
+#   eth0's address set on the device (SET_GID), the MAD layer's GSI QP in RTS (`rdma resource`:
+#   its CQ, QP and receive WQEs made and posted through the driver's kernel verbs);
 # - after `rmmod` (the device reset) and `modprobe` again: the same, from a clean device;
 #
 # and no complaint in its log. The daemon runs confined (--seccomp kill) and must stop with
@@ -87,6 +90,27 @@ ip -o link > $OUT/net.txt 2>&1
 log "modprobe virtio_rdma"
 { modprobe virtio_rdma > $OUT/modprobe.txt 2>&1 && wait_up 1; } || echo "first load" >> $OUT/failed
 virtio_list > $OUT/virtio-loaded.txt
+# The RDMA device: its port, link layer and netdev; the RoCE v2 GID of eth0's address; the
+# kernel's GSI QP (the MAD layer's).
+ip addr add 10.99.0.2/24 dev eth0 && ip link set eth0 up
+for _ in $(seq 1 100); do
+    grep -qs '0000:0000:0000:0000:0000:ffff:0a63:0002' /sys/class/infiniband/virtio_rdma0/ports/1/gids/* && break
+    sleep 0.1
+done
+{
+    echo "state: $(cat /sys/class/infiniband/virtio_rdma0/ports/1/state)"
+    echo "link_layer: $(cat /sys/class/infiniband/virtio_rdma0/ports/1/link_layer)"
+    echo "node_type: $(cat /sys/class/infiniband/virtio_rdma0/node_type)"
+    for g in /sys/class/infiniband/virtio_rdma0/ports/1/gids/*; do
+        i=${g##*/}
+        gid=$(cat "$g")
+        [ "$gid" = 0000:0000:0000:0000:0000:0000:0000:0000 ] && continue
+        echo "gid $i $gid $(cat /sys/class/infiniband/virtio_rdma0/ports/1/gid_attrs/types/$i 2>/dev/null)" \
+            "$(cat /sys/class/infiniband/virtio_rdma0/ports/1/gid_attrs/ndevs/$i 2>/dev/null)"
+    done
+    rdma link show 2>&1
+    rdma resource show qp 2>&1
+} > $OUT/ib.txt
 log "rmmod virtio_rdma"
 rmmod virtio_rdma > $OUT/rmmod.txt 2>&1 || echo "rmmod" >> $OUT/failed
 virtio_list > $OUT/virtio-removed.txt
@@ -164,6 +188,15 @@ for f in virtio-loaded virtio-reloaded; do
 done
 grep -q 'device 0x002a status 0x00000001 driver - pci 0000:00:05.0$' "$out/virtio-removed.txt" \
     || fail "after rmmod: $(grep ' pci 0000:00:05.0$' "$out/virtio-removed.txt")"
+echo "--- the RDMA device"; cat "$out/ib.txt"
+grep -qx 'state: 4: ACTIVE' "$out/ib.txt" || fail "port 1 not ACTIVE"
+grep -qx 'link_layer: Ethernet' "$out/ib.txt" || fail "link layer not Ethernet"
+grep -q '^gid [0-9]* 0000:0000:0000:0000:0000:ffff:0a63:0002 RoCE v2 eth0$' "$out/ib.txt" \
+    || fail "no RoCE v2 GID of eth0's 10.99.0.2"
+grep -q 'link virtio_rdma0/1 state ACTIVE physical_state LINK_UP netdev eth0' "$out/ib.txt" \
+    || fail "rdma link: not virtio_rdma0/1 ACTIVE on eth0"
+grep -qE 'link virtio_rdma0/1 lqpn 1 type GSI state RTS' "$out/ib.txt" \
+    || fail "no GSI QP in RTS on virtio_rdma0"
 echo "--- the driver's log"; grep virtio_rdma "$out/dmesg.txt" || true
 [ "$(grep -c 'virtio_rdma.*virtio-rdma device 1af4:106a: .* kernel context 1$' "$out/dmesg.txt")" = 2 ] \
     || fail "the device's attributes and the kernel context, once per load"

@@ -11,6 +11,8 @@
 #include <linux/spinlock.h>
 #include <linux/virtio.h>
 #include <linux/workqueue.h>
+#include <linux/xarray.h>
+#include <rdma/ib_verbs.h>
 
 #include "virtio_rdma_abi.h"
 
@@ -25,7 +27,10 @@
 #define VRDMA_CMD_TIMEOUT_MS 30000
 
 struct vrdma_dev {
+	/* First: ib_alloc_device() allocates the whole. */
+	struct ib_device ib;
 	struct virtio_device *vdev;
+	bool registered;
 	struct virtqueue *vqs[VIRTIO_RDMA_VQ_COUNT];
 	struct virtio_rdma_config config;
 	bool doorbell_poll;
@@ -56,9 +61,81 @@ struct vrdma_dev {
 
 	/* The sibling netdev, found by MAC (spec §3). */
 	struct notifier_block netdev_nb;
+	/* Changes under RTNL too; read under this alone. */
+	spinlock_t netdev_lock;
 	struct net_device *netdev;
 	netdevice_tracker netdev_tracker;
+
+	/* Live CQs by handle and QPs by QPN, for completions and events. */
+	struct xarray cqs;
+	struct xarray qps;
 };
+
+/* A ring in kernel memory: its pages, contiguous, and its header. */
+struct vrdma_ring {
+	void *buf;
+	size_t size;
+	u32 entries;
+	u32 stride;
+	void *header;
+	/* The driver's producer (WQ rings) or consumer (CQ rings) index. */
+	u32 index;
+};
+
+struct vrdma_pd {
+	struct ib_pd ibpd;
+	u32 handle;
+};
+
+struct vrdma_mr {
+	struct ib_mr ibmr;
+};
+
+struct vrdma_ah {
+	struct ib_ah ibah;
+	struct virtio_rdma_av av;
+};
+
+struct vrdma_cq {
+	struct ib_cq ibcq;
+	u32 handle;
+	u32 doorbell;
+	/* Serializes polling and arming. */
+	spinlock_t lock;
+	struct vrdma_ring ring;
+	u64 arm_seq;
+};
+
+struct vrdma_qp {
+	struct ib_qp ibqp;
+	u32 doorbell;
+	u8 type;
+	bool sig_all;
+	u32 max_send_sge;
+	u32 max_recv_sge;
+	u32 max_inline;
+	/* Serializes posting to the send ring. */
+	spinlock_t sq_lock;
+	/* Serializes posting to the receive ring. */
+	spinlock_t rq_lock;
+	struct vrdma_ring sq;
+	struct vrdma_ring rq;
+	/* The attributes last set, for query_qp's answer. */
+	struct ib_qp_attr attr;
+};
+
+static inline struct vrdma_dev *to_vdev(struct ib_device *ib)
+{
+	return container_of(ib, struct vrdma_dev, ib);
+}
+
+void vrdma_ib_init(struct vrdma_dev *dev);
+int vrdma_register(struct vrdma_dev *dev);
+void vrdma_unregister(struct vrdma_dev *dev);
+void vrdma_ring_doorbell(struct vrdma_dev *dev, u32 index);
+void vrdma_dispatch_event(struct vrdma_dev *dev,
+			  const struct virtio_rdma_event *ev);
+void vrdma_notify_cq(struct vrdma_dev *dev, u32 cq);
 
 int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 	      const void *body, size_t body_len,

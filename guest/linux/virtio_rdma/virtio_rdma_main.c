@@ -8,8 +8,9 @@
  * only for its kicks), the eventq and the notifyq kept stocked, the
  * device's and its port's attributes, the kernel's own context with its
  * doorbell area, and the sibling netdev, found by its MAC and followed
- * through the netdevice notifier (spec §3). Removing the driver resets the
- * device, which destroys everything made on it (spec §11.1).
+ * through the netdevice notifier (spec §3); then it registers the RDMA
+ * device (virtio_rdma_ib.c). Removing the driver unregisters it and resets
+ * the device, which destroys everything made on it (spec §11.1).
  */
 #include <linux/build_bug.h>
 #include <linux/etherdevice.h>
@@ -95,12 +96,12 @@ static void vrdma_event(struct vrdma_dev *dev,
 		dev_warn(d, "%u events lost\n", object);
 		break;
 	default:
-		/* An object's event: this driver has made no object yet. */
 		dev_dbg(d, "event %u for object %u of context %u\n",
 			le32_to_cpu(ev->type), object,
 			le32_to_cpu(ev->context));
 		break;
 	}
+	vrdma_dispatch_event(dev, ev);
 }
 
 /*
@@ -148,9 +149,7 @@ static void vrdma_item_work(struct work_struct *work)
 		spin_unlock_irq(&dev->item_lock);
 		if (!ntbuf)
 			break;
-		/* A CQ's notification: this driver has made no CQ yet. */
-		dev_dbg(&dev->vdev->dev, "notification for CQ %u of context %u\n",
-			le32_to_cpu(nt.cq), le32_to_cpu(nt.context));
+		vrdma_notify_cq(dev, le32_to_cpu(nt.cq));
 	}
 }
 
@@ -167,8 +166,16 @@ static bool vrdma_netdev_matches(struct vrdma_dev *dev, struct net_device *nd)
 /* Under RTNL. */
 static void vrdma_bind_netdev(struct vrdma_dev *dev, struct net_device *nd)
 {
+	int ret = ib_device_set_netdev(&dev->ib, nd, 1);
+
+	if (ret) {
+		dev_err(&dev->vdev->dev, "cannot bind %s: %d\n", nd->name, ret);
+		return;
+	}
 	netdev_hold(nd, &dev->netdev_tracker, GFP_KERNEL);
+	spin_lock(&dev->netdev_lock);
 	dev->netdev = nd;
+	spin_unlock(&dev->netdev_lock);
 	dev_info(&dev->vdev->dev, "bound to %s (%pM)\n", nd->name,
 		 dev->config.mac);
 }
@@ -176,9 +183,14 @@ static void vrdma_bind_netdev(struct vrdma_dev *dev, struct net_device *nd)
 /* Under RTNL. */
 static void vrdma_unbind_netdev(struct vrdma_dev *dev)
 {
-	dev_info(&dev->vdev->dev, "unbound from %s\n", dev->netdev->name);
-	netdev_put(dev->netdev, &dev->netdev_tracker);
+	struct net_device *nd = dev->netdev;
+
+	dev_info(&dev->vdev->dev, "unbound from %s\n", nd->name);
+	ib_device_set_netdev(&dev->ib, NULL, 1);
+	spin_lock(&dev->netdev_lock);
 	dev->netdev = NULL;
+	spin_unlock(&dev->netdev_lock);
+	netdev_put(nd, &dev->netdev_tracker);
 }
 
 /* The sibling NIC comes, changes its address or goes (under RTNL). */
@@ -327,7 +339,9 @@ static void vrdma_free(struct vrdma_dev *dev)
 				 VIRTIO_RDMA_PAGE_SIZE);
 	kfree(dev->events);
 	kfree(dev->notifications);
-	kfree(dev);
+	xa_destroy(&dev->cqs);
+	xa_destroy(&dev->qps);
+	ib_dealloc_device(&dev->ib);
 }
 
 /*
@@ -345,20 +359,33 @@ static void vrdma_stop(struct vrdma_dev *dev)
 	dev->vdev->config->del_vqs(dev->vdev);
 }
 
+/* Stops following the sibling netdev and lets it go. */
+static void vrdma_forget_netdev(struct vrdma_dev *dev)
+{
+	unregister_netdevice_notifier(&dev->netdev_nb);
+	rtnl_lock();
+	if (dev->netdev)
+		vrdma_unbind_netdev(dev);
+	rtnl_unlock();
+}
+
 static int vrdma_probe(struct virtio_device *vdev)
 {
 	struct vrdma_dev *dev;
 	int ret;
 
-	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
+	dev = ib_alloc_device(vrdma_dev, ib);
 	if (!dev)
 		return -ENOMEM;
+	xa_init_flags(&dev->cqs, XA_FLAGS_LOCK_IRQ);
+	xa_init_flags(&dev->qps, XA_FLAGS_LOCK_IRQ);
 	dev->vdev = vdev;
 	vdev->priv = dev;
 	mutex_init(&dev->cmd_lock);
 	init_completion(&dev->cmd_done);
 	spin_lock_init(&dev->ctrl_lock);
 	spin_lock_init(&dev->item_lock);
+	spin_lock_init(&dev->netdev_lock);
 	INIT_WORK(&dev->item_work, vrdma_item_work);
 
 	virtio_cread_bytes(vdev, 0, &dev->config, sizeof(dev->config));
@@ -392,10 +419,16 @@ static int vrdma_probe(struct virtio_device *vdev)
 		goto stop;
 	}
 
+	vrdma_ib_init(dev);
 	dev->netdev_nb.notifier_call = vrdma_netdev_event;
 	ret = register_netdevice_notifier(&dev->netdev_nb);
 	if (ret)
 		goto stop;
+	ret = vrdma_register(dev);
+	if (ret) {
+		dev_err(&vdev->dev, "ib_register_device: %d\n", ret);
+		goto notifier;
+	}
 
 	dev_info(&vdev->dev,
 		 "virtio-rdma device %x:%x: %u QPs, %u CQs, %u MRs, port MTU code %u, doorbells %s, kernel context %u\n",
@@ -410,6 +443,8 @@ static int vrdma_probe(struct virtio_device *vdev)
 			 dev->config.mac);
 	return 0;
 
+notifier:
+	vrdma_forget_netdev(dev);
 stop:
 	vrdma_stop(dev);
 free:
@@ -422,11 +457,9 @@ static void vrdma_remove(struct virtio_device *vdev)
 {
 	struct vrdma_dev *dev = vdev->priv;
 
-	unregister_netdevice_notifier(&dev->netdev_nb);
-	rtnl_lock();
-	if (dev->netdev)
-		vrdma_unbind_netdev(dev);
-	rtnl_unlock();
+	/* ib_core destroys what its consumers made, while the device answers. */
+	vrdma_unregister(dev);
+	vrdma_forget_netdev(dev);
 	vrdma_stop(dev);
 	vrdma_free(dev);
 	vdev->priv = NULL;

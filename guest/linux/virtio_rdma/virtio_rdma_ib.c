@@ -1,0 +1,1149 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * virtio-rdma: the RDMA device registered with ib_core — the kernel's
+ * verbs on the device's commands (spec §6), rings (§7), doorbells (§8)
+ * and completion notification (§9).
+ *
+ * Every object lives in the kernel's own context. Rings are kernel pages,
+ * physically contiguous, given to the device by their guest-physical
+ * addresses (the device does not offer ACCESS_PLATFORM); ring headers are
+ * 64-byte allocations of their own. The device writes a CQ's producer
+ * index and CQEs, and a work ring's consumer index; the driver writes the
+ * rest, publishing each index with release semantics after the entries it
+ * covers.
+ */
+#include <linux/log2.h>
+#include <linux/slab.h>
+#include <rdma/ib_addr.h>
+#include <rdma/ib_cache.h>
+#include <rdma/ib_mad.h>
+
+#include "virtio_rdma.h"
+
+#define VRDMA_WQ_PRODUCER(r) ((__le32 *)((r)->header))
+#define VRDMA_WQ_CONSUMER(r) ((__le32 *)((r)->header) + 1)
+#define VRDMA_CQ_PRODUCER(r) ((__le32 *)((r)->header))
+#define VRDMA_CQ_CONSUMER(r) ((__le32 *)((r)->header) + 1)
+#define VRDMA_CQ_ARM(r) ((__le64 *)((r)->header) + 1)
+
+/* What the driver does of the device's capabilities (kernel verbs). */
+#define VRDMA_CAP_FLAGS (IB_DEVICE_CURR_QP_STATE_MOD | IB_DEVICE_RC_RNR_NAK_GEN | \
+			 IB_DEVICE_PORT_ACTIVE_EVENT | IB_DEVICE_SYS_IMAGE_GUID)
+
+static inline struct vrdma_pd *to_vpd(struct ib_pd *pd)
+{
+	return container_of(pd, struct vrdma_pd, ibpd);
+}
+
+static inline struct vrdma_cq *to_vcq(struct ib_cq *cq)
+{
+	return container_of(cq, struct vrdma_cq, ibcq);
+}
+
+static inline struct vrdma_qp *to_vqp(struct ib_qp *qp)
+{
+	return container_of(qp, struct vrdma_qp, ibqp);
+}
+
+static inline struct vrdma_ah *to_vah(struct ib_ah *ah)
+{
+	return container_of(ah, struct vrdma_ah, ibah);
+}
+
+/* --- doorbells (spec §8.3) ---------------------------------------------- */
+
+/*
+ * Rings doorbell @index of the kernel's context: its bitmap bit, then its
+ * summary bit, a full barrier, and a kick of the doorbellq unless the
+ * device says it polls the area.
+ */
+void vrdma_ring_doorbell(struct vrdma_dev *dev, u32 index)
+{
+	u8 *area = dev->doorbell_area;
+	__le32 *poll = (__le32 *)(area + VIRTIO_RDMA_DB_POLL);
+
+	set_bit_le(index, area + VIRTIO_RDMA_DB_BITMAP);
+	set_bit_le(index / 64, area + VIRTIO_RDMA_DB_SUMMARY);
+	/*
+	 * Both bits before the poll word is read: a device that stops polling
+	 * writes 0 there, then scans once more (spec §8.5), so either it sees
+	 * the bits or this sees 0 and kicks.
+	 */
+	smp_mb();
+	if (!dev->doorbell_poll || !le32_to_cpu(READ_ONCE(*poll)))
+		virtqueue_notify(dev->vqs[VIRTIO_RDMA_VQ_DOORBELL]);
+}
+
+/* --- rings --------------------------------------------------------------- */
+
+static int vrdma_ring_alloc(struct vrdma_ring *r, u32 entries, u32 stride)
+{
+	r->entries = entries;
+	r->stride = stride;
+	r->size = (size_t)entries * stride;
+	r->index = 0;
+	r->buf = alloc_pages_exact(r->size, GFP_KERNEL | __GFP_ZERO);
+	/* kmalloc aligns a power-of-two size to itself: 64 bytes. */
+	r->header = kzalloc(VIRTIO_RDMA_RING_HEADER_SIZE, GFP_KERNEL);
+	if (!r->buf || !r->header) {
+		if (r->buf)
+			free_pages_exact(r->buf, r->size);
+		kfree(r->header);
+		r->buf = NULL;
+		r->header = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static void vrdma_ring_free(struct vrdma_ring *r)
+{
+	if (r->buf)
+		free_pages_exact(r->buf, r->size);
+	kfree(r->header);
+	r->buf = NULL;
+	r->header = NULL;
+}
+
+static u32 vrdma_ring_pages(const struct vrdma_ring *r)
+{
+	return r->buf ? r->size / VIRTIO_RDMA_PAGE_SIZE : 0;
+}
+
+static void vrdma_ring_desc(const struct vrdma_ring *r,
+			    struct virtio_rdma_ring *d, u64 *pages)
+{
+	u32 i, n = vrdma_ring_pages(r);
+
+	memset(d, 0, sizeof(*d));
+	if (!r->buf)
+		return;
+	d->header = cpu_to_le64(virt_to_phys(r->header));
+	d->entries = cpu_to_le32(r->entries);
+	d->stride = cpu_to_le32(r->stride);
+	d->npages = cpu_to_le32(n);
+	for (i = 0; i < n; i++)
+		pages[i] = virt_to_phys(r->buf) + (u64)i * VIRTIO_RDMA_PAGE_SIZE;
+}
+
+static void *vrdma_ring_slot(const struct vrdma_ring *r, u32 index)
+{
+	return (u8 *)r->buf + (size_t)(index & (r->entries - 1)) * r->stride;
+}
+
+/*
+ * Entries for a ring of @stride-byte slots holding at least @want: a power
+ * of two that fills at least a page (spec §6.5).
+ */
+static u32 vrdma_ring_entries(u32 want, u32 stride)
+{
+	return roundup_pow_of_two(max3(want, 2U, VIRTIO_RDMA_PAGE_SIZE / stride));
+}
+
+/* --- device and port ----------------------------------------------------- */
+
+static int vrdma_query_device(struct ib_device *ib, struct ib_device_attr *a,
+			      struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ib);
+	const struct virtio_rdma_device_attr *d = &dev->attr;
+
+	if (udata && (udata->inlen || udata->outlen))
+		return -EINVAL;
+	memset(a, 0, sizeof(*a));
+	a->sys_image_guid = cpu_to_be64(le64_to_cpu(d->sys_image_guid));
+	a->max_mr_size = le64_to_cpu(d->max_mr_size);
+	a->page_size_cap = le64_to_cpu(d->page_size_cap);
+	a->vendor_id = le32_to_cpu(d->vendor_id);
+	a->vendor_part_id = le32_to_cpu(d->vendor_part_id);
+	a->hw_ver = le32_to_cpu(d->hw_ver);
+	a->max_qp = le32_to_cpu(d->max_qp);
+	a->max_qp_wr = le32_to_cpu(d->max_qp_wr);
+	a->device_cap_flags = le64_to_cpu(d->device_cap_flags) & VRDMA_CAP_FLAGS;
+	a->max_send_sge = le32_to_cpu(d->max_sge);
+	a->max_recv_sge = le32_to_cpu(d->max_sge);
+	a->max_sge_rd = le32_to_cpu(d->max_sge_rd);
+	a->max_cq = le32_to_cpu(d->max_cq);
+	a->max_cqe = le32_to_cpu(d->max_cqe);
+	a->max_mr = le32_to_cpu(d->max_mr);
+	a->max_pd = le32_to_cpu(d->max_pd);
+	a->max_qp_rd_atom = le32_to_cpu(d->max_qp_rd_atom);
+	a->max_qp_init_rd_atom = le32_to_cpu(d->max_qp_init_rd_atom);
+	a->max_res_rd_atom = le32_to_cpu(d->max_res_rd_atom);
+	a->max_pkeys = 1;
+	a->atomic_cap = d->atomic_cap == 1 ? IB_ATOMIC_HCA :
+			d->atomic_cap == 2 ? IB_ATOMIC_GLOB : IB_ATOMIC_NONE;
+	a->local_ca_ack_delay = d->local_ca_ack_delay;
+	a->max_ah = le32_to_cpu(d->max_qp);
+	return 0;
+}
+
+static int vrdma_query_port(struct ib_device *ib, u32 port,
+			    struct ib_port_attr *a)
+{
+	struct vrdma_dev *dev = to_vdev(ib);
+	const struct virtio_rdma_port_attr *p = &dev->port;
+	struct virtio_rdma_port_req req = { .port = cpu_to_le32(port) };
+	struct virtio_rdma_port_attr now;
+	struct net_device *nd;
+	int ret;
+
+	/* The port's state now: it follows the device's link. */
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_QUERY_PORT, 0, &req, sizeof(req),
+			NULL, 0, &now, sizeof(now));
+	if (ret)
+		return ret;
+	p = &now;
+	a->state = le32_to_cpu(p->state);
+	a->phys_state = p->phys_state;
+	a->max_mtu = le32_to_cpu(p->max_mtu);
+	a->active_mtu = le32_to_cpu(p->active_mtu);
+	a->gid_tbl_len = le32_to_cpu(p->gid_tbl_len);
+	a->port_cap_flags = le32_to_cpu(p->port_cap_flags) | IB_PORT_CM_SUP;
+	a->max_msg_sz = le32_to_cpu(p->max_msg_sz);
+	a->pkey_tbl_len = 1;
+	a->bad_pkey_cntr = 0;
+	a->qkey_viol_cntr = 0;
+	a->lid = 0;
+	a->sm_lid = 0;
+	a->lmc = 0;
+	a->max_vl_num = 1;
+	a->ip_gids = true;
+	spin_lock(&dev->netdev_lock);
+	nd = dev->netdev;
+	if (nd)
+		a->active_mtu = min_t(u32, a->active_mtu,
+				      iboe_get_mtu(READ_ONCE(nd->mtu)));
+	spin_unlock(&dev->netdev_lock);
+	/* The sibling's link speed; a port with no netdev yet reports 1X SDR. */
+	if (ib_get_eth_speed(ib, port, &a->active_speed, &a->active_width)) {
+		a->active_speed = IB_SPEED_SDR;
+		a->active_width = IB_WIDTH_1X;
+	}
+	return 0;
+}
+
+static enum rdma_link_layer vrdma_link_layer(struct ib_device *ib, u32 port)
+{
+	return IB_LINK_LAYER_ETHERNET;
+}
+
+static int vrdma_port_immutable(struct ib_device *ib, u32 port,
+				struct ib_port_immutable *im)
+{
+	struct vrdma_dev *dev = to_vdev(ib);
+
+	im->core_cap_flags = RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP;
+	im->gid_tbl_len = le32_to_cpu(dev->port.gid_tbl_len);
+	im->pkey_tbl_len = 1;
+	im->max_mad_size = IB_MGMT_MAD_SIZE;
+	return 0;
+}
+
+static int vrdma_query_pkey(struct ib_device *ib, u32 port, u16 index,
+			    u16 *pkey)
+{
+	if (index)
+		return -EINVAL;
+	*pkey = IB_DEFAULT_PKEY_FULL;
+	return 0;
+}
+
+/* ib_core's RoCE GID management: SET_GID (spec §6.30). */
+static int vrdma_set_gid(struct vrdma_dev *dev, u32 index, u32 type,
+			 const union ib_gid *gid)
+{
+	struct virtio_rdma_set_gid req = {
+		.index = cpu_to_le32(index),
+		.gid_type = cpu_to_le32(type),
+	};
+
+	if (gid)
+		memcpy(req.gid, gid->raw, sizeof(req.gid));
+	return vrdma_cmd(dev, VIRTIO_RDMA_CMD_SET_GID, dev->kctx, &req,
+			 sizeof(req), NULL, 0, NULL, 0);
+}
+
+static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
+{
+	if (attr->gid_type != IB_GID_TYPE_ROCE_UDP_ENCAP)
+		return -EINVAL;
+	return vrdma_set_gid(to_vdev(attr->device), attr->index,
+			     VIRTIO_RDMA_GID_TYPE_ROCE_V2, &attr->gid);
+}
+
+static int vrdma_del_gid(const struct ib_gid_attr *attr, void **context)
+{
+	return vrdma_set_gid(to_vdev(attr->device), attr->index,
+			     VIRTIO_RDMA_GID_TYPE_NONE, NULL);
+}
+
+/* --- PDs, MRs, AHs ------------------------------------------------------- */
+
+static int vrdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct virtio_rdma_handle_resp resp;
+	int ret;
+
+	if (udata)
+		return -EOPNOTSUPP;
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_ALLOC_PD, dev->kctx, NULL, 0,
+			NULL, 0, &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	to_vpd(ibpd)->handle = le32_to_cpu(resp.handle);
+	return 0;
+}
+
+static int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 h)
+{
+	struct virtio_rdma_handle_req req = { .handle = cpu_to_le32(h) };
+
+	return vrdma_cmd(dev, opcode, dev->kctx, &req, sizeof(req), NULL, 0,
+			 NULL, 0);
+}
+
+static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	return vrdma_destroy_handle(to_vdev(ibpd->device),
+				    VIRTIO_RDMA_CMD_DEALLOC_PD,
+				    to_vpd(ibpd)->handle);
+}
+
+static u32 vrdma_access(int flags)
+{
+	u32 a = 0;
+
+	if (flags & IB_ACCESS_LOCAL_WRITE)
+		a |= VIRTIO_RDMA_ACCESS_LOCAL_WRITE;
+	if (flags & IB_ACCESS_REMOTE_WRITE)
+		a |= VIRTIO_RDMA_ACCESS_REMOTE_WRITE;
+	if (flags & IB_ACCESS_REMOTE_READ)
+		a |= VIRTIO_RDMA_ACCESS_REMOTE_READ;
+	if (flags & IB_ACCESS_REMOTE_ATOMIC)
+		a |= VIRTIO_RDMA_ACCESS_REMOTE_ATOMIC;
+	return a;
+}
+
+/* The DMA MR: guest-physical addresses, the dma_device's mapping. */
+static struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int flags)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct virtio_rdma_reg_dma_mr req = {
+		.pd = cpu_to_le32(to_vpd(ibpd)->handle),
+		.access = cpu_to_le32(vrdma_access(flags)),
+	};
+	struct virtio_rdma_mr_resp resp;
+	struct vrdma_mr *mr;
+	int ret;
+
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_REG_DMA_MR, dev->kctx, &req,
+			sizeof(req), NULL, 0, &resp, sizeof(resp));
+	if (ret) {
+		kfree(mr);
+		return ERR_PTR(ret);
+	}
+	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
+	mr->ibmr.rkey = le32_to_cpu(resp.rkey);
+	return &mr->ibmr;
+}
+
+/*
+ * User memory regions need a user context, which this driver does not
+ * make yet (no alloc_ucontext: uverbs offers the device no user access),
+ * so nothing can ask for one.
+ */
+static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start,
+				       u64 length, u64 virt, int flags,
+				       struct ib_udata *udata)
+{
+	return ERR_PTR(-EOPNOTSUPP);
+}
+
+static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+	int ret;
+
+	ret = vrdma_destroy_handle(to_vdev(ibmr->device),
+				   VIRTIO_RDMA_CMD_DEREG_MR, ibmr->lkey);
+	if (ret)
+		return ret;
+	kfree(mr);
+	return 0;
+}
+
+static void vrdma_av_of(struct virtio_rdma_av *av,
+			const struct rdma_ah_attr *ah)
+{
+	const struct ib_global_route *grh = rdma_ah_read_grh(ah);
+
+	memset(av, 0, sizeof(*av));
+	memcpy(av->dgid, grh->dgid.raw, sizeof(av->dgid));
+	av->flow_label = cpu_to_le32(grh->flow_label);
+	av->sgid_index = grh->sgid_index;
+	av->hop_limit = grh->hop_limit;
+	av->traffic_class = grh->traffic_class;
+	av->sl = rdma_ah_get_sl(ah);
+	memcpy(av->dmac, ah->roce.dmac, ETH_ALEN);
+}
+
+static int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
+			   struct ib_udata *udata)
+{
+	if (!(rdma_ah_get_ah_flags(init->ah_attr) & IB_AH_GRH))
+		return -EINVAL;
+	vrdma_av_of(&to_vah(ibah)->av, init->ah_attr);
+	return 0;
+}
+
+static int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
+{
+	return 0;
+}
+
+/* --- CQs ----------------------------------------------------------------- */
+
+static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+			   struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct virtio_rdma_create_cq req;
+	struct virtio_rdma_create_cq_resp resp;
+	u32 max = le32_to_cpu(dev->attr.max_cqe);
+	u32 entries;
+	u64 *pages;
+	int ret;
+
+	if (udata)
+		return -EOPNOTSUPP;
+	if (attr->flags || attr->cqe < 1 || attr->cqe > max)
+		return -EINVAL;
+	entries = vrdma_ring_entries(attr->cqe + 1, sizeof(struct virtio_rdma_cqe));
+	if (entries > max + 1)
+		return -EINVAL;
+	spin_lock_init(&cq->lock);
+	ret = vrdma_ring_alloc(&cq->ring, entries, sizeof(struct virtio_rdma_cqe));
+	if (ret)
+		return ret;
+	pages = kcalloc(vrdma_ring_pages(&cq->ring), sizeof(*pages), GFP_KERNEL);
+	if (!pages) {
+		ret = -ENOMEM;
+		goto free;
+	}
+	vrdma_ring_desc(&cq->ring, &req.ring, pages);
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_CQ, dev->kctx, &req,
+			sizeof(req), pages, vrdma_ring_pages(&cq->ring), &resp,
+			sizeof(resp));
+	kfree(pages);
+	if (ret)
+		goto free;
+	cq->handle = le32_to_cpu(resp.cq);
+	cq->doorbell = le32_to_cpu(resp.doorbell);
+	/* The ring's entries, one slot always free (spec §6.13). */
+	ibcq->cqe = entries - 1;
+	ret = xa_insert_irq(&dev->cqs, cq->handle, cq, GFP_KERNEL);
+	if (ret) {
+		vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_CQ, cq->handle);
+		goto free;
+	}
+	return 0;
+free:
+	vrdma_ring_free(&cq->ring);
+	return ret;
+}
+
+static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	int ret;
+
+	ret = vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_CQ, cq->handle);
+	if (ret)
+		return ret;
+	xa_erase_irq(&dev->cqs, cq->handle);
+	vrdma_ring_free(&cq->ring);
+	return 0;
+}
+
+static enum ib_wc_opcode vrdma_wc_opcode(u8 op)
+{
+	switch (op) {
+	case 1:
+		return IB_WC_RDMA_WRITE;
+	case 2:
+		return IB_WC_RDMA_READ;
+	case 3:
+		return IB_WC_COMP_SWAP;
+	case 4:
+		return IB_WC_FETCH_ADD;
+	case 5:
+		return IB_WC_BIND_MW;
+	case 6:
+		return IB_WC_LOCAL_INV;
+	case 8:
+		return IB_WC_REG_MR;
+	case 128:
+		return IB_WC_RECV;
+	case 129:
+		return IB_WC_RECV_RDMA_WITH_IMM;
+	default:
+		return IB_WC_SEND;
+	}
+}
+
+static void vrdma_wc(struct vrdma_dev *dev, const struct virtio_rdma_cqe *c,
+		     struct ib_wc *wc)
+{
+	u16 flags = le16_to_cpu(c->wc_flags);
+	struct vrdma_qp *qp;
+
+	memset(wc, 0, sizeof(*wc));
+	wc->wr_id = le64_to_cpu(c->wr_id);
+	wc->status = c->status <= IB_WC_GENERAL_ERR ? c->status : IB_WC_GENERAL_ERR;
+	wc->opcode = vrdma_wc_opcode(c->opcode);
+	wc->byte_len = le32_to_cpu(c->byte_len);
+	xa_lock(&dev->qps);
+	qp = xa_load(&dev->qps, le32_to_cpu(c->qpn));
+	xa_unlock(&dev->qps);
+	wc->qp = qp ? &qp->ibqp : NULL;
+	wc->src_qp = le32_to_cpu(c->src_qp);
+	wc->pkey_index = le16_to_cpu(c->pkey_index);
+	wc->sl = c->sl;
+	wc->port_num = 1;
+	if (flags & VIRTIO_RDMA_WC_F_GRH)
+		wc->wc_flags |= IB_WC_GRH;
+	if (flags & VIRTIO_RDMA_WC_F_WITH_IMM) {
+		wc->wc_flags |= IB_WC_WITH_IMM;
+		/* The immediate's wire bytes, as verbs keeps them. */
+		wc->ex.imm_data = (__force __be32)c->ex;
+	} else if (flags & VIRTIO_RDMA_WC_F_WITH_INV) {
+		wc->wc_flags |= IB_WC_WITH_INVALIDATE;
+		wc->ex.invalidate_rkey = le32_to_cpu(c->ex);
+	}
+	if (c->network_hdr_type) {
+		wc->wc_flags |= IB_WC_WITH_NETWORK_HDR_TYPE;
+		wc->network_hdr_type = c->network_hdr_type;
+	}
+}
+
+static int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc)
+{
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct vrdma_ring *r = &cq->ring;
+	struct virtio_rdma_cqe c;
+	unsigned long flags;
+	int done = 0;
+	u32 prod;
+
+	spin_lock_irqsave(&cq->lock, flags);
+	/* The CQEs before the producer index are whole once it is read. */
+	prod = le32_to_cpu(smp_load_acquire(VRDMA_CQ_PRODUCER(r)));
+	while (done < n && prod != r->index) {
+		memcpy(&c, vrdma_ring_slot(r, r->index), sizeof(c));
+		vrdma_wc(dev, &c, &wc[done++]);
+		r->index++;
+	}
+	if (done) {
+		/* The slots are copied out before the device may reuse them. */
+		smp_store_release(VRDMA_CQ_CONSUMER(r), cpu_to_le32(r->index));
+	}
+	spin_unlock_irqrestore(&cq->lock, flags);
+	return done;
+}
+
+/*
+ * Arms the CQ (spec §9.1): the consumer index seen, the mode and a new
+ * sequence number in the arm word, then the CQ's doorbell. The device
+ * notifies at once when a wanted completion is already past that index.
+ */
+static int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags f)
+{
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct vrdma_ring *r = &cq->ring;
+	u64 mode = (f & IB_CQ_SOLICITED_MASK) == IB_CQ_SOLICITED ?
+		   VIRTIO_RDMA_CQ_ARM_SOLICITED : VIRTIO_RDMA_CQ_ARM_NEXT;
+	unsigned long flags;
+	int missed = 0;
+	u32 prod;
+	u64 word;
+
+	spin_lock_irqsave(&cq->lock, flags);
+	cq->arm_seq = (cq->arm_seq + 1) & ((1ULL << 30) - 1);
+	word = r->index | mode << 32 | cq->arm_seq << 34;
+	WRITE_ONCE(*VRDMA_CQ_ARM(r), cpu_to_le64(word));
+	/* A completion the arm's snapshot did not see is reported missed. */
+	prod = le32_to_cpu(smp_load_acquire(VRDMA_CQ_PRODUCER(r)));
+	if ((f & IB_CQ_REPORT_MISSED_EVENTS) && prod != r->index)
+		missed = 1;
+	spin_unlock_irqrestore(&cq->lock, flags);
+	vrdma_ring_doorbell(dev, cq->doorbell);
+	return missed;
+}
+
+/* --- QPs ----------------------------------------------------------------- */
+
+static u8 vrdma_qp_type(enum ib_qp_type t)
+{
+	switch (t) {
+	case IB_QPT_GSI:
+		return VIRTIO_RDMA_QPT_GSI;
+	case IB_QPT_RC:
+		return VIRTIO_RDMA_QPT_RC;
+	case IB_QPT_UC:
+		return VIRTIO_RDMA_QPT_UC;
+	case IB_QPT_UD:
+		return VIRTIO_RDMA_QPT_UD;
+	default:
+		return 0;
+	}
+}
+
+static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+			   struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct ib_qp_cap *cap = &init->cap;
+	struct virtio_rdma_create_qp req = {};
+	struct virtio_rdma_create_qp_resp resp;
+	u32 max_wr = le32_to_cpu(dev->attr.max_qp_wr);
+	u32 max_sge = le32_to_cpu(dev->attr.max_sge);
+	u32 sstride, rstride, npages;
+	u64 *pages;
+	int ret;
+
+	if (udata)
+		return -EOPNOTSUPP;
+	qp->type = vrdma_qp_type(init->qp_type);
+	if (!qp->type || init->srq || init->create_flags)
+		return -EOPNOTSUPP;
+	if (cap->max_send_wr > max_wr || cap->max_recv_wr > max_wr ||
+	    cap->max_send_sge > max_sge || cap->max_recv_sge > max_sge ||
+	    cap->max_inline_data > le32_to_cpu(dev->attr.max_inline_data))
+		return -EINVAL;
+	sstride = roundup_pow_of_two(sizeof(struct virtio_rdma_send_wqe) +
+				     max_t(u32, 16 * max(cap->max_send_sge, 1U),
+					   cap->max_inline_data));
+	rstride = roundup_pow_of_two(sizeof(struct virtio_rdma_recv_wqe) +
+				     16 * max(cap->max_recv_sge, 1U));
+	if (sstride > VIRTIO_RDMA_PAGE_SIZE || rstride > VIRTIO_RDMA_PAGE_SIZE)
+		return -EINVAL;
+	spin_lock_init(&qp->sq_lock);
+	spin_lock_init(&qp->rq_lock);
+	ret = vrdma_ring_alloc(&qp->sq, vrdma_ring_entries(cap->max_send_wr, sstride),
+			       sstride);
+	if (ret)
+		return ret;
+	ret = vrdma_ring_alloc(&qp->rq, vrdma_ring_entries(cap->max_recv_wr, rstride),
+			       rstride);
+	if (ret)
+		goto free_sq;
+	npages = vrdma_ring_pages(&qp->sq) + vrdma_ring_pages(&qp->rq);
+	pages = kcalloc(npages, sizeof(*pages), GFP_KERNEL);
+	if (!pages) {
+		ret = -ENOMEM;
+		goto free_rq;
+	}
+	req.pd = cpu_to_le32(to_vpd(ibqp->pd)->handle);
+	req.qp_type = qp->type;
+	req.sq_sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
+	req.send_cq = cpu_to_le32(to_vcq(init->send_cq)->handle);
+	req.recv_cq = cpu_to_le32(to_vcq(init->recv_cq)->handle);
+	req.max_send_sge = cpu_to_le32(max(cap->max_send_sge, 1U));
+	req.max_recv_sge = cpu_to_le32(max(cap->max_recv_sge, 1U));
+	req.max_inline_data = cpu_to_le32(cap->max_inline_data);
+	vrdma_ring_desc(&qp->sq, &req.sq, pages);
+	vrdma_ring_desc(&qp->rq, &req.rq, pages + vrdma_ring_pages(&qp->sq));
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_QP, dev->kctx, &req,
+			sizeof(req), pages, npages, &resp, sizeof(resp));
+	kfree(pages);
+	if (ret)
+		goto free_rq;
+	ibqp->qp_num = le32_to_cpu(resp.qpn);
+	qp->doorbell = le32_to_cpu(resp.doorbell);
+	qp->sig_all = req.sq_sig_all;
+	qp->max_send_sge = le32_to_cpu(resp.max_send_sge);
+	qp->max_recv_sge = le32_to_cpu(resp.max_recv_sge);
+	qp->max_inline = le32_to_cpu(resp.max_inline_data);
+	cap->max_send_wr = le32_to_cpu(resp.max_send_wr);
+	cap->max_recv_wr = le32_to_cpu(resp.max_recv_wr);
+	cap->max_send_sge = qp->max_send_sge;
+	cap->max_recv_sge = qp->max_recv_sge;
+	cap->max_inline_data = qp->max_inline;
+	qp->attr.qp_state = IB_QPS_RESET;
+	ret = xa_insert_irq(&dev->qps, ibqp->qp_num, qp, GFP_KERNEL);
+	if (ret) {
+		vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_QP, ibqp->qp_num);
+		goto free_rq;
+	}
+	return 0;
+free_rq:
+	vrdma_ring_free(&qp->rq);
+free_sq:
+	vrdma_ring_free(&qp->sq);
+	return ret;
+}
+
+static int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	int ret;
+
+	ret = vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_QP,
+				   ibqp->qp_num);
+	if (ret)
+		return ret;
+	xa_erase_irq(&dev->qps, ibqp->qp_num);
+	vrdma_ring_free(&qp->rq);
+	vrdma_ring_free(&qp->sq);
+	return 0;
+}
+
+static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *a, int mask,
+			   struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct virtio_rdma_modify_qp req = {};
+	struct virtio_rdma_qp_attr *q = &req.attrs;
+	int ret;
+
+	if (udata && (udata->inlen || udata->outlen))
+		return -EINVAL;
+	/* The masks and states are verbs' values (spec §6.27). */
+	req.qpn = cpu_to_le32(ibqp->qp_num);
+	req.attr_mask = cpu_to_le32(mask);
+	q->qp_state = cpu_to_le32(a->qp_state);
+	q->cur_qp_state = cpu_to_le32(a->cur_qp_state);
+	q->path_mtu = cpu_to_le32(a->path_mtu);
+	q->qkey = cpu_to_le32(a->qkey);
+	q->rq_psn = cpu_to_le32(a->rq_psn);
+	q->sq_psn = cpu_to_le32(a->sq_psn);
+	q->dest_qp_num = cpu_to_le32(a->dest_qp_num);
+	q->qp_access_flags = cpu_to_le32(vrdma_access(a->qp_access_flags));
+	q->pkey_index = cpu_to_le16(a->pkey_index);
+	q->en_sqd_async_notify = a->en_sqd_async_notify;
+	q->max_rd_atomic = a->max_rd_atomic;
+	q->max_dest_rd_atomic = a->max_dest_rd_atomic;
+	q->min_rnr_timer = a->min_rnr_timer;
+	q->port_num = a->port_num;
+	q->timeout = a->timeout;
+	q->retry_cnt = a->retry_cnt;
+	q->rnr_retry = a->rnr_retry;
+	if (mask & IB_QP_AV)
+		vrdma_av_of(&q->ah, &a->ah_attr);
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_MODIFY_QP, dev->kctx, &req,
+			sizeof(req), NULL, 0, NULL, 0);
+	if (ret)
+		return ret;
+	if (mask & IB_QP_STATE)
+		qp->attr.qp_state = a->qp_state;
+	if (mask & IB_QP_QKEY)
+		qp->attr.qkey = a->qkey;
+	if (mask & IB_QP_PORT)
+		qp->attr.port_num = a->port_num;
+	if (mask & IB_QP_PKEY_INDEX)
+		qp->attr.pkey_index = a->pkey_index;
+	if (mask & IB_QP_ACCESS_FLAGS)
+		qp->attr.qp_access_flags = a->qp_access_flags;
+	if (mask & IB_QP_PATH_MTU)
+		qp->attr.path_mtu = a->path_mtu;
+	if (mask & IB_QP_DEST_QPN)
+		qp->attr.dest_qp_num = a->dest_qp_num;
+	if (mask & IB_QP_RQ_PSN)
+		qp->attr.rq_psn = a->rq_psn;
+	if (mask & IB_QP_SQ_PSN)
+		qp->attr.sq_psn = a->sq_psn;
+	if (mask & IB_QP_TIMEOUT)
+		qp->attr.timeout = a->timeout;
+	if (mask & IB_QP_RETRY_CNT)
+		qp->attr.retry_cnt = a->retry_cnt;
+	if (mask & IB_QP_RNR_RETRY)
+		qp->attr.rnr_retry = a->rnr_retry;
+	if (mask & IB_QP_MIN_RNR_TIMER)
+		qp->attr.min_rnr_timer = a->min_rnr_timer;
+	if (mask & IB_QP_MAX_QP_RD_ATOMIC)
+		qp->attr.max_rd_atomic = a->max_rd_atomic;
+	if (mask & IB_QP_MAX_DEST_RD_ATOMIC)
+		qp->attr.max_dest_rd_atomic = a->max_dest_rd_atomic;
+	if (mask & IB_QP_AV)
+		qp->attr.ah_attr = a->ah_attr;
+	return 0;
+}
+
+static int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *a, int mask,
+			  struct ib_qp_init_attr *init)
+{
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct virtio_rdma_handle_req req = {
+		.handle = cpu_to_le32(ibqp->qp_num),
+	};
+	struct virtio_rdma_query_qp_resp resp;
+	int ret;
+
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_QUERY_QP, dev->kctx, &req,
+			sizeof(req), NULL, 0, &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	*a = qp->attr;
+	/* The device's state: it moves to ERR on its own. */
+	a->qp_state = le32_to_cpu(resp.attrs.qp_state);
+	a->cur_qp_state = a->qp_state;
+	a->sq_draining = resp.attrs.sq_draining;
+	a->cap.max_send_wr = qp->sq.entries;
+	a->cap.max_recv_wr = qp->rq.entries;
+	a->cap.max_send_sge = qp->max_send_sge;
+	a->cap.max_recv_sge = qp->max_recv_sge;
+	a->cap.max_inline_data = qp->max_inline;
+	memset(init, 0, sizeof(*init));
+	init->qp_type = ibqp->qp_type;
+	init->send_cq = ibqp->send_cq;
+	init->recv_cq = ibqp->recv_cq;
+	init->cap = a->cap;
+	init->sq_sig_type = qp->sig_all ? IB_SIGNAL_ALL_WR : IB_SIGNAL_REQ_WR;
+	return 0;
+}
+
+static int vrdma_wr_opcode(enum ib_wr_opcode op)
+{
+	switch (op) {
+	case IB_WR_RDMA_WRITE:
+		return VIRTIO_RDMA_WR_RDMA_WRITE;
+	case IB_WR_RDMA_WRITE_WITH_IMM:
+		return VIRTIO_RDMA_WR_RDMA_WRITE_WITH_IMM;
+	case IB_WR_SEND:
+		return VIRTIO_RDMA_WR_SEND;
+	case IB_WR_SEND_WITH_IMM:
+		return VIRTIO_RDMA_WR_SEND_WITH_IMM;
+	case IB_WR_RDMA_READ:
+		return VIRTIO_RDMA_WR_RDMA_READ;
+	case IB_WR_ATOMIC_CMP_AND_SWP:
+		return VIRTIO_RDMA_WR_ATOMIC_CMP_AND_SWP;
+	case IB_WR_ATOMIC_FETCH_AND_ADD:
+		return VIRTIO_RDMA_WR_ATOMIC_FETCH_AND_ADD;
+	case IB_WR_LOCAL_INV:
+		return VIRTIO_RDMA_WR_LOCAL_INV;
+	case IB_WR_SEND_WITH_INV:
+		return VIRTIO_RDMA_WR_SEND_WITH_INV;
+	default:
+		return -EINVAL;
+	}
+}
+
+/* Writes @wr into @slot (a send ring's slot, @qp's stride). */
+static int vrdma_send_wqe(struct vrdma_qp *qp, const struct ib_send_wr *wr,
+			  void *slot)
+{
+	struct virtio_rdma_send_wqe *w = slot;
+	struct virtio_rdma_sge *sge = (void *)(w + 1);
+	int op = vrdma_wr_opcode(wr->opcode);
+	u32 i, len = 0;
+	u8 flags = 0;
+
+	if (op < 0)
+		return op;
+	if (wr->send_flags & IB_SEND_FENCE)
+		flags |= VIRTIO_RDMA_WR_F_FENCE;
+	if ((wr->send_flags & IB_SEND_SIGNALED) || qp->sig_all)
+		flags |= VIRTIO_RDMA_WR_F_SIGNALED;
+	if (wr->send_flags & IB_SEND_SOLICITED)
+		flags |= VIRTIO_RDMA_WR_F_SOLICITED;
+	memset(w, 0, qp->sq.stride);
+	w->wr_id = cpu_to_le64(wr->wr_id);
+	w->opcode = op;
+	if (wr->opcode == IB_WR_SEND_WITH_IMM ||
+	    wr->opcode == IB_WR_RDMA_WRITE_WITH_IMM)
+		w->ex = (__force __le32)wr->ex.imm_data;
+	else if (wr->opcode == IB_WR_SEND_WITH_INV ||
+		 wr->opcode == IB_WR_LOCAL_INV)
+		w->ex = cpu_to_le32(wr->ex.invalidate_rkey);
+	switch (wr->opcode) {
+	case IB_WR_RDMA_WRITE:
+	case IB_WR_RDMA_WRITE_WITH_IMM:
+	case IB_WR_RDMA_READ:
+		w->rdma.remote_addr = cpu_to_le64(rdma_wr(wr)->remote_addr);
+		w->rdma.rkey = cpu_to_le32(rdma_wr(wr)->rkey);
+		break;
+	case IB_WR_ATOMIC_CMP_AND_SWP:
+	case IB_WR_ATOMIC_FETCH_AND_ADD:
+		w->atomic.remote_addr = cpu_to_le64(atomic_wr(wr)->remote_addr);
+		w->atomic.compare_add = cpu_to_le64(atomic_wr(wr)->compare_add);
+		w->atomic.swap = cpu_to_le64(atomic_wr(wr)->swap);
+		w->atomic.rkey = cpu_to_le32(atomic_wr(wr)->rkey);
+		break;
+	case IB_WR_SEND:
+	case IB_WR_SEND_WITH_IMM:
+		if (qp->type == VIRTIO_RDMA_QPT_UD || qp->type == VIRTIO_RDMA_QPT_GSI) {
+			w->ud.av = to_vah(ud_wr(wr)->ah)->av;
+			w->ud.remote_qpn = cpu_to_le32(ud_wr(wr)->remote_qpn);
+			w->ud.remote_qkey = cpu_to_le32(ud_wr(wr)->remote_qkey);
+		}
+		break;
+	default:
+		break;
+	}
+	if (wr->send_flags & IB_SEND_INLINE) {
+		u8 *dst = (u8 *)(w + 1);
+
+		for (i = 0; i < wr->num_sge; i++) {
+			if (len + wr->sg_list[i].length > qp->max_inline)
+				return -EINVAL;
+			memcpy(dst + len, (void *)(uintptr_t)wr->sg_list[i].addr,
+			       wr->sg_list[i].length);
+			len += wr->sg_list[i].length;
+		}
+		flags |= VIRTIO_RDMA_WR_F_INLINE;
+		w->count = cpu_to_le16(len);
+	} else {
+		if (wr->num_sge > qp->max_send_sge)
+			return -EINVAL;
+		for (i = 0; i < wr->num_sge; i++) {
+			sge[i].addr = cpu_to_le64(wr->sg_list[i].addr);
+			sge[i].length = cpu_to_le32(wr->sg_list[i].length);
+			sge[i].lkey = cpu_to_le32(wr->sg_list[i].lkey);
+		}
+		w->count = cpu_to_le16(wr->num_sge);
+	}
+	w->flags = flags;
+	return 0;
+}
+
+static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
+			   const struct ib_send_wr **bad)
+{
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_ring *r = &qp->sq;
+	unsigned long flags;
+	int ret = 0;
+	u32 start;
+
+	spin_lock_irqsave(&qp->sq_lock, flags);
+	start = r->index;
+	for (; wr; wr = wr->next) {
+		/* Slots before the consumer index are the driver's again. */
+		u32 cons = le32_to_cpu(smp_load_acquire(VRDMA_WQ_CONSUMER(r)));
+
+		if (r->index - cons >= r->entries) {
+			ret = -ENOMEM;
+			break;
+		}
+		ret = vrdma_send_wqe(qp, wr, vrdma_ring_slot(r, r->index));
+		if (ret)
+			break;
+		r->index++;
+	}
+	if (r->index != start) {
+		/* The WQEs are whole before the device may see the index move. */
+		smp_store_release(VRDMA_WQ_PRODUCER(r), cpu_to_le32(r->index));
+	}
+	spin_unlock_irqrestore(&qp->sq_lock, flags);
+	if (ret)
+		*bad = wr;
+	if (r->index != start)
+		vrdma_ring_doorbell(dev, qp->doorbell);
+	return ret;
+}
+
+static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
+			   const struct ib_recv_wr **bad)
+{
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_ring *r = &qp->rq;
+	unsigned long flags;
+	int ret = 0;
+	u32 start, i;
+
+	spin_lock_irqsave(&qp->rq_lock, flags);
+	start = r->index;
+	for (; wr; wr = wr->next) {
+		/* Slots before the consumer index are the driver's again. */
+		u32 cons = le32_to_cpu(smp_load_acquire(VRDMA_WQ_CONSUMER(r)));
+		struct virtio_rdma_recv_wqe *w;
+		struct virtio_rdma_sge *sge;
+
+		if (r->index - cons >= r->entries) {
+			ret = -ENOMEM;
+			break;
+		}
+		if (wr->num_sge > qp->max_recv_sge) {
+			ret = -EINVAL;
+			break;
+		}
+		w = vrdma_ring_slot(r, r->index);
+		memset(w, 0, r->stride);
+		sge = (void *)(w + 1);
+		w->wr_id = cpu_to_le64(wr->wr_id);
+		w->count = cpu_to_le16(wr->num_sge);
+		for (i = 0; i < wr->num_sge; i++) {
+			sge[i].addr = cpu_to_le64(wr->sg_list[i].addr);
+			sge[i].length = cpu_to_le32(wr->sg_list[i].length);
+			sge[i].lkey = cpu_to_le32(wr->sg_list[i].lkey);
+		}
+		r->index++;
+	}
+	if (r->index != start) {
+		/* The WQEs are whole before the device may see the index move. */
+		smp_store_release(VRDMA_WQ_PRODUCER(r), cpu_to_le32(r->index));
+	}
+	spin_unlock_irqrestore(&qp->rq_lock, flags);
+	if (ret)
+		*bad = wr;
+	if (r->index != start)
+		vrdma_ring_doorbell(dev, qp->doorbell);
+	return ret;
+}
+
+/* --- events and notifications (spec §9.3, §10) --------------------------- */
+
+void vrdma_notify_cq(struct vrdma_dev *dev, u32 handle)
+{
+	struct vrdma_cq *cq;
+	unsigned long flags;
+
+	xa_lock_irqsave(&dev->cqs, flags);
+	cq = xa_load(&dev->cqs, handle);
+	if (cq && cq->ibcq.comp_handler)
+		cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+	xa_unlock_irqrestore(&dev->cqs, flags);
+}
+
+void vrdma_dispatch_event(struct vrdma_dev *dev,
+			  const struct virtio_rdma_event *ev)
+{
+	u32 type = le32_to_cpu(ev->type), object = le32_to_cpu(ev->object);
+	struct ib_event e = { .device = &dev->ib };
+	unsigned long flags;
+	struct vrdma_qp *qp;
+	struct vrdma_cq *cq;
+
+	switch (type) {
+	case VIRTIO_RDMA_EVENT_CQ_ERR:
+		xa_lock_irqsave(&dev->cqs, flags);
+		cq = xa_load(&dev->cqs, object);
+		if (cq && cq->ibcq.event_handler) {
+			e.event = IB_EVENT_CQ_ERR;
+			e.element.cq = &cq->ibcq;
+			cq->ibcq.event_handler(&e, cq->ibcq.cq_context);
+		}
+		xa_unlock_irqrestore(&dev->cqs, flags);
+		return;
+	case VIRTIO_RDMA_EVENT_QP_FATAL:
+	case VIRTIO_RDMA_EVENT_QP_REQ_ERR:
+	case VIRTIO_RDMA_EVENT_QP_ACCESS_ERR:
+	case VIRTIO_RDMA_EVENT_QP_LAST_WQE_REACHED:
+	case VIRTIO_RDMA_EVENT_SQ_DRAINED:
+		e.event = type == VIRTIO_RDMA_EVENT_QP_FATAL ? IB_EVENT_QP_FATAL :
+			  type == VIRTIO_RDMA_EVENT_QP_REQ_ERR ? IB_EVENT_QP_REQ_ERR :
+			  type == VIRTIO_RDMA_EVENT_QP_ACCESS_ERR ?
+			  IB_EVENT_QP_ACCESS_ERR :
+			  type == VIRTIO_RDMA_EVENT_SQ_DRAINED ? IB_EVENT_SQ_DRAINED :
+			  IB_EVENT_QP_LAST_WQE_REACHED;
+		xa_lock_irqsave(&dev->qps, flags);
+		qp = xa_load(&dev->qps, object);
+		if (qp && qp->ibqp.event_handler) {
+			e.element.qp = &qp->ibqp;
+			qp->ibqp.event_handler(&e, qp->ibqp.qp_context);
+		}
+		xa_unlock_irqrestore(&dev->qps, flags);
+		return;
+	case VIRTIO_RDMA_EVENT_PORT_ACTIVE:
+	case VIRTIO_RDMA_EVENT_PORT_ERR:
+		e.event = type == VIRTIO_RDMA_EVENT_PORT_ACTIVE ?
+			  IB_EVENT_PORT_ACTIVE : IB_EVENT_PORT_ERR;
+		e.element.port_num = object;
+		break;
+	case VIRTIO_RDMA_EVENT_DEVICE_FATAL:
+		e.event = IB_EVENT_DEVICE_FATAL;
+		break;
+	default:
+		return;
+	}
+	if (dev->registered)
+		ib_dispatch_event(&e);
+}
+
+/* --- registration -------------------------------------------------------- */
+
+static const struct ib_device_ops vrdma_dev_ops = {
+	.owner = THIS_MODULE,
+	.driver_id = RDMA_DRIVER_UNKNOWN,
+	.uverbs_abi_ver = VIRTIO_RDMA_ABI_VERSION,
+
+	.add_gid = vrdma_add_gid,
+	.create_ah = vrdma_create_ah,
+	.create_cq = vrdma_create_cq,
+	.create_qp = vrdma_create_qp,
+	.dealloc_pd = vrdma_dealloc_pd,
+	.del_gid = vrdma_del_gid,
+	.dereg_mr = vrdma_dereg_mr,
+	.destroy_ah = vrdma_destroy_ah,
+	.destroy_cq = vrdma_destroy_cq,
+	.destroy_qp = vrdma_destroy_qp,
+	.get_dma_mr = vrdma_get_dma_mr,
+	.get_link_layer = vrdma_link_layer,
+	.get_port_immutable = vrdma_port_immutable,
+	.modify_qp = vrdma_modify_qp,
+	.poll_cq = vrdma_poll_cq,
+	.post_recv = vrdma_post_recv,
+	.post_send = vrdma_post_send,
+	.query_device = vrdma_query_device,
+	.query_pkey = vrdma_query_pkey,
+	.query_port = vrdma_query_port,
+	.query_qp = vrdma_query_qp,
+	.reg_user_mr = vrdma_reg_user_mr,
+	.req_notify_cq = vrdma_req_notify_cq,
+	.alloc_pd = vrdma_alloc_pd,
+
+	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
+	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
+	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
+};
+
+/* What ib_core needs before the netdev is set and the device registered. */
+void vrdma_ib_init(struct vrdma_dev *dev)
+{
+	struct ib_device *ib = &dev->ib;
+
+	ib->node_type = RDMA_NODE_IB_CA;
+	ib->phys_port_cnt = 1;
+	ib->num_comp_vectors = 1;
+	ib->node_guid = cpu_to_be64(le64_to_cpu(dev->attr.node_guid));
+	ib->dev.parent = &dev->vdev->dev;
+	strscpy(ib->node_desc, "virtio-rdma", sizeof(ib->node_desc));
+	ib_set_device_ops(ib, &vrdma_dev_ops);
+}
+
+int vrdma_register(struct vrdma_dev *dev)
+{
+	struct ib_device *ib = &dev->ib;
+	int ret;
+
+	/* Addresses the device reads are guest-physical: no IOMMU between. */
+	ret = ib_register_device(ib, "virtio_rdma%d", dev->vdev->dev.parent);
+	if (ret)
+		return ret;
+	dev->registered = true;
+	return 0;
+}
+
+void vrdma_unregister(struct vrdma_dev *dev)
+{
+	if (!dev->registered)
+		return;
+	dev->registered = false;
+	ib_unregister_device(&dev->ib);
+}
