@@ -68,6 +68,12 @@ if [ "$(id -u)" = 0 ] && [ -x "$harness/start.sh" ]; then
     # minute (TCG).
     echo "== a Linux guest's virtio-pci on vrdma serve's virtio-rdma function"
     scripts/virtio-guest/pci-boot.sh
+    # A kernel ULP on the project's virtio_rdma driver: NVMe over Fabrics
+    # (RDMA) between a virtio-rdma guest and an rxe guest, both roles,
+    # 256 MiB each way with O_DIRECT, checksums on both sides, and rmmod /
+    # reload / reconnect under the host. About 4 minutes (TCG).
+    echo "== NVMe-oF (RDMA) between a virtio-rdma guest and an rxe guest"
+    scripts/virtio-guest/nvmf.sh
     # A virtio-rdma device (the test kit's front-end playing the guest)
     # against rxe: the pingpong pairs at MTU 1024, both roles, captured
     # and decoded (about 3 minutes).

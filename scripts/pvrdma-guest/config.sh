@@ -15,7 +15,13 @@ export RXE_RUN_DIR="${RXE_RUN_DIR:-$PROJECT_ROOT/target/rxe-run}"
 
 PV_CACHE="${PVRDMA_CACHE_DIR:-$PROJECT_ROOT/target/pvrdma-guest}"
 PV_RUN="${PVRDMA_RUN_DIR:-$PV_CACHE/run}"
+# PVRDMA_KIND: the guest's RDMA device — pvrdma (the default: vmxnet3 + VMware's PVRDMA function,
+# the stock vmw_pvrdma driver) or virtio-pci (virtio-net + vrdma's virtio-rdma function over
+# vfio-user, the project's virtio_rdma driver in target/virtio-guest/rootfs.img, made by
+# scripts/virtio-guest/image.sh). Everything else — addresses, TAPs, exec/stop — is the same.
+PV_KIND="${PVRDMA_KIND:-pvrdma}"
 PV_IMAGE="$PV_CACHE/rootfs.img"              # rxe rootfs + vmw_pvrdma (raw ext4, used with snapshot=on)
+[ "$PV_KIND" = virtio-pci ] && PV_IMAGE="$PROJECT_ROOT/target/virtio-guest/rootfs.img"
 PV_KERNEL="$RXE_CACHE_DIR/vmlinuz"           # the rxe image's kernel and busybox initrd, shared
 PV_INITRD="$RXE_CACHE_DIR/initrd.img"
 VRDMA="${VRDMA:-$PROJECT_ROOT/target/release/vrdma}"

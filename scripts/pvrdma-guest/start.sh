@@ -57,6 +57,7 @@ NET_PREFIX=$NET_PREFIX
 MODE=daemon
 CMD_TIMEOUT=$LIFE
 READY_TIMEOUT=${PVRDMA_READY_TIMEOUT:-90}
+RDMA_KIND=$PV_KIND
 EOF
 date +%s.%N > "$D/t_start"
 
@@ -83,7 +84,7 @@ else
 
     # ---- the device daemon -----------------------------------------------------------------------
     SOCK=$D/vfio.sock; NETSOCK=$D/net.sock
-    SPEC="socket=$SOCK,netdev=$NETSOCK,uplink=tap:$TAP,mac=$MAC,name=pvrdma-g$N${PVRDMA_DEVICE_OPTS:+,$PVRDMA_DEVICE_OPTS}"
+    SPEC="kind=$PV_KIND,socket=$SOCK,netdev=$NETSOCK,uplink=tap:$TAP,mac=$MAC,name=pvrdma-g$N${PVRDMA_DEVICE_OPTS:+,$PVRDMA_DEVICE_OPTS}"
     echo "VRDMA_LOG=$PV_LOG $VRDMA serve --device $SPEC ${PVRDMA_SERVE_ARGS:-}" > "$D/daemon.cmd"
     # shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
     setsid nohup timeout -k 10 $((LIFE + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \
@@ -102,6 +103,10 @@ else
 fi
 
 # ---- QEMU 11 -----------------------------------------------------------------------------------
+# The NIC at function 0 (vmw_pvrdma pairs with a vmxnet3 there; virtio_rdma finds its sibling by
+# MAC wherever it is), the RDMA function at 1.
+NIC=vmxnet3
+[ "$PV_KIND" = virtio-pci ] && NIC=virtio-net-pci
 ARGS=(
     -name "pvrdma-guest-$N"
     -nodefaults -no-user-config
@@ -116,7 +121,7 @@ ARGS=(
     -fsdev "local,id=hshare,path=$D/share,security_model=none"
     -device "virtio-9p-pci,fsdev=hshare,mount_tag=harness,addr=0x4"
     -netdev "stream,id=n0,server=off,addr.type=unix,addr.path=$NETSOCK"
-    -device "vmxnet3,netdev=n0,mac=$MAC,addr=0x5.0,multifunction=on,romfile="
+    -device "$NIC,netdev=n0,mac=$MAC,addr=0x5.0,multifunction=on,romfile="
     -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$SOCK\"},\"addr\":\"0x5.1\",\"x-no-posted-writes\":true}"
     -device "virtio-rng-pci,addr=0x6"
     -serial "file:$D/console.log"

@@ -13,6 +13,8 @@
 # module-build.log, checkpatch.log.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# PV_IMAGE below is the PVRDMA guest's image, this one's input (whoever called us).
+export PVRDMA_KIND=pvrdma
 source "$here/../pvrdma-guest/config.sh"
 need_root
 VG="$PROJECT_ROOT/target/virtio-guest"

@@ -89,6 +89,10 @@ struct vrdma_pd {
 
 struct vrdma_mr {
 	struct ib_mr ibmr;
+	/* A fast-registration MR's page list (REG_MR work requests). */
+	__le64 *pages;
+	u32 npages;
+	u32 max_pages;
 };
 
 struct vrdma_ah {

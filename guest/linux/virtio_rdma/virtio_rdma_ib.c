@@ -28,7 +28,8 @@
 
 /* What the driver does of the device's capabilities (kernel verbs). */
 #define VRDMA_CAP_FLAGS (IB_DEVICE_CURR_QP_STATE_MOD | IB_DEVICE_RC_RNR_NAK_GEN | \
-			 IB_DEVICE_PORT_ACTIVE_EVENT | IB_DEVICE_SYS_IMAGE_GUID)
+			 IB_DEVICE_PORT_ACTIVE_EVENT | IB_DEVICE_SYS_IMAGE_GUID | \
+			 IB_DEVICE_MEM_MGT_EXTENSIONS)
 
 static inline struct vrdma_pd *to_vpd(struct ib_pd *pd)
 {
@@ -175,6 +176,7 @@ static int vrdma_query_device(struct ib_device *ib, struct ib_device_attr *a,
 			d->atomic_cap == 2 ? IB_ATOMIC_GLOB : IB_ATOMIC_NONE;
 	a->local_ca_ack_delay = d->local_ca_ack_delay;
 	a->max_ah = le32_to_cpu(d->max_qp);
+	a->max_fast_reg_page_list_len = le32_to_cpu(d->max_fast_reg_page_list_len);
 	return 0;
 }
 
@@ -373,8 +375,69 @@ static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 				   VIRTIO_RDMA_CMD_DEREG_MR, ibmr->lkey);
 	if (ret)
 		return ret;
+	kfree(mr->pages);
 	kfree(mr);
 	return 0;
+}
+
+/* A fast-registration MR (spec §6.18): invalid until a REG_MR request. */
+static struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type,
+				    u32 max_num_sg)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct virtio_rdma_alloc_mr req = {
+		.pd = cpu_to_le32(to_vpd(ibpd)->handle),
+		.max_pages = cpu_to_le32(max_num_sg),
+	};
+	struct virtio_rdma_mr_resp resp;
+	struct vrdma_mr *mr;
+	int ret;
+
+	if (type != IB_MR_TYPE_MEM_REG)
+		return ERR_PTR(-EOPNOTSUPP);
+	if (!max_num_sg ||
+	    max_num_sg > le32_to_cpu(dev->attr.max_fast_reg_page_list_len))
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	/* kmalloc's memory is physically contiguous: one GPA names it. */
+	mr->pages = kcalloc(max_num_sg, sizeof(*mr->pages), GFP_KERNEL);
+	if (!mr->pages) {
+		ret = -ENOMEM;
+		goto free;
+	}
+	mr->max_pages = max_num_sg;
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_ALLOC_MR, dev->kctx, &req,
+			sizeof(req), NULL, 0, &resp, sizeof(resp));
+	if (ret)
+		goto free;
+	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
+	mr->ibmr.rkey = le32_to_cpu(resp.rkey);
+	return &mr->ibmr;
+free:
+	kfree(mr->pages);
+	kfree(mr);
+	return ERR_PTR(ret);
+}
+
+static int vrdma_set_page(struct ib_mr *ibmr, u64 addr)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+
+	if (mr->npages == mr->max_pages)
+		return -ENOMEM;
+	mr->pages[mr->npages++] = cpu_to_le64(addr);
+	return 0;
+}
+
+static int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg,
+			   int nents, unsigned int *offset)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+
+	mr->npages = 0;
+	return ib_sg_to_pages(ibmr, sg, nents, offset, vrdma_set_page);
 }
 
 static void vrdma_av_of(struct virtio_rdma_av *av,
@@ -836,6 +899,8 @@ static int vrdma_wr_opcode(enum ib_wr_opcode op)
 		return VIRTIO_RDMA_WR_LOCAL_INV;
 	case IB_WR_SEND_WITH_INV:
 		return VIRTIO_RDMA_WR_SEND_WITH_INV;
+	case IB_WR_REG_MR:
+		return VIRTIO_RDMA_WR_REG_MR;
 	default:
 		return -EINVAL;
 	}
@@ -882,6 +947,21 @@ static int vrdma_send_wqe(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 		w->atomic.swap = cpu_to_le64(atomic_wr(wr)->swap);
 		w->atomic.rkey = cpu_to_le32(atomic_wr(wr)->rkey);
 		break;
+	case IB_WR_REG_MR: {
+		struct vrdma_mr *mr = container_of(reg_wr(wr)->mr, struct vrdma_mr,
+						   ibmr);
+
+		/* The device copies the page list when it takes the WQE. */
+		w->reg_mr.iova = cpu_to_le64(mr->ibmr.iova);
+		w->reg_mr.length = cpu_to_le64(mr->ibmr.length);
+		w->reg_mr.page_list = cpu_to_le64(virt_to_phys(mr->pages));
+		w->reg_mr.key = cpu_to_le32(reg_wr(wr)->key);
+		w->reg_mr.access = cpu_to_le32(vrdma_access(reg_wr(wr)->access));
+		w->reg_mr.npages = cpu_to_le32(mr->npages);
+		w->reg_mr.page_shift = ilog2(mr->ibmr.page_size);
+		w->flags = flags;
+		return 0;
+	}
 	case IB_WR_SEND:
 	case IB_WR_SEND_WITH_IMM:
 		if (qp->type == VIRTIO_RDMA_QPT_UD || qp->type == VIRTIO_RDMA_QPT_GSI) {
@@ -1083,6 +1163,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.uverbs_abi_ver = VIRTIO_RDMA_ABI_VERSION,
 
 	.add_gid = vrdma_add_gid,
+	.alloc_mr = vrdma_alloc_mr,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
@@ -1095,6 +1176,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_link_layer,
 	.get_port_immutable = vrdma_port_immutable,
+	.map_mr_sg = vrdma_map_mr_sg,
 	.modify_qp = vrdma_modify_qp,
 	.poll_cq = vrdma_poll_cq,
 	.post_recv = vrdma_post_recv,

@@ -71,7 +71,10 @@ pci_list() {
 # ---- network: vmxnet3 (function 0 of the PVRDMA's slot; vmw_pvrdma binds to it) ---------------
 ip link set lo up
 modprobe -a virtio_rng 2>/dev/null
-modprobe vmxnet3 || fail "modprobe vmxnet3"
+# The NIC's and the RDMA device's drivers: PVRDMA's (the default) or virtio-rdma's.
+NIC_MOD=vmxnet3 RDMA_MOD=vmw_pvrdma
+[ "${RDMA_KIND:-pvrdma}" = virtio-pci ] && NIC_MOD=virtio_net RDMA_MOD=virtio_rdma
+modprobe $NIC_MOD || fail "modprobe $NIC_MOD"
 ETH=""
 for _ in $(seq 1 100); do
     for d in /sys/class/net/*; do
@@ -81,13 +84,13 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 pci_list > $OUT/pci.txt
-[ -n "$ETH" ] || fail "no NIC with MAC $GUEST_MAC (vmxnet3 not bound? see pci.txt)"
+[ -n "$ETH" ] || fail "no NIC with MAC $GUEST_MAC ($NIC_MOD not bound? see pci.txt)"
 ip link set "$ETH" up || fail "ip link set $ETH up"
 ip addr add "$GUEST_IP/24" dev "$ETH" || fail "ip addr add $GUEST_IP"
 log "net: $ETH $GUEST_IP/24 (host side $HOST_IP), driver $(basename "$(readlink /sys/class/net/$ETH/device/driver)")"
 
 # ---- PVRDMA ----------------------------------------------------------------------------------
-for m in ib_core ib_uverbs rdma_ucm vmw_pvrdma; do
+for m in ib_core ib_uverbs rdma_ucm $RDMA_MOD; do
     modprobe "$m" || fail "modprobe $m"
     log "modprobe $m done"
 done
@@ -98,13 +101,13 @@ for _ in $(seq 1 100); do
     for d in /sys/class/infiniband/*; do
         [ -e "$d" ] || continue
         case "$(basename "$(readlink $d/device/driver 2>/dev/null)")" in
-            vmw_pvrdma) DEV=${d##*/}; break ;;
+            "$RDMA_MOD") DEV=${d##*/}; break ;;
         esac
     done
     [ -n "$DEV" ] && break
     sleep 0.1
 done
-[ -n "$DEV" ] || fail "no RDMA device bound to vmw_pvrdma in /sys/class/infiniband (see dmesg.log, pci.txt)"
+[ -n "$DEV" ] || fail "no RDMA device bound to $RDMA_MOD in /sys/class/infiniband (see dmesg.log, pci.txt)"
 log "RDMA device $DEV"
 
 # wait for the port to be ACTIVE and the IPv4-mapped RoCE v2 GID to appear
