@@ -165,19 +165,27 @@ impl Frontend {
     /// configuration), with no memory table and no queue yet: what a VMM
     /// has done before SET_MEM_TABLE.
     pub fn negotiated(socket: &Path, ram: Arc<Ram>, opts: Options) -> Self {
+        let link = Link::VhostUser(
+            Conn::connect(socket, vqi::COUNT as u64).expect("connecting to the device"),
+        );
+        let mut fe = Self::assemble(socket, ram, opts, link);
+        fe.negotiate();
+        fe
+    }
+
+    /// A front-end on `link`: fresh queues and command buffers in `ram`,
+    /// nothing negotiated yet.
+    fn assemble(socket: &Path, ram: Arc<Ram>, opts: Options, link: Link) -> Self {
         let [control, eventq, notifyq, doorbellq] = fresh_queues(&ram);
         let req_room = 64 * 1024;
         let req = ram.alloc(req_room, PAGE);
         let resp = ram.pages(1);
-        let link = Link::VhostUser(
-            Conn::connect(socket, vqi::COUNT as u64).expect("connecting to the device"),
-        );
         let kicker = Arc::new(Kicker {
             fd: Mutex::new(doorbellq.kick.try_clone().expect("dup")),
             poll: AtomicBool::new(false),
             kicks: AtomicU64::new(0),
         });
-        let mut fe = Frontend {
+        Frontend {
             socket: socket.to_path_buf(),
             ram,
             link,
@@ -199,9 +207,7 @@ impl Frontend {
             events: VecDeque::new(),
             notifications: VecDeque::new(),
             short_items: 0,
-        };
-        fe.negotiate();
-        fe
+        }
     }
 
     /// The vhost-user connection (a test of that transport's messages).
@@ -319,39 +325,8 @@ impl Frontend {
     /// configuration, the four queues with their vectors, the eventq and
     /// the notifyq stocked, DRIVER_OK.
     pub fn connect_pci(socket: &Path, ram: Arc<Ram>, opts: Options) -> Self {
-        let [control, eventq, notifyq, doorbellq] = fresh_queues(&ram);
         let link = Link::Pci(PciLink::connect(socket, &ram));
-        let req_room = 64 * 1024;
-        let req = ram.alloc(req_room, PAGE);
-        let resp = ram.pages(1);
-        let kicker = Arc::new(Kicker {
-            fd: Mutex::new(doorbellq.kick.try_clone().expect("dup")),
-            poll: AtomicBool::new(false),
-            kicks: AtomicU64::new(0),
-        });
-        let mut fe = Frontend {
-            socket: socket.to_path_buf(),
-            ram,
-            link,
-            opts,
-            offered: 0,
-            features: 0,
-            protocol: VhostUserProtocolFeatures::empty(),
-            config: abi::Config::new_zeroed(),
-            control,
-            eventq,
-            notifyq,
-            doorbellq,
-            kicker,
-            req,
-            req_room,
-            resp,
-            event_bufs: HashMap::new(),
-            notify_bufs: HashMap::new(),
-            events: VecDeque::new(),
-            notifications: VecDeque::new(),
-            short_items: 0,
-        };
+        let mut fe = Self::assemble(socket, ram, opts, link);
         fe.start_pci();
         fe
     }

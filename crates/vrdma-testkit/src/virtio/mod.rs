@@ -110,11 +110,17 @@ impl Net {
         spin: Duration,
         wrap: impl FnOnce(UdpPort) -> T,
     ) -> Device<T> {
+        let (addr, port) = self.port(&mut opts);
+        serve(name, addr, Mtu::Mtu1024, opts, spin, wrap(port))
+    }
+
+    /// A fresh address, its UDP port, and the MAC in `opts` made its.
+    fn port(&self, opts: &mut vrdma_virtio::face::Options) -> (IpAddr, UdpPort) {
         let addr = self.addr();
         opts.mac = crate::virtio::mac_of(addr);
         let port =
             UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
-        serve(name, addr, Mtu::Mtu1024, opts, spin, wrap(port))
+        (addr, port)
     }
 }
 
@@ -196,10 +202,7 @@ impl PciNet {
         spin: Duration,
         wrap: impl FnOnce(UdpPort) -> T,
     ) -> PciDevice<T> {
-        let addr = self.addr();
-        opts.mac = crate::virtio::mac_of(addr);
-        let port =
-            UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
+        let (addr, port) = self.0.port(&mut opts);
         serve_pci(name, addr, Mtu::Mtu1024, opts, spin, wrap(port))
     }
 }
