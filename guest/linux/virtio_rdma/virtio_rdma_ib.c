@@ -17,6 +17,7 @@
 #include <rdma/ib_addr.h>
 #include <rdma/ib_cache.h>
 #include <rdma/ib_mad.h>
+#include <rdma/uverbs_ioctl.h>
 
 #include "virtio_rdma.h"
 
@@ -471,8 +472,9 @@ static int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
 
 /* --- CQs ----------------------------------------------------------------- */
 
-static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
-			   struct ib_udata *udata)
+static int vrdma_create_cq_udata(struct ib_cq *ibcq,
+				 const struct ib_cq_init_attr *attr,
+				 struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vdev(ibcq->device);
 	struct vrdma_cq *cq = to_vcq(ibcq);
@@ -520,6 +522,22 @@ free:
 	vrdma_ring_free(&cq->ring);
 	return ret;
 }
+
+/* Linux 6.10 passes create_cq the uverbs attributes (NULL for the kernel's). */
+#ifdef VRDMA_CREATE_CQ_ATTRS
+static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+			   struct uverbs_attr_bundle *attrs)
+{
+	return vrdma_create_cq_udata(ibcq, attr,
+				     attrs ? &attrs->driver_udata : NULL);
+}
+#else
+static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+			   struct ib_udata *udata)
+{
+	return vrdma_create_cq_udata(ibcq, attr, udata);
+}
+#endif
 
 static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 {
