@@ -140,6 +140,7 @@ void vrdma_ring_doorbell(struct vrdma_dev *dev, u32 index);
 void vrdma_dispatch_event(struct vrdma_dev *dev,
 			  const struct virtio_rdma_event *ev);
 void vrdma_notify_cq(struct vrdma_dev *dev, u32 cq);
+void vrdma_device_fatal(struct vrdma_dev *dev);
 
 int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 	      const void *body, size_t body_len,

@@ -115,6 +115,8 @@ int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 		dev_err(&dev->vdev->dev,
 			"command %u: no response in %u ms; the device needs a reset\n",
 			opcode, VRDMA_CMD_TIMEOUT_MS);
+		/* Its consumers learn it as they would of a device failure. */
+		vrdma_device_fatal(dev);
 		return -ETIMEDOUT;
 	}
 	mutex_unlock(&dev->cmd_lock);

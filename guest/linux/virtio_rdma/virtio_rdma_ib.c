@@ -1173,6 +1173,18 @@ void vrdma_dispatch_event(struct vrdma_dev *dev,
 		ib_dispatch_event(&e);
 }
 
+/* The device stopped answering: IB_EVENT_DEVICE_FATAL for its consumers. */
+void vrdma_device_fatal(struct vrdma_dev *dev)
+{
+	struct ib_event e = {
+		.device = &dev->ib,
+		.event = IB_EVENT_DEVICE_FATAL,
+	};
+
+	if (dev->registered)
+		ib_dispatch_event(&e);
+}
+
 /* --- registration -------------------------------------------------------- */
 
 static const struct ib_device_ops vrdma_dev_ops = {
