@@ -66,8 +66,9 @@ struct vrdma_dev {
 	struct net_device *netdev;
 	netdevice_tracker netdev_tracker;
 
-	/* Live CQs by handle and QPs by QPN, for completions and events. */
+	/* Live CQs, SRQs by handle and QPs by QPN, for completions and events. */
 	struct xarray cqs;
+	struct xarray srqs;
 	struct xarray qps;
 };
 
@@ -108,6 +109,16 @@ struct vrdma_cq {
 	spinlock_t lock;
 	struct vrdma_ring ring;
 	u64 arm_seq;
+};
+
+struct vrdma_srq {
+	struct ib_srq ibsrq;
+	u32 handle;
+	u32 doorbell;
+	u32 max_sge;
+	/* Serializes posting to the ring. */
+	spinlock_t lock;
+	struct vrdma_ring ring;
 };
 
 struct vrdma_qp {

@@ -47,6 +47,11 @@ static inline struct vrdma_qp *to_vqp(struct ib_qp *qp)
 	return container_of(qp, struct vrdma_qp, ibqp);
 }
 
+static inline struct vrdma_srq *to_vsrq(struct ib_srq *srq)
+{
+	return container_of(srq, struct vrdma_srq, ibsrq);
+}
+
 static inline struct vrdma_ah *to_vah(struct ib_ah *ah)
 {
 	return container_of(ah, struct vrdma_ah, ibah);
@@ -172,6 +177,9 @@ static int vrdma_query_device(struct ib_device *ib, struct ib_device_attr *a,
 	a->max_qp_rd_atom = le32_to_cpu(d->max_qp_rd_atom);
 	a->max_qp_init_rd_atom = le32_to_cpu(d->max_qp_init_rd_atom);
 	a->max_res_rd_atom = le32_to_cpu(d->max_res_rd_atom);
+	a->max_srq = le32_to_cpu(d->max_srq);
+	a->max_srq_wr = le32_to_cpu(d->max_srq_wr);
+	a->max_srq_sge = le32_to_cpu(d->max_srq_sge);
 	a->max_pkeys = 1;
 	a->atomic_cap = d->atomic_cap == 1 ? IB_ATOMIC_HCA :
 			d->atomic_cap == 2 ? IB_ATOMIC_GLOB : IB_ATOMIC_NONE;
@@ -705,7 +713,7 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	if (udata)
 		return -EOPNOTSUPP;
 	qp->type = vrdma_qp_type(init->qp_type);
-	if (!qp->type || init->srq || init->create_flags)
+	if (!qp->type || init->create_flags)
 		return -EOPNOTSUPP;
 	if (cap->max_send_wr > max_wr || cap->max_recv_wr > max_wr ||
 	    cap->max_send_sge > max_sge || cap->max_recv_sge > max_sge ||
@@ -724,10 +732,14 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 			       sstride);
 	if (ret)
 		return ret;
-	ret = vrdma_ring_alloc(&qp->rq, vrdma_ring_entries(cap->max_recv_wr, rstride),
-			       rstride);
-	if (ret)
-		goto free_sq;
+	/* A QP on an SRQ has no receive ring of its own (spec §6.26). */
+	if (!init->srq) {
+		ret = vrdma_ring_alloc(&qp->rq,
+				       vrdma_ring_entries(cap->max_recv_wr, rstride),
+				       rstride);
+		if (ret)
+			goto free_sq;
+	}
 	npages = vrdma_ring_pages(&qp->sq) + vrdma_ring_pages(&qp->rq);
 	pages = kcalloc(npages, sizeof(*pages), GFP_KERNEL);
 	if (!pages) {
@@ -740,7 +752,10 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	req.send_cq = cpu_to_le32(to_vcq(init->send_cq)->handle);
 	req.recv_cq = cpu_to_le32(to_vcq(init->recv_cq)->handle);
 	req.max_send_sge = cpu_to_le32(max(cap->max_send_sge, 1U));
-	req.max_recv_sge = cpu_to_le32(max(cap->max_recv_sge, 1U));
+	if (init->srq)
+		req.srq = cpu_to_le32(to_vsrq(init->srq)->handle);
+	else
+		req.max_recv_sge = cpu_to_le32(max(cap->max_recv_sge, 1U));
 	req.max_inline_data = cpu_to_le32(cap->max_inline_data);
 	vrdma_ring_desc(&qp->sq, &req.sq, pages);
 	vrdma_ring_desc(&qp->rq, &req.rq, pages + vrdma_ring_pages(&qp->sq));
@@ -1054,17 +1069,20 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 	return ret;
 }
 
-static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
-			   const struct ib_recv_wr **bad)
+/*
+ * Posts receive WQEs into @r (a QP's receive ring or an SRQ's), taking SGEs
+ * up to @max_sge, then rings doorbell @doorbell. Under the ring's lock.
+ */
+static int vrdma_post_recv_ring(struct vrdma_dev *dev, struct vrdma_ring *r,
+				u32 max_sge, u32 doorbell, spinlock_t *lock,
+				const struct ib_recv_wr *wr,
+				const struct ib_recv_wr **bad)
 {
-	struct vrdma_dev *dev = to_vdev(ibqp->device);
-	struct vrdma_qp *qp = to_vqp(ibqp);
-	struct vrdma_ring *r = &qp->rq;
 	unsigned long flags;
 	int ret = 0;
 	u32 start, i;
 
-	spin_lock_irqsave(&qp->rq_lock, flags);
+	spin_lock_irqsave(lock, flags);
 	start = r->index;
 	for (; wr; wr = wr->next) {
 		/* Slots before the consumer index are the driver's again. */
@@ -1076,7 +1094,7 @@ static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 			ret = -ENOMEM;
 			break;
 		}
-		if (wr->num_sge > qp->max_recv_sge) {
+		if (wr->num_sge > max_sge) {
 			ret = -EINVAL;
 			break;
 		}
@@ -1096,12 +1114,163 @@ static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 		/* The WQEs are whole before the device may see the index move. */
 		smp_store_release(VRDMA_WQ_PRODUCER(r), cpu_to_le32(r->index));
 	}
-	spin_unlock_irqrestore(&qp->rq_lock, flags);
+	spin_unlock_irqrestore(lock, flags);
 	if (ret)
 		*bad = wr;
 	if (r->index != start)
-		vrdma_ring_doorbell(dev, qp->doorbell);
+		vrdma_ring_doorbell(dev, doorbell);
 	return ret;
+}
+
+static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
+			   const struct ib_recv_wr **bad)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+
+	if (ibqp->srq) {
+		*bad = wr;
+		return -EINVAL;
+	}
+	return vrdma_post_recv_ring(to_vdev(ibqp->device), &qp->rq,
+				    qp->max_recv_sge, qp->doorbell, &qp->rq_lock,
+				    wr, bad);
+}
+
+/* --- SRQs ---------------------------------------------------------------- */
+
+static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
+			    struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct ib_srq_attr *a = &init->attr;
+	struct virtio_rdma_create_srq req = {};
+	struct virtio_rdma_create_srq_resp resp;
+	u32 stride;
+	u64 *pages;
+	int ret;
+
+	if (udata)
+		return -EOPNOTSUPP;
+	if (init->srq_type != IB_SRQT_BASIC)
+		return -EOPNOTSUPP;
+	if (a->max_wr > le32_to_cpu(dev->attr.max_srq_wr) ||
+	    a->max_sge > le32_to_cpu(dev->attr.max_srq_sge))
+		return -EINVAL;
+	stride = roundup_pow_of_two(sizeof(struct virtio_rdma_recv_wqe) +
+				    16 * max(a->max_sge, 1U));
+	if (stride > VIRTIO_RDMA_PAGE_SIZE)
+		return -EINVAL;
+	spin_lock_init(&srq->lock);
+	ret = vrdma_ring_alloc(&srq->ring, vrdma_ring_entries(a->max_wr, stride),
+			       stride);
+	if (ret)
+		return ret;
+	pages = kcalloc(vrdma_ring_pages(&srq->ring), sizeof(*pages), GFP_KERNEL);
+	if (!pages) {
+		ret = -ENOMEM;
+		goto free;
+	}
+	req.pd = cpu_to_le32(to_vpd(ibsrq->pd)->handle);
+	req.max_sge = cpu_to_le32(max(a->max_sge, 1U));
+	vrdma_ring_desc(&srq->ring, &req.ring, pages);
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_SRQ, dev->kctx, &req,
+			sizeof(req), pages, vrdma_ring_pages(&srq->ring), &resp,
+			sizeof(resp));
+	kfree(pages);
+	if (ret)
+		goto free;
+	srq->handle = le32_to_cpu(resp.srq);
+	srq->doorbell = le32_to_cpu(resp.doorbell);
+	srq->max_sge = le32_to_cpu(resp.max_sge);
+	a->max_wr = le32_to_cpu(resp.max_wr);
+	a->max_sge = srq->max_sge;
+	ret = xa_insert_irq(&dev->srqs, srq->handle, srq, GFP_KERNEL);
+	if (ret)
+		goto destroy;
+	/* The limit is MODIFY_SRQ's to set (spec §6.22). */
+	if (a->srq_limit) {
+		struct virtio_rdma_modify_srq m = {
+			.srq = cpu_to_le32(srq->handle),
+			.mask = cpu_to_le32(IB_SRQ_LIMIT),
+			.srq_limit = cpu_to_le32(a->srq_limit),
+		};
+
+		ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_MODIFY_SRQ, dev->kctx, &m,
+				sizeof(m), NULL, 0, NULL, 0);
+		if (ret) {
+			xa_erase_irq(&dev->srqs, srq->handle);
+			goto destroy;
+		}
+	}
+	return 0;
+destroy:
+	vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_SRQ, srq->handle);
+free:
+	vrdma_ring_free(&srq->ring);
+	return ret;
+}
+
+static int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *a,
+			    enum ib_srq_attr_mask mask, struct ib_udata *udata)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct virtio_rdma_modify_srq req = {
+		.srq = cpu_to_le32(srq->handle),
+		.mask = cpu_to_le32(mask),
+		.srq_limit = cpu_to_le32(a->srq_limit),
+	};
+
+	/* The ring is the driver's: a larger SRQ is a new one. */
+	if (mask & IB_SRQ_MAX_WR)
+		return -EOPNOTSUPP;
+	return vrdma_cmd(to_vdev(ibsrq->device), VIRTIO_RDMA_CMD_MODIFY_SRQ,
+			 to_vdev(ibsrq->device)->kctx, &req, sizeof(req), NULL,
+			 0, NULL, 0);
+}
+
+static int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *a)
+{
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct virtio_rdma_handle_req req = {
+		.handle = cpu_to_le32(srq->handle),
+	};
+	struct virtio_rdma_srq_attr resp;
+	int ret;
+
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_QUERY_SRQ, dev->kctx, &req,
+			sizeof(req), NULL, 0, &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	a->max_wr = le32_to_cpu(resp.max_wr);
+	a->max_sge = le32_to_cpu(resp.max_sge);
+	a->srq_limit = le32_to_cpu(resp.srq_limit);
+	return 0;
+}
+
+static int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	int ret;
+
+	ret = vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_SRQ, srq->handle);
+	if (ret)
+		return ret;
+	xa_erase_irq(&dev->srqs, srq->handle);
+	vrdma_ring_free(&srq->ring);
+	return 0;
+}
+
+static int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
+			       const struct ib_recv_wr **bad)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+
+	return vrdma_post_recv_ring(to_vdev(ibsrq->device), &srq->ring,
+				    srq->max_sge, srq->doorbell, &srq->lock, wr,
+				    bad);
 }
 
 /* --- events and notifications (spec §9.3, §10) --------------------------- */
@@ -1123,6 +1292,7 @@ void vrdma_dispatch_event(struct vrdma_dev *dev,
 {
 	u32 type = le32_to_cpu(ev->type), object = le32_to_cpu(ev->object);
 	struct ib_event e = { .device = &dev->ib };
+	struct vrdma_srq *srq;
 	unsigned long flags;
 	struct vrdma_qp *qp;
 	struct vrdma_cq *cq;
@@ -1156,6 +1326,18 @@ void vrdma_dispatch_event(struct vrdma_dev *dev,
 			qp->ibqp.event_handler(&e, qp->ibqp.qp_context);
 		}
 		xa_unlock_irqrestore(&dev->qps, flags);
+		return;
+	case VIRTIO_RDMA_EVENT_SRQ_LIMIT_REACHED:
+	case VIRTIO_RDMA_EVENT_SRQ_ERR:
+		e.event = type == VIRTIO_RDMA_EVENT_SRQ_ERR ? IB_EVENT_SRQ_ERR :
+			  IB_EVENT_SRQ_LIMIT_REACHED;
+		xa_lock_irqsave(&dev->srqs, flags);
+		srq = xa_load(&dev->srqs, object);
+		if (srq && srq->ibsrq.event_handler) {
+			e.element.srq = &srq->ibsrq;
+			srq->ibsrq.event_handler(&e, srq->ibsrq.srq_context);
+		}
+		xa_unlock_irqrestore(&dev->srqs, flags);
 		return;
 	case VIRTIO_RDMA_EVENT_PORT_ACTIVE:
 	case VIRTIO_RDMA_EVENT_PORT_ERR:
@@ -1197,24 +1379,29 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
+	.create_srq = vrdma_create_srq,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.del_gid = vrdma_del_gid,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
+	.destroy_srq = vrdma_destroy_srq,
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_link_layer,
 	.get_port_immutable = vrdma_port_immutable,
 	.map_mr_sg = vrdma_map_mr_sg,
 	.modify_qp = vrdma_modify_qp,
+	.modify_srq = vrdma_modify_srq,
 	.poll_cq = vrdma_poll_cq,
 	.post_recv = vrdma_post_recv,
 	.post_send = vrdma_post_send,
+	.post_srq_recv = vrdma_post_srq_recv,
 	.query_device = vrdma_query_device,
 	.query_pkey = vrdma_query_pkey,
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,
+	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
 	.alloc_pd = vrdma_alloc_pd,
@@ -1223,6 +1410,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
 };
 
 /* What ib_core needs before the netdev is set and the device registered. */

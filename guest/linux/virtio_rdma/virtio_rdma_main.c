@@ -340,6 +340,7 @@ static void vrdma_free(struct vrdma_dev *dev)
 	kfree(dev->events);
 	kfree(dev->notifications);
 	xa_destroy(&dev->cqs);
+	xa_destroy(&dev->srqs);
 	xa_destroy(&dev->qps);
 	ib_dealloc_device(&dev->ib);
 }
@@ -378,6 +379,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 	if (!dev)
 		return -ENOMEM;
 	xa_init_flags(&dev->cqs, XA_FLAGS_LOCK_IRQ);
+	xa_init_flags(&dev->srqs, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->qps, XA_FLAGS_LOCK_IRQ);
 	dev->vdev = vdev;
 	vdev->priv = dev;
