@@ -307,12 +307,21 @@ static int vrdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 	return 0;
 }
 
+/*
+ * Destroys object @h. A device that failed (ERR_DEVICE: it destroyed
+ * everything, spec §10.4) or stopped answering holds the object no more:
+ * the driver's side goes all the same, so that its consumers can let go.
+ */
 static int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 h)
 {
 	struct virtio_rdma_handle_req req = { .handle = cpu_to_le32(h) };
+	int ret;
 
-	return vrdma_cmd(dev, opcode, dev->kctx, &req, sizeof(req), NULL, 0,
-			 NULL, 0);
+	ret = vrdma_cmd(dev, opcode, dev->kctx, &req, sizeof(req), NULL, 0,
+			NULL, 0);
+	if (ret == -EIO || ret == -ETIMEDOUT)
+		return 0;
+	return ret;
 }
 
 static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
