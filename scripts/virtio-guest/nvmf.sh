@@ -68,7 +68,7 @@ target_cmd() {
     cat <<EOF
 set -e
 mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
-modprobe nvmet; modprobe nvmet-rdma $3
+modprobe nvmet; modprobe nvmet-rdma ${3:-}
 truncate -s $((2 * SIZE))M /root/ns.img
 S=/sys/kernel/config/nvmet/subsystems/$2
 mkdir \$S; echo 1 > \$S/attr_allow_any_host
@@ -124,6 +124,8 @@ on_virtio "echo 1 > /sys/class/nvme/nvme0/delete_controller" > /dev/null 2>&1
 # ---- 2: the virtio-rdma guest serves, the rxe guest is the host --------------------------------
 check "virtio-rdma target on $VIP (nvmet-rdma, its receives on an SRQ)" "$OUT/2-target.log" on_virtio "$(target_cmd "$VIP" vrdma-nvmf-2 use_srq=1)"
 check "rxe host connects" "$OUT/2-connect.log" on_rxe "$(connect_cmd "$VIP" vrdma-nvmf-2)"
+check "the virtio-rdma target's receives on an SRQ (rdma resource)" "$OUT/2-srq.log" \
+    on_virtio "rdma resource show srq | tee /dev/stderr | grep -q 'dev virtio_rdma0'"
 on_rxe "$transfer_cmd" > "$OUT/2-transfer.log" 2>&1
 mapfile -t sums < <(grep -E '^[0-9a-f]{64}$' "$OUT/2-transfer.log")
 written=$(on_virtio "$file_sum" 2> /dev/null | grep -E '^[0-9a-f]{64}$')
