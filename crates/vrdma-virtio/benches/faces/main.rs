@@ -71,6 +71,8 @@ enum Face {
     /// millisecond.
     VirtioPollRung,
     VirtioEvent,
+    VirtioPciPoll,
+    VirtioPciEvent,
     PvrdmaShared,
     PvrdmaTrapped,
 }
@@ -82,6 +84,8 @@ impl Face {
             Face::VirtioPoll => "virtio, doorbells=poll",
             Face::VirtioPollRung => "virtio, poll, B rings 1/ms",
             Face::VirtioEvent => "virtio, doorbells=event",
+            Face::VirtioPciPoll => "virtio-pci, doorbells=poll",
+            Face::VirtioPciEvent => "virtio-pci, doorbells=event",
             Face::PvrdmaShared => "pvrdma, doorbells=shared",
             Face::PvrdmaTrapped => "pvrdma, doorbells=trap",
         }
@@ -131,6 +135,23 @@ fn setup(face: Face, pin: bool, shm: bool, k: u32) -> Setup {
             let da = virtio::device(aa, &format!("v{k}a"), poll, sw);
             let db = virtio::device(ab, &format!("v{k}b"), poll, sw);
             let ((a, wa), (b, wb)) = virtio::pair(&da, &db, face == Face::VirtioPollRung);
+            if pin {
+                wa.iter().for_each(|&t| threads::pin(t, 0));
+                wb.iter().for_each(|&t| threads::pin(t, 1));
+            }
+            Setup {
+                a: Box::new(a),
+                b: Box::new(b),
+                devices: Box::new((da, db)),
+                pins: face_pins,
+            }
+        }
+        Face::VirtioPciPoll | Face::VirtioPciEvent => {
+            let poll = face == Face::VirtioPciPoll;
+            let names = [format!("vp{k}a"), format!("vp{k}b")];
+            let da = virtio::pci_device(aa, &names[0], poll, sw);
+            let db = virtio::pci_device(ab, &names[1], poll, sw);
+            let ((a, wa), (b, wb)) = virtio::pci_pair(&da, &db, [&names[0], &names[1]]);
             if pin {
                 wa.iter().for_each(|&t| threads::pin(t, 0));
                 wb.iter().for_each(|&t| threads::pin(t, 1));
@@ -216,6 +237,8 @@ fn opts() -> Opts {
         Face::VirtioPoll,
         Face::VirtioPollRung,
         Face::VirtioEvent,
+        Face::VirtioPciPoll,
+        Face::VirtioPciEvent,
         Face::PvrdmaShared,
         Face::PvrdmaTrapped,
     ];

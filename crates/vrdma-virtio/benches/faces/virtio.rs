@@ -1,6 +1,7 @@
 //! The virtio-rdma face: two devices, each on a UDP port and served over
 //! vhost-user by `vrdma_virtio::server::Server` in a thread of its own (as
-//! `vrdma serve --device kind=virtio` serves one), and on each a guest
+//! `vrdma serve --device kind=virtio` serves one), or as virtio-pci
+//! functions over vfio-user (`kind=virtio-pci`), and on each a guest
 //! played by the test kit's front-end and driver (`vrdma_testkit::virtio`):
 //! WQEs written into the QP's ring in guest memory, the doorbell rung as
 //! the spec says, completions read from the CQ's ring.
@@ -12,13 +13,10 @@ use vrdma_device::transport::SameHost;
 use vrdma_engine::attr::Mtu;
 use vrdma_fabric::{shm::Switch, udp::UdpPort};
 use vrdma_testkit::virtio::{
-    ALL_ACCESS, Frontend, Mr, Path, Qp, QpSpec, Ram, Side, Wqe, mac_of, serve,
+    ALL_ACCESS, Frontend, Mr, Options as FrontendOptions, Path, Qp, QpSpec, Ram, Side, Wqe,
+    mac_of, serve, serve_pci,
 };
-use vrdma_virtio::{
-    abi::qp_type,
-    face::Options,
-    vhost::{Backend, DEFAULT_SPIN},
-};
+use vrdma_virtio::{abi::qp_type, face::Options, vhost::DEFAULT_SPIN};
 use vrdma_wire::Gid;
 
 use crate::{
@@ -34,9 +32,29 @@ const RAM: u64 = 64 << 20;
 /// when dropped.
 pub type Device = vrdma_testkit::virtio::Device<SameHost<UdpPort>>;
 
+/// The same device as a virtio-pci function served over vfio-user (its
+/// loop in a thread of its own, as `vrdma serve --device kind=virtio-pci`).
+pub type PciDevice = vrdma_testkit::virtio::PciDevice<SameHost<UdpPort>>;
+
 /// A device at `addr` (on `switch`, when given) whose doorbells are
 /// polled (`poll`) or kicked.
 pub fn device(addr: IpAddr, name: &str, poll: bool, switch: Option<&Switch>) -> Device {
+    let (port, opts) = port(addr, poll, switch);
+    serve(name, addr, Mtu::Mtu4096, opts, DEFAULT_SPIN, port)
+}
+
+/// [`device`] as a virtio-pci function.
+pub fn pci_device(
+    addr: IpAddr,
+    name: &str,
+    poll: bool,
+    switch: Option<&Switch>,
+) -> Arc<PciDevice> {
+    let (port, opts) = port(addr, poll, switch);
+    Arc::new(serve_pci(name, addr, Mtu::Mtu4096, opts, DEFAULT_SPIN, port))
+}
+
+fn port(addr: IpAddr, poll: bool, switch: Option<&Switch>) -> (SameHost<UdpPort>, Options) {
     let port = UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
     let port = SameHost::with(switch, port).expect("joining the switch");
     let opts = Options {
@@ -44,8 +62,11 @@ pub fn device(addr: IpAddr, name: &str, poll: bool, switch: Option<&Switch>) -> 
         poll,
         ..Options::default()
     };
-    serve(name, addr, Mtu::Mtu4096, opts, DEFAULT_SPIN, port)
+    (port, opts)
 }
+
+/// A device's counters, however it is served.
+type Counters = Box<dyn Fn() -> Vec<(String, u64)> + Send>;
 
 /// One side: the guest's objects, its QP, the buffer's MR and the peer's.
 pub struct VirtioPort {
@@ -54,7 +75,8 @@ pub struct VirtioPort {
     mr: Mr,
     peer: Mr,
     ram: Arc<Ram>,
-    backend: Arc<Backend<SameHost<UdpPort>>>,
+    /// The device's counters (`vrdma stat`'s).
+    counters: Counters,
     /// With nothing to post, ring the QP's doorbell once a millisecond
     /// (which keeps the device polling) instead of staying silent.
     ring_idle: bool,
@@ -71,7 +93,25 @@ fn side(dev: &Device) -> (Side, Qp, Mr, Vec<i32>) {
         .into_iter()
         .filter(|t| !before.contains(t))
         .collect();
-    let mut side = Side::on(fe, Gid::from(dev.addr));
+    let (side, qp, mr) = objects(fe, dev.addr);
+    (side, qp, mr, workers)
+}
+
+/// A guest on a virtio-pci device, and the device's thread.
+fn pci_side(dev: &PciDevice, name: &str) -> (Side, Qp, Mr, Vec<i32>) {
+    let fe = Frontend::connect_pci(
+        &dev.socket,
+        Arc::new(Ram::new(0, RAM)),
+        FrontendOptions::default(),
+    );
+    let workers = threads::snapshot().named(&format!("dev-{name}"));
+    let (side, qp, mr) = objects(fe, dev.addr);
+    (side, qp, mr, workers)
+}
+
+/// The guest's objects on a started front-end.
+fn objects(fe: Frontend, addr: IpAddr) -> (Side, Qp, Mr) {
+    let mut side = Side::on(fe, Gid::from(addr));
     let mr = side.fe.reg_mr(&side.ctx, side.pd, layout::LEN, ALL_ACCESS);
     let spec = QpSpec {
         sq_entries: 256,
@@ -82,7 +122,7 @@ fn side(dev: &Device) -> (Side, Qp, Mr, Vec<i32>) {
         ..QpSpec::new(qp_type::RC, side.cq.handle)
     };
     let qp = side.fe.qp(&side.ctx, side.pd, &spec);
-    (side, qp, mr, workers)
+    (side, qp, mr)
 }
 
 /// INIT → RTR → RTS towards `dest` at `dgid`, as the kit's `connect` but
@@ -105,21 +145,53 @@ pub fn pair(
     db: &Device,
     ring_idle: bool,
 ) -> ((VirtioPort, Vec<i32>), (VirtioPort, Vec<i32>)) {
-    let (mut a, qa, ma, wa) = side(da);
-    let (mut b, qb, mb, wb) = side(db);
+    let counters = |d: &Device| -> Counters {
+        let b = d.backend.clone();
+        Box::new(move || b.counters())
+    };
+    connected(side(da), side(db), [counters(da), counters(db)], ring_idle)
+}
+
+/// Guests on virtio-pci devices `da` and `db` (named `na`, `nb`), their
+/// QPs connected; and each device's thread.
+pub fn pci_pair(
+    da: &Arc<PciDevice>,
+    db: &Arc<PciDevice>,
+    names: [&str; 2],
+) -> ((VirtioPort, Vec<i32>), (VirtioPort, Vec<i32>)) {
+    let counters = |d: &Arc<PciDevice>| -> Counters {
+        let d = d.clone();
+        Box::new(move || d.counters())
+    };
+    connected(
+        pci_side(da, names[0]),
+        pci_side(db, names[1]),
+        [counters(da), counters(db)],
+        false,
+    )
+}
+
+type SideParts = (Side, Qp, Mr, Vec<i32>);
+
+fn connected(
+    (mut a, qa, ma, wa): SideParts,
+    (mut b, qb, mb, wb): SideParts,
+    [ca, cb]: [Counters; 2],
+    ring_idle: bool,
+) -> ((VirtioPort, Vec<i32>), (VirtioPort, Vec<i32>)) {
     let (ga, gb) = (a.gid, b.gid);
     bring_up(&mut a, &qa, qb.qpn, gb);
     bring_up(&mut b, &qb, qa.qpn, ga);
-    let port = |side: Side, qp, mr, peer, dev: &Device| VirtioPort {
+    let port = |side: Side, qp, mr, peer, counters| VirtioPort {
         ram: side.fe.ram.clone(),
-        backend: dev.backend.clone(),
+        counters,
         side,
         qp,
         mr,
         peer,
         ring_idle,
     };
-    ((port(a, qa, ma, mb, da), wa), (port(b, qb, mb, ma, db), wb))
+    ((port(a, qa, ma, mb, ca), wa), (port(b, qb, mb, ma, cb), wb))
 }
 
 impl Port for VirtioPort {
@@ -173,8 +245,7 @@ impl Port for VirtioPort {
     }
 
     fn retry_timeouts(&self) -> Option<u64> {
-        self.backend
-            .counters()
+        (self.counters)()
             .into_iter()
             .find(|(k, _)| k == "engine.retry_timeout")
             .map(|(_, n)| n)
