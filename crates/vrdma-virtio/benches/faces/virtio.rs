@@ -13,8 +13,8 @@ use vrdma_device::transport::SameHost;
 use vrdma_engine::attr::Mtu;
 use vrdma_fabric::{shm::Switch, udp::UdpPort};
 use vrdma_testkit::virtio::{
-    ALL_ACCESS, Frontend, Mr, Options as FrontendOptions, Path, Qp, QpSpec, Ram, Side, Wqe,
-    mac_of, serve, serve_pci,
+    ALL_ACCESS, Frontend, Mr, Options as FrontendOptions, Path, Qp, QpSpec, Ram, Side, Wqe, mac_of,
+    serve, serve_pci,
 };
 use vrdma_virtio::{abi::qp_type, face::Options, vhost::DEFAULT_SPIN};
 use vrdma_wire::Gid;
@@ -44,14 +44,16 @@ pub fn device(addr: IpAddr, name: &str, poll: bool, switch: Option<&Switch>) -> 
 }
 
 /// [`device`] as a virtio-pci function.
-pub fn pci_device(
-    addr: IpAddr,
-    name: &str,
-    poll: bool,
-    switch: Option<&Switch>,
-) -> Arc<PciDevice> {
+pub fn pci_device(addr: IpAddr, name: &str, poll: bool, switch: Option<&Switch>) -> Arc<PciDevice> {
     let (port, opts) = port(addr, poll, switch);
-    Arc::new(serve_pci(name, addr, Mtu::Mtu4096, opts, DEFAULT_SPIN, port))
+    Arc::new(serve_pci(
+        name,
+        addr,
+        Mtu::Mtu4096,
+        opts,
+        DEFAULT_SPIN,
+        port,
+    ))
 }
 
 fn port(addr: IpAddr, poll: bool, switch: Option<&Switch>) -> (SameHost<UdpPort>, Options) {
