@@ -15,7 +15,6 @@
 #include <linux/log2.h>
 #include <linux/slab.h>
 #include <rdma/ib_addr.h>
-#include <rdma/ib_cache.h>
 #include <rdma/ib_mad.h>
 #include <rdma/uverbs_ioctl.h>
 
@@ -193,9 +192,9 @@ static int vrdma_query_port(struct ib_device *ib, u32 port,
 			    struct ib_port_attr *a)
 {
 	struct vrdma_dev *dev = to_vdev(ib);
-	const struct virtio_rdma_port_attr *p = &dev->port;
 	struct virtio_rdma_port_req req = { .port = cpu_to_le32(port) };
 	struct virtio_rdma_port_attr now;
+	const struct virtio_rdma_port_attr *p = &now;
 	struct net_device *nd;
 	int ret;
 
@@ -204,7 +203,6 @@ static int vrdma_query_port(struct ib_device *ib, u32 port,
 			NULL, 0, &now, sizeof(now));
 	if (ret)
 		return ret;
-	p = &now;
 	a->state = le32_to_cpu(p->state);
 	a->phys_state = p->phys_state;
 	a->max_mtu = le32_to_cpu(p->max_mtu);

@@ -208,14 +208,14 @@ impl PciNet {
 }
 
 /// A device a test's guest connects to, over either transport.
-pub trait Served {
+pub trait GuestDevice {
     /// A front-end on guest memory of `size` bytes, the device started.
     fn connect(&self, size: u64) -> Frontend;
     /// The device's address as a GID.
     fn gid(&self) -> Gid;
 }
 
-impl<T: Transport + Send + 'static> Served for Device<T> {
+impl<T: Transport + Send + 'static> GuestDevice for Device<T> {
     fn connect(&self, size: u64) -> Frontend {
         Device::connect(self, size)
     }
@@ -225,7 +225,7 @@ impl<T: Transport + Send + 'static> Served for Device<T> {
     }
 }
 
-impl<T: Transport + Send + 'static> Served for PciDevice<T> {
+impl<T: Transport + Send + 'static> GuestDevice for PciDevice<T> {
     fn connect(&self, size: u64) -> Frontend {
         PciDevice::connect(self, size)
     }

@@ -19,7 +19,7 @@ use vrdma_wire::Gid;
 use zerocopy::{FromZeros, IntoBytes};
 
 use super::{
-    Served,
+    GuestDevice,
     frontend::{Frontend, Kicker, Status, WAIT},
     ram::{PAGE, Ram},
 };
@@ -1115,11 +1115,11 @@ pub struct Side {
 
 impl Side {
     /// On `dev` with 64 MiB of guest memory.
-    pub fn new(dev: &impl Served) -> Self {
+    pub fn new(dev: &impl GuestDevice) -> Self {
         Self::with_memory(dev, 64 << 20)
     }
 
-    pub fn with_memory(dev: &impl Served, size: u64) -> Self {
+    pub fn with_memory(dev: &impl GuestDevice, size: u64) -> Self {
         Self::on(dev.connect(size), dev.gid())
     }
 
