@@ -237,6 +237,11 @@ pair() {
         PASS=$((PASS + 1)); summary "$tag" "ok   ${secs}s  $(sed -n 's/^ *\([0-9]*\) frames:.*/\1/p' "$OUT/$tag.decode") pkts  ${m}${note}"
     else
         FAILED+=("$tag"); summary "$tag" "FAIL ${secs}s ${why} (logs: $OUT/$tag.*)"
+        # (the tools' own last words, so that a run whose files are gone still says why)
+        { echo "server ($s) stderr:"; tail -8 "$hs.stderr"; echo "client ($c) stdout, stderr:"
+          grep -v '^ *$' "$hc.stdout" | tail -6; tail -8 "$hc.stderr"
+          tail -3 "$OUT/$tag.pcapcheck"; echo "connection management on the wire:"
+          tshark "${PCAP_OPAQUE[@]}" -r "$pcap" -Y infiniband | grep -E 'CM: ' | tail -8; } 2>/dev/null | sed 's/^/    | /'
     fi
 }
 

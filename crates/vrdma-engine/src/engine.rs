@@ -35,7 +35,9 @@ pub struct Engine {
     pub(crate) attr: DeviceAttr,
     pub(crate) pds: Table<Pd>,
     pub(crate) ahs: Table<Ah>,
-    pub(crate) qps: Table<Qp>,
+    /// Boxed: the table cycles ([`Table::cycling`]), so its slots grow to
+    /// `max_qp` over a device's life.
+    pub(crate) qps: Table<Box<Qp>>,
     /// Everything else, which the data path's roles share
     /// ([`crate::context`]).
     pub(crate) cx: Ctx,
@@ -72,7 +74,8 @@ impl Engine {
         Engine {
             pds: Table::new(1, attr.max_pd),
             // QPNs 1 to 16 are kept for the special QPs (1: GSI).
-            qps: Table::with_reserved(1, FIRST_QPN - 1, attr.max_qp),
+            // QPNs are handed out in turn (Table::cycling says why).
+            qps: Table::with_reserved(1, FIRST_QPN - 1, attr.max_qp).cycling(),
             ahs: Table::new(1, attr.max_ah),
             cx,
             attr,
@@ -715,13 +718,13 @@ impl Engine {
             qp.qpn = Qpn::GSI;
             qp.attr.port_num = PORT;
             self.qps
-                .insert_at(Qpn::GSI.value(), qp)
+                .insert_at(Qpn::GSI.value(), Box::new(qp))
                 .ok_or(VerbsError::Invalid {
                     what: "GSI QP (the device has one already)",
                 })?;
             return Ok(Qpn::GSI);
         }
-        let (h, _) = self.qps.insert(qp).ok_or(VerbsError::Exhausted {
+        let (h, _) = self.qps.insert(Box::new(qp)).ok_or(VerbsError::Exhausted {
             kind: Kind::Qp,
             max,
         })?;
@@ -1327,10 +1330,13 @@ impl Engine {
     }
 
     fn qp(&self, qpn: Qpn) -> Result<&Qp> {
-        self.qps.get(qpn.value()).ok_or(VerbsError::NotFound {
-            kind: Kind::Qp,
-            handle: qpn.value(),
-        })
+        self.qps
+            .get(qpn.value())
+            .map(|q| &**q)
+            .ok_or(VerbsError::NotFound {
+                kind: Kind::Qp,
+                handle: qpn.value(),
+            })
     }
 
     /// Live objects per kind, for `vrdma stat` and tests.
@@ -1369,11 +1375,13 @@ fn check_port(port: u8) -> Result<()> {
 
 /// The QP `qpn` names, from the table alone (so that the context stays
 /// free to borrow beside it).
-fn qp_mut(qps: &mut Table<Qp>, qpn: Qpn) -> Result<&mut Qp> {
-    qps.get_mut(qpn.value()).ok_or(VerbsError::NotFound {
-        kind: Kind::Qp,
-        handle: qpn.value(),
-    })
+fn qp_mut(qps: &mut Table<Box<Qp>>, qpn: Qpn) -> Result<&mut Qp> {
+    qps.get_mut(qpn.value())
+        .map(|q| &mut **q)
+        .ok_or(VerbsError::NotFound {
+            kind: Kind::Qp,
+            handle: qpn.value(),
+        })
 }
 
 fn count<T>(t: &Table<T>, f: impl Fn(&T) -> bool) -> u32 {

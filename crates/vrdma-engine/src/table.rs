@@ -1,10 +1,12 @@
 //! Object tables: the numbers a guest uses to name PDs, CQs, QPs, SRQs,
 //! AHs, and the 24-bit indexes inside memory keys.
 //!
-//! A slot freed is reused before the table grows, so handles stay small.
-//! Each slot keeps an 8-bit generation that changes every time the slot is
-//! filled: memory keys carry it as their key byte, so a stale key never
-//! names the object that replaced its MR (IBTA Vol1 §10.6.3.1).
+//! A slot freed is reused before the table grows, so handles stay small —
+//! except in a cycling table ([`Table::cycling`], the QPs'), which hands
+//! out its numbers in turn and comes back to a freed one only after all
+//! the others. Each slot keeps an 8-bit generation that changes every time
+//! the slot is filled: memory keys carry it as their key byte, so a stale
+//! key never names the object that replaced its MR (IBTA Vol1 §10.6.3.1).
 
 /// A table of at most `max` objects, numbered from `base`.
 #[derive(Debug)]
@@ -18,6 +20,9 @@ pub(crate) struct Table<T> {
     /// Slots below this index are never handed out by [`Table::insert`],
     /// only filled by [`Table::insert_at`] (the special QPs).
     reserved: u32,
+    /// A cycling table's next candidate slot ([`Table::cycling`]); `None`:
+    /// the lowest free slot is reused.
+    cursor: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -48,7 +53,22 @@ impl<T> Table<T> {
             max,
             len: 0,
             reserved,
+            cursor: None,
         }
+    }
+
+    /// Makes [`Table::insert`] hand out handles in turn, wrapping after
+    /// the last of its `max`, so a freed handle comes back only after every
+    /// other one has been used. QPNs are handed out this way, as rxe and
+    /// RDMA NICs do: a peer's connection manager keeps a torn-down
+    /// connection's remote QPN until its time-wait ends, and rejects a new
+    /// connection from the same QPN as stale (IBTA Vol1 §12.9.8.3.3, Linux's
+    /// `cm_insert_remote_qpn`) — a number reused at once would have a
+    /// process's reconnect refused. The slots grow to `max` over time:
+    /// keep large values boxed.
+    pub(crate) fn cycling(mut self) -> Self {
+        self.cursor = Some(self.reserved as usize);
+        self
     }
 
     /// Stores `value` at a reserved `handle`, if that slot is empty;
@@ -73,22 +93,54 @@ impl<T> Table<T> {
         if self.len >= self.max {
             return None;
         }
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                let i = u32::try_from(self.slots.len()).ok()?;
-                self.slots.push(Slot {
-                    value: None,
-                    generation: 0,
-                });
-                i
-            }
+        let index = match self.cursor {
+            Some(_) => self.next_in_turn()?,
+            None => match self.free.pop() {
+                Some(i) => i,
+                None => self.grow()?,
+            },
         };
         let slot = self.slots.get_mut(index as usize)?;
         slot.generation = slot.generation.wrapping_add(1);
         slot.value = Some(value);
         self.len += 1;
         Some((self.base + index, slot.generation))
+    }
+
+    /// A new empty slot at the end; its index.
+    fn grow(&mut self) -> Option<u32> {
+        let i = u32::try_from(self.slots.len()).ok()?;
+        self.slots.push(Slot {
+            value: None,
+            generation: 0,
+        });
+        Some(i)
+    }
+
+    /// A cycling table's next empty slot from its cursor, wrapping from
+    /// the last usable slot to the first past the reserved ones; the
+    /// cursor moves past it. The caller has checked that one is free.
+    fn next_in_turn(&mut self) -> Option<u32> {
+        let first = self.reserved as usize;
+        let end = first + self.max as usize;
+        let mut i = self.cursor?;
+        // The cursor never passes the slots' end (it moves one past a slot
+        // in use), so a slot not yet made is exactly the next one.
+        for _ in 0..self.max {
+            if i >= end {
+                i = first;
+            }
+            let free = match self.slots.get(i) {
+                Some(s) => s.value.is_none(),
+                None => self.grow()? as usize == i,
+            };
+            if free {
+                self.cursor = Some(i + 1);
+                return u32::try_from(i).ok();
+            }
+            i += 1;
+        }
+        None
     }
 
     fn index(&self, handle: u32) -> Option<usize> {
@@ -125,6 +177,9 @@ impl<T> Table<T> {
             return Some(v);
         }
         self.len -= 1;
+        if self.cursor.is_some() {
+            return Some(v);
+        }
         // Keep `free` sorted high-to-low so the lowest index is reused first.
         let i = i as u32;
         let at = self.free.partition_point(|&f| f > i);
@@ -174,6 +229,30 @@ mod tests {
         assert_eq!(t.insert('d').unwrap().0, 17);
         assert_eq!(t.insert('e').unwrap().0, 18);
         assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn a_cycling_table_comes_back_to_a_freed_handle_only_after_all_the_others() {
+        let mut t = Table::with_reserved(1, 16, 4).cycling();
+        let a = t.insert('a').unwrap().0;
+        assert_eq!(a, 17, "past the reserved 1..=16");
+        assert_eq!(t.remove(a), Some('a'));
+        let got: Vec<u32> = ['b', 'c', 'd', 'e'].map(|v| t.insert(v).unwrap().0).into();
+        assert_eq!(got, [18, 19, 20, 17], "17 again only after 18..=20");
+        assert_eq!(t.insert('f'), None, "full");
+        assert_eq!(t.remove(19), Some('c'));
+        assert_eq!(t.remove(18), Some('b'));
+        let (h, generation) = t.insert('g').unwrap();
+        assert_eq!(h, 18, "the next in turn after 17, not the first freed");
+        assert_eq!(generation, 2, "the slot's second object");
+        assert_eq!(t.insert('h').unwrap().0, 19);
+        assert!(
+            t.insert_at(1, 'x').is_some(),
+            "the reserved slots still fill by name"
+        );
+        assert_eq!(t.len(), 4);
+        let held: Vec<u32> = t.iter().map(|(h, _)| h).collect();
+        assert_eq!(held, [1, 17, 18, 19, 20]);
     }
 
     #[test]

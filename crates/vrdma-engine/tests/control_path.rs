@@ -248,6 +248,35 @@ fn a_cq_or_srq_with_qps_cannot_be_destroyed() {
     );
 }
 
+/// A process that reconnects gets a QPN its peer's connection manager has
+/// not just seen: a number reused at once is rejected there as a stale
+/// connection while the old one waits out its time-wait.
+#[test]
+fn a_destroyed_qps_number_comes_back_only_after_every_other() {
+    let mut e = small();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(16, 0).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let (qpn, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+        e.destroy_qp(qpn).unwrap();
+        seen.push(qpn.value());
+    }
+    assert_eq!(
+        seen,
+        [17, 18, 17, 18, 17],
+        "in turn over max_qp (2) numbers"
+    );
+    let (held, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    assert_eq!(held.value(), 18);
+    let (next, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    assert_eq!(next.value(), 17, "past the one held, wrapping");
+    assert_eq!(
+        e.create_qp(init(pd, cq, QpType::Rc)).unwrap_err().errno(),
+        ENOMEM
+    );
+}
+
 #[test]
 fn limits_are_einval_and_exhaustion_is_enomem() {
     let mut e = small();
