@@ -22,7 +22,7 @@
  * when VIRTIO_RDMA_UCTX_DOORBELL_POLL is clear or the doorbell area's
  * poll word reads 0 after ringing a doorbell (§8.3 step 5).
  */
-#define VIRTIO_RDMA_IB_METHOD_KICK (1U << 12)
+#define VIRTIO_RDMA_IB_METHOD_KICK 0x1000
 
 /* alloc_ucontext: no request data. */
 struct virtio_rdma_alloc_ucontext_resp {
@@ -36,7 +36,7 @@ struct virtio_rdma_alloc_ucontext_resp {
 };
 
 /* DOORBELL_POLL was negotiated: kick only when the poll word reads 0. */
-#define VIRTIO_RDMA_UCTX_DOORBELL_POLL (1U << 0)
+#define VIRTIO_RDMA_UCTX_DOORBELL_POLL 0x1
 
 /*
  * A ring in the process's memory (§6.5, §8.7): entries × stride bytes at
