@@ -17,12 +17,15 @@
 
 /*
  * The kick: a method of the uverbs device object in the driver's
- * namespace (UVERBS_ID_DRIVER_NS, 1 << 12), with no attributes. It kicks
+ * namespace (UVERBS_ID_DRIVER_NS, 1 << 12), with no attributes (an enum:
+ * the kernel's method macros paste its name). It kicks
  * the doorbellq for the calling context's device; a provider makes it
  * when VIRTIO_RDMA_UCTX_DOORBELL_POLL is clear or the doorbell area's
  * poll word reads 0 after ringing a doorbell (§8.3 step 5).
  */
-#define VIRTIO_RDMA_IB_METHOD_KICK 0x1000
+enum virtio_rdma_ib_methods {
+	VIRTIO_RDMA_IB_METHOD_KICK = 0x1000, /* UVERBS_ID_DRIVER_NS */
+};
 
 /* alloc_ucontext: no request data. */
 struct virtio_rdma_alloc_ucontext_resp {

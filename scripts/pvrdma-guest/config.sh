@@ -16,14 +16,25 @@ export RXE_RUN_DIR="${RXE_RUN_DIR:-$PROJECT_ROOT/target/rxe-run}"
 PV_CACHE="${PVRDMA_CACHE_DIR:-$PROJECT_ROOT/target/pvrdma-guest}"
 PV_RUN="${PVRDMA_RUN_DIR:-$PV_CACHE/run}"
 # PVRDMA_KIND: the guest's RDMA device — pvrdma (the default: vmxnet3 + VMware's PVRDMA function,
-# the stock vmw_pvrdma driver) or virtio-pci (virtio-net + vrdma's virtio-rdma function over
-# vfio-user, the project's virtio_rdma driver in target/virtio-guest/rootfs.img, made by
-# scripts/virtio-guest/image.sh). Everything else — addresses, TAPs, exec/stop — is the same.
+# the stock vmw_pvrdma driver, in the rxe harness's Debian 12 image) or virtio-pci (virtio-net +
+# vrdma's virtio-rdma function over vfio-user, the project's virtio_rdma driver and rdma-core
+# provider in a Debian 13 image, target/virtio-guest/rootfs.img, made by
+# scripts/virtio-guest/image.sh on a trixie base of the rxe harness's builder, whose kernel and
+# busybox initrd it boots). Everything else — addresses, TAPs, exec/stop — is the same.
 PV_KIND="${PVRDMA_KIND:-pvrdma}"
-PV_IMAGE="$PV_CACHE/rootfs.img"              # rxe rootfs + vmw_pvrdma (raw ext4, used with snapshot=on)
-[ "$PV_KIND" = virtio-pci ] && PV_IMAGE="$PROJECT_ROOT/target/virtio-guest/rootfs.img"
-PV_KERNEL="$RXE_CACHE_DIR/vmlinuz"           # the rxe image's kernel and busybox initrd, shared
-PV_INITRD="$RXE_CACHE_DIR/initrd.img"
+VG_DIR="$PROJECT_ROOT/target/virtio-guest"
+VG_BASE="${VIRTIO_GUEST_BASE_DIR:-$VG_DIR/trixie-cache}"
+if [ "$PV_KIND" = virtio-pci ]; then
+    PV_IMAGE="$VG_DIR/rootfs.img"            # trixie base + virtio_rdma + provider (raw ext4, snapshot=on)
+    PV_KERNEL="$VG_BASE/vmlinuz"             # the trixie base's kernel (6.12) and busybox initrd
+    PV_INITRD="$VG_BASE/initrd.img"
+    PV_IMAGE_CMD="scripts/virtio-guest/image.sh"
+else
+    PV_IMAGE="$PV_CACHE/rootfs.img"          # rxe rootfs + vmw_pvrdma (raw ext4, used with snapshot=on)
+    PV_KERNEL="$RXE_CACHE_DIR/vmlinuz"       # the rxe image's kernel (6.1) and busybox initrd, shared
+    PV_INITRD="$RXE_CACHE_DIR/initrd.img"
+    PV_IMAGE_CMD="scripts/pvrdma-guest/image.sh"
+fi
 VRDMA="${VRDMA:-$PROJECT_ROOT/target/release/vrdma}"
 QEMU11="$QEMU11_DIR/qemu"
 

@@ -27,10 +27,10 @@ CMD="${*:-true}"
 check_id "$N"
 [[ "$LIFE" =~ ^[0-9]+$ ]] || die "lifetime must be seconds (got '$LIFE')"
 
-[ -s "$PV_IMAGE" ] || die "no image $PV_IMAGE: run $PV_DIR/image.sh first"
-[ -s "$PV_KERNEL" ] && [ -s "$PV_INITRD" ] || die "no kernel/initrd in $RXE_CACHE_DIR: run $PV_DIR/image.sh"
+[ -s "$PV_IMAGE" ] || die "no image $PV_IMAGE: run $PV_IMAGE_CMD first"
+[ -s "$PV_KERNEL" ] && [ -s "$PV_INITRD" ] || die "no kernel/initrd $PV_KERNEL, $PV_INITRD: run $PV_IMAGE_CMD"
 timeout 30 "$QEMU11" --version > /dev/null 2>&1 \
-    || die "QEMU 11 does not run: run $PV_DIR/image.sh (it runs $QEMU11_DIR/setup.sh)"
+    || die "QEMU 11 does not run: run $QEMU11_DIR/setup.sh (scripts/pvrdma-guest/image.sh runs it)"
 [ -x "$VRDMA" ] || die "no $VRDMA: cargo build --release -p vrdma"
 timeout 10 "$VRDMA" serve --help > /dev/null 2>&1 || die "$VRDMA has no working 'serve' command"
 [ -c /dev/net/tun ] || die "no /dev/net/tun"
