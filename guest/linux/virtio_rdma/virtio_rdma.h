@@ -13,8 +13,10 @@
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
 #include <rdma/ib_verbs.h>
+#include <rdma/uverbs_ioctl.h>
 
 #include "virtio_rdma_abi.h"
+#include "virtio_rdma_user.h"
 
 /* Buffers kept posted on the eventq and on the notifyq (DRV-8). */
 #define VRDMA_EVENT_BUFS 64
@@ -22,6 +24,11 @@
 
 /* Doorbells of the kernel's own context: its QPs, SRQs and CQs. */
 #define VRDMA_KERNEL_DOORBELL_BITS 4096
+
+/* The most pages a ring in a process's memory may have (256 MiB). */
+#define VRDMA_URING_MAX_PAGES 65536
+/* The most pages a REG_MR's list may have (spec §6.16: a 4 MiB list). */
+#define VRDMA_MR_MAX_PAGES BIT(19)
 
 /* How long a command may take before the device is given up on. */
 #define VRDMA_CMD_TIMEOUT_MS 30000
@@ -83,13 +90,36 @@ struct vrdma_ring {
 	u32 index;
 };
 
+/* A ring in a process's memory, pinned while the device may use it. */
+struct vrdma_uring {
+	struct ib_umem *buf;
+	struct ib_umem *header;
+};
+
+struct vrdma_db_entry;
+
+/* A process's device context and its doorbell area (spec §6.9, §8.7). */
+struct vrdma_ucontext {
+	struct ib_ucontext ibuc;
+	u32 handle;
+	struct vrdma_db_entry *db;
+};
+
+/*
+ * Each object records the device context it was made in (the kernel's, or
+ * its process's): every command about it names that context (spec §6.3).
+ */
 struct vrdma_pd {
 	struct ib_pd ibpd;
 	u32 handle;
+	u32 ctx;
 };
 
 struct vrdma_mr {
 	struct ib_mr ibmr;
+	u32 ctx;
+	/* A user MR's pinned memory. */
+	struct ib_umem *umem;
 	/* A fast-registration MR's page list (REG_MR work requests). */
 	__le64 *pages;
 	u32 npages;
@@ -104,25 +134,31 @@ struct vrdma_ah {
 struct vrdma_cq {
 	struct ib_cq ibcq;
 	u32 handle;
+	u32 ctx;
 	u32 doorbell;
 	/* Serializes polling and arming. */
 	spinlock_t lock;
+	/* A kernel CQ's ring, or a user CQ's (its process polls it). */
 	struct vrdma_ring ring;
+	struct vrdma_uring uring;
 	u64 arm_seq;
 };
 
 struct vrdma_srq {
 	struct ib_srq ibsrq;
 	u32 handle;
+	u32 ctx;
 	u32 doorbell;
 	u32 max_sge;
 	/* Serializes posting to the ring. */
 	spinlock_t lock;
 	struct vrdma_ring ring;
+	struct vrdma_uring uring;
 };
 
 struct vrdma_qp {
 	struct ib_qp ibqp;
+	u32 ctx;
 	u32 doorbell;
 	u8 type;
 	bool sig_all;
@@ -135,6 +171,8 @@ struct vrdma_qp {
 	spinlock_t rq_lock;
 	struct vrdma_ring sq;
 	struct vrdma_ring rq;
+	struct vrdma_uring usq;
+	struct vrdma_uring urq;
 	/* The attributes last set, for query_qp's answer. */
 	struct ib_qp_attr attr;
 };
@@ -152,6 +190,24 @@ void vrdma_dispatch_event(struct vrdma_dev *dev,
 			  const struct virtio_rdma_event *ev);
 void vrdma_notify_cq(struct vrdma_dev *dev, u32 cq);
 void vrdma_device_fatal(struct vrdma_dev *dev);
+
+u32 vrdma_access(int flags);
+
+/* virtio_rdma_user.c: user contexts, user rings and MRs, the kick. */
+extern const struct uapi_definition vrdma_uapi_defs[];
+u32 vrdma_udata_ctx(struct vrdma_dev *dev, struct ib_udata *udata);
+int vrdma_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata);
+void vrdma_dealloc_ucontext(struct ib_ucontext *ibuc);
+void vrdma_disassociate_ucontext(struct ib_ucontext *ibuc);
+int vrdma_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma);
+void vrdma_mmap_free(struct rdma_user_mmap_entry *rdma);
+u32 vrdma_uring_npages(const struct virtio_rdma_uring *u);
+int vrdma_uring_get(struct ib_device *ib, const struct virtio_rdma_uring *u,
+		    struct vrdma_uring *r, struct virtio_rdma_ring *d,
+		    u64 *pages);
+void vrdma_uring_put(struct vrdma_uring *r);
+struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
+				u64 virt, int flags, struct ib_udata *udata);
 
 int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 	      const void *body, size_t body_len,

@@ -7,9 +7,11 @@
  * in one device-writable buffer. Commands go one at a time; the controlq's
  * interrupt wakes the caller.
  */
+#include <linux/mm.h>
 #include <linux/overflow.h>
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
+#include <linux/vmalloc.h>
 
 #include "virtio_rdma.h"
 
@@ -39,6 +41,32 @@ int vrdma_status_errno(u16 status)
 }
 
 /*
+ * The scatterlist of request @req of @len bytes: @one for kmalloc'ed
+ * memory, else one entry per page of the vmalloc'ed request (a long page
+ * list, e.g. a large MR's), allocated. NULL: no memory.
+ */
+static struct scatterlist *vrdma_req_sg(void *req, size_t len,
+					struct scatterlist *one)
+{
+	struct scatterlist *sg;
+	size_t n, i, off;
+
+	if (!is_vmalloc_addr(req)) {
+		sg_init_one(one, req, len);
+		return one;
+	}
+	n = DIV_ROUND_UP(len, PAGE_SIZE);
+	sg = kmalloc_array(n, sizeof(*sg), GFP_KERNEL);
+	if (!sg)
+		return NULL;
+	sg_init_table(sg, n);
+	for (i = 0, off = 0; i < n; i++, off += PAGE_SIZE)
+		sg_set_page(&sg[i], vmalloc_to_page((u8 *)req + off),
+			    min_t(size_t, len - off, PAGE_SIZE), 0);
+	return sg;
+}
+
+/*
  * Runs command @opcode in @context with @body and @npages page addresses,
  * and copies the response's body (exactly @resp_len bytes) into @resp.
  * Returns 0, the command's errno, or -ETIMEDOUT (the device stopped
@@ -52,7 +80,7 @@ int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 	struct virtqueue *vq = dev->vqs[VIRTIO_RDMA_VQ_CONTROL];
 	struct virtio_rdma_cmd_hdr *hdr;
 	struct virtio_rdma_resp_hdr *rhdr;
-	struct scatterlist out, in, *sgs[2];
+	struct scatterlist one, in, *out = NULL, *sgs[2];
 	size_t req_len, rsp_len, i;
 	__le64 *trailing;
 	unsigned int len;
@@ -66,7 +94,7 @@ int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 		return -EMSGSIZE;
 	rsp_len = sizeof(*rhdr) + resp_len;
 
-	req = kzalloc(req_len, GFP_KERNEL);
+	req = kvzalloc(req_len, GFP_KERNEL);
 	rsp = kzalloc(rsp_len, GFP_KERNEL);
 	if (!req || !rsp) {
 		ret = -ENOMEM;
@@ -81,9 +109,13 @@ int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 	for (i = 0; i < npages; i++)
 		trailing[i] = cpu_to_le64(pages[i]);
 
-	sg_init_one(&out, req, req_len);
+	out = vrdma_req_sg(req, req_len, &one);
+	if (!out) {
+		ret = -ENOMEM;
+		goto free;
+	}
 	sg_init_one(&in, rsp, rsp_len);
-	sgs[0] = &out;
+	sgs[0] = out;
 	sgs[1] = &in;
 
 	mutex_lock(&dev->cmd_lock);
@@ -107,8 +139,8 @@ int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 	spin_unlock_irq(&dev->ctrl_lock);
 	if (token != req) {
 		/*
-		 * No answer: the device may still write the response, so its
-		 * buffers stay allocated for good.
+		 * No answer: the device may still use the request and write
+		 * the response, so their buffers stay allocated for good.
 		 */
 		dev->broken = true;
 		mutex_unlock(&dev->cmd_lock);
@@ -148,7 +180,9 @@ int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 unlock:
 	mutex_unlock(&dev->cmd_lock);
 free:
-	kfree(req);
+	if (out != &one)
+		kfree(out);
+	kvfree(req);
 	kfree(rsp);
 	return ret;
 }

@@ -16,6 +16,7 @@
 #include <linux/slab.h>
 #include <rdma/ib_addr.h>
 #include <rdma/ib_mad.h>
+#include <rdma/ib_umem.h>
 #include <rdma/uverbs_ioctl.h>
 
 #include "virtio_rdma.h"
@@ -292,31 +293,31 @@ static int vrdma_del_gid(const struct ib_gid_attr *attr, void **context)
 static int vrdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct vrdma_pd *pd = to_vpd(ibpd);
 	struct virtio_rdma_handle_resp resp;
 	int ret;
 
-	if (udata)
-		return -EOPNOTSUPP;
-	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_ALLOC_PD, dev->kctx, NULL, 0,
-			NULL, 0, &resp, sizeof(resp));
+	pd->ctx = vrdma_udata_ctx(dev, udata);
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_ALLOC_PD, pd->ctx, NULL, 0, NULL,
+			0, &resp, sizeof(resp));
 	if (ret)
 		return ret;
-	to_vpd(ibpd)->handle = le32_to_cpu(resp.handle);
+	pd->handle = le32_to_cpu(resp.handle);
 	return 0;
 }
 
 /*
- * Destroys object @h. A device that failed (ERR_DEVICE: it destroyed
+ * Destroys object @h of context @ctx. A device that failed (ERR_DEVICE: it destroyed
  * everything, spec §10.4) or stopped answering holds the object no more:
  * the driver's side goes all the same, so that its consumers can let go.
  */
-static int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 h)
+static int vrdma_destroy_handle(struct vrdma_dev *dev, u32 ctx, u16 opcode,
+				u32 h)
 {
 	struct virtio_rdma_handle_req req = { .handle = cpu_to_le32(h) };
 	int ret;
 
-	ret = vrdma_cmd(dev, opcode, dev->kctx, &req, sizeof(req), NULL, 0,
-			NULL, 0);
+	ret = vrdma_cmd(dev, opcode, ctx, &req, sizeof(req), NULL, 0, NULL, 0);
 	if (ret == -EIO || ret == -ETIMEDOUT)
 		return 0;
 	return ret;
@@ -324,12 +325,12 @@ static int vrdma_destroy_handle(struct vrdma_dev *dev, u16 opcode, u32 h)
 
 static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 {
-	return vrdma_destroy_handle(to_vdev(ibpd->device),
+	return vrdma_destroy_handle(to_vdev(ibpd->device), to_vpd(ibpd)->ctx,
 				    VIRTIO_RDMA_CMD_DEALLOC_PD,
 				    to_vpd(ibpd)->handle);
 }
 
-static u32 vrdma_access(int flags)
+u32 vrdma_access(int flags)
 {
 	u32 a = 0;
 
@@ -359,7 +360,8 @@ static struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int flags)
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
 		return ERR_PTR(-ENOMEM);
-	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_REG_DMA_MR, dev->kctx, &req,
+	mr->ctx = to_vpd(ibpd)->ctx;
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_REG_DMA_MR, mr->ctx, &req,
 			sizeof(req), NULL, 0, &resp, sizeof(resp));
 	if (ret) {
 		kfree(mr);
@@ -370,27 +372,17 @@ static struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int flags)
 	return &mr->ibmr;
 }
 
-/*
- * User memory regions need a user context, which this driver does not
- * make yet (no alloc_ucontext: uverbs offers the device no user access),
- * so nothing can ask for one.
- */
-static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start,
-				       u64 length, u64 virt, int flags,
-				       struct ib_udata *udata)
-{
-	return ERR_PTR(-EOPNOTSUPP);
-}
-
 static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 {
 	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
 	int ret;
 
-	ret = vrdma_destroy_handle(to_vdev(ibmr->device),
+	ret = vrdma_destroy_handle(to_vdev(ibmr->device), mr->ctx,
 				   VIRTIO_RDMA_CMD_DEREG_MR, ibmr->lkey);
 	if (ret)
 		return ret;
+	/* The device reads the pages no more: they may go. */
+	ib_umem_release(mr->umem);
 	kfree(mr->pages);
 	kfree(mr);
 	return 0;
@@ -424,7 +416,8 @@ static struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type,
 		goto free;
 	}
 	mr->max_pages = max_num_sg;
-	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_ALLOC_MR, dev->kctx, &req,
+	mr->ctx = to_vpd(ibpd)->ctx;
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_ALLOC_MR, mr->ctx, &req,
 			sizeof(req), NULL, 0, &resp, sizeof(resp));
 	if (ret)
 		goto free;
@@ -474,10 +467,18 @@ static void vrdma_av_of(struct virtio_rdma_av *av,
 static int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
 			   struct ib_udata *udata)
 {
+	struct vrdma_ah *ah = to_vah(ibah);
+	struct virtio_rdma_create_ah_uresp resp;
+
 	if (!(rdma_ah_get_ah_flags(init->ah_attr) & IB_AH_GRH))
 		return -EINVAL;
-	vrdma_av_of(&to_vah(ibah)->av, init->ah_attr);
-	return 0;
+	vrdma_av_of(&ah->av, init->ah_attr);
+	if (!udata)
+		return 0;
+	/* The process puts the AV, its MAC resolved here, in its WQEs. */
+	BUILD_BUG_ON(sizeof(resp.av) != sizeof(ah->av));
+	memcpy(resp.av, &ah->av, sizeof(resp.av));
+	return ib_copy_to_udata(udata, &resp, min(sizeof(resp), udata->outlen));
 }
 
 static int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
@@ -486,6 +487,71 @@ static int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
 }
 
 /* --- CQs ----------------------------------------------------------------- */
+
+/*
+ * A CQ whose ring is in its process's memory (spec §8.7): the process
+ * polls and arms it; the kernel only relays its notifications and events.
+ */
+static int vrdma_create_user_cq(struct ib_cq *ibcq,
+				const struct ib_cq_init_attr *attr,
+				struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct virtio_rdma_create_cq_ureq ureq;
+	struct virtio_rdma_create_cq_uresp uresp = {};
+	struct virtio_rdma_create_cq req;
+	struct virtio_rdma_create_cq_resp resp;
+	u32 npages;
+	u64 *pages;
+	int ret;
+
+	if (udata->inlen < sizeof(ureq) || udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	ret = ib_copy_from_udata(&ureq, udata, sizeof(ureq));
+	if (ret)
+		return ret;
+	if (attr->flags || attr->cqe < 1 ||
+	    attr->cqe > le32_to_cpu(dev->attr.max_cqe) ||
+	    ureq.ring.entries <= attr->cqe)
+		return -EINVAL;
+	npages = vrdma_uring_npages(&ureq.ring);
+	if (!npages)
+		return -EINVAL;
+	pages = kvcalloc(npages, sizeof(*pages), GFP_KERNEL);
+	if (!pages)
+		return -ENOMEM;
+	spin_lock_init(&cq->lock);
+	ret = vrdma_uring_get(ibcq->device, &ureq.ring, &cq->uring, &req.ring,
+			      pages);
+	if (ret)
+		goto free;
+	cq->ctx = vrdma_udata_ctx(dev, udata);
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_CQ, cq->ctx, &req,
+			sizeof(req), pages, npages, &resp, sizeof(resp));
+	if (ret)
+		goto put;
+	cq->handle = le32_to_cpu(resp.cq);
+	cq->doorbell = le32_to_cpu(resp.doorbell);
+	ibcq->cqe = le32_to_cpu(resp.entries) - 1;
+	uresp.cq = cq->handle;
+	uresp.doorbell = cq->doorbell;
+	ret = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+	if (!ret)
+		ret = xa_insert_irq(&dev->cqs, cq->handle, cq, GFP_KERNEL);
+	if (ret) {
+		vrdma_destroy_handle(dev, cq->ctx, VIRTIO_RDMA_CMD_DESTROY_CQ,
+				     cq->handle);
+		goto put;
+	}
+	kvfree(pages);
+	return 0;
+put:
+	vrdma_uring_put(&cq->uring);
+free:
+	kvfree(pages);
+	return ret;
+}
 
 static int vrdma_create_cq_udata(struct ib_cq *ibcq,
 				 const struct ib_cq_init_attr *attr,
@@ -501,7 +567,7 @@ static int vrdma_create_cq_udata(struct ib_cq *ibcq,
 	int ret;
 
 	if (udata)
-		return -EOPNOTSUPP;
+		return vrdma_create_user_cq(ibcq, attr, udata);
 	if (attr->flags || attr->cqe < 1 || attr->cqe > max)
 		return -EINVAL;
 	entries = vrdma_ring_entries(attr->cqe + 1, sizeof(struct virtio_rdma_cqe));
@@ -517,7 +583,8 @@ static int vrdma_create_cq_udata(struct ib_cq *ibcq,
 		goto free;
 	}
 	vrdma_ring_desc(&cq->ring, &req.ring, pages);
-	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_CQ, dev->kctx, &req,
+	cq->ctx = dev->kctx;
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_CQ, cq->ctx, &req,
 			sizeof(req), pages, vrdma_ring_pages(&cq->ring), &resp,
 			sizeof(resp));
 	kfree(pages);
@@ -529,7 +596,8 @@ static int vrdma_create_cq_udata(struct ib_cq *ibcq,
 	ibcq->cqe = entries - 1;
 	ret = xa_insert_irq(&dev->cqs, cq->handle, cq, GFP_KERNEL);
 	if (ret) {
-		vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_CQ, cq->handle);
+		vrdma_destroy_handle(dev, cq->ctx, VIRTIO_RDMA_CMD_DESTROY_CQ,
+				     cq->handle);
 		goto free;
 	}
 	return 0;
@@ -560,11 +628,13 @@ static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	struct vrdma_cq *cq = to_vcq(ibcq);
 	int ret;
 
-	ret = vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_CQ, cq->handle);
+	ret = vrdma_destroy_handle(dev, cq->ctx, VIRTIO_RDMA_CMD_DESTROY_CQ,
+				   cq->handle);
 	if (ret)
 		return ret;
 	xa_erase_irq(&dev->cqs, cq->handle);
 	vrdma_ring_free(&cq->ring);
+	vrdma_uring_put(&cq->uring);
 	return 0;
 }
 
@@ -639,6 +709,9 @@ static int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc)
 	int done = 0;
 	u32 prod;
 
+	/* A user CQ is its process's to poll (uverbs' POLL_CQ reaches here). */
+	if (!r->buf)
+		return -EOPNOTSUPP;
 	spin_lock_irqsave(&cq->lock, flags);
 	/* The CQEs before the producer index are whole once it is read. */
 	prod = le32_to_cpu(smp_load_acquire(VRDMA_CQ_PRODUCER(r)));
@@ -672,6 +745,8 @@ static int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags f)
 	u32 prod;
 	u64 word;
 
+	if (!r->buf)
+		return -EOPNOTSUPP;
 	spin_lock_irqsave(&cq->lock, flags);
 	cq->arm_seq = (cq->arm_seq + 1) & ((1ULL << 30) - 1);
 	word = r->index | mode << 32 | cq->arm_seq << 34;
@@ -703,6 +778,118 @@ static u8 vrdma_qp_type(enum ib_qp_type t)
 	}
 }
 
+/* Fills the create command's fields that both kinds of QP share, but the PD. */
+static void vrdma_qp_req(struct virtio_rdma_create_qp *req,
+			 const struct ib_qp_init_attr *init, u8 type)
+{
+	const struct ib_qp_cap *cap = &init->cap;
+
+	req->qp_type = type;
+	req->sq_sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
+	req->send_cq = cpu_to_le32(to_vcq(init->send_cq)->handle);
+	req->recv_cq = cpu_to_le32(to_vcq(init->recv_cq)->handle);
+	req->max_send_sge = cpu_to_le32(max(cap->max_send_sge, 1U));
+	if (init->srq)
+		req->srq = cpu_to_le32(to_vsrq(init->srq)->handle);
+	else
+		req->max_recv_sge = cpu_to_le32(max(cap->max_recv_sge, 1U));
+	req->max_inline_data = cpu_to_le32(cap->max_inline_data);
+}
+
+/* The device's answer into the QP and the consumer's capabilities. */
+static void vrdma_qp_resp(struct vrdma_qp *qp, struct ib_qp_init_attr *init,
+			  const struct virtio_rdma_create_qp_resp *resp)
+{
+	struct ib_qp_cap *cap = &init->cap;
+
+	qp->ibqp.qp_num = le32_to_cpu(resp->qpn);
+	qp->doorbell = le32_to_cpu(resp->doorbell);
+	qp->sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
+	qp->max_send_sge = le32_to_cpu(resp->max_send_sge);
+	qp->max_recv_sge = le32_to_cpu(resp->max_recv_sge);
+	qp->max_inline = le32_to_cpu(resp->max_inline_data);
+	cap->max_send_wr = le32_to_cpu(resp->max_send_wr);
+	cap->max_recv_wr = le32_to_cpu(resp->max_recv_wr);
+	cap->max_send_sge = qp->max_send_sge;
+	cap->max_recv_sge = qp->max_recv_sge;
+	cap->max_inline_data = qp->max_inline;
+	qp->attr.qp_state = IB_QPS_RESET;
+}
+
+/*
+ * A QP whose rings are in its process's memory (spec §8.7): the process
+ * posts to them and rings their doorbell itself.
+ */
+static int vrdma_create_user_qp(struct ib_qp *ibqp,
+				struct ib_qp_init_attr *init,
+				struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct virtio_rdma_create_qp_ureq ureq;
+	struct virtio_rdma_create_qp_uresp uresp = {};
+	struct virtio_rdma_create_qp req = {};
+	struct virtio_rdma_create_qp_resp resp;
+	u32 sp, rp = 0;
+	u64 *pages;
+	int ret;
+
+	if (udata->inlen < sizeof(ureq) || udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	ret = ib_copy_from_udata(&ureq, udata, sizeof(ureq));
+	if (ret)
+		return ret;
+	qp->type = vrdma_qp_type(init->qp_type);
+	/* The GSI QP is the kernel's (its MAD layer's). */
+	if (!qp->type || qp->type == VIRTIO_RDMA_QPT_GSI || init->create_flags)
+		return -EOPNOTSUPP;
+	sp = vrdma_uring_npages(&ureq.sq);
+	if (!init->srq)
+		rp = vrdma_uring_npages(&ureq.rq);
+	else if (ureq.rq.buf || ureq.rq.header || ureq.rq.entries)
+		return -EINVAL;
+	if (!sp || (!init->srq && !rp))
+		return -EINVAL;
+	pages = kvcalloc(sp + rp, sizeof(*pages), GFP_KERNEL);
+	if (!pages)
+		return -ENOMEM;
+	ret = vrdma_uring_get(ibqp->device, &ureq.sq, &qp->usq, &req.sq, pages);
+	if (ret)
+		goto free;
+	if (!init->srq) {
+		ret = vrdma_uring_get(ibqp->device, &ureq.rq, &qp->urq, &req.rq,
+				      pages + sp);
+		if (ret)
+			goto put;
+	}
+	vrdma_qp_req(&req, init, qp->type);
+	req.pd = cpu_to_le32(to_vpd(ibqp->pd)->handle);
+	qp->ctx = vrdma_udata_ctx(dev, udata);
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_QP, qp->ctx, &req,
+			sizeof(req), pages, sp + rp, &resp, sizeof(resp));
+	if (ret)
+		goto put;
+	vrdma_qp_resp(qp, init, &resp);
+	uresp.qpn = ibqp->qp_num;
+	uresp.doorbell = qp->doorbell;
+	ret = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+	if (!ret)
+		ret = xa_insert_irq(&dev->qps, ibqp->qp_num, qp, GFP_KERNEL);
+	if (ret) {
+		vrdma_destroy_handle(dev, qp->ctx, VIRTIO_RDMA_CMD_DESTROY_QP,
+				     ibqp->qp_num);
+		goto put;
+	}
+	kvfree(pages);
+	return 0;
+put:
+	vrdma_uring_put(&qp->urq);
+	vrdma_uring_put(&qp->usq);
+free:
+	kvfree(pages);
+	return ret;
+}
+
 static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 			   struct ib_udata *udata)
 {
@@ -718,7 +905,7 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	int ret;
 
 	if (udata)
-		return -EOPNOTSUPP;
+		return vrdma_create_user_qp(ibqp, init, udata);
 	qp->type = vrdma_qp_type(init->qp_type);
 	if (!qp->type || init->create_flags)
 		return -EOPNOTSUPP;
@@ -753,39 +940,21 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		ret = -ENOMEM;
 		goto free_rq;
 	}
+	vrdma_qp_req(&req, init, qp->type);
 	req.pd = cpu_to_le32(to_vpd(ibqp->pd)->handle);
-	req.qp_type = qp->type;
-	req.sq_sig_all = init->sq_sig_type == IB_SIGNAL_ALL_WR;
-	req.send_cq = cpu_to_le32(to_vcq(init->send_cq)->handle);
-	req.recv_cq = cpu_to_le32(to_vcq(init->recv_cq)->handle);
-	req.max_send_sge = cpu_to_le32(max(cap->max_send_sge, 1U));
-	if (init->srq)
-		req.srq = cpu_to_le32(to_vsrq(init->srq)->handle);
-	else
-		req.max_recv_sge = cpu_to_le32(max(cap->max_recv_sge, 1U));
-	req.max_inline_data = cpu_to_le32(cap->max_inline_data);
 	vrdma_ring_desc(&qp->sq, &req.sq, pages);
 	vrdma_ring_desc(&qp->rq, &req.rq, pages + vrdma_ring_pages(&qp->sq));
-	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_QP, dev->kctx, &req,
+	qp->ctx = dev->kctx;
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_QP, qp->ctx, &req,
 			sizeof(req), pages, npages, &resp, sizeof(resp));
 	kfree(pages);
 	if (ret)
 		goto free_rq;
-	ibqp->qp_num = le32_to_cpu(resp.qpn);
-	qp->doorbell = le32_to_cpu(resp.doorbell);
-	qp->sig_all = req.sq_sig_all;
-	qp->max_send_sge = le32_to_cpu(resp.max_send_sge);
-	qp->max_recv_sge = le32_to_cpu(resp.max_recv_sge);
-	qp->max_inline = le32_to_cpu(resp.max_inline_data);
-	cap->max_send_wr = le32_to_cpu(resp.max_send_wr);
-	cap->max_recv_wr = le32_to_cpu(resp.max_recv_wr);
-	cap->max_send_sge = qp->max_send_sge;
-	cap->max_recv_sge = qp->max_recv_sge;
-	cap->max_inline_data = qp->max_inline;
-	qp->attr.qp_state = IB_QPS_RESET;
+	vrdma_qp_resp(qp, init, &resp);
 	ret = xa_insert_irq(&dev->qps, ibqp->qp_num, qp, GFP_KERNEL);
 	if (ret) {
-		vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_QP, ibqp->qp_num);
+		vrdma_destroy_handle(dev, qp->ctx, VIRTIO_RDMA_CMD_DESTROY_QP,
+				     ibqp->qp_num);
 		goto free_rq;
 	}
 	return 0;
@@ -802,13 +971,15 @@ static int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	struct vrdma_qp *qp = to_vqp(ibqp);
 	int ret;
 
-	ret = vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_QP,
+	ret = vrdma_destroy_handle(dev, qp->ctx, VIRTIO_RDMA_CMD_DESTROY_QP,
 				   ibqp->qp_num);
 	if (ret)
 		return ret;
 	xa_erase_irq(&dev->qps, ibqp->qp_num);
 	vrdma_ring_free(&qp->rq);
 	vrdma_ring_free(&qp->sq);
+	vrdma_uring_put(&qp->urq);
+	vrdma_uring_put(&qp->usq);
 	return 0;
 }
 
@@ -845,7 +1016,7 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *a, int mask,
 	q->rnr_retry = a->rnr_retry;
 	if (mask & IB_QP_AV)
 		vrdma_av_of(&q->ah, &a->ah_attr);
-	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_MODIFY_QP, dev->kctx, &req,
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_MODIFY_QP, qp->ctx, &req,
 			sizeof(req), NULL, 0, NULL, 0);
 	if (ret)
 		return ret;
@@ -895,7 +1066,7 @@ static int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *a, int mask,
 	struct virtio_rdma_query_qp_resp resp;
 	int ret;
 
-	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_QUERY_QP, dev->kctx, &req,
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_QUERY_QP, qp->ctx, &req,
 			sizeof(req), NULL, 0, &resp, sizeof(resp));
 	if (ret)
 		return ret;
@@ -1049,6 +1220,11 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 	int ret = 0;
 	u32 start;
 
+	/* A user QP's rings are its process's (uverbs' POST_SEND reaches here). */
+	if (!r->buf) {
+		*bad = wr;
+		return -EOPNOTSUPP;
+	}
 	spin_lock_irqsave(&qp->sq_lock, flags);
 	start = r->index;
 	for (; wr; wr = wr->next) {
@@ -1089,6 +1265,11 @@ static int vrdma_post_recv_ring(struct vrdma_dev *dev, struct vrdma_ring *r,
 	int ret = 0;
 	u32 start, i;
 
+	/* A user QP's or SRQ's ring is its process's. */
+	if (!r->buf) {
+		*bad = wr;
+		return -EOPNOTSUPP;
+	}
 	spin_lock_irqsave(lock, flags);
 	start = r->index;
 	for (; wr; wr = wr->next) {
@@ -1145,6 +1326,87 @@ static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 
 /* --- SRQs ---------------------------------------------------------------- */
 
+/* Sets a new SRQ's limit, which is MODIFY_SRQ's to set (spec §6.22). */
+static int vrdma_srq_limit(struct vrdma_dev *dev, struct vrdma_srq *srq,
+			   u32 limit)
+{
+	struct virtio_rdma_modify_srq m = {
+		.srq = cpu_to_le32(srq->handle),
+		.mask = cpu_to_le32(IB_SRQ_LIMIT),
+		.srq_limit = cpu_to_le32(limit),
+	};
+
+	if (!limit)
+		return 0;
+	return vrdma_cmd(dev, VIRTIO_RDMA_CMD_MODIFY_SRQ, srq->ctx, &m,
+			 sizeof(m), NULL, 0, NULL, 0);
+}
+
+/* An SRQ whose ring is in its process's memory (spec §8.7). */
+static int vrdma_create_user_srq(struct ib_srq *ibsrq,
+				 struct ib_srq_init_attr *init,
+				 struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct ib_srq_attr *a = &init->attr;
+	struct virtio_rdma_create_srq_ureq ureq;
+	struct virtio_rdma_create_srq_uresp uresp = {};
+	struct virtio_rdma_create_srq req = {};
+	struct virtio_rdma_create_srq_resp resp;
+	u32 npages;
+	u64 *pages;
+	int ret;
+
+	if (udata->inlen < sizeof(ureq) || udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	ret = ib_copy_from_udata(&ureq, udata, sizeof(ureq));
+	if (ret)
+		return ret;
+	npages = vrdma_uring_npages(&ureq.ring);
+	if (!npages)
+		return -EINVAL;
+	pages = kvcalloc(npages, sizeof(*pages), GFP_KERNEL);
+	if (!pages)
+		return -ENOMEM;
+	spin_lock_init(&srq->lock);
+	ret = vrdma_uring_get(ibsrq->device, &ureq.ring, &srq->uring, &req.ring,
+			      pages);
+	if (ret)
+		goto free;
+	req.pd = cpu_to_le32(to_vpd(ibsrq->pd)->handle);
+	req.max_sge = cpu_to_le32(max(a->max_sge, 1U));
+	srq->ctx = vrdma_udata_ctx(dev, udata);
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_SRQ, srq->ctx, &req,
+			sizeof(req), pages, npages, &resp, sizeof(resp));
+	if (ret)
+		goto put;
+	srq->handle = le32_to_cpu(resp.srq);
+	srq->doorbell = le32_to_cpu(resp.doorbell);
+	srq->max_sge = le32_to_cpu(resp.max_sge);
+	a->max_wr = le32_to_cpu(resp.max_wr);
+	a->max_sge = srq->max_sge;
+	uresp.srq = srq->handle;
+	uresp.doorbell = srq->doorbell;
+	ret = vrdma_srq_limit(dev, srq, a->srq_limit);
+	if (!ret)
+		ret = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+	if (!ret)
+		ret = xa_insert_irq(&dev->srqs, srq->handle, srq, GFP_KERNEL);
+	if (ret) {
+		vrdma_destroy_handle(dev, srq->ctx, VIRTIO_RDMA_CMD_DESTROY_SRQ,
+				     srq->handle);
+		goto put;
+	}
+	kvfree(pages);
+	return 0;
+put:
+	vrdma_uring_put(&srq->uring);
+free:
+	kvfree(pages);
+	return ret;
+}
+
 static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 			    struct ib_udata *udata)
 {
@@ -1157,10 +1419,10 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	u64 *pages;
 	int ret;
 
-	if (udata)
-		return -EOPNOTSUPP;
 	if (init->srq_type != IB_SRQT_BASIC)
 		return -EOPNOTSUPP;
+	if (udata)
+		return vrdma_create_user_srq(ibsrq, init, udata);
 	if (a->max_wr > le32_to_cpu(dev->attr.max_srq_wr) ||
 	    a->max_sge > le32_to_cpu(dev->attr.max_srq_sge))
 		return -EINVAL;
@@ -1181,7 +1443,8 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	req.pd = cpu_to_le32(to_vpd(ibsrq->pd)->handle);
 	req.max_sge = cpu_to_le32(max(a->max_sge, 1U));
 	vrdma_ring_desc(&srq->ring, &req.ring, pages);
-	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_SRQ, dev->kctx, &req,
+	srq->ctx = dev->kctx;
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_CREATE_SRQ, srq->ctx, &req,
 			sizeof(req), pages, vrdma_ring_pages(&srq->ring), &resp,
 			sizeof(resp));
 	kfree(pages);
@@ -1192,27 +1455,15 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	srq->max_sge = le32_to_cpu(resp.max_sge);
 	a->max_wr = le32_to_cpu(resp.max_wr);
 	a->max_sge = srq->max_sge;
-	ret = xa_insert_irq(&dev->srqs, srq->handle, srq, GFP_KERNEL);
+	ret = vrdma_srq_limit(dev, srq, a->srq_limit);
+	if (!ret)
+		ret = xa_insert_irq(&dev->srqs, srq->handle, srq, GFP_KERNEL);
 	if (ret)
 		goto destroy;
-	/* The limit is MODIFY_SRQ's to set (spec §6.22). */
-	if (a->srq_limit) {
-		struct virtio_rdma_modify_srq m = {
-			.srq = cpu_to_le32(srq->handle),
-			.mask = cpu_to_le32(IB_SRQ_LIMIT),
-			.srq_limit = cpu_to_le32(a->srq_limit),
-		};
-
-		ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_MODIFY_SRQ, dev->kctx, &m,
-				sizeof(m), NULL, 0, NULL, 0);
-		if (ret) {
-			xa_erase_irq(&dev->srqs, srq->handle);
-			goto destroy;
-		}
-	}
 	return 0;
 destroy:
-	vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_SRQ, srq->handle);
+	vrdma_destroy_handle(dev, srq->ctx, VIRTIO_RDMA_CMD_DESTROY_SRQ,
+			     srq->handle);
 free:
 	vrdma_ring_free(&srq->ring);
 	return ret;
@@ -1232,8 +1483,7 @@ static int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *a,
 	if (mask & IB_SRQ_MAX_WR)
 		return -EOPNOTSUPP;
 	return vrdma_cmd(to_vdev(ibsrq->device), VIRTIO_RDMA_CMD_MODIFY_SRQ,
-			 to_vdev(ibsrq->device)->kctx, &req, sizeof(req), NULL,
-			 0, NULL, 0);
+			 srq->ctx, &req, sizeof(req), NULL, 0, NULL, 0);
 }
 
 static int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *a)
@@ -1246,7 +1496,7 @@ static int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *a)
 	struct virtio_rdma_srq_attr resp;
 	int ret;
 
-	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_QUERY_SRQ, dev->kctx, &req,
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_QUERY_SRQ, srq->ctx, &req,
 			sizeof(req), NULL, 0, &resp, sizeof(resp));
 	if (ret)
 		return ret;
@@ -1262,11 +1512,13 @@ static int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 	struct vrdma_srq *srq = to_vsrq(ibsrq);
 	int ret;
 
-	ret = vrdma_destroy_handle(dev, VIRTIO_RDMA_CMD_DESTROY_SRQ, srq->handle);
+	ret = vrdma_destroy_handle(dev, srq->ctx, VIRTIO_RDMA_CMD_DESTROY_SRQ,
+				   srq->handle);
 	if (ret)
 		return ret;
 	xa_erase_irq(&dev->srqs, srq->handle);
 	vrdma_ring_free(&srq->ring);
+	vrdma_uring_put(&srq->uring);
 	return 0;
 }
 
@@ -1383,21 +1635,27 @@ static const struct ib_device_ops vrdma_dev_ops = {
 
 	.add_gid = vrdma_add_gid,
 	.alloc_mr = vrdma_alloc_mr,
+	.alloc_ucontext = vrdma_alloc_ucontext,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
 	.create_srq = vrdma_create_srq,
+	.create_user_ah = vrdma_create_ah,
 	.dealloc_pd = vrdma_dealloc_pd,
+	.dealloc_ucontext = vrdma_dealloc_ucontext,
 	.del_gid = vrdma_del_gid,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
 	.destroy_srq = vrdma_destroy_srq,
+	.disassociate_ucontext = vrdma_disassociate_ucontext,
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_link_layer,
 	.get_port_immutable = vrdma_port_immutable,
 	.map_mr_sg = vrdma_map_mr_sg,
+	.mmap = vrdma_mmap,
+	.mmap_free = vrdma_mmap_free,
 	.modify_qp = vrdma_modify_qp,
 	.modify_srq = vrdma_modify_srq,
 	.poll_cq = vrdma_poll_cq,
@@ -1418,6 +1676,7 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
+	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibuc),
 };
 
 /* What ib_core needs before the netdev is set and the device registered. */
@@ -1432,6 +1691,8 @@ void vrdma_ib_init(struct vrdma_dev *dev)
 	ib->dev.parent = &dev->vdev->dev;
 	strscpy(ib->node_desc, "virtio-rdma", sizeof(ib->node_desc));
 	ib_set_device_ops(ib, &vrdma_dev_ops);
+	/* The kick method for processes (virtio_rdma_user.h). */
+	ib->driver_def = vrdma_uapi_defs;
 }
 
 int vrdma_register(struct vrdma_dev *dev)
