@@ -1,51 +1,77 @@
 #!/usr/bin/env bash
-# Builds the virtio_rdma module (guest/linux/virtio_rdma) against Debian 13's kernel headers
-# (trixie, 6.12), with W=1: a warning or an error fails. The guest images run Debian 12's 6.1
-# (scripts/virtio-guest/image.sh builds and loads the module there); this checks that the same
-# source serves the other current stable distribution. A trixie root of its own (debootstrap
-# minbase, the host's Debian mirror; target/virtio-guest/trixie-root, made once, about 3
-# minutes) with linux-headers-amd64, gcc and make; nothing outside it changes. Root.
+# Builds the virtio_rdma module (guest/linux/virtio_rdma) against Debian 12's kernel headers
+# (bookworm, 6.1), with W=1: a warning or an error fails. The virtio-rdma guest runs Debian 13's
+# 6.12 (scripts/virtio-guest/image.sh builds, installs and loads the module there); this checks
+# that the same source still compiles cleanly for the previous stable distribution — a compile
+# check, nothing loads it.
 #
-#   scripts/virtio-guest/build-check.sh     # exit 0: built clean for the root's kernel headers
+# The headers and compiler are the PVRDMA guest image's (target/pvrdma-guest/rootfs.img, made by
+# scripts/pvrdma-guest/image.sh, run first: it does nothing when the image is up to date), which
+# carries /usr/src/linux-headers-6.1.*-amd64 and gcc-12. That image is never written: it is
+# attached read-only (a read-only loop device, ext4 mounted ro,noload), an overlay with its upper
+# layer in a tmpfs takes the build's files, and all of it is unmounted after — its size, mtime and
+# ctime, which scripts/pvrdma-guest/image.sh's rebuild logic reads, are checked unchanged. Root;
+# seconds once the image exists.
+#
+#   scripts/virtio-guest/build-check.sh     # exit 0: built clean for the image's kernel headers
+#
+# Log: target/virtio-guest/build-check.log.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root_dir="$(cd "$here/../.." && pwd)"
-VG="$root_dir/target/virtio-guest"
-ROOT="$VG/trixie-root"
+export PVRDMA_KIND=pvrdma    # PV_IMAGE: the PVRDMA guest's Debian 12 image
+source "$here/../pvrdma-guest/config.sh"
+die() { echo "build-check: $*" >&2; exit 1; }
+log() { echo "build-check: $*" >&2; }
+need_root
+VG="$VG_DIR"
+W="$VG/build-check"
 mkdir -p "$VG"
-[ "$(id -u)" = 0 ] || { echo "build-check: must run as root" >&2; exit 1; }
+timeout 3600 "$PV_DIR/image.sh" > "$VG/pvrdma-image.log" 2>&1 \
+    || { tail -n 20 "$VG/pvrdma-image.log" >&2; die "scripts/pvrdma-guest/image.sh failed (see $VG/pvrdma-image.log)"; }
+[ -s "$PV_IMAGE" ] || die "no $PV_IMAGE"
+before=$(stat -c '%s %Y %Z' "$PV_IMAGE")
 
-host_mirror() {
-    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null |
-        grep -oE '^(URIs:|deb) +[a-z]+://[^ ]+/debian/?( |$)' | awk '{print $2}' | head -n1 || true
+LOOP=""
+cleanup() {
+    local m
+    for m in root rw lower; do
+        mountpoint -q "$W/$m" 2> /dev/null && umount "$W/$m"
+    done
+    [ -n "$LOOP" ] && losetup -d "$LOOP" 2> /dev/null
+    return 0
 }
-if [ ! -e "$ROOT/.ready" ]; then
-    MIRROR=${VIRTIO_GUEST_MIRROR:-$(host_mirror)}
-    [ -n "$MIRROR" ] || { echo "build-check: no Debian mirror in /etc/apt; set VIRTIO_GUEST_MIRROR" >&2; exit 1; }
-    command -v debootstrap >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap; }
-    rm -rf "$ROOT"
-    timeout 1200 debootstrap --variant=minbase trixie "$ROOT" "$MIRROR" > "$VG/trixie-debootstrap.log" 2>&1 \
-        || { tail -n 20 "$VG/trixie-debootstrap.log" >&2; exit 1; }
-    chroot "$ROOT" apt-get update -q > "$VG/trixie-apt.log" 2>&1
-    chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        linux-headers-amd64 gcc make libc6-dev perl >> "$VG/trixie-apt.log" 2>&1 \
-        || { tail -n 20 "$VG/trixie-apt.log" >&2; exit 1; }
-    touch "$ROOT/.ready"
-fi
-HDR=$(ls -d "$ROOT"/usr/src/linux-headers-*-amd64 | sort -V | tail -n1)
+trap cleanup EXIT
+for m in root rw lower; do
+    mountpoint -q "$W/$m" 2> /dev/null && die "$W/$m is mounted (another build-check.sh running?)"
+done
+mkdir -p "$W/lower" "$W/rw" "$W/root"
+LOOP=$(losetup -r -f --show "$PV_IMAGE") || die "no free loop device"
+mount -t ext4 -o ro,noload "$LOOP" "$W/lower"
+mount -t tmpfs -o size=1G tmpfs "$W/rw"
+mkdir -p "$W/rw/upper" "$W/rw/work"
+mount -t overlay overlay -o "lowerdir=$W/lower,upperdir=$W/rw/upper,workdir=$W/rw/work" "$W/root"
+
+HDR=$(ls -d "$W/root"/usr/src/linux-headers-*-amd64 2> /dev/null | sort -V | tail -n1)
+[ -n "$HDR" ] || die "no /usr/src/linux-headers-*-amd64 in $PV_IMAGE"
 KVER=${HDR##*/linux-headers-}
+[ -x "$W/root/usr/bin/gcc" ] && [ -x "$W/root/usr/bin/make" ] || die "no gcc or make in $PV_IMAGE"
 SRC=/usr/src/vrdma-guest
-rm -rf "${ROOT:?}$SRC"
-mkdir -p "$ROOT$SRC"
-cp -r "$root_dir/guest/include" "$root_dir/guest/linux" "$ROOT$SRC/"
+mkdir -p "$W/root$SRC"
+cp -r "$PROJECT_ROOT/guest/include" "$PROJECT_ROOT/guest/linux" "$W/root$SRC/"
 set +e
-chroot "$ROOT" make -C "/usr/src/linux-headers-$KVER" M="$SRC/linux/virtio_rdma" W=1 modules \
-    > "$VG/build-check.log" 2>&1
+timeout 900 chroot "$W/root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 \
+    make -C "/usr/src/linux-headers-$KVER" M="$SRC/linux/virtio_rdma" W=1 modules > "$VG/build-check.log" 2>&1
 rc=$?
 set -e
-if [ "$rc" != 0 ] || grep -E 'warning:|error:' "$VG/build-check.log" >&2; then
+ko=0
+[ -s "$W/root$SRC/linux/virtio_rdma/virtio_rdma.ko" ] && ko=1
+cleanup
+LOOP=""
+trap - EXIT
+[ "$(stat -c '%s %Y %Z' "$PV_IMAGE")" = "$before" ] || die "$PV_IMAGE changed under the check"
+
+if [ "$rc" != 0 ] || [ "$ko" != 1 ] || grep -E 'warning:|error:' "$VG/build-check.log" >&2; then
     tail -n 30 "$VG/build-check.log" >&2
-    echo "build-check: virtio_rdma does not build clean against $KVER's headers" >&2
-    exit 1
+    die "virtio_rdma does not build clean against $KVER's headers"
 fi
-echo "build-check: virtio_rdma built clean (W=1) against Debian 13's $KVER headers"
+echo "build-check: virtio_rdma built clean (W=1) against Debian 12's $KVER headers ($PV_IMAGE, read-only)"
