@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
+/*
+ * virtio-rdma: the rdma-core provider's private state.
+ *
+ * The device (docs/virtio-rdma.md) reads work from rings in this process's
+ * memory and writes completions into rings here too; the kernel driver
+ * (guest/linux/virtio_rdma) only pins them and names them to the device.
+ * Posting and polling are loads and stores on those rings, and a doorbell
+ * is a few atomic ORs on the context's doorbell area, mapped from the
+ * driver (spec §8.7): no system call, except the kick when the device is
+ * not polling.
+ */
+#ifndef __VIRTIO_RDMA_H__
+#define __VIRTIO_RDMA_H__
+
+#include <endian.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <infiniband/driver.h>
+#include <infiniband/kern-abi.h>
+#include <rdma/virtio_rdma_abi.h>
+#include <rdma/virtio_rdma_user.h>
+#include <kernel-abi/virtio_rdma_user.h>
+
+DECLARE_DRV_CMD(vrdma_alloc_ucontext, IB_USER_VERBS_CMD_GET_CONTEXT,
+		empty, virtio_rdma_alloc_ucontext_resp);
+DECLARE_DRV_CMD(vrdma_create_cq, IB_USER_VERBS_CMD_CREATE_CQ,
+		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
+DECLARE_DRV_CMD(vrdma_create_qp, IB_USER_VERBS_CMD_CREATE_QP,
+		virtio_rdma_create_qp_ureq, virtio_rdma_create_qp_uresp);
+DECLARE_DRV_CMD(vrdma_create_srq, IB_USER_VERBS_CMD_CREATE_SRQ,
+		virtio_rdma_create_srq_ureq, virtio_rdma_create_srq_uresp);
+DECLARE_DRV_CMD(vrdma_create_ah, IB_USER_VERBS_CMD_CREATE_AH,
+		empty, virtio_rdma_create_ah_uresp);
+
+/* A slot of a CQ ring: one CQE (spec §6.5). */
+#define VRDMA_CQE_STRIDE 32
+
+struct vrdma_device {
+	struct verbs_device ibv_dev;
+};
+
+struct vrdma_context {
+	struct verbs_context ibv_ctx;
+	/* The doorbell area (spec §8.1), shared with the device. */
+	uint8_t *db;
+	size_t db_size;
+	uint32_t db_bits;
+	uint32_t flags; /* VIRTIO_RDMA_UCTX_* */
+	/* The device's limits, for sizing rings. */
+	uint32_t max_inline;
+	uint32_t max_qp_wr;
+	uint32_t max_sge;
+	uint32_t max_cqe;
+	uint32_t max_srq_wr;
+	uint32_t max_srq_sge;
+	/* A kick failed once: said once. */
+	atomic_bool kick_failed;
+};
+
+/*
+ * Page-aligned, zeroed memory holding an object's rings and, on a page of
+ * its own after them, their 64-byte headers (spec §6.5: a header never
+ * lies in a ring's pages).
+ */
+struct vrdma_buf {
+	void *addr;
+	size_t len;
+};
+
+struct vrdma_ring {
+	uint8_t *buf;
+	uint8_t *hdr;
+	uint32_t entries; /* a power of two */
+	uint32_t stride; /* a power of two */
+	/* The provider's index: producer (work rings) or consumer (CQ). */
+	uint32_t index;
+	/* Work rings: the device's consumer index as last read. */
+	uint32_t seen;
+	pthread_spinlock_t lock;
+};
+
+struct vrdma_cq {
+	struct verbs_cq vcq;
+	struct vrdma_buf mem;
+	struct vrdma_ring ring;
+	uint32_t handle;
+	uint32_t doorbell;
+	/* The last arm's sequence number (spec §9.1), under ring.lock. */
+	uint32_t arm_seq;
+};
+
+struct vrdma_qp {
+	struct verbs_qp vqp;
+	struct vrdma_buf mem;
+	struct vrdma_ring sq;
+	struct vrdma_ring rq; /* no buf on an SRQ */
+	uint32_t doorbell;
+	uint32_t max_send_sge;
+	uint32_t max_recv_sge;
+	uint32_t max_inline;
+	bool sig_all;
+};
+
+struct vrdma_srq {
+	struct verbs_srq vsrq;
+	struct vrdma_buf mem;
+	struct vrdma_ring ring;
+	uint32_t handle;
+	uint32_t doorbell;
+	uint32_t max_sge;
+};
+
+struct vrdma_ah {
+	struct ibv_ah ibv_ah;
+	struct virtio_rdma_av av;
+};
+
+static inline struct vrdma_context *to_vctx(struct ibv_context *ibctx)
+{
+	return container_of(ibctx, struct vrdma_context, ibv_ctx.context);
+}
+
+static inline struct vrdma_cq *to_vcq(struct ibv_cq *ibcq)
+{
+	return container_of(ibcq, struct vrdma_cq, vcq.cq);
+}
+
+static inline struct vrdma_qp *to_vqp(struct ibv_qp *ibqp)
+{
+	return container_of(ibqp, struct vrdma_qp, vqp.qp);
+}
+
+static inline struct vrdma_srq *to_vsrq(struct ibv_srq *ibsrq)
+{
+	return container_of(ibsrq, struct vrdma_srq, vsrq.srq);
+}
+
+static inline struct vrdma_ah *to_vah(struct ibv_ah *ibah)
+{
+	return container_of(ibah, struct vrdma_ah, ibv_ah);
+}
+
+/*
+ * Index words are single aligned 32-bit loads and stores, the arm word a
+ * single 64-bit store, with the orderings of spec §7.1; all little-endian.
+ */
+static inline uint32_t vrdma_load_acquire32(void *p)
+{
+	return le32toh(atomic_load_explicit((_Atomic(uint32_t) *)p,
+					    memory_order_acquire));
+}
+
+static inline void vrdma_store_release32(void *p, uint32_t v)
+{
+	atomic_store_explicit((_Atomic(uint32_t) *)p, htole32(v),
+			      memory_order_release);
+}
+
+static inline void vrdma_store_release64(void *p, uint64_t v)
+{
+	atomic_store_explicit((_Atomic(uint64_t) *)p, htole64(v),
+			      memory_order_release);
+}
+
+static inline void *vrdma_slot(const struct vrdma_ring *r, uint32_t index)
+{
+	return r->buf + (size_t)(index & (r->entries - 1)) * r->stride;
+}
+
+/* virtio_rdma.c */
+void vrdma_ring_doorbell(struct vrdma_context *ctx, uint32_t index);
+int vrdma_buf_alloc(struct vrdma_buf *b, size_t len);
+void vrdma_buf_free(struct vrdma_buf *b);
+size_t vrdma_page_align(size_t len);
+uint32_t vrdma_ring_entries(uint32_t want, uint32_t stride);
+void vrdma_uring(const struct vrdma_ring *r, struct virtio_rdma_uring *u);
+
+/* cq.c */
+struct ibv_cq *vrdma_create_cq(struct ibv_context *ibctx, int cqe,
+			       struct ibv_comp_channel *channel,
+			       int comp_vector);
+int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc);
+int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only);
+int vrdma_destroy_cq(struct ibv_cq *ibcq);
+
+/* qp.c */
+struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
+			       struct ibv_qp_init_attr *attr);
+int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+		    int attr_mask);
+int vrdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+		   int attr_mask, struct ibv_qp_init_attr *init_attr);
+int vrdma_destroy_qp(struct ibv_qp *ibqp);
+int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+		    struct ibv_send_wr **bad_wr);
+int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
+		    struct ibv_recv_wr **bad_wr);
+struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
+				 struct ibv_srq_init_attr *attr);
+int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
+		     int attr_mask);
+int vrdma_query_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr);
+int vrdma_destroy_srq(struct ibv_srq *ibsrq);
+int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
+			struct ibv_recv_wr **bad_wr);
+
+#endif /* __VIRTIO_RDMA_H__ */
