@@ -35,6 +35,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 export PVRDMA_KIND=virtio-pci
 source "$here/../pvrdma-guest/config.sh"
+die() { echo "virtio-guest: $*" >&2; exit 1; }
+log() { echo "virtio-guest: $*" >&2; }
 need_root
 FORCE=0 REBASE=0
 case "${1:-}" in

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# A kernel ULP on virtio-rdma: NVMe over Fabrics with the RDMA transport between a Debian 12 guest
-# on vrdma's virtio-rdma device (the project's virtio_rdma driver, `vrdma serve --device
+# A kernel ULP on virtio-rdma: NVMe over Fabrics with the RDMA transport between a Debian 13 guest
+# (6.12) on vrdma's virtio-rdma device (the project's virtio_rdma driver, `vrdma serve --device
 # kind=virtio-pci`, scripts/pvrdma-guest/start.sh with PVRDMA_KIND=virtio-pci: guest 3,
-# 10.47.91.23) and a guest on the kernel's rxe (the rxe harness's guest R, 10.47.91.(10+R)), on
-# the rxe harness's bridge in its namespace. Both roles:
+# 10.47.91.23; its image scripts/virtio-guest/image.sh) and a Debian 12 guest (6.1) on the
+# kernel's rxe (the rxe harness's guest R, 10.47.91.(10+R)), on the rxe harness's bridge in its
+# namespace. Both roles:
 #
 # 1. the rxe guest is the target (nvmet-rdma, a file-backed namespace), the virtio-rdma guest the
 #    host (nvme-rdma, through /dev/nvme-fabrics): SIZE MiB written with O_DIRECT, read back, the
@@ -44,8 +45,12 @@ check() { # $1 = what, $2 = its log, then the command
 }
 
 [ -x "$VRDMA" ] || (cd "$PROJECT_ROOT" && cargo build --release --locked -p vrdma) || exit 125
+if ! "$QEMU11" -version > /dev/null 2>&1; then
+    timeout 1200 "$QEMU11_DIR/setup.sh" > "$OUT/qemu11-setup.log" 2>&1 || { tail -n 20 "$OUT/qemu11-setup.log"; exit 125; }
+fi
+# the virtio-rdma guest's Debian 13 image; the rxe guest's Debian 12 one (RXE_CACHE_DIR)
 timeout 3600 "$here/image.sh" > "$OUT/image.log" 2>&1 || { tail -n 20 "$OUT/image.log"; exit 125; }
-timeout 1800 "$RXE_HARNESS/build-image.sh" > "$OUT/rxe-image.log" 2>&1 || exit 125
+timeout 1800 "$RXE_HARNESS/build-image.sh" > "$OUT/rxe-image.log" 2>&1 || { tail -n 20 "$OUT/rxe-image.log"; exit 125; }
 
 stop_all() {
     [ -s "$PV_RUN/g$V/share/out/dmesg.log" ] && cp "$PV_RUN/g$V/share/out/dmesg.log" "$OUT/virtio-dmesg.log"

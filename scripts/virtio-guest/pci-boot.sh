@@ -2,8 +2,9 @@
 # Linux guests on vrdma's virtio-rdma device served as a whole virtio-pci function over vfio-user
 # (docs/virtio-rdma.md §13.3; `vrdma serve --device kind=virtio-pci`). QEMU 11's vfio-user-pci
 # attaches it at 00:05.0 beside a virtio-net (the sibling NIC, whose backend is the daemon's port)
-# in a Debian 12 guest (TCG; this machine's Linux guests do not boot under KVM) whose image
-# carries the project's virtio_rdma module (scripts/virtio-guest/image.sh). The guest reports:
+# in a Debian 13 guest (trixie, kernel 6.12; TCG: this machine's Linux guests do not boot under
+# KVM) whose image carries the project's virtio_rdma module and rdma-core provider
+# (scripts/virtio-guest/image.sh). The guest reports:
 #
 # - before the module: the PCI function 1af4:106a bound to the stock virtio-pci, a virtio device
 #   with ID 42 (0x002a) under it, found, reset and acknowledged (status 0x1);
@@ -25,6 +26,8 @@
 # share/out/ (pci.txt, virtio.txt, virtio-loaded.txt, virtio-reloaded.txt, dmesg.txt).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# the virtio kind's image, kernel and initrd (PV_IMAGE, PV_KERNEL, PV_INITRD: Debian 13's)
+export PVRDMA_KIND=virtio-pci
 source "$here/../pvrdma-guest/config.sh"
 need_root
 [ -x "$VRDMA" ] || (cd "$PROJECT_ROOT" && cargo build --release --locked -p vrdma)
@@ -32,7 +35,7 @@ if ! "$QEMU11" -version >/dev/null 2>&1; then
     timeout 1200 "$QEMU11_DIR/setup.sh" >/dev/null
 fi
 timeout 3600 "$here/image.sh" >/dev/null
-IMAGE="$PROJECT_ROOT/target/virtio-guest/rootfs.img"
+IMAGE="$PV_IMAGE"
 for f in "$IMAGE" "$PV_KERNEL" "$PV_INITRD"; do
     [ -s "$f" ] || die "no $f after scripts/virtio-guest/image.sh"
 done
