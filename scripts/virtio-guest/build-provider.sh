@@ -54,25 +54,35 @@ if ! mountpoint -q "$ROOT/proc"; then
 fi
 
 # --- apt: a deb-src line for the mirror the root uses, the build dependencies -------------
+# One-line sources get a one-line deb-src twin (its [options] kept); a deb822 root gets a copy of
+# its first stanza as Types: deb-src (Signed-By and the rest kept: apt refuses one URI with two
+# different Signed-By).
 src_list="$ROOT/etc/apt/sources.list.d/vrdma-provider-src.list"
+src_deb822="$ROOT/etc/apt/sources.list.d/vrdma-provider-src.sources"
 have_src() {
     cat "$ROOT"/etc/apt/sources.list "$ROOT"/etc/apt/sources.list.d/*.list 2>/dev/null |
-        grep -qE '^deb-src +[a-z]+://' && return 0
+        grep -qE '^deb-src +' && return 0
     cat "$ROOT"/etc/apt/sources.list.d/*.sources 2>/dev/null | grep -qE '^Types:.*deb-src'
 }
 if ! have_src; then
-    # The first "deb URI SUITE" line, or a deb822 stanza's URIs and Suites.
     line=$(cat "$ROOT"/etc/apt/sources.list "$ROOT"/etc/apt/sources.list.d/*.list 2>/dev/null |
         grep -E '^deb +(\[[^]]*\] +)?[a-z]+://' | head -n1 || true)
+    stanza=
+    for f in "$ROOT"/etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] || continue
+        stanza=$(awk 'BEGIN { RS = ""; FS = "\n" } /(^|\n)Types:[^\n]*deb/ { print; exit }' "$f" |
+            sed 's/^Types:.*/Types: deb-src/')
+        [ -n "$stanza" ] && break
+    done
     if [ -n "$line" ]; then
         echo "deb-src ${line#deb }" > "$src_list"
+        echo "build-provider: added $(cat "$src_list") to $src_list"
+    elif [ -n "$stanza" ]; then
+        echo "$stanza" > "$src_deb822"
+        echo "build-provider: added a deb-src stanza to $src_deb822"
     else
-        uri=$(cat "$ROOT"/etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/{print $2; exit}')
-        suite=$(cat "$ROOT"/etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^Suites:/{print $2; exit}')
-        [ -n "$uri" ] && [ -n "$suite" ] || die "no Debian mirror found in $ROOT/etc/apt"
-        echo "deb-src $uri $suite main" > "$src_list"
+        die "no Debian mirror found in $ROOT/etc/apt"
     fi
-    echo "build-provider: added $(cat "$src_list") to $src_list"
 fi
 
 DEPS=(cmake ninja-build pkg-config gcc libc6-dev libnl-3-dev libnl-route-3-dev libudev-dev
@@ -149,8 +159,16 @@ fi
 [ -d "$ROOT$TREE/providers" ] && [ -f "$ROOT$TREE/CMakeLists.txt" ] || die "$ROOT$TREE is no rdma-core tree"
 
 # --- the graft: the provider's sources and the ABI headers (refreshed on every run) --------
-rsync_dir() { # copies $1's files into $2, removing what $1 no longer has
-    rm -rf "$2.new" && mkdir -p "$2.new" && cp -a "$1/." "$2.new/" && rm -rf "$2" && mv "$2.new" "$2"
+rsync_dir() { # $2 as $1: a file is copied when its content differs (so ninja sees it
+               # new), and files $1 no longer has are removed
+    local f
+    mkdir -p "$2"
+    for f in "$1"/*; do
+        cmp -s "$f" "$2/${f##*/}" || cp "$f" "$2/${f##*/}"
+    done
+    for f in "$2"/*; do
+        [ -e "$1/${f##*/}" ] || rm -f "$f"
+    done
 }
 rsync_dir "$PROV_SRC" "$ROOT$TREE/providers/virtio_rdma"
 # The user ABI is a kernel header upstream (include/uapi/rdma/): rdma-core keeps its copies in
@@ -233,4 +251,10 @@ if echo "$ldd_out" | grep -E 'undefined symbol|not found' >&2; then
 fi
 echo "$ldd_out" | grep -qE "libibverbs\.so\.1 => (/usr)?/lib/$MA/libibverbs\.so\.1 " \
     || { echo "$ldd_out" >&2; die "$PDIR/lib$TARGET.so does not take the root's $LIBIBVERBS"; }
+# And loads there as libibverbs loads it (dlopen with RTLD_NOW once libibverbs.so.1 is in): its
+# constructor registers the driver.
+in_root 60 python3 -c "import ctypes, os
+ctypes.CDLL('libibverbs.so.1', mode=ctypes.RTLD_GLOBAL)
+ctypes.CDLL('$PDIR/lib$TARGET.so', mode=os.RTLD_NOW)" >> "$LOG" 2>&1 \
+    || { tail -n 5 "$LOG" >&2; die "dlopen of $PDIR/lib$TARGET.so failed in $ROOT"; }
 echo "build-provider: installed $ROOT$PDIR/lib$TARGET.so and $ROOT/etc/libibverbs.d/virtio_rdma.driver (rdma-core $VER)"
