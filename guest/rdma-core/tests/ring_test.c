@@ -484,6 +484,7 @@ static void test_sizes(void)
 	CHECK(vrdma_ring_entries(0, 4096) == 2, "at least 2");
 	CHECK(vrdma_ring_entries(100, 128) == 128, "send ring of 128-byte slots");
 	CHECK(vrdma_ring_entries(0x80000001U, 64) == 0, "past 32 bits: none");
+	CHECK(vrdma_ring_entries(5, 0) == 0, "no stride: none");
 }
 
 int main(void)

@@ -109,19 +109,28 @@ static int vrdma_post_recv_ring(struct vrdma_context *ctx, struct vrdma_ring *r,
 
 /* --- QPs ------------------------------------------------------------------ */
 
-/* Bytes a slot needs: the fixed part, then SGEs or inline data (spec §6.5). */
+/*
+ * Bytes a slot needs, a power of two: the fixed part, then SGEs or inline
+ * data (spec §6.5). 0 past a page, the largest stride there is.
+ */
+static uint32_t vrdma_stride(uint64_t bytes)
+{
+	bytes = roundup_pow_of_two(bytes);
+	return bytes > VIRTIO_RDMA_PAGE_SIZE ? 0 : (uint32_t)bytes;
+}
+
 static uint32_t vrdma_send_stride(uint32_t max_sge, uint32_t max_inline)
 {
-	uint32_t sges = 16 * max_t(uint32_t, max_sge, 1);
+	uint64_t sges = 16 * (uint64_t)max_t(uint32_t, max_sge, 1);
 
-	return roundup_pow_of_two(sizeof(struct virtio_rdma_send_wqe) +
-				  max_t(uint32_t, sges, max_inline));
+	return vrdma_stride(sizeof(struct virtio_rdma_send_wqe) +
+			    max_t(uint64_t, sges, max_inline));
 }
 
 static uint32_t vrdma_recv_stride(uint32_t max_sge)
 {
-	return roundup_pow_of_two(sizeof(struct virtio_rdma_recv_wqe) +
-				  16 * max_t(uint32_t, max_sge, 1));
+	return vrdma_stride(sizeof(struct virtio_rdma_recv_wqe) +
+			    16 * (uint64_t)max_t(uint32_t, max_sge, 1));
 }
 
 struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
@@ -155,7 +164,7 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	}
 	sstride = vrdma_send_stride(cap->max_send_sge, cap->max_inline_data);
 	sentries = vrdma_ring_entries(cap->max_send_wr, sstride);
-	if (sstride > VIRTIO_RDMA_PAGE_SIZE || sentries > ctx->max_qp_wr) {
+	if (!sstride || !sentries || sentries > ctx->max_qp_wr) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -164,7 +173,7 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	if (!attr->srq) {
 		rstride = vrdma_recv_stride(cap->max_recv_sge);
 		rentries = vrdma_ring_entries(cap->max_recv_wr, rstride);
-		if (rstride > VIRTIO_RDMA_PAGE_SIZE || rentries > ctx->max_qp_wr) {
+		if (!rstride || !rentries || rentries > ctx->max_qp_wr) {
 			errno = EINVAL;
 			return NULL;
 		}
@@ -473,7 +482,7 @@ struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
 	}
 	stride = vrdma_recv_stride(attr->attr.max_sge);
 	entries = vrdma_ring_entries(attr->attr.max_wr, stride);
-	if (stride > VIRTIO_RDMA_PAGE_SIZE || entries > ctx->max_srq_wr) {
+	if (!stride || !entries || entries > ctx->max_srq_wr) {
 		errno = EINVAL;
 		return NULL;
 	}

@@ -113,12 +113,15 @@ void vrdma_buf_free(struct vrdma_buf *b)
 /*
  * Entries of a ring of @stride-byte slots holding at least @want: a power
  * of two that fills at least a page, as the kernel driver sizes its rings
- * (spec §6.5). 0 when no such ring fits in 32 bits.
+ * (spec §6.5). 0 when @stride is 0 (no stride fits) or no such ring fits
+ * in 32 bits.
  */
 uint32_t vrdma_ring_entries(uint32_t want, uint32_t stride)
 {
 	uint64_t n = max_t(uint64_t, want, 2);
 
+	if (!stride)
+		return 0;
 	n = max_t(uint64_t, n, VIRTIO_RDMA_PAGE_SIZE / stride);
 	n = roundup_pow_of_two(n);
 	return n > UINT32_MAX ? 0 : (uint32_t)n;
