@@ -19,9 +19,13 @@
 #
 # ROOT: a trixie chroot directory or a mounted guest image. The build dependencies (cmake,
 # ninja-build, pkg-config, gcc, libnl-3-dev, libnl-route-3-dev, libudev-dev, python3, dpkg-dev)
-# are installed into it, and a deb-src line for the mirror it already uses is added
-# (etc/apt/sources.list.d/vrdma-provider-src.list) when it has none. Log: ROOT/usr/src/
-# vrdma-provider/build.log.
+# are installed into it, and a deb-src entry for the mirror it already uses is added
+# (etc/apt/sources.list.d/vrdma-provider-src.list, or .sources for a deb822 root) when it has
+# none. A mirror that serves the source tarballs but not the .dsc (some caching proxies) is
+# handled: the tarballs are checked against the root's signed Sources index and unpacked as
+# dpkg-source would. Once installed, the provider is checked in the root: no RPATH, `ldd -r`
+# clean against the root's libibverbs, dlopen works. Log: ROOT/usr/src/vrdma-provider/build.log.
+# scripts/virtio-guest/provider-check.sh ROOT then proves libibverbs picks it for the device.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 PROJECT_ROOT="$(cd "$here/../.." && pwd)"
@@ -115,7 +119,7 @@ unpack_without_dsc() {
     # In an empty directory: --print-uris leaves out the files already fetched.
     uris=$(in_root 120 sh -c "mkdir -p /tmp/vrdma-uris && cd /tmp/vrdma-uris && apt-get source -q --print-uris rdma-core=$VER" \
         2>> "$LOG" | grep "^'") \
-        || fail "apt-get source --print-uris rdma-core=$VER failed"
+        || fail "no source of rdma-core $VER in the root's apt sources (a libibverbs1 older than the mirror's? apt-get install libibverbs1 in the root)"
     while read -r _ name _ sum; do
         case "$name" in *.dsc) continue ;; esac
         file="$ROOT$CACHE/$name"
