@@ -176,7 +176,6 @@ for m in virtio_net ib_core ib_uverbs rdma_ucm nvme-rdma nvmet-rdma 9p 9pnet_vir
     in_root 60 modinfo -k "$KVER" -F filename "$m" > /dev/null 2>&1 \
         || grep -qw "$m" "$MNT/lib/modules/$KVER/modules.builtin" || die "guest kernel $KVER lacks module $m"
 done
-t2=$(date +%s)
 
 # ---- 4. checkpatch ----------------------------------------------------------------------------
 # The kernel's checkpatch, from the guest kernel's source package (downloaded into the root's
@@ -204,6 +203,8 @@ if ! (cd "$PROJECT_ROOT" && perl "$CP/linux-source-$SER/scripts/checkpatch.pl" -
     cat "$VG/checkpatch.log" >&2
     die "checkpatch.pl --strict is not clean (above; $VG/checkpatch.log)"
 fi
+
+t2=$(date +%s)
 
 # ---- 5. the rdma-core provider ------------------------------------------------------------------
 if [ "${VIRTIO_GUEST_NO_PROVIDER:-0}" = 1 ]; then
@@ -239,7 +240,7 @@ trap - EXIT
 e2fsck -fy "$TMP" > "$VG/e2fsck.log" 2>&1 || [ $? -le 1 ] || die "e2fsck failed on $TMP (see $VG/e2fsck.log)"
 mv "$TMP" "$IMG"
 t4=$(date +%s)
-echo "timings_s: apt=$((t1 - t0)) module=$((t2 - t1)) provider=$((t3 - t2)) total=$((t4 - t0))" >> "$VG/image.info.tmp"
+echo "timings_s: copy_and_apt=$((t1 - t0)) module_and_checkpatch=$((t2 - t1)) provider=$((t3 - t2)) total=$((t4 - t0))" >> "$VG/image.info.tmp"
 mv "$VG/image.info.tmp" "$VG/image.info"
 inputs > "$VG/inputs"
 cat "$VG/image.info"
