@@ -35,6 +35,16 @@ else
     PV_INITRD="$RXE_CACHE_DIR/initrd.img"
     PV_IMAGE_CMD="scripts/pvrdma-guest/image.sh"
 fi
+# pv_images [KIND...]: makes sure the images of the guests' kinds (default: PV_KIND) are built
+#   and current — the PVRDMA image always (its script also installs QEMU 11), the virtio-rdma one
+#   when a kind is virtio-pci; their output goes to stdout/stderr (callers keep it in a log)
+pv_images() {
+    local k
+    "$PROJECT_ROOT/scripts/pvrdma-guest/image.sh" || return 1
+    for k in "${@:-$PV_KIND}"; do
+        if [ "$k" = virtio-pci ]; then "$PROJECT_ROOT/scripts/virtio-guest/image.sh" || return 1; break; fi
+    done
+}
 VRDMA="${VRDMA:-$PROJECT_ROOT/target/release/vrdma}"
 QEMU11="$QEMU11_DIR/qemu"
 

@@ -10,6 +10,8 @@
 # ib_core and vmw_pvrdma load from the root). Inputs: the rxe image (size, mtime), the two
 # scripts; rebuilt only when one changed. Needs root, a loop device and Debian's mirror.
 set -euo pipefail
+# (this script makes the PVRDMA kind's image, whatever kind the caller's guests are)
+export PVRDMA_KIND=pvrdma
 . "$(dirname "$0")/config.sh"
 need_root
 FORCE=0

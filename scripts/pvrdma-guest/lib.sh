@@ -85,9 +85,12 @@ shared_serve_pid() { alive_pid "$1/daemon.pid" "$1/g1.vfio.sock"; }
 
 # shared_serve_start DIR LIFETIME_S K [SERVE OPTIONS...]: one `vrdma serve` (PVRDMA_SERVE_ARGS,
 #   then the options given) in the namespace for guests 1..K, on DIR/gN.vfio.sock and
-#   DIR/gN.net.sock (start.sh -x DIR boots a guest on them); its log DIR/daemon.log
+#   DIR/gN.net.sock (start.sh -x DIR boots a guest on them); its log DIR/daemon.log. Guest N's
+#   device is of the Nth kind in PVRDMA_KINDS ("pvrdma virtio-pci ...", default: every guest
+#   PVRDMA_KIND's); start.sh must boot it with that PVRDMA_KIND.
 shared_serve_start() {
-    local dir=$1 life=$2 k=$3 n tap tpid specs=()
+    local dir=$1 life=$2 k=$3 n tap tpid specs=() kinds
+    read -r -a kinds <<< "${PVRDMA_KINDS:-}"
     shift 3
     rm -rf "$dir"; mkdir -p "$dir"
     echo "$k" > "$dir/guests"
@@ -96,7 +99,7 @@ shared_serve_start() {
         tap=$(pv_tap "$n")
         ip -n "$NS" tuntap add dev "$tap" mode tap || { log "cannot create $tap"; return 1; }
         ip -n "$NS" link set "$tap" master "$BR" txqueuelen 10000 up
-        specs+=(--device "socket=$dir/g$n.vfio.sock,netdev=$dir/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n")
+        specs+=(--device "kind=${kinds[n - 1]:-$PV_KIND},socket=$dir/g$n.vfio.sock,netdev=$dir/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n")
     done
     # shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
     setsid nohup timeout -k 10 $((life + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \

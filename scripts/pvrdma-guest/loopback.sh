@@ -26,7 +26,7 @@ if [ "${PVRDMA_NO_BUILD:-0}" != 1 ] && [ "$VRDMA" = "$PROJECT_ROOT/target/releas
     cargo build --release --locked -p vrdma --manifest-path "$PROJECT_ROOT/Cargo.toml" > "$OUT/build.log" 2>&1 \
         || { tail -30 "$OUT/build.log"; exit 125; }
 fi
-"$PV_DIR/image.sh" > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
+pv_images > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
 if qemu_pid 1 > /dev/null; then
     say "pvrdma guest 1 is running (another suite?)"; exit 125
 fi

@@ -22,6 +22,12 @@
 # being decoded; the rxe and host pairs run as always, from the same device. MATRIX_SHM=2: each
 # guest has its own daemon, as by default, and both join one rendezvous directory (--shm-dir):
 # the pvrdma pairs go through the rings between the daemons, and are checked the same way.
+# PVRDMA_KIND=virtio-pci: guest 1 (and, unless MATRIX_KIND2 says otherwise, guest 2) is a
+# virtio-rdma guest (Debian 13, the project's virtio_rdma driver and rdma-core provider;
+# scripts/virtio-guest/image.sh) instead of a PVRDMA one, and the whole matrix adds
+# ibv_uc_pingpong (with every peer but a PVRDMA guest, which has no UC) and perftest at 4 KiB.
+# MATRIX_KIND2=pvrdma|virtio-pci: the kind of guest 2, the "pvrdma" peer (its tag says which:
+# pvrdma or virtio); so a virtio-rdma guest meets a PVRDMA one.
 # MATRIX_ONLY=REGEX runs the tests whose tag (test.peer.role) matches. Builds vrdma unless
 # PVRDMA_NO_BUILD=1. Exit: the number of failed pairs (0: all passed), 125 the harness failed.
 # Logs, captures, decodes: target/pvrdma-guest/matrix/ (summary.txt: one line a pair).
@@ -34,6 +40,10 @@ need_root
 QUICK=0
 case "${1:-}" in --quick) QUICK=1 ;; "") ;; *) sed -n '2,20p' "$0"; exit 2 ;; esac
 PEERS=${MATRIX_PEERS:-rxe host pvrdma}
+KIND1=$PV_KIND
+KIND2=${MATRIX_KIND2:-$KIND1}
+case $KIND2 in pvrdma) SECOND=pvrdma ;; virtio-pci) SECOND=virtio ;; *) echo "MATRIX_KIND2: pvrdma or virtio-pci" >&2; exit 2 ;; esac
+HCA=vmw_pvrdma; [ "$KIND1" = virtio-pci ] && HCA=virtio_rdma
 SHM=${MATRIX_SHM:-0}
 SERVE=$PV_RUN/serve            # MATRIX_SHM: the shared daemon's sockets, log and PID
 R=${MATRIX_RXE_ID:-1}
@@ -53,7 +63,7 @@ if [ "${PVRDMA_NO_BUILD:-0}" != 1 ]; then
     cargo build --release --locked -p vrdma --manifest-path "$PROJECT_ROOT/Cargo.toml" > "$OUT/build.log" 2>&1 \
         || { tail -30 "$OUT/build.log"; exit 125; }
 fi
-"$PV_DIR/image.sh" > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
+pv_images "$KIND1" "$KIND2" > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
 timeout 120 "$RXE/probe-accel.sh" >> "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
 
 # ---- guests ------------------------------------------------------------------------------------
@@ -96,13 +106,13 @@ if [ "$SHM" = 2 ]; then
     export PVRDMA_SERVE_ARGS="$PVRDMA_SERVE_ARGS --shm-dir $RDV"
     say "each guest's daemon joins the rendezvous $RDV"
 elif [ "$SHM" = 1 ]; then
-    shared_serve_start "$SERVE" $LIFE 2 || { say "the shared daemon did not start"; exit 125; }
+    PVRDMA_KINDS="$KIND1 $KIND2" shared_serve_start "$SERVE" $LIFE 2 || { say "the shared daemon did not start"; exit 125; }
     EXTERNAL=(-x "$SERVE")
     say "vrdma serve pid $(shared_serve_pid "$SERVE"): pvrdma-g1, pvrdma-g2, same-host shared memory on"
 fi
 "$PV_DIR/start.sh" -i 1 -l $LIFE "${EXTERNAL[@]}" > "$OUT/start-pv1.log" 2>&1 || { cat "$OUT/start-pv1.log"; say "pvrdma guest 1 did not start"; exit 125; }
 if has_peer pvrdma; then
-    "$PV_DIR/start.sh" -i 2 -l $LIFE "${EXTERNAL[@]}" > "$OUT/start-pv2.log" 2>&1 || { cat "$OUT/start-pv2.log"; say "pvrdma guest 2 did not start"; exit 125; }
+    PVRDMA_KIND=$KIND2 "$PV_DIR/start.sh" -i 2 -l $LIFE "${EXTERNAL[@]}" > "$OUT/start-pv2.log" 2>&1 || { cat "$OUT/start-pv2.log"; say "guest 2 ($KIND2) did not start"; exit 125; }
 fi
 cat "$OUT"/start-*.log >&2
 
@@ -252,19 +262,20 @@ run() {
     local name=$1 peer=$2 g=$3 h=$4 kind=${5:-tcp} port=${6:-18515} side gs gc hs hc
     has_peer "$peer" || return
     gs=${g%%|*}; gc=${g#*|}
+    local tag=$peer
     case $peer in
         rxe) side=rxe; hs=$gs; hc=$gc ;;
-        pvrdma) side=pv2; hs=$gs; hc=$gc ;;
+        pvrdma) side=pv2; hs=$gs; hc=$gc; tag=$SECOND ;;
         host) side=host; hs=$h; hc=$h; [ "$h" = - ] && return ;;
     esac
-    pair "$name.$peer.pv1-server" pv1 "$side" "$gs" "$hc" "$kind" "$port"
-    pair "$name.$peer.$peer-server" "$side" pv1 "$hs" "$gc" "$kind" "$port"
+    pair "$name.$tag.pv1-server" pv1 "$side" "$gs" "$hc" "$kind" "$port"
+    pair "$name.$tag.$tag-server" "$side" pv1 "$hs" "$gc" "$kind" "$port"
 }
 
 # ---- the device as the guest sees it ------------------------------------------------------------
 "$PV_DIR/exec.sh" -i 1 -t 60 'ibv_devinfo -v' > "$OUT/devinfo.txt" 2>&1
-if grep -qE '^hca_id:[[:space:]]+vmw_pvrdma' "$OUT/devinfo.txt" && grep -q PORT_ACTIVE "$OUT/devinfo.txt"; then
-    PASS=$((PASS + 1)); summary "ibv_devinfo.pv1" "ok   (vmw_pvrdma, PORT_ACTIVE)"
+if grep -qE "^hca_id:[[:space:]]+$HCA" "$OUT/devinfo.txt" && grep -q PORT_ACTIVE "$OUT/devinfo.txt"; then
+    PASS=$((PASS + 1)); summary "ibv_devinfo.pv1" "ok   ($HCA, PORT_ACTIVE)"
 else
     FAILED+=(ibv_devinfo.pv1); summary "ibv_devinfo.pv1" "FAIL (see $OUT/devinfo.txt)"
 fi
@@ -289,10 +300,20 @@ for peer in $PEERS; do
     for size in 1 1024; do
         run "ud.s$size" "$peer" "ibv_ud_pingpong $G -s $size -n 100" "pingpong ud -s $size -n 100"
     done
-    for spec in "write_bw 1 100" "write_bw 1048576 5" "read_bw 1 100" "read_bw 1048576 5" \
-        "send_bw 1 100" "send_bw 1048576 5" "atomic_bw 8 100" \
-        "write_lat 1 100" "write_lat 1048576 5" "read_lat 1 100" "read_lat 1048576 5" \
-        "send_lat 1 100" "send_lat 1048576 5" "atomic_lat 8 100"; do
+    # (UC: a virtio-rdma guest's, with any peer but a PVRDMA guest, whose device has none)
+    if [ "$KIND1" = virtio-pci ] && ! { [ "$peer" = pvrdma ] && [ "$KIND2" = pvrdma ]; }; then
+        run uc.s4096 "$peer" "ibv_uc_pingpong $G -m $MTU -s 4096 -n 100" "pingpong uc -m $MTU -s 4096 -n 100"
+    fi
+    sizes="1 1048576"; [ "$KIND1" = virtio-pci ] && sizes="1 4096 1048576"
+    specs=()
+    for t in write_bw read_bw send_bw write_lat read_lat send_lat; do
+        for size in $sizes; do
+            n=100; [ "$size" = 1048576 ] && n=5
+            specs+=("$t $size $n")
+        done
+    done
+    specs+=("atomic_bw 8 100" "atomic_lat 8 100")
+    for spec in "${specs[@]}"; do
         read -r t size n <<< "$spec"
         s="-s $size"; [[ $t == atomic* ]] && s=""
         run "$t.s$size" "$peer" "ib_$t $P -m $MTU $s -n $n" "perf $t -m $MTU $s -n $n"

@@ -29,7 +29,7 @@ if [ "${PVRDMA_NO_BUILD:-0}" != 1 ]; then
     cargo build --release --locked -p vrdma --manifest-path "$PROJECT_ROOT/Cargo.toml" > "$OUT/build.log" 2>&1 \
         || { tail -30 "$OUT/build.log"; exit 125; }
 fi
-"$PV_DIR/image.sh" > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
+pv_images > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
 for n in 1 2; do
     if qemu_pid "$n" > /dev/null && [ "${BENCH_FORCE:-0}" != 1 ]; then
         say "pvrdma guest $n is running (another suite?); BENCH_FORCE=1 stops it first"; exit 125

@@ -53,7 +53,7 @@ if [ "${PVRDMA_NO_BUILD:-0}" != 1 ]; then
     step "cargo build --release -p vrdma" "$(since "$t")"
 fi
 t=$(now)
-"$PV_DIR/image.sh" > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
+pv_images > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
 timeout 120 "$RXE/probe-accel.sh" >> "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
 step "image.sh (+ rxe probe-accel)" "$(since "$t")"
 

@@ -84,7 +84,10 @@ inputs() {
         echo "build-provider.sh: $(sha256sum < "$here/build-provider.sh" | cut -d' ' -f1)"
     fi
 }
-if [ $FORCE = 0 ] && [ -s "$IMG" ] && [ -s "$VG/inputs" ] && diff -q <(inputs) "$VG/inputs" > /dev/null; then
+# (the image itself too: a file another script wrote over is not this one's output)
+output() { stat -c 'output: %s %Y' "$IMG"; }
+if [ $FORCE = 0 ] && [ -s "$IMG" ] && [ -s "$VG/inputs" ] \
+    && diff -q <(inputs; output) "$VG/inputs" > /dev/null; then
     log "image up to date: $IMG ($(sed -n 's/^kernel: //p' "$VG/image.info" 2>/dev/null))"
     exit 0
 fi
@@ -245,6 +248,6 @@ mv "$TMP" "$IMG"
 t4=$(date +%s)
 echo "timings_s: copy_and_apt=$((t1 - t0)) module_and_checkpatch=$((t2 - t1)) provider=$((t3 - t2)) total=$((t4 - t0))" >> "$VG/image.info.tmp"
 mv "$VG/image.info.tmp" "$VG/image.info"
-inputs > "$VG/inputs"
+{ inputs; output; } > "$VG/inputs"
 cat "$VG/image.info"
 log "image ready: $IMG (kernel $PV_KERNEL, initrd $PV_INITRD)"
