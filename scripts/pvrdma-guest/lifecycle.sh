@@ -5,8 +5,14 @@
 #   1. both guests up; ibv_rc_pingpong pv1 <-> pv2; the objects the guest kernels hold noted
 #   2. driver unload in pv1 (rmmod vmw_pvrdma): its device holds no object, reset counted;
 #      reload (modprobe): port ACTIVE again, same objects as at boot; pingpong again
-#   3. pv1 reboots (sysrq b: no driver teardown, QEMU resets the device): same objects as at
-#      boot after it is up again, nothing left of before; pingpong again
+#   2b. (virtio-rdma) a process in pv1 holds a verbs context (PD, MR, CQ, RC QP, through the
+#      provider; scripts/virtio-guest/guest/hold-context.py) while the driver is unloaded: the
+#      unload does not wait for it, the process gets IB_EVENT_DEVICE_FATAL and closes, the
+#      device holds nothing; reload and pingpong again
+#   3. pv1 reboots (sysrq b: no driver teardown, QEMU resets the device) LIFECYCLE_REBOOTS
+#      times (default 1; 5 for virtio-rdma guests) while pv2 runs ib_write_bw -D against the
+#      host's `vrdma perf` (which must pass): same objects as at boot after each, nothing left
+#      of before; pingpong again
 #   4. QEMU of pv1 killed (SIGKILL) in the middle of an ib_write_bw against the host's
 #      `vrdma perf`, while pv2 is in the middle of ibv_rc_pingpong against the host's
 #      `vrdma pingpong` (on a second address of the namespace's bridge, 10.47.91.2):
@@ -14,6 +20,7 @@
 #      for pv1 connects to the same socket, boots, and pingpongs with pv2
 #   The daemon is the same process from start to end (its PID checked after every step).
 #   scripts/pvrdma-guest/lifecycle.sh      # about 4 minutes under TCG
+#   PVRDMA_KIND=virtio-pci scripts/pvrdma-guest/lifecycle.sh   # virtio-rdma guests
 # Builds vrdma unless PVRDMA_NO_BUILD=1. Exit: the number of failed checks (0: all passed),
 # 125 the harness failed. Logs: target/pvrdma-guest/lifecycle/ (summary.txt, the daemon's log).
 set -uo pipefail
@@ -21,6 +28,9 @@ set -uo pipefail
 . "$PV_DIR/lib.sh"
 need_root
 OUT=$PV_CACHE/lifecycle
+# the guests' driver, and the counter of the resets of their device
+if [ "$PV_KIND" = virtio-pci ]; then DRV=virtio_rdma; RESETS=pci.resets; REBOOTS=${LIFECYCLE_REBOOTS:-5}
+else DRV=vmw_pvrdma; RESETS=pvrdma.resets; REBOOTS=${LIFECYCLE_REBOOTS:-1}; fi
 SERVE=$PV_RUN/serve            # the shared daemon's sockets, log and PID
 LIFE=1800
 rm -rf "$OUT"; mkdir -p "$OUT"
@@ -132,31 +142,69 @@ check "1. pv1 <-> pv2 ibv_rc_pingpong, one daemon for both" pingpong
 
 # ---- 2. driver unload / reload ------------------------------------------------------------------
 mark
-resets=$(counter 1 pvrdma.resets)
-check "2. rmmod vmw_pvrdma in pv1" $X1 -t 120 'rmmod vmw_pvrdma'
+resets=$(counter 1 $RESETS)
+check "2. rmmod $DRV in pv1" $X1 -t 120 "rmmod $DRV"
 mark
 check "2. pv1's device holds no object after rmmod ($(objects 1))" none_held 1
-check "2. the unload reset the device (pvrdma.resets $resets -> $(counter 1 pvrdma.resets))" \
-    test "$(counter 1 pvrdma.resets)" -gt "${resets:-0}"
-reload() { $X1 -t 120 'modprobe vmw_pvrdma' && wait_port 1; }
-check "2. modprobe vmw_pvrdma; port ACTIVE with its GID" reload
+check "2. the unload reset the device ($RESETS $resets -> $(counter 1 $RESETS))" \
+    test "$(counter 1 $RESETS)" -gt "${resets:-0}"
+reload() { $X1 -t 120 "modprobe $DRV" && wait_port 1; }
+check "2. modprobe $DRV; port ACTIVE with its GID" reload
 mark
 check "2. pv1's device holds what it held at boot ($(objects 1))" same_as_boot
 check "2. pv1 <-> pv2 ibv_rc_pingpong after the reload" pingpong
 
-# ---- 3. guest reboot -----------------------------------------------------------------------------
+# ---- 2b. a process holds a context while the driver goes (virtio-rdma) ------------------------
+if [ "$PV_KIND" = virtio-pci ]; then
+    cp "$PROJECT_ROOT/scripts/virtio-guest/guest/hold-context.py" "$(guest_dir 1)/share/bin/"
+    JH=$($X1 -t 200 -b 'python3 /harness/bin/hold-context.py $RXE_DEV 150')
+    held() { grep -q '^ready' "$JH.stdout" 2>/dev/null; }
+    check "2b. a process in pv1 holds a context: PD, MR, CQ, RC QP" wait_for 120 held
+    mark
+    held_objects=$(objects 1)
+    check "2b. the device holds its objects besides the kernel's ($held_objects)" \
+        test "$held_objects" != "$BOOT1"
+    check "2b. rmmod $DRV under it returns" $X1 -t 120 "rmmod $DRV"
+    fatal() { wait_for 60 test -e "$JH.rc"; cat "$JH.stdout" "$JH.stderr"; [ "$(cat "$JH.rc")" = 0 ] &&
+        grep -q 'device fatal seen' "$JH.stdout"; }
+    check "2b. the process got IB_EVENT_DEVICE_FATAL, closed its objects and exited 0" fatal
+    mark
+    check "2b. pv1's device holds no object ($(objects 1))" none_held 1
+    check "2b. modprobe $DRV; port ACTIVE with its GID" reload
+    mark
+    check "2b. pv1's device holds what it held at boot ($(objects 1))" same_as_boot
+    check "2b. pv1 <-> pv2 ibv_rc_pingpong after the reload" pingpong
+fi
+
+# ---- 3. guest reboots ----------------------------------------------------------------------------
 D1=$(guest_dir 1)
-mark
-resets=$(counter 1 pvrdma.resets)
-J=$($X1 -b 'sync; echo b > /proc/sysrq-trigger')
-# once the guest took the job (renamed it), its old "ready" goes; the reboot's init writes it anew
-wait_for 30 test -e "$J.started" && rm -f "$D1/share/out/ready"
-check "3. pv1 rebooted (sysrq b) and is ready again" wait_for 300 test -e "$D1/share/out/ready"
-mark
-check "3. the reboot reset the device (pvrdma.resets $resets -> $(counter 1 pvrdma.resets))" \
-    test "$(counter 1 pvrdma.resets)" -gt "${resets:-0}"
-check "3. pv1's device holds what it held at boot ($(objects 1))" same_as_boot
-check "3. pv1 <-> pv2 ibv_rc_pingpong after the reboot" pingpong
+# meanwhile pv2 writes to the host for as long as the reboots take (about 25 s each here)
+DUR=$((30 + 25 * REBOOTS))
+host_bg0() {   # (as host_bg below: `vrdma ARGS` in the namespace, in a session of its own)
+    local name=$1; shift
+    setsid bash -c 'timeout 600 ip netns exec "$0" "${@:2}" > "$1.out" 2>&1; echo $? > "$1.rc"' \
+        "$NS" "$OUT/host.$name" "$VRDMA" "$@" < /dev/null > /dev/null 2>&1 &
+    echo $! > "$OUT/host.$name.pid"
+}
+host_bg0 dbw perf write_bw -e -m 1024 -s 65536 -D "$DUR" -p 18603 --timeout 60
+wait_for 30 bash -c "ip netns exec $NS ss -Hltn 'sport = :18603' | grep -q ." || { say "the host's server did not listen"; exit 125; }
+JW=$($X2 -t $((DUR + 120)) -b "ib_write_bw -d \$RXE_DEV -x \$RXE_GID_IDX -F -m 1024 -s 65536 -D $DUR -p 18603 $HOST_IP")
+for ((r = 1; r <= REBOOTS; r++)); do
+    mark
+    resets=$(counter 1 $RESETS)
+    J=$($X1 -b 'sync; echo b > /proc/sysrq-trigger')
+    # once the guest took the job (renamed it), its old "ready" goes; the reboot's init writes it anew
+    wait_for 30 test -e "$J.started" && rm -f "$D1/share/out/ready"
+    check "3. reboot $r: pv1 rebooted (sysrq b) and is ready again" wait_for 300 test -e "$D1/share/out/ready"
+    mark
+    check "3. reboot $r: the reboot reset the device ($RESETS $resets -> $(counter 1 $RESETS))" \
+        test "$(counter 1 $RESETS)" -gt "${resets:-0}"
+    check "3. reboot $r: pv1's device holds what it held at boot ($(objects 1))" same_as_boot
+done
+wrote() { wait_for $((DUR + 120)) test -e "$JW.rc"; tail -5 "$JW.stdout" "$JW.stderr"
+    [ "$(cat "$JW.rc")" = 0 ] && wait_for 60 test -e "$OUT/host.dbw.rc" && [ "$(cat "$OUT/host.dbw.rc")" = 0 ]; }
+check "3. pv2's ib_write_bw -D $DUR against the host passed through pv1's $REBOOTS reboot(s)" wrote
+check "3. pv1 <-> pv2 ibv_rc_pingpong after the reboots" pingpong
 check "3. the same daemon serves (pid $DPID)" daemon_same
 check "3. no kernel panic in the guests" no_panic
 
