@@ -88,6 +88,17 @@ if [ "$(id -u)" = 0 ] && [ -x "$harness/start.sh" ]; then
     # 4 minutes (TCG).
     echo "== NVMe-oF (RDMA) between a virtio-rdma guest and an rxe guest"
     scripts/virtio-guest/nvmf.sh
+    # Stock rdma-core tools in a virtio-rdma guest, through the project's
+    # provider (post and poll in user space): the interop matrix's subset,
+    # both roles each — ibv_devinfo; ibv_rc_pingpong against rxe, the
+    # host's vrdma and a second virtio-rdma guest; ib_write_bw 1 MiB with
+    # the host; rping with the second guest; ib_write_bw -R (rdma_cm) with
+    # rxe; every exchange on the wire decoded. Both virtio-rdma guests on
+    # one daemon: their pairs go through same-host shared memory. About 5
+    # minutes (TCG). The whole matrix, the lifecycle checks and the
+    # benchmark are documented commands (README).
+    echo "== Linux guests on vrdma serve (virtio-rdma): the interop matrix's subset"
+    PVRDMA_KIND=virtio-pci MATRIX_SHM=1 scripts/pvrdma-guest/matrix.sh --quick
     # A virtio-rdma device (the test kit's front-end playing the guest)
     # against rxe: the pingpong pairs at MTU 1024, both roles, captured
     # and decoded (about 3 minutes).

@@ -11,13 +11,20 @@
 #           guest): the device path's overhead is the vrdma row against this one
 # Each cell is the median of BENCH_REPS (3) runs. One guest has one of the two devices at a
 # time: the vrdma runs come first, then rxe's, then the host's.
+# PVRDMA_KIND=virtio-pci: the guest is a virtio-rdma guest instead (Debian 13, virtio-net +
+# the project's virtio_rdma driver and provider; rxe then runs on its virtio-net), so the vrdma
+# row is virtio-rdma's with kernel-bypass doorbells; PVRDMA_DEVICE_OPTS (e.g. doorbells=event)
+# reaches the daemon's device as always. Compare guests of different kinds by their ratios to
+# the rxe of their own guest: under TCG a Debian 13 guest is itself several times slower than a
+# Debian 12 one (rxe against rxe, 4 KiB ibv_rc_pingpong: 15 ms against 4.3 ms a round trip).
 # Results: target/pvrdma-guest/bench/ (results.md: the table; one log a run). PVRDMA_NO_BUILD=1
 # skips the cargo build. Exit 0, or 1 when a run failed, 125 the harness failed.
 set -uo pipefail
 . "$(dirname "$0")/config.sh"
 . "$PV_DIR/lib.sh"
 need_root
-OUT=$PV_CACHE/bench
+OUT=$PV_CACHE/bench${BENCH_TAG:+-$BENCH_TAG}
+DRV=vmw_pvrdma; [ "$PV_KIND" = virtio-pci ] && DRV=virtio_rdma
 REPS=${BENCH_REPS:-3}
 MTU=1024
 HOST2=$NET_PREFIX.2            # the host-side client's address for the engine-direct row
@@ -45,7 +52,7 @@ X="$PV_DIR/exec.sh -i 1"
 {
     echo "machine: $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
     echo "commit: $(git -C "$PROJECT_ROOT" rev-parse --short HEAD)$(git -C "$PROJECT_ROOT" diff --quiet HEAD -- crates || echo '+changes')"
-    echo "guest: QEMU $("$QEMU11" --version | head -1 | awk '{print $4}'), $(cat "$RXE_CACHE_DIR/accel" 2>/dev/null || echo tcg), $PV_CPUS vCPUs, $PV_MEM; kernel $($X 'uname -r')"
+    echo "guest: QEMU $("$QEMU11" --version | head -1 | awk '{print $4}'), $(cat "$RXE_CACHE_DIR/accel" 2>/dev/null || echo tcg), $PV_CPUS vCPUs, $PV_MEM; kernel $($X 'uname -r'); device $PV_KIND ($DRV)${PVRDMA_DEVICE_OPTS:+, $PVRDMA_DEVICE_OPTS}"
     echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
 } > "$OUT/machine.txt"
 
@@ -98,13 +105,13 @@ run_config() {
     done
 }
 
-# ---- vrdma: the guest's vmw_pvrdma ---------------------------------------------------------------
+# ---- vrdma: the guest's vmw_pvrdma or virtio_rdma ----------------------------------------------
 $X 'ibv_devinfo -d $RXE_DEV | grep -E "hca_id|active_mtu"' > "$OUT/vrdma.devinfo" 2>&1
 run_config vrdma
-# ---- rxe: the same guest, vmw_pvrdma gone, rxe on the same vmxnet3 --------------------------------
+# ---- rxe: the same guest, its vrdma driver gone, rxe on the same NIC (vmxnet3 or virtio-net) ----
 # (rxe's table holds RoCE v1 and v2 GIDs, for the link-local address too: its RoCE v2 IPv4 GID
 # is found by value, not by vmw_pvrdma's index)
-$X -t 120 'rmmod vmw_pvrdma && modprobe rdma_rxe && rdma link add rxe0 type rxe netdev $RXE_NETDEV || exit 1
+$X -t 120 "rmmod $DRV"' && modprobe rdma_rxe && rdma link add rxe0 type rxe netdev $RXE_NETDEV || exit 1
     want=$(printf "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" ${GUEST_IP//./ })
     P=/sys/class/infiniband/rxe0/ports/1
     for k in $(seq 300); do
@@ -119,7 +126,7 @@ $X -t 120 'rmmod vmw_pvrdma && modprobe rdma_rxe && rdma link add rxe0 type rxe 
 RXE_IDX=$(grep -xE '[0-9]+' "$OUT/rxe.setup" | tail -1)
 [ -n "$RXE_IDX" ] || { cat "$OUT/rxe.setup"; say "no RoCE v2 GID index for rxe0"; exit 125; }
 $X 'ibv_devinfo -d rxe0 | grep -E "hca_id|active_mtu"' > "$OUT/rxe.devinfo" 2>&1
-GPRE="RXE_DEV=rxe0; RXE_GID_IDX=$RXE_IDX; "    # the jobs' variables name vmw_pvrdma's device
+GPRE="RXE_DEV=rxe0; RXE_GID_IDX=$RXE_IDX; "    # the jobs' variables name the vrdma device
 run_config rxe
 # ---- host: engine direct ---------------------------------------------------------------------------
 run_config host
