@@ -176,17 +176,19 @@ if [ "$PV_KIND" = virtio-pci ]; then
     check "2b. pv1 <-> pv2 ibv_rc_pingpong after the reload" pingpong
 fi
 
-# ---- 3. guest reboots ----------------------------------------------------------------------------
-D1=$(guest_dir 1)
-# meanwhile pv2 writes to the host for as long as the reboots take (about 25 s each here)
-DUR=$((30 + 25 * REBOOTS))
-host_bg0() {   # (as host_bg below: `vrdma ARGS` in the namespace, in a session of its own)
+host_bg() {   # host_bg NAME ARGS...: `vrdma ARGS` in the namespace, in the background, in a
+    # session of its own (host.NAME.pid: its leader, so that cleanup stops the whole group)
     local name=$1; shift
     setsid bash -c 'timeout 600 ip netns exec "$0" "${@:2}" > "$1.out" 2>&1; echo $? > "$1.rc"' \
         "$NS" "$OUT/host.$name" "$VRDMA" "$@" < /dev/null > /dev/null 2>&1 &
     echo $! > "$OUT/host.$name.pid"
 }
-host_bg0 dbw perf write_bw -e -m 1024 -s 65536 -D "$DUR" -p 18603 --timeout 60
+
+# ---- 3. guest reboots ----------------------------------------------------------------------------
+D1=$(guest_dir 1)
+# meanwhile pv2 writes to the host for as long as the reboots take (about 25 s each here)
+DUR=$((30 + 25 * REBOOTS))
+host_bg dbw perf write_bw -e -m 1024 -s 65536 -D "$DUR" -p 18603 --timeout 60
 wait_for 30 bash -c "ip netns exec $NS ss -Hltn 'sport = :18603' | grep -q ." || { say "the host's server did not listen"; exit 125; }
 JW=$($X2 -t $((DUR + 120)) -b "ib_write_bw -d \$RXE_DEV -x \$RXE_GID_IDX -F -m 1024 -s 65536 -D $DUR -p 18603 $HOST_IP")
 for ((r = 1; r <= REBOOTS; r++)); do
@@ -214,13 +216,6 @@ check "3. no kernel panic in the guests" no_panic
 # UDP port 4791 of its address)
 HOST2=$NET_PREFIX.2
 ip -n "$NS" addr add "$HOST2/24" dev "$BR" 2>/dev/null
-host_bg() {   # host_bg NAME ARGS...: `vrdma ARGS` in the namespace, in the background, in a
-    # session of its own (host.NAME.pid: its leader, so that cleanup stops the whole group)
-    local name=$1; shift
-    setsid bash -c 'timeout 300 ip netns exec "$0" "${@:2}" > "$1.out" 2>&1; echo $? > "$1.rc"' \
-        "$NS" "$OUT/host.$name" "$VRDMA" "$@" < /dev/null > /dev/null 2>&1 &
-    echo $! > "$OUT/host.$name.pid"
-}
 host_listens() { wait_for 30 bash -c "ip netns exec $NS ss -Hltn 'sport = :$1' | grep -q ."; }
 # (both sleep for completions: two busy-polling host tools take both of this machine's cores
 # from the emulated guests and the daemon, and the write_bw server, starved, let pv1's RC QP
