@@ -180,7 +180,11 @@ int vrdma_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 	size_t off;
 	int ret = 0;
 
-	/* Shared, writable, never executable, not inherited (§8.7). */
+	/*
+	 * Shared, writable, never executable (§8.7); inherited by a child as a
+	 * NIC's doorbell page is: librdmacm opens its contexts once, and a
+	 * child of fork() posts on them (rdma-core's own tests do).
+	 */
 	if (vma->vm_flags & VM_EXEC)
 		return -EPERM;
 	rdma = rdma_user_mmap_entry_get(ibuc, vma);
@@ -188,10 +192,10 @@ int vrdma_mmap(struct ib_ucontext *ibuc, struct vm_area_struct *vma)
 		return -EINVAL;
 	e = container_of(rdma, struct vrdma_db_entry, rdma);
 #ifdef VRDMA_HAVE_VM_FLAGS_SET
-	vm_flags_set(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP);
+	vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	vm_flags_clear(vma, VM_MAYEXEC);
 #else
-	vma->vm_flags |= VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP;
+	vma->vm_flags |= VM_DONTEXPAND | VM_DONTDUMP;
 	vma->vm_flags &= ~VM_MAYEXEC;
 #endif
 	for (off = 0, addr = vma->vm_start; off < e->size && !ret;
