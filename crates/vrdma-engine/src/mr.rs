@@ -683,6 +683,11 @@ impl Keys {
             // is never bound to nothing (IBTA o10-37.2.40).
             return Err(KeyOpError::WrongState);
         }
+        // A window's rights are remote ones (IBTA Vol1 §10.6.7.2); a local
+        // write right in a bind names nothing a window grants, and is
+        // ignored as rxe and mlx5 ignore it (rdma-core's own MW tests bind
+        // with it). Anything else is refused.
+        let access = Access(access.0 & !Access::LOCAL_WRITE.0);
         let remote = Access::REMOTE_WRITE
             .with(Access::REMOTE_READ)
             .with(Access::REMOTE_ATOMIC);

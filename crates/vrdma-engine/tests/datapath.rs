@@ -1240,6 +1240,20 @@ fn bindable(net: &mut Net, s: Side) -> Lkey {
 }
 
 fn bind(net: &mut Net, s: Side, mw: Rkey, key: u8, mr: Lkey, at: u64, len: u64) -> WcStatus {
+    bind_with(net, s, mw, key, mr, at, len, Access::REMOTE_WRITE)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bind_with(
+    net: &mut Net,
+    s: Side,
+    mw: Rkey,
+    key: u8,
+    mr: Lkey,
+    at: u64,
+    len: u64,
+    access: Access,
+) -> WcStatus {
     let wr = SendWr {
         wr_id: 600,
         op: SendOp::BindMw {
@@ -1248,7 +1262,7 @@ fn bind(net: &mut Net, s: Side, mw: Rkey, key: u8, mr: Lkey, at: u64, len: u64) 
             mr,
             addr: BASE + at,
             length: len,
-            access: Access::REMOTE_WRITE,
+            access,
         },
         payload: Payload::Sges(&[]),
         flags: SendFlags::SIGNALED,
@@ -1365,6 +1379,33 @@ fn binding_needs_mw_bind_rights_on_the_mr() {
     // b.lkey's MR has no MW_BIND.
     assert_eq!(bind(&mut net, b, mw, 3, b.lkey, 0, 64), WcStatus::MwBindErr);
     assert_eq!(qp_state(&mut net, b), QpState::Err);
+}
+
+#[test]
+fn a_binds_local_write_right_is_ignored_and_other_rights_are_refused() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let mr = bindable(&mut net, b);
+    let mw = e(&mut net, b).alloc_mw(b.pd, MwType::One).unwrap();
+    // As rdma-core's MW tests bind: LOCAL_WRITE beside REMOTE_WRITE.
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    assert_eq!(
+        bind_with(&mut net, b, mw, 0x31, mr, 0x1000, 0x40, rights),
+        WcStatus::Success
+    );
+    let key = Rkey::new(mw.index(), 0x31);
+    let binding = e(&mut net, b).mw(key).unwrap().binding.unwrap();
+    assert_eq!(binding.access, Access::REMOTE_WRITE, "no local right kept");
+    fill(&mut net, a, 0, b"through");
+    post(&mut net, a, &write_wr(1, a, key, 0x1000, 7));
+    net.run(100);
+    assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
+    assert_eq!(read(&net, b, 0x1000, 7), b"through");
+    // A right no window has (MW_BIND) is a bind error.
+    let rights = Access::REMOTE_READ | Access::MW_BIND;
+    assert_eq!(
+        bind_with(&mut net, b, mw, 0x32, mr, 0x1000, 0x40, rights),
+        WcStatus::MwBindErr
+    );
 }
 
 #[test]
