@@ -65,6 +65,16 @@ struct virtio_rdma_create_cq_uresp {
 	__u32 doorbell; /* its doorbell index in the context (§8.2) */
 };
 
+/*
+ * resize_cq: the new ring (spec §6.15), in new memory: the device moves
+ * the completions the old ring holds into its first entries, and the
+ * process's consumer index starts again at 0. The new size comes back in
+ * the uverbs response (cqe = entries - 1).
+ */
+struct virtio_rdma_resize_cq_ureq {
+	struct virtio_rdma_uring ring;
+};
+
 struct virtio_rdma_create_srq_ureq {
 	struct virtio_rdma_uring ring;
 };

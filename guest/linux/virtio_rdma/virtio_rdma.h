@@ -136,12 +136,27 @@ struct vrdma_cq {
 	u32 handle;
 	u32 ctx;
 	u32 doorbell;
-	/* Serializes polling and arming. */
+	/* Serializes polling and arming, and swapping rings on a resize. */
 	spinlock_t lock;
 	/* A kernel CQ's ring, or a user CQ's (its process polls it). */
 	struct vrdma_ring ring;
 	struct vrdma_uring uring;
 	u64 arm_seq;
+	/* One resize at a time (RESIZE_CQ sleeps). */
+	struct mutex resize_lock;
+	/*
+	 * A kernel CQ's RESIZE_CQ is with the device: polls find nothing and
+	 * an arm waits (arm_pending, its flags in arm_flags) for the new ring.
+	 */
+	bool resizing;
+	bool arm_pending;
+	enum ib_cq_notify_flags arm_flags;
+};
+
+/* A memory window (spec §6.20): the device names it by its rkey's index. */
+struct vrdma_mw {
+	struct ib_mw ibmw;
+	u32 ctx;
 };
 
 struct vrdma_srq {
@@ -162,6 +177,9 @@ struct vrdma_qp {
 	u32 doorbell;
 	u8 type;
 	bool sig_all;
+	/* The capacities the device answered CREATE_QP with. */
+	u32 max_send_wr;
+	u32 max_recv_wr;
 	u32 max_send_sge;
 	u32 max_recv_sge;
 	u32 max_inline;

@@ -30,7 +30,8 @@
 /* What the driver does of the device's capabilities (kernel verbs). */
 #define VRDMA_CAP_FLAGS (IB_DEVICE_CURR_QP_STATE_MOD | IB_DEVICE_RC_RNR_NAK_GEN | \
 			 IB_DEVICE_PORT_ACTIVE_EVENT | IB_DEVICE_SYS_IMAGE_GUID | \
-			 IB_DEVICE_MEM_MGT_EXTENSIONS)
+			 IB_DEVICE_MEM_MGT_EXTENSIONS | IB_DEVICE_MEM_WINDOW | \
+			 IB_DEVICE_MEM_WINDOW_TYPE_2B)
 
 static inline struct vrdma_pd *to_vpd(struct ib_pd *pd)
 {
@@ -50,6 +51,11 @@ static inline struct vrdma_qp *to_vqp(struct ib_qp *qp)
 static inline struct vrdma_srq *to_vsrq(struct ib_srq *srq)
 {
 	return container_of(srq, struct vrdma_srq, ibsrq);
+}
+
+static inline struct vrdma_mw *to_vmw(struct ib_mw *mw)
+{
+	return container_of(mw, struct vrdma_mw, ibmw);
 }
 
 static inline struct vrdma_ah *to_vah(struct ib_ah *ah)
@@ -173,6 +179,7 @@ static int vrdma_query_device(struct ib_device *ib, struct ib_device_attr *a,
 	a->max_cq = le32_to_cpu(d->max_cq);
 	a->max_cqe = le32_to_cpu(d->max_cqe);
 	a->max_mr = le32_to_cpu(d->max_mr);
+	a->max_mw = le32_to_cpu(d->max_mw);
 	a->max_pd = le32_to_cpu(d->max_pd);
 	a->max_qp_rd_atom = le32_to_cpu(d->max_qp_rd_atom);
 	a->max_qp_init_rd_atom = le32_to_cpu(d->max_qp_init_rd_atom);
@@ -449,6 +456,38 @@ static int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg,
 	return ib_sg_to_pages(ibmr, sg, nents, offset, vrdma_set_page);
 }
 
+/*
+ * A memory window (spec §6.20), for a process: ib_core has no kernel
+ * verb that binds one. Its process binds it by a BIND_MW work request.
+ */
+static int vrdma_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibmw->device);
+	struct vrdma_pd *pd = to_vpd(ibmw->pd);
+	struct vrdma_mw *mw = to_vmw(ibmw);
+	struct virtio_rdma_alloc_mw req = {
+		.pd = cpu_to_le32(pd->handle),
+		.mw_type = cpu_to_le32(ibmw->type == IB_MW_TYPE_1 ? 1 : 2),
+	};
+	struct virtio_rdma_handle_resp resp;
+	int ret;
+
+	mw->ctx = pd->ctx;
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_ALLOC_MW, mw->ctx, &req,
+			sizeof(req), NULL, 0, &resp, sizeof(resp));
+	if (ret)
+		return ret;
+	ibmw->rkey = le32_to_cpu(resp.handle);
+	return 0;
+}
+
+static int vrdma_dealloc_mw(struct ib_mw *ibmw)
+{
+	/* The window's index names it, whatever key its binds gave it. */
+	return vrdma_destroy_handle(to_vdev(ibmw->device), to_vmw(ibmw)->ctx,
+				    VIRTIO_RDMA_CMD_DEALLOC_MW, ibmw->rkey);
+}
+
 static void vrdma_av_of(struct virtio_rdma_av *av,
 			const struct rdma_ah_attr *ah)
 {
@@ -522,6 +561,7 @@ static int vrdma_create_user_cq(struct ib_cq *ibcq,
 	if (!pages)
 		return -ENOMEM;
 	spin_lock_init(&cq->lock);
+	mutex_init(&cq->resize_lock);
 	ret = vrdma_uring_get(ibcq->device, &ureq.ring, &cq->uring, &req.ring,
 			      pages);
 	if (ret)
@@ -574,6 +614,7 @@ static int vrdma_create_cq_udata(struct ib_cq *ibcq,
 	if (entries > max + 1)
 		return -EINVAL;
 	spin_lock_init(&cq->lock);
+	mutex_init(&cq->resize_lock);
 	ret = vrdma_ring_alloc(&cq->ring, entries, sizeof(struct virtio_rdma_cqe));
 	if (ret)
 		return ret;
@@ -635,7 +676,151 @@ static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	xa_erase_irq(&dev->cqs, cq->handle);
 	vrdma_ring_free(&cq->ring);
 	vrdma_uring_put(&cq->uring);
+	mutex_destroy(&cq->resize_lock);
 	return 0;
+}
+
+/*
+ * RESIZE_CQ (spec §6.15) with the new ring described in @req and @pages:
+ * the device moves the completions the old ring holds into the new one.
+ * The CQ's new size is set on success.
+ */
+static int vrdma_resize_cmd(struct vrdma_dev *dev, struct vrdma_cq *cq,
+			    struct virtio_rdma_resize_cq *req, const u64 *pages)
+{
+	struct virtio_rdma_resize_cq_resp resp;
+	int ret;
+
+	req->cq = cpu_to_le32(cq->handle);
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_RESIZE_CQ, cq->ctx, req,
+			sizeof(*req), pages, le32_to_cpu(req->ring.npages),
+			&resp, sizeof(resp));
+	if (ret)
+		return ret;
+	/* The ring's entries, one slot always free. */
+	cq->ibcq.cqe = le32_to_cpu(req->ring.entries) - 1;
+	return 0;
+}
+
+/*
+ * A user CQ: the process gives a new ring in its memory and holds off its
+ * own polling and arming meanwhile (its provider's lock); the old ring is
+ * unpinned once the device has let it go.
+ */
+static int vrdma_resize_user_cq(struct vrdma_dev *dev, struct vrdma_cq *cq,
+				int cqe, struct ib_udata *udata)
+{
+	struct virtio_rdma_resize_cq_ureq ureq;
+	struct virtio_rdma_resize_cq req = {};
+	struct vrdma_uring ring = {}, old;
+	u32 npages;
+	u64 *pages;
+	int ret;
+
+	if (udata->inlen < sizeof(ureq))
+		return -EINVAL;
+	ret = ib_copy_from_udata(&ureq, udata, sizeof(ureq));
+	if (ret)
+		return ret;
+	if (ureq.ring.entries <= cqe)
+		return -EINVAL;
+	npages = vrdma_uring_npages(&ureq.ring);
+	if (!npages)
+		return -EINVAL;
+	pages = kvcalloc(npages, sizeof(*pages), GFP_KERNEL);
+	if (!pages)
+		return -ENOMEM;
+	ret = vrdma_uring_get(cq->ibcq.device, &ureq.ring, &ring, &req.ring,
+			      pages);
+	if (ret)
+		goto free;
+	ret = vrdma_resize_cmd(dev, cq, &req, pages);
+	if (!ret) {
+		old = cq->uring;
+		cq->uring = ring;
+		ring = old;
+	}
+	vrdma_uring_put(&ring);
+free:
+	kvfree(pages);
+	return ret;
+}
+
+/*
+ * A kernel CQ: a new ring of kernel pages. While the device moves the
+ * completions, polls find none (the device reads the old consumer index
+ * once, when it takes the command: a poll meanwhile would take
+ * completions it copies too) and an arm is kept for the new ring.
+ */
+static int vrdma_resize_kernel_cq(struct vrdma_dev *dev, struct vrdma_cq *cq,
+				  int cqe)
+{
+	u32 max = le32_to_cpu(dev->attr.max_cqe);
+	struct virtio_rdma_resize_cq req = {};
+	enum ib_cq_notify_flags arm;
+	struct vrdma_ring ring, old;
+	unsigned long flags;
+	bool armed;
+	u64 *pages;
+	u32 entries;
+	int ret;
+
+	entries = vrdma_ring_entries(cqe + 1, sizeof(struct virtio_rdma_cqe));
+	if (entries > max + 1)
+		return -EINVAL;
+	ret = vrdma_ring_alloc(&ring, entries, sizeof(struct virtio_rdma_cqe));
+	if (ret)
+		return ret;
+	pages = kcalloc(vrdma_ring_pages(&ring), sizeof(*pages), GFP_KERNEL);
+	if (!pages) {
+		vrdma_ring_free(&ring);
+		return -ENOMEM;
+	}
+	vrdma_ring_desc(&ring, &req.ring, pages);
+
+	spin_lock_irqsave(&cq->lock, flags);
+	cq->resizing = true;
+	spin_unlock_irqrestore(&cq->lock, flags);
+	ret = vrdma_resize_cmd(dev, cq, &req, pages);
+	kfree(pages);
+	spin_lock_irqsave(&cq->lock, flags);
+	cq->resizing = false;
+	if (!ret) {
+		old = cq->ring;
+		cq->ring = ring;
+		ring = old;
+	}
+	armed = cq->arm_pending;
+	arm = cq->arm_flags;
+	cq->arm_pending = false;
+	spin_unlock_irqrestore(&cq->lock, flags);
+
+	/*
+	 * The ring the device no longer uses goes; after a timeout the device
+	 * may still write either, so neither does (dev->broken is set).
+	 */
+	if (ret != -ETIMEDOUT)
+		vrdma_ring_free(&ring);
+	if (armed)
+		ib_req_notify_cq(&cq->ibcq, arm);
+	return ret;
+}
+
+static int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	int ret;
+
+	if (cqe < 1 || cqe > le32_to_cpu(dev->attr.max_cqe))
+		return -EINVAL;
+	mutex_lock(&cq->resize_lock);
+	if (cq->uring.buf)
+		ret = udata ? vrdma_resize_user_cq(dev, cq, cqe, udata) : -EINVAL;
+	else
+		ret = vrdma_resize_kernel_cq(dev, cq, cqe);
+	mutex_unlock(&cq->resize_lock);
+	return ret;
 }
 
 static enum ib_wc_opcode vrdma_wc_opcode(u8 op)
@@ -713,6 +898,11 @@ static int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc)
 	if (!r->buf)
 		return -EOPNOTSUPP;
 	spin_lock_irqsave(&cq->lock, flags);
+	if (cq->resizing) {
+		/* The completions come from the new ring once it is in place. */
+		spin_unlock_irqrestore(&cq->lock, flags);
+		return 0;
+	}
 	/* The CQEs before the producer index are whole once it is read. */
 	prod = le32_to_cpu(smp_load_acquire(VRDMA_CQ_PRODUCER(r)));
 	while (done < n && prod != r->index) {
@@ -748,6 +938,18 @@ static int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags f)
 	if (!r->buf)
 		return -EOPNOTSUPP;
 	spin_lock_irqsave(&cq->lock, flags);
+	if (cq->resizing) {
+		/*
+		 * Made on the new ring when it is in place: a NEXT arm wants
+		 * more than a SOLICITED one and is kept over it.
+		 */
+		if (!cq->arm_pending ||
+		    (f & IB_CQ_SOLICITED_MASK) == IB_CQ_NEXT_COMP)
+			cq->arm_flags = f & IB_CQ_SOLICITED_MASK;
+		cq->arm_pending = true;
+		spin_unlock_irqrestore(&cq->lock, flags);
+		return 0;
+	}
 	cq->arm_seq = (cq->arm_seq + 1) & ((1ULL << 30) - 1);
 	word = r->index | mode << 32 | cq->arm_seq << 34;
 	WRITE_ONCE(*VRDMA_CQ_ARM(r), cpu_to_le64(word));
@@ -808,8 +1010,10 @@ static void vrdma_qp_resp(struct vrdma_qp *qp, struct ib_qp_init_attr *init,
 	qp->max_send_sge = le32_to_cpu(resp->max_send_sge);
 	qp->max_recv_sge = le32_to_cpu(resp->max_recv_sge);
 	qp->max_inline = le32_to_cpu(resp->max_inline_data);
-	cap->max_send_wr = le32_to_cpu(resp->max_send_wr);
-	cap->max_recv_wr = le32_to_cpu(resp->max_recv_wr);
+	qp->max_send_wr = le32_to_cpu(resp->max_send_wr);
+	qp->max_recv_wr = le32_to_cpu(resp->max_recv_wr);
+	cap->max_send_wr = qp->max_send_wr;
+	cap->max_recv_wr = qp->max_recv_wr;
 	cap->max_send_sge = qp->max_send_sge;
 	cap->max_recv_sge = qp->max_recv_sge;
 	cap->max_inline_data = qp->max_inline;
@@ -1075,8 +1279,9 @@ static int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *a, int mask,
 	a->qp_state = le32_to_cpu(resp.attrs.qp_state);
 	a->cur_qp_state = a->qp_state;
 	a->sq_draining = resp.attrs.sq_draining;
-	a->cap.max_send_wr = qp->sq.entries;
-	a->cap.max_recv_wr = qp->rq.entries;
+	/* A user QP's rings are its process's: the device's answer counts. */
+	a->cap.max_send_wr = qp->max_send_wr;
+	a->cap.max_recv_wr = qp->max_recv_wr;
 	a->cap.max_send_sge = qp->max_send_sge;
 	a->cap.max_recv_sge = qp->max_recv_sge;
 	a->cap.max_inline_data = qp->max_inline;
@@ -1669,10 +1874,14 @@ static const struct ib_device_ops vrdma_dev_ops = {
 	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
+	.resize_cq = vrdma_resize_cq,
 	.alloc_pd = vrdma_alloc_pd,
+	.alloc_mw = vrdma_alloc_mw,
+	.dealloc_mw = vrdma_dealloc_mw,
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_mw, vrdma_mw, ibmw),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),

@@ -83,6 +83,58 @@ free_cq:
 	return NULL;
 }
 
+/*
+ * Resizes the CQ (spec §6.15) onto a new ring in new memory: the device
+ * moves the completions the old ring holds into the new one's first
+ * entries. Polling and arming wait on the ring's lock meanwhile; after,
+ * the consumer index starts again at 0 and the old memory goes.
+ */
+int vrdma_resize_cq(struct ibv_cq *ibcq, int cqe)
+{
+	struct vrdma_context *ctx = to_vctx(ibcq->context);
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct vrdma_resize_cq cmd = {};
+	struct vrdma_resize_cq_resp resp = {};
+	struct vrdma_ring *r = &cq->ring;
+	struct vrdma_ring next = {};
+	struct vrdma_buf mem, old;
+	size_t ring_len;
+	uint32_t entries;
+	int ret;
+
+	if (cqe < 1 || (uint32_t)cqe > ctx->max_cqe)
+		return EINVAL;
+	entries = vrdma_ring_entries((uint32_t)cqe + 1, VRDMA_CQE_STRIDE);
+	if (!entries || entries > (uint64_t)ctx->max_cqe + 1)
+		return EINVAL;
+	ring_len = vrdma_page_align((size_t)entries * VRDMA_CQE_STRIDE);
+	ret = vrdma_buf_alloc(&mem, ring_len +
+			      vrdma_page_align(VIRTIO_RDMA_RING_HEADER_SIZE));
+	if (ret)
+		return ret;
+	next.buf = mem.addr;
+	next.hdr = next.buf + ring_len;
+	next.entries = entries;
+	next.stride = VRDMA_CQE_STRIDE;
+	vrdma_uring(&next, &cmd.ring);
+
+	pthread_spin_lock(&r->lock);
+	ret = ibv_cmd_resize_cq(ibcq, cqe, &cmd.ibv_cmd, sizeof(cmd),
+				&resp.ibv_resp, sizeof(resp));
+	if (!ret) {
+		old = cq->mem;
+		cq->mem = mem;
+		mem = old;
+		r->buf = next.buf;
+		r->hdr = next.hdr;
+		r->entries = next.entries;
+		r->index = 0;
+	}
+	pthread_spin_unlock(&r->lock);
+	vrdma_buf_free(&mem);
+	return ret;
+}
+
 int vrdma_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct vrdma_cq *cq = to_vcq(ibcq);

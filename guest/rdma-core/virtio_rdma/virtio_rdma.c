@@ -236,6 +236,45 @@ static int vrdma_dereg_mr(struct verbs_mr *vmr)
 	return 0;
 }
 
+/* --- memory windows (spec §6.20, §7.6) ------------------------------------- */
+
+static struct ibv_mw *vrdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	struct ibv_alloc_mw cmd = {};
+	struct ib_uverbs_alloc_mw_resp resp = {};
+	struct ibv_mw *mw;
+	int ret;
+
+	if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
+		errno = EINVAL;
+		return NULL;
+	}
+	mw = calloc(1, sizeof(*mw));
+	if (!mw) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	ret = ibv_cmd_alloc_mw(pd, type, mw, &cmd, sizeof(cmd), &resp,
+			       sizeof(resp));
+	if (ret) {
+		free(mw);
+		errno = ret;
+		return NULL;
+	}
+	return mw;
+}
+
+static int vrdma_dealloc_mw(struct ibv_mw *mw)
+{
+	int ret;
+
+	ret = ibv_cmd_dealloc_mw(mw);
+	if (ret)
+		return ret;
+	free(mw);
+	return 0;
+}
+
 /* --- address handles (spec §7.5) --------------------------------------------- */
 
 /*
@@ -286,11 +325,14 @@ static int vrdma_destroy_ah(struct ibv_ah *ibah)
 static void vrdma_free_context(struct ibv_context *ibctx);
 
 static const struct verbs_context_ops vrdma_ctx_ops = {
+	.alloc_mw = vrdma_alloc_mw,
 	.alloc_pd = vrdma_alloc_pd,
+	.bind_mw = vrdma_bind_mw,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
 	.create_srq = vrdma_create_srq,
+	.dealloc_mw = vrdma_dealloc_mw,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
@@ -310,6 +352,7 @@ static const struct verbs_context_ops vrdma_ctx_ops = {
 	.query_srq = vrdma_query_srq,
 	.reg_mr = vrdma_reg_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
+	.resize_cq = vrdma_resize_cq,
 };
 
 /* The doorbell area the driver answered with must be one of spec §8.1's. */

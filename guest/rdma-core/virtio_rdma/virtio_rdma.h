@@ -30,6 +30,8 @@ DECLARE_DRV_CMD(vrdma_alloc_ucontext, IB_USER_VERBS_CMD_GET_CONTEXT,
 		empty, virtio_rdma_alloc_ucontext_resp);
 DECLARE_DRV_CMD(vrdma_create_cq, IB_USER_VERBS_CMD_CREATE_CQ,
 		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
+DECLARE_DRV_CMD(vrdma_resize_cq, IB_USER_VERBS_CMD_RESIZE_CQ,
+		virtio_rdma_resize_cq_ureq, empty);
 DECLARE_DRV_CMD(vrdma_create_qp, IB_USER_VERBS_CMD_CREATE_QP,
 		virtio_rdma_create_qp_ureq, virtio_rdma_create_qp_uresp);
 DECLARE_DRV_CMD(vrdma_create_srq, IB_USER_VERBS_CMD_CREATE_SRQ,
@@ -186,6 +188,7 @@ struct ibv_cq *vrdma_create_cq(struct ibv_context *ibctx, int cqe,
 			       int comp_vector);
 int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc);
 int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only);
+int vrdma_resize_cq(struct ibv_cq *ibcq, int cqe);
 int vrdma_destroy_cq(struct ibv_cq *ibcq);
 
 /* qp.c */
@@ -200,6 +203,8 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		    struct ibv_send_wr **bad_wr);
 int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad_wr);
+int vrdma_bind_mw(struct ibv_qp *ibqp, struct ibv_mw *mw,
+		  struct ibv_mw_bind *mw_bind);
 struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
 				 struct ibv_srq_init_attr *attr);
 int vrdma_modify_srq(struct ibv_srq *ibsrq, struct ibv_srq_attr *attr,
