@@ -99,6 +99,14 @@ if [ "$(id -u)" = 0 ] && [ -x "$harness/start.sh" ]; then
     # benchmark are documented commands (README).
     echo "== Linux guests on vrdma serve (virtio-rdma): the interop matrix's subset"
     PVRDMA_KIND=virtio-pci MATRIX_SHM=1 scripts/pvrdma-guest/matrix.sh --quick
+    # rdma-core's own test suite (pyverbs, the tests of the rdma-core
+    # source the provider was built in) on the virtio-rdma device: QPs,
+    # CQs and their resize, memory windows of both types, atomics, SRQs,
+    # AHs, rdma_cm across fork; none may fail, and the 61 named in
+    # scripts/virtio-guest/rdma-core-tests.pass must pass (about 1
+    # minute, TCG).
+    echo "== rdma-core's test suite on a virtio-rdma guest"
+    scripts/virtio-guest/rdma-core-tests.sh
     # A virtio-rdma device (the test kit's front-end playing the guest)
     # against rxe: the pingpong pairs at MTU 1024, both roles, captured
     # and decoded (about 3 minutes).
