@@ -1437,8 +1437,10 @@ impl<T: Transport> VirtioRdma<T> {
     }
 
     /// Room freed in the engine: takes what waited in the busy QPs' and
-    /// SRQs' rings, and forgets those with nothing left.
-    fn progress_rings(&mut self) {
+    /// SRQs' rings, and forgets those with nothing left. Returns whether a
+    /// ring still holds WQEs the engine had no room for.
+    fn progress_rings(&mut self) -> bool {
+        let mut waiting = false;
         let mem = self.device.mem().map().clone();
         let busy: Vec<u32> = self.busy_qps.iter().copied().collect();
         for qpn in busy {
@@ -1463,6 +1465,8 @@ impl<T: Transport> VirtioRdma<T> {
             }
             if q.queues.settle(&mem, engine) {
                 self.busy_qps.remove(&qpn);
+            } else {
+                waiting |= q.queues.pending(&mem);
             }
         }
         let busy: Vec<u32> = self.busy_srqs.iter().copied().collect();
@@ -1479,12 +1483,14 @@ impl<T: Transport> VirtioRdma<T> {
                 vrdma_face::Taken::default()
             };
             let idle = s.queue.settle(&mem, engine);
+            waiting |= !idle && s.queue.pending(&mem);
             let ctx = s.context;
             self.srq_taken(srq, ctx, t);
             if idle {
                 self.busy_srqs.remove(&srq);
             }
         }
+        waiting
     }
 
     /// One turn of the device: doorbells (when `scan`), the engine's
@@ -1494,7 +1500,7 @@ impl<T: Transport> VirtioRdma<T> {
     pub fn turn(&mut self, scan: bool) -> std::io::Result<Turn> {
         let rung = if scan { self.doorbells() } else { 0 };
         let progress = self.device.progress()?;
-        self.progress_rings();
+        let waiting = self.progress_rings();
         // What this turn made the engine owe — the answers to the packets
         // it took (ACKs, READ responses), the WQEs taken after the
         // progress's send — goes now: a device that sleeps after the turn
@@ -1520,7 +1526,14 @@ impl<T: Transport> VirtioRdma<T> {
             }
         }
         Ok(Turn {
-            busy: rung > 0 || !progress.is_idle() || raised > 0 || !self.busy_qps.is_empty(),
+            // A QP whose WQEs all sit in the engine (receives waiting for
+            // messages, sends for ACKs) needs no turn until the network,
+            // a timer or a doorbell brings one: only WQEs still in a ring,
+            // waiting for room in the engine, keep the device turning.
+            // (Counting every busy QP kept a device with receives posted
+            // — any QP that waits for a message — turning at full speed,
+            // a core gone in event mode and polling that never stopped.)
+            busy: rung > 0 || !progress.is_idle() || raised > 0 || waiting,
             deadline: progress.deadline,
         })
     }

@@ -191,6 +191,32 @@ fn an_arm_after_an_unconsumed_completion_notifies_at_once() {
     );
 }
 
+/// Receives that wait in the engine for messages (as a kernel's QP1 or
+/// any server's QP keep posted) are no work for the device: it stops
+/// polling past its spin period all the same, and still takes a message
+/// for them.
+#[test]
+fn an_idle_device_with_receives_posted_stops_polling() {
+    let (_da, _db, mut a, mut b, mut qa, mut qb) = pair("adaptive-recvs", qp_type::RC);
+    send_checked(&mut a, &mut qa, &mut b, &mut qb, 1, 100);
+    for i in 0..8u64 {
+        qa.post_recv(300 + i, &[a.mr.sge(4096, 64)]);
+        qb.post_recv(400 + i, &[b.mr.sge(4096, 64)]);
+    }
+    assert!(
+        a.ctx.door.wait_poll(0, WAIT),
+        "a device whose QP only holds receives stops polling"
+    );
+    assert!(
+        b.ctx.door.wait_poll(0, WAIT),
+        "a device whose QP only holds receives stops polling"
+    );
+    let kicked = qa.post_send(&Wqe::send(9, &[a.mr.sge(0, 8)]));
+    assert!(kicked, "poll = 0: the post kicks");
+    a.cq.expect_ok(wc::SEND, 9);
+    b.cq.expect_ok(wc::RECV, 400);
+}
+
 #[test]
 fn an_idle_device_stops_polling_and_a_kick_wakes_it() {
     let (_da, _db, mut a, mut b, mut qa, mut qb) = pair("adaptive", qp_type::RC);
