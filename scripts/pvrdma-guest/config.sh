@@ -24,7 +24,11 @@ PV_RUN="${PVRDMA_RUN_DIR:-$PV_CACHE/run}"
 PV_KIND="${PVRDMA_KIND:-pvrdma}"
 VG_DIR="$PROJECT_ROOT/target/virtio-guest"
 VG_BASE="${VIRTIO_GUEST_BASE_DIR:-$VG_DIR/trixie-cache}"
-if [ "$PV_KIND" = virtio-pci ]; then
+# PVRDMA_GUEST=trixie: a pvrdma guest boots that Debian 13 image too (it carries Linux's
+# vmw_pvrdma, built from the guest kernel's source package), to measure both faces under one guest.
+PV_GUEST="${PVRDMA_GUEST:-}"
+[ "$PV_KIND" = virtio-pci ] && PV_GUEST=trixie
+if [ "$PV_GUEST" = trixie ]; then
     PV_IMAGE="$VG_DIR/rootfs.img"            # trixie base + virtio_rdma + provider (raw ext4, snapshot=on)
     PV_KERNEL="$VG_BASE/vmlinuz"             # the trixie base's kernel (6.12) and busybox initrd
     PV_INITRD="$VG_BASE/initrd.img"
@@ -42,7 +46,10 @@ pv_images() {
     local k
     "$PROJECT_ROOT/scripts/pvrdma-guest/image.sh" || return 1
     for k in "${@:-$PV_KIND}"; do
-        if [ "$k" = virtio-pci ]; then "$PROJECT_ROOT/scripts/virtio-guest/image.sh" || return 1; break; fi
+        if [ "$k" = virtio-pci ] || [ "${PVRDMA_GUEST:-}" = trixie ]; then
+            "$PROJECT_ROOT/scripts/virtio-guest/image.sh" || return 1
+            break
+        fi
     done
 }
 VRDMA="${VRDMA:-$PROJECT_ROOT/target/release/vrdma}"

@@ -15,6 +15,8 @@
 # 3. The virtio_rdma module (guest/linux/virtio_rdma, the ABI headers in guest/include) built there
 #    against the guest kernel's own headers with W=1 — a warning fails — installed in
 #    lib/modules/KVER/extra (depmod), its vermagic the kernel's, its alias virtio device 42's.
+# 3b. Linux's own vmw_pvrdma, unmodified, from the guest kernel's source package (below), in
+#    lib/modules/KVER/extra too: PVRDMA_GUEST=trixie boots this image on the PVRDMA face.
 # 4. The kernel's own `checkpatch.pl --strict` (from linux-source-6.12, the guest kernel's source
 #    package: three files of it kept in target/virtio-guest/checkpatch) over the kernel-side
 #    sources (guest/linux, guest/include): no error, warning or check.
@@ -187,7 +189,8 @@ done
 # The kernel's checkpatch, from the guest kernel's source package (downloaded into the root's
 # /tmp once, the three files it needs kept in $VG/checkpatch), run by the host's perl.
 CP="$VG/checkpatch"
-if [ ! -s "$CP/linux-source-$SER/scripts/checkpatch.pl" ]; then
+PVD="linux-source-$SER/drivers/infiniband/hw/vmw_pvrdma"
+if [ ! -s "$CP/linux-source-$SER/scripts/checkpatch.pl" ] || [ ! -s "$CP/$PVD/Makefile" ]; then
     rm -rf "$CP"
     mkdir -p "$CP"
     in_root 900 sh -c "cd /tmp && apt-get download -q linux-source-$SER" > "$VG/checkpatch-fetch.log" 2>&1 \
@@ -196,10 +199,24 @@ if [ ! -s "$CP/linux-source-$SER/scripts/checkpatch.pl" ]; then
     dpkg-deb --fsys-tarfile "$deb" | tar -C "$CP" -x "./usr/src/linux-source-$SER.tar.xz"
     tar -C "$CP" -xaf "$CP/usr/src/linux-source-$SER.tar.xz" \
         "linux-source-$SER/scripts/checkpatch.pl" "linux-source-$SER/scripts/spelling.txt" \
-        "linux-source-$SER/scripts/const_structs.checkpatch"
+        "linux-source-$SER/scripts/const_structs.checkpatch" "$PVD"
     basename "$deb" .deb > "$CP/source"
     rm -rf "$CP/usr" "$deb"
 fi
+# Linux's vmw_pvrdma, unmodified, from the same source package (Debian's kernels leave it out;
+# ../shared/interop/qemu11/build-pvrdma-module.sh does the same for a Debian 12 root): with it
+# this image also boots on vrdma's PVRDMA face (PVRDMA_GUEST=trixie), so that the two faces can
+# be measured under one guest kernel and user space.
+rm -rf "${MNT:?}$SRC/vmw_pvrdma"
+cp -r "$CP/$PVD" "$MNT$SRC/vmw_pvrdma"
+in_root 900 make -C "/usr/src/linux-headers-$KVER" M="$SRC/vmw_pvrdma" \
+    CONFIG_INFINIBAND_VMWARE_PVRDMA=m modules > "$VG/pvrdma-module-build.log" 2>&1 \
+    || { tail -n 40 "$VG/pvrdma-module-build.log" >&2; die "vmw_pvrdma did not build for $KVER"; }
+cp "$MNT$SRC/vmw_pvrdma/vmw_pvrdma.ko" "$MNT/lib/modules/$KVER/extra/"
+in_root 120 depmod "$KVER"
+PVMAGIC=$(in_root 60 modinfo -k "$KVER" -F vermagic vmw_pvrdma)
+[[ "$PVMAGIC" == "$KVER "* ]] || die "vmw_pvrdma vermagic '$PVMAGIC' is not kernel $KVER's"
+
 # The kernel-side sources only: the rdma-core provider follows rdma-core's conventions.
 mapfile -t files < <(cd "$PROJECT_ROOT" && find guest/linux guest/include -name '*.[ch]' | LC_ALL=C sort)
 [ "${#files[@]}" != 0 ] || die "no kernel-side sources under guest/"
@@ -234,6 +251,7 @@ if [ -e "$VG/resolv.conf.guest" ] || [ -L "$VG/resolv.conf.guest" ]; then cp -a 
     echo "debian: $(cat "$MNT/etc/debian_version")"
     echo "kernel: $KVER"
     echo "module: virtio_rdma $VERMAGIC"
+    echo "module: vmw_pvrdma $PVMAGIC (Linux's, unmodified, from $(cat "$CP/source"))"
     echo "checkpatch: $(cat "$CP/source") scripts/checkpatch.pl --strict clean (${#files[@]} files)"
     echo "provider: $PROVIDER"
     in_root 60 dpkg-query -W -f='${Package} ${Version}\n' "linux-image-$KVER" "linux-headers-$KVER" \
