@@ -102,7 +102,7 @@ if [ "$(id -u)" = 0 ] && [ -x "$harness/start.sh" ]; then
     # rdma-core's own test suite (pyverbs, the tests of the rdma-core
     # source the provider was built in) on the virtio-rdma device: QPs,
     # CQs and their resize, memory windows of both types, atomics, SRQs,
-    # AHs, rdma_cm across fork; none may fail, and the 61 named in
+    # AHs, rdma_cm across fork; none may fail, and the 86 named in
     # scripts/virtio-guest/rdma-core-tests.pass must pass (about 1
     # minute, TCG).
     echo "== rdma-core's test suite on a virtio-rdma guest"

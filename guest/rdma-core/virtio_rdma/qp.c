@@ -63,15 +63,18 @@ static void vrdma_ring_reset(struct vrdma_ring *r)
  */
 static int vrdma_post_recv_ring(struct vrdma_context *ctx, struct vrdma_ring *r,
 				uint32_t max_sge, uint32_t doorbell,
+				_Atomic(uint32_t) *out, uint32_t max,
 				struct ibv_recv_wr *wr,
 				struct ibv_recv_wr **bad_wr)
 {
+	uint32_t start, i, held = 0;
 	bool posted;
-	uint32_t start, i;
 	int ret = 0;
 
 	pthread_spin_lock(&r->lock);
 	start = r->index;
+	if (out)
+		held = atomic_load_explicit(out, memory_order_relaxed);
 	for (; wr; wr = wr->next) {
 		struct virtio_rdma_recv_wqe *w;
 		struct virtio_rdma_sge *sge;
@@ -80,7 +83,8 @@ static int vrdma_post_recv_ring(struct vrdma_context *ctx, struct vrdma_ring *r,
 			ret = EINVAL;
 			break;
 		}
-		if (!vrdma_ring_room(r)) {
+		if ((out && held + (r->index - start) >= max) ||
+		    !vrdma_ring_room(r)) {
 			ret = ENOMEM;
 			break;
 		}
@@ -97,8 +101,12 @@ static int vrdma_post_recv_ring(struct vrdma_context *ctx, struct vrdma_ring *r,
 		r->index++;
 	}
 	posted = r->index != start;
-	if (posted)
+	if (posted) {
+		if (out)
+			atomic_fetch_add_explicit(out, r->index - start,
+						  memory_order_relaxed);
 		vrdma_ring_publish(r);
+	}
 	pthread_spin_unlock(&r->lock);
 	if (ret)
 		*bad_wr = wr;
@@ -133,12 +141,49 @@ static uint32_t vrdma_recv_stride(uint32_t max_sge)
 			    16 * (uint64_t)max_t(uint32_t, max_sge, 1));
 }
 
+static void vrdma_qp_ex_init(struct vrdma_qp *qp);
+
+/* The operations a QP of @type takes (spec §7.3's table). */
+static uint64_t vrdma_send_ops(enum ibv_qp_type type)
+{
+	uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+
+	if (type == IBV_QPT_UD)
+		return ops;
+	ops |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+	       IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_BIND_MW;
+	if (type == IBV_QPT_UC)
+		return ops;
+	return ops | IBV_QP_EX_WITH_RDMA_READ |
+	       IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+	       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+	       IBV_QP_EX_WITH_SEND_WITH_INV;
+}
+
 struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 			       struct ibv_qp_init_attr *attr)
 {
-	struct vrdma_context *ctx = to_vctx(pd->context);
+	struct ibv_qp_init_attr_ex ex = {};
+	struct ibv_qp *qp;
+
+	/* The legacy attributes are the extended ones' first fields. */
+	memcpy(&ex, attr, sizeof(*attr));
+	ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+	ex.pd = pd;
+	qp = vrdma_create_qp_ex(pd->context, &ex);
+	if (qp)
+		memcpy(attr, &ex, sizeof(*attr));
+	return qp;
+}
+
+struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *ibctx,
+				  struct ibv_qp_init_attr_ex *attr)
+{
+	struct vrdma_context *ctx = to_vctx(ibctx);
 	struct ibv_qp_cap *cap = &attr->cap;
+	struct ibv_pd *pd = attr->pd;
 	struct vrdma_create_qp cmd = {};
+	uint32_t mask;
 	struct vrdma_create_qp_resp resp = {};
 	uint32_t sstride, rstride = 0, sentries, rentries = 0;
 	size_t slen, rlen = 0;
@@ -152,6 +197,21 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 		break;
 	default:
 		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	/* No XRC, RSS, TSO or creation flags; the ibv_wr_* interface. */
+	if ((attr->comp_mask & ~(uint64_t)(IBV_QP_INIT_ATTR_PD |
+					   IBV_QP_INIT_ATTR_CREATE_FLAGS |
+					   IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) ||
+	    ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) &&
+	     attr->create_flags) ||
+	    ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+	     (attr->send_ops_flags & ~vrdma_send_ops(attr->qp_type)))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !pd) {
+		errno = EINVAL;
 		return NULL;
 	}
 	if (cap->max_send_wr > ctx->max_qp_wr ||
@@ -185,6 +245,7 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 		errno = ENOMEM;
 		return NULL;
 	}
+	atomic_init(&qp->rq_out, 0);
 	/* The send ring's pages, the receive ring's, then the headers' page. */
 	ret = vrdma_buf_alloc(&qp->mem, slen + rlen +
 			      vrdma_page_align(2 * VIRTIO_RDMA_RING_HEADER_SIZE));
@@ -209,13 +270,20 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 
 	vrdma_uring(&qp->sq, &cmd.sq);
 	vrdma_uring(&qp->rq, &cmd.rq);
-	ret = ibv_cmd_create_qp(pd, &qp->vqp.qp, attr, &cmd.ibv_cmd,
-				sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	/*
+	 * No creation flag was asked (above): the command that carries none
+	 * takes the attributes without their mask bit.
+	 */
+	mask = attr->comp_mask;
+	attr->comp_mask &= ~(uint64_t)IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	ret = ibv_cmd_create_qp_ex(ibctx, &qp->vqp, attr, &cmd.ibv_cmd,
+				   sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	attr->comp_mask = mask;
 	if (ret)
 		goto destroy_rq_lock;
 	qp->doorbell = resp.doorbell;
 	if (qp->doorbell >= ctx->db_bits) {
-		verbs_err(verbs_get_ctx(pd->context),
+		verbs_err(&ctx->ibv_ctx,
 			  "virtio_rdma: QP %u has doorbell %u of %u\n",
 			  resp.qpn, qp->doorbell, ctx->db_bits);
 		ibv_cmd_destroy_qp(&qp->vqp.qp);
@@ -232,6 +300,14 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 		qp->max_recv_sge =
 			min_t(uint32_t, cap->max_recv_sge,
 			      (rstride - sizeof(struct virtio_rdma_recv_wqe)) / 16);
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+		vrdma_qp_ex_init(qp);
+	if (!attr->srq) {
+		/* The device's answer (ibv_cmd_create_qp_ex wrote it back). */
+		qp->max_recv_wr = cap->max_recv_wr;
+		qp->rcq = to_vcq(attr->recv_cq);
+		vrdma_cq_add_qp(qp->rcq, qp);
+	}
 	return &qp->vqp.qp;
 
 destroy_rq_lock:
@@ -259,6 +335,8 @@ int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
 		vrdma_ring_reset(&qp->sq);
 		vrdma_ring_reset(&qp->rq);
+		/* Its receives are gone, with no completion. */
+		atomic_store_explicit(&qp->rq_out, 0, memory_order_relaxed);
 	}
 	return 0;
 }
@@ -281,11 +359,24 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	ret = ibv_cmd_destroy_qp(ibqp);
 	if (ret)
 		return ret;
+	if (qp->rcq)
+		vrdma_cq_del_qp(qp->rcq, qp);
 	pthread_spin_destroy(&qp->rq.lock);
 	pthread_spin_destroy(&qp->sq.lock);
 	vrdma_buf_free(&qp->mem);
 	free(qp);
 	return 0;
+}
+
+/*
+ * Whether the QP takes sends: verbs makes a post in RESET, INIT or RTR an
+ * immediate error (the state as this process last set it: one the device
+ * moved to ERR on its own takes them, and flushes them).
+ */
+static bool vrdma_sq_open(struct ibv_qp *ibqp)
+{
+	return ibqp->state != IBV_QPS_RESET && ibqp->state != IBV_QPS_INIT &&
+	       ibqp->state != IBV_QPS_RTR;
 }
 
 /* The device's opcode for @op on a QP of @type, or -1 (spec §7.3's table). */
@@ -318,6 +409,22 @@ static int vrdma_wr_opcode(enum ibv_wr_opcode op, enum ibv_qp_type type)
 		/* TSO and the rest the device does not know. */
 		return -1;
 	}
+}
+
+/*
+ * A BIND_MW WQE's fields (spec §7.6): the window's new key, the MR it goes
+ * on (none to unbind a type 1 window), its range and rights — verbs'
+ * access bits (§6.16), which the device judges.
+ */
+static void vrdma_bind_fields(struct virtio_rdma_send_wqe *w, uint32_t rkey,
+			      const struct ibv_mw_bind_info *b)
+{
+	w->bind_mw.addr = htole64(b->addr);
+	w->bind_mw.length = htole64(b->length);
+	w->bind_mw.mw = htole32(rkey);
+	w->bind_mw.mr = htole32(b->mr ? b->mr->lkey : 0);
+	w->bind_mw.access = htole32(b->mw_access_flags &
+				    ~IBV_ACCESS_OPTIONAL_RANGE);
 }
 
 /* Writes @wr into @w, a send ring's slot of @qp's stride (spec §7.3, §7.4). */
@@ -368,22 +475,12 @@ static int vrdma_send_wqe(struct vrdma_qp *qp, const struct ibv_send_wr *wr,
 		w->atomic.swap = htole64(wr->wr.atomic.swap);
 		w->atomic.rkey = htole32(wr->wr.atomic.rkey);
 		break;
-	case IBV_WR_BIND_MW: {
-		const struct ibv_mw_bind_info *b = &wr->bind_mw.bind_info;
-
-		/* No data: the window, its new key, and the MR it goes on. */
-		if (b->length && !b->mr)
+	case IBV_WR_BIND_MW:
+		if (wr->bind_mw.bind_info.length && !wr->bind_mw.bind_info.mr)
 			return EINVAL;
-		w->bind_mw.addr = htole64(b->addr);
-		w->bind_mw.length = htole64(b->length);
-		w->bind_mw.mw = htole32(wr->bind_mw.rkey);
-		w->bind_mw.mr = htole32(b->mr ? b->mr->lkey : 0);
-		/* Access bits are verbs' (spec §6.16); the device judges them. */
-		w->bind_mw.access = htole32(b->mw_access_flags &
-					    ~IBV_ACCESS_OPTIONAL_RANGE);
+		vrdma_bind_fields(w, wr->bind_mw.rkey, &wr->bind_mw.bind_info);
 		w->flags = flags;
 		return 0;
-	}
 	case IBV_WR_LOCAL_INV:
 		w->flags = flags;
 		return 0;
@@ -446,6 +543,10 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	bool posted;
 	int ret = 0;
 
+	if (!vrdma_sq_open(ibqp)) {
+		*bad_wr = wr;
+		return EINVAL;
+	}
 	pthread_spin_lock(&r->lock);
 	start = r->index;
 	for (; wr; wr = wr->next) {
@@ -496,18 +597,338 @@ int vrdma_bind_mw(struct ibv_qp *ibqp, struct ibv_mw *mw,
 	return 0;
 }
 
+/* --- the ibv_wr_* interface (ibv_qp_ex) --------------------------------------- */
+
+/*
+ * A batch (wr_start to wr_complete or wr_abort) holds the send ring's lock
+ * and writes WQEs into its free slots; wr_complete publishes them and
+ * rings the doorbell, or, if one of them was refused, gives them all up
+ * and says why (the interface reports errors only there).
+ */
+static inline struct vrdma_qp *to_vqp_ex(struct ibv_qp_ex *ibqp)
+{
+	return container_of(ibqp, struct vrdma_qp, vqp.qp_ex);
+}
+
+static void vrdma_wr_start(struct ibv_qp_ex *ibqp)
+{
+	struct vrdma_qp *qp = to_vqp_ex(ibqp);
+
+	pthread_spin_lock(&qp->sq.lock);
+	qp->wr_first = qp->sq.index;
+	qp->wr_err = vrdma_sq_open(&ibqp->qp_base) ? 0 : EINVAL;
+	qp->wr_cur = NULL;
+}
+
+static int vrdma_wr_complete(struct ibv_qp_ex *ibqp)
+{
+	struct vrdma_qp *qp = to_vqp_ex(ibqp);
+	struct vrdma_ring *r = &qp->sq;
+	int err = qp->wr_err;
+	bool posted;
+
+	if (err)
+		r->index = qp->wr_first;
+	posted = r->index != qp->wr_first;
+	if (posted)
+		vrdma_ring_publish(r);
+	qp->wr_cur = NULL;
+	pthread_spin_unlock(&r->lock);
+	if (posted)
+		vrdma_ring_doorbell(to_vctx(ibqp->qp_base.context), qp->doorbell);
+	return err;
+}
+
+static void vrdma_wr_abort(struct ibv_qp_ex *ibqp)
+{
+	struct vrdma_qp *qp = to_vqp_ex(ibqp);
+
+	qp->sq.index = qp->wr_first;
+	qp->wr_cur = NULL;
+	pthread_spin_unlock(&qp->sq.lock);
+}
+
+/*
+ * The next slot's WQE with its fixed part (reserved bytes zero), the
+ * batch's wr_id and flags; NULL (the batch's error recorded) when the
+ * ring is full.
+ */
+static struct virtio_rdma_send_wqe *vrdma_wr_new(struct ibv_qp_ex *ibqp,
+						 uint8_t op)
+{
+	struct vrdma_qp *qp = to_vqp_ex(ibqp);
+	struct virtio_rdma_send_wqe *w;
+	uint8_t flags = 0;
+
+	qp->wr_cur = NULL;
+	if (qp->wr_err)
+		return NULL;
+	if (!vrdma_ring_room(&qp->sq)) {
+		qp->wr_err = ENOMEM;
+		return NULL;
+	}
+	if (ibqp->wr_flags & IBV_SEND_FENCE)
+		flags |= VIRTIO_RDMA_WR_F_FENCE;
+	if ((ibqp->wr_flags & IBV_SEND_SIGNALED) || qp->sig_all)
+		flags |= VIRTIO_RDMA_WR_F_SIGNALED;
+	if (ibqp->wr_flags & IBV_SEND_SOLICITED)
+		flags |= VIRTIO_RDMA_WR_F_SOLICITED;
+	w = vrdma_slot(&qp->sq, qp->sq.index++);
+	memset(w, 0, sizeof(*w));
+	w->wr_id = htole64(ibqp->wr_id);
+	w->opcode = op;
+	w->flags = flags;
+	qp->wr_cur = w;
+	return w;
+}
+
+static void vrdma_wr_send(struct ibv_qp_ex *ibqp)
+{
+	vrdma_wr_new(ibqp, VIRTIO_RDMA_WR_SEND);
+}
+
+static void vrdma_wr_send_imm(struct ibv_qp_ex *ibqp, __be32 imm)
+{
+	struct virtio_rdma_send_wqe *w;
+
+	w = vrdma_wr_new(ibqp, VIRTIO_RDMA_WR_SEND_WITH_IMM);
+	if (w)
+		memcpy(&w->ex, &imm, sizeof(w->ex));
+}
+
+static void vrdma_wr_send_inv(struct ibv_qp_ex *ibqp, uint32_t rkey)
+{
+	struct virtio_rdma_send_wqe *w;
+
+	w = vrdma_wr_new(ibqp, VIRTIO_RDMA_WR_SEND_WITH_INV);
+	if (w)
+		w->ex = htole32(rkey);
+}
+
+static void vrdma_wr_rdma(struct ibv_qp_ex *ibqp, uint8_t op, uint32_t rkey,
+			  uint64_t addr)
+{
+	struct virtio_rdma_send_wqe *w = vrdma_wr_new(ibqp, op);
+
+	if (!w)
+		return;
+	w->rdma.remote_addr = htole64(addr);
+	w->rdma.rkey = htole32(rkey);
+}
+
+static void vrdma_wr_rdma_write(struct ibv_qp_ex *ibqp, uint32_t rkey,
+				uint64_t addr)
+{
+	vrdma_wr_rdma(ibqp, VIRTIO_RDMA_WR_RDMA_WRITE, rkey, addr);
+}
+
+static void vrdma_wr_rdma_write_imm(struct ibv_qp_ex *ibqp, uint32_t rkey,
+				    uint64_t addr, __be32 imm)
+{
+	struct vrdma_qp *qp = to_vqp_ex(ibqp);
+
+	vrdma_wr_rdma(ibqp, VIRTIO_RDMA_WR_RDMA_WRITE_WITH_IMM, rkey, addr);
+	if (qp->wr_cur)
+		memcpy(&qp->wr_cur->ex, &imm, sizeof(qp->wr_cur->ex));
+}
+
+static void vrdma_wr_rdma_read(struct ibv_qp_ex *ibqp, uint32_t rkey,
+			       uint64_t addr)
+{
+	vrdma_wr_rdma(ibqp, VIRTIO_RDMA_WR_RDMA_READ, rkey, addr);
+}
+
+static void vrdma_wr_atomic(struct ibv_qp_ex *ibqp, uint8_t op, uint32_t rkey,
+			    uint64_t addr, uint64_t compare_add, uint64_t swap)
+{
+	struct virtio_rdma_send_wqe *w = vrdma_wr_new(ibqp, op);
+
+	if (!w)
+		return;
+	w->atomic.remote_addr = htole64(addr);
+	w->atomic.compare_add = htole64(compare_add);
+	w->atomic.swap = htole64(swap);
+	w->atomic.rkey = htole32(rkey);
+}
+
+static void vrdma_wr_atomic_cmp_swp(struct ibv_qp_ex *ibqp, uint32_t rkey,
+				    uint64_t addr, uint64_t compare,
+				    uint64_t swap)
+{
+	vrdma_wr_atomic(ibqp, VIRTIO_RDMA_WR_ATOMIC_CMP_AND_SWP, rkey, addr,
+			compare, swap);
+}
+
+static void vrdma_wr_atomic_fetch_add(struct ibv_qp_ex *ibqp, uint32_t rkey,
+				      uint64_t addr, uint64_t add)
+{
+	vrdma_wr_atomic(ibqp, VIRTIO_RDMA_WR_ATOMIC_FETCH_AND_ADD, rkey, addr,
+			add, 0);
+}
+
+static void vrdma_wr_local_inv(struct ibv_qp_ex *ibqp, uint32_t rkey)
+{
+	struct virtio_rdma_send_wqe *w;
+
+	w = vrdma_wr_new(ibqp, VIRTIO_RDMA_WR_LOCAL_INV);
+	if (w)
+		w->ex = htole32(rkey);
+	to_vqp_ex(ibqp)->wr_cur = NULL; /* no data follows */
+}
+
+static void vrdma_wr_bind_mw(struct ibv_qp_ex *ibqp, struct ibv_mw *mw,
+			     uint32_t rkey, const struct ibv_mw_bind_info *b)
+{
+	struct vrdma_qp *qp = to_vqp_ex(ibqp);
+	struct virtio_rdma_send_wqe *w;
+
+	if (b->length && !b->mr) {
+		if (!qp->wr_err)
+			qp->wr_err = EINVAL;
+		return;
+	}
+	w = vrdma_wr_new(ibqp, VIRTIO_RDMA_WR_BIND_MW);
+	if (!w)
+		return;
+	vrdma_bind_fields(w, rkey, b);
+	qp->wr_cur = NULL; /* no data follows */
+}
+
+/* The current WQE's data: SGEs, or inline bytes. */
+static void vrdma_wr_set_sge_list(struct ibv_qp_ex *ibqp, size_t n,
+				  const struct ibv_sge *sg)
+{
+	struct vrdma_qp *qp = to_vqp_ex(ibqp);
+	struct virtio_rdma_send_wqe *w = qp->wr_cur;
+	struct virtio_rdma_sge *sge;
+	size_t i;
+
+	if (!w)
+		return;
+	if (n > qp->max_send_sge) {
+		qp->wr_err = EINVAL;
+		return;
+	}
+	sge = (struct virtio_rdma_sge *)(w + 1);
+	for (i = 0; i < n; i++) {
+		sge[i].addr = htole64(sg[i].addr);
+		sge[i].length = htole32(sg[i].length);
+		sge[i].lkey = htole32(sg[i].lkey);
+	}
+	w->count = htole16(n);
+}
+
+static void vrdma_wr_set_sge(struct ibv_qp_ex *ibqp, uint32_t lkey,
+			     uint64_t addr, uint32_t length)
+{
+	struct ibv_sge sge = { .addr = addr, .length = length, .lkey = lkey };
+
+	vrdma_wr_set_sge_list(ibqp, 1, &sge);
+}
+
+static void vrdma_wr_set_inline_data_list(struct ibv_qp_ex *ibqp, size_t n,
+					  const struct ibv_data_buf *buf)
+{
+	struct vrdma_qp *qp = to_vqp_ex(ibqp);
+	struct virtio_rdma_send_wqe *w = qp->wr_cur;
+	uint8_t *dst;
+	size_t i, len = 0;
+
+	if (!w)
+		return;
+	/* Inline data goes with SEND* and RDMA_WRITE* (spec §7.4). */
+	if (w->opcode == VIRTIO_RDMA_WR_RDMA_READ ||
+	    w->opcode == VIRTIO_RDMA_WR_ATOMIC_CMP_AND_SWP ||
+	    w->opcode == VIRTIO_RDMA_WR_ATOMIC_FETCH_AND_ADD) {
+		qp->wr_err = EINVAL;
+		return;
+	}
+	dst = (uint8_t *)(w + 1);
+	for (i = 0; i < n; i++) {
+		if (buf[i].length > qp->max_inline - len) {
+			qp->wr_err = EINVAL;
+			return;
+		}
+		memcpy(dst + len, buf[i].addr, buf[i].length);
+		len += buf[i].length;
+	}
+	w->flags |= VIRTIO_RDMA_WR_F_INLINE;
+	w->count = htole16(len);
+}
+
+static void vrdma_wr_set_inline_data(struct ibv_qp_ex *ibqp, void *addr,
+				     size_t length)
+{
+	struct ibv_data_buf buf = { .addr = addr, .length = length };
+
+	vrdma_wr_set_inline_data_list(ibqp, 1, &buf);
+}
+
+static void vrdma_wr_set_ud_addr(struct ibv_qp_ex *ibqp, struct ibv_ah *ah,
+				 uint32_t remote_qpn, uint32_t remote_qkey)
+{
+	struct vrdma_qp *qp = to_vqp_ex(ibqp);
+	struct virtio_rdma_send_wqe *w = qp->wr_cur;
+
+	if (!w)
+		return;
+	if (!ah) {
+		qp->wr_err = EINVAL;
+		return;
+	}
+	w->ud.av = to_vah(ah)->av;
+	w->ud.remote_qpn = htole32(remote_qpn);
+	w->ud.remote_qkey = htole32(remote_qkey);
+}
+
+/* The QP's ibv_qp_ex: the operations its type takes. */
+static void vrdma_qp_ex_init(struct vrdma_qp *qp)
+{
+	struct ibv_qp_ex *ex = &qp->vqp.qp_ex;
+	enum ibv_qp_type type = qp->vqp.qp.qp_type;
+
+	ex->wr_start = vrdma_wr_start;
+	ex->wr_complete = vrdma_wr_complete;
+	ex->wr_abort = vrdma_wr_abort;
+	ex->wr_send = vrdma_wr_send;
+	ex->wr_send_imm = vrdma_wr_send_imm;
+	ex->wr_set_sge = vrdma_wr_set_sge;
+	ex->wr_set_sge_list = vrdma_wr_set_sge_list;
+	ex->wr_set_inline_data = vrdma_wr_set_inline_data;
+	ex->wr_set_inline_data_list = vrdma_wr_set_inline_data_list;
+	if (type == IBV_QPT_UD) {
+		ex->wr_set_ud_addr = vrdma_wr_set_ud_addr;
+	} else {
+		ex->wr_rdma_write = vrdma_wr_rdma_write;
+		ex->wr_rdma_write_imm = vrdma_wr_rdma_write_imm;
+		ex->wr_local_inv = vrdma_wr_local_inv;
+		ex->wr_bind_mw = vrdma_wr_bind_mw;
+	}
+	if (type == IBV_QPT_RC) {
+		ex->wr_rdma_read = vrdma_wr_rdma_read;
+		ex->wr_atomic_cmp_swp = vrdma_wr_atomic_cmp_swp;
+		ex->wr_atomic_fetch_add = vrdma_wr_atomic_fetch_add;
+		ex->wr_send_inv = vrdma_wr_send_inv;
+	}
+	qp->vqp.comp_mask |= VERBS_QP_EX;
+}
+
 int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad_wr)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
 
-	/* A QP on an SRQ takes its receives from the SRQ. */
-	if (!qp->rq.buf) {
+	/*
+	 * A QP on an SRQ takes its receives from the SRQ; one in RESET takes
+	 * none (verbs: an immediate error).
+	 */
+	if (!qp->rq.buf || ibqp->state == IBV_QPS_RESET) {
 		*bad_wr = wr;
 		return EINVAL;
 	}
 	return vrdma_post_recv_ring(to_vctx(ibqp->context), &qp->rq,
-				    qp->max_recv_sge, qp->doorbell, wr, bad_wr);
+				    qp->max_recv_sge, qp->doorbell, &qp->rq_out,
+				    qp->max_recv_wr, wr, bad_wr);
 }
 
 /* --- SRQs ------------------------------------------------------------------ */
@@ -617,5 +1038,6 @@ int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 	struct vrdma_srq *srq = to_vsrq(ibsrq);
 
 	return vrdma_post_recv_ring(to_vctx(ibsrq->context), &srq->ring,
-				    srq->max_sge, srq->doorbell, wr, bad_wr);
+				    srq->max_sge, srq->doorbell, NULL, 0, wr,
+				    bad_wr);
 }

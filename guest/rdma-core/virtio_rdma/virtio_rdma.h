@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <ccan/list.h>
 #include <infiniband/driver.h>
 #include <infiniband/kern-abi.h>
 #include <rdma/virtio_rdma_abi.h>
@@ -29,6 +30,8 @@
 DECLARE_DRV_CMD(vrdma_alloc_ucontext, IB_USER_VERBS_CMD_GET_CONTEXT,
 		empty, virtio_rdma_alloc_ucontext_resp);
 DECLARE_DRV_CMD(vrdma_create_cq, IB_USER_VERBS_CMD_CREATE_CQ,
+		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
+DECLARE_DRV_CMD(vrdma_create_cq_ex, IB_USER_VERBS_EX_CMD_CREATE_CQ,
 		virtio_rdma_create_cq_ureq, virtio_rdma_create_cq_uresp);
 DECLARE_DRV_CMD(vrdma_resize_cq, IB_USER_VERBS_CMD_RESIZE_CQ,
 		virtio_rdma_resize_cq_ureq, empty);
@@ -94,6 +97,17 @@ struct vrdma_cq {
 	uint32_t doorbell;
 	/* The last arm's sequence number (spec §9.1), under ring.lock. */
 	uint32_t arm_seq;
+	/*
+	 * Extended polling (start_poll to end_poll, under ring.lock): the
+	 * CQE being read, copied, and the producer index last read.
+	 */
+	struct virtio_rdma_cqe cur;
+	uint32_t prod;
+	/*
+	 * The QPs whose own receive ring completes here (under ring.lock):
+	 * a receive completion retires one of their outstanding receives.
+	 */
+	struct list_head rqps;
 };
 
 struct vrdma_qp {
@@ -106,6 +120,20 @@ struct vrdma_qp {
 	uint32_t max_recv_sge;
 	uint32_t max_inline;
 	bool sig_all;
+	/*
+	 * Verbs' rule for the receive queue: at most max_recv_wr receives
+	 * outstanding (posted, not completed). The device gives a slot back
+	 * when it copies the WQE (spec §7.2), so they are counted here: up by
+	 * post_recv, down by the receive completions polled from rcq.
+	 */
+	struct vrdma_cq *rcq; /* NULL on an SRQ */
+	struct list_node rcq_entry;
+	uint32_t max_recv_wr;
+	_Atomic(uint32_t) rq_out;
+	/* A batch of the ibv_wr_* interface, under sq.lock. */
+	uint32_t wr_first; /* the producer index at wr_start */
+	int wr_err; /* the first refusal, reported by wr_complete */
+	struct virtio_rdma_send_wqe *wr_cur; /* the WQE data goes into */
 };
 
 struct vrdma_srq {
@@ -183,17 +211,23 @@ uint32_t vrdma_ring_entries(uint32_t want, uint32_t stride);
 void vrdma_uring(const struct vrdma_ring *r, struct virtio_rdma_uring *u);
 
 /* cq.c */
+void vrdma_cq_add_qp(struct vrdma_cq *cq, struct vrdma_qp *qp);
+void vrdma_cq_del_qp(struct vrdma_cq *cq, struct vrdma_qp *qp);
 struct ibv_cq *vrdma_create_cq(struct ibv_context *ibctx, int cqe,
 			       struct ibv_comp_channel *channel,
 			       int comp_vector);
 int vrdma_poll_cq(struct ibv_cq *ibcq, int ne, struct ibv_wc *wc);
 int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only);
+struct ibv_cq_ex *vrdma_create_cq_ex(struct ibv_context *ibctx,
+				     struct ibv_cq_init_attr_ex *attr);
 int vrdma_resize_cq(struct ibv_cq *ibcq, int cqe);
 int vrdma_destroy_cq(struct ibv_cq *ibcq);
 
 /* qp.c */
 struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 			       struct ibv_qp_init_attr *attr);
+struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *ibctx,
+				  struct ibv_qp_init_attr_ex *attr);
 int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 		    int attr_mask);
 int vrdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
