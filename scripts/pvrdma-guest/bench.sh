@@ -17,6 +17,8 @@
 # reaches the daemon's device as always. Compare guests of different kinds by their ratios to
 # the rxe of their own guest: under TCG a Debian 13 guest is itself several times slower than a
 # Debian 12 one (rxe against rxe, 4 KiB ibv_rc_pingpong: 15 ms against 4.3 ms a round trip).
+# PVRDMA_GUEST=trixie runs the PVRDMA kind in that same Debian 13 image (Linux's vmw_pvrdma built
+# into it), so that the two faces are measured under one guest kernel and user space.
 # Results: target/pvrdma-guest/bench/ (results.md: the table; one log a run). PVRDMA_NO_BUILD=1
 # skips the cargo build. Exit 0, or 1 when a run failed, 125 the harness failed.
 set -uo pipefail
