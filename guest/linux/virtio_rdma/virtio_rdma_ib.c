@@ -528,6 +528,33 @@ static int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
 /* --- CQs ----------------------------------------------------------------- */
 
 /*
+ * A user CQ's ring from a create's or resize's driver data (both are the
+ * ring alone): more entries than @cqe, and its page array allocated for
+ * vrdma_uring_get (kvfree'd by the caller).
+ */
+static int vrdma_cq_uring_req(struct ib_udata *udata, int cqe,
+			      struct virtio_rdma_uring *u, u64 **pages,
+			      u32 *npages)
+{
+	int ret;
+
+	BUILD_BUG_ON(sizeof(struct virtio_rdma_create_cq_ureq) != sizeof(*u));
+	BUILD_BUG_ON(sizeof(struct virtio_rdma_resize_cq_ureq) != sizeof(*u));
+	if (udata->inlen < sizeof(*u))
+		return -EINVAL;
+	ret = ib_copy_from_udata(u, udata, sizeof(*u));
+	if (ret)
+		return ret;
+	if (u->entries <= cqe)
+		return -EINVAL;
+	*npages = vrdma_uring_npages(u);
+	if (!*npages)
+		return -EINVAL;
+	*pages = kvcalloc(*npages, sizeof(**pages), GFP_KERNEL);
+	return *pages ? 0 : -ENOMEM;
+}
+
+/*
  * A CQ whose ring is in its process's memory (spec §8.7): the process
  * polls and arms it; the kernel only relays its notifications and events.
  */
@@ -537,32 +564,23 @@ static int vrdma_create_user_cq(struct ib_cq *ibcq,
 {
 	struct vrdma_dev *dev = to_vdev(ibcq->device);
 	struct vrdma_cq *cq = to_vcq(ibcq);
-	struct virtio_rdma_create_cq_ureq ureq;
 	struct virtio_rdma_create_cq_uresp uresp = {};
 	struct virtio_rdma_create_cq req;
 	struct virtio_rdma_create_cq_resp resp;
+	struct virtio_rdma_uring ring;
 	u32 npages;
 	u64 *pages;
 	int ret;
 
-	if (udata->inlen < sizeof(ureq) || udata->outlen < sizeof(uresp))
+	if (udata->outlen < sizeof(uresp) || attr->flags || attr->cqe < 1 ||
+	    attr->cqe > le32_to_cpu(dev->attr.max_cqe))
 		return -EINVAL;
-	ret = ib_copy_from_udata(&ureq, udata, sizeof(ureq));
+	ret = vrdma_cq_uring_req(udata, attr->cqe, &ring, &pages, &npages);
 	if (ret)
 		return ret;
-	if (attr->flags || attr->cqe < 1 ||
-	    attr->cqe > le32_to_cpu(dev->attr.max_cqe) ||
-	    ureq.ring.entries <= attr->cqe)
-		return -EINVAL;
-	npages = vrdma_uring_npages(&ureq.ring);
-	if (!npages)
-		return -EINVAL;
-	pages = kvcalloc(npages, sizeof(*pages), GFP_KERNEL);
-	if (!pages)
-		return -ENOMEM;
 	spin_lock_init(&cq->lock);
 	mutex_init(&cq->resize_lock);
-	ret = vrdma_uring_get(ibcq->device, &ureq.ring, &cq->uring, &req.ring,
+	ret = vrdma_uring_get(ibcq->device, &ring, &cq->uring, &req.ring,
 			      pages);
 	if (ret)
 		goto free;
@@ -710,28 +728,17 @@ static int vrdma_resize_cmd(struct vrdma_dev *dev, struct vrdma_cq *cq,
 static int vrdma_resize_user_cq(struct vrdma_dev *dev, struct vrdma_cq *cq,
 				int cqe, struct ib_udata *udata)
 {
-	struct virtio_rdma_resize_cq_ureq ureq;
 	struct virtio_rdma_resize_cq req = {};
 	struct vrdma_uring ring = {}, old;
+	struct virtio_rdma_uring u;
 	u32 npages;
 	u64 *pages;
 	int ret;
 
-	if (udata->inlen < sizeof(ureq))
-		return -EINVAL;
-	ret = ib_copy_from_udata(&ureq, udata, sizeof(ureq));
+	ret = vrdma_cq_uring_req(udata, cqe, &u, &pages, &npages);
 	if (ret)
 		return ret;
-	if (ureq.ring.entries <= cqe)
-		return -EINVAL;
-	npages = vrdma_uring_npages(&ureq.ring);
-	if (!npages)
-		return -EINVAL;
-	pages = kvcalloc(npages, sizeof(*pages), GFP_KERNEL);
-	if (!pages)
-		return -ENOMEM;
-	ret = vrdma_uring_get(cq->ibcq.device, &ureq.ring, &ring, &req.ring,
-			      pages);
+	ret = vrdma_uring_get(cq->ibcq.device, &u, &ring, &req.ring, pages);
 	if (ret)
 		goto free;
 	ret = vrdma_resize_cmd(dev, cq, &req, pages);
