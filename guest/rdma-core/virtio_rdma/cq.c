@@ -30,7 +30,8 @@ static unsigned int vrdma_wc_flags(uint16_t flags)
 void vrdma_cq_add_qp(struct vrdma_cq *cq, struct vrdma_qp *qp)
 {
 	pthread_spin_lock(&cq->ring.lock);
-	list_add_tail(&cq->rqps, &qp->rcq_entry);
+	list_add_tail(&cq->rqps[qp->vqp.qp.qp_num % VRDMA_CQ_QP_BUCKETS],
+		      &qp->rcq_entry);
 	pthread_spin_unlock(&cq->ring.lock);
 }
 
@@ -55,7 +56,7 @@ static void vrdma_cq_retire(struct vrdma_cq *cq,
 
 	if (!(c->opcode & IBV_WC_RECV))
 		return;
-	list_for_each(&cq->rqps, qp, rcq_entry) {
+	list_for_each(&cq->rqps[qpn % VRDMA_CQ_QP_BUCKETS], qp, rcq_entry) {
 		if (qp->vqp.qp.qp_num != qpn)
 			continue;
 		if (atomic_load_explicit(&qp->rq_out, memory_order_relaxed))
@@ -75,6 +76,7 @@ static struct vrdma_cq *vrdma_cq_alloc(struct vrdma_context *ctx, int cqe)
 	struct vrdma_cq *cq;
 	size_t ring_len;
 	uint32_t entries;
+	unsigned int i;
 	int ret;
 
 	if (cqe < 1 || (uint32_t)cqe > ctx->max_cqe) {
@@ -105,7 +107,8 @@ static struct vrdma_cq *vrdma_cq_alloc(struct vrdma_context *ctx, int cqe)
 	ret = pthread_spin_init(&r->lock, PTHREAD_PROCESS_PRIVATE);
 	if (ret)
 		goto free_mem;
-	list_head_init(&cq->rqps);
+	for (i = 0; i < VRDMA_CQ_QP_BUCKETS; i++)
+		list_head_init(&cq->rqps[i]);
 	return cq;
 
 free_mem:

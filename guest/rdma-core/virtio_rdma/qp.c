@@ -335,7 +335,12 @@ int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
 		vrdma_ring_reset(&qp->sq);
 		vrdma_ring_reset(&qp->rq);
-		/* Its receives are gone, with no completion. */
+		/*
+		 * Its receives are gone, with no completion. (A completion
+		 * still unpolled from before retires one of the next posts':
+		 * the count is low by at most that many, and the ring's own
+		 * room still bounds the posts.)
+		 */
 		atomic_store_explicit(&qp->rq_out, 0, memory_order_relaxed);
 	}
 	return 0;

@@ -42,6 +42,9 @@ DECLARE_DRV_CMD(vrdma_create_srq, IB_USER_VERBS_CMD_CREATE_SRQ,
 DECLARE_DRV_CMD(vrdma_create_ah, IB_USER_VERBS_CMD_CREATE_AH,
 		empty, virtio_rdma_create_ah_uresp);
 
+/* Buckets of a CQ's table of receiving QPs (QPNs are handed out in turn). */
+#define VRDMA_CQ_QP_BUCKETS 64
+
 /* A slot of a CQ ring: one CQE (spec §6.5). */
 #define VRDMA_CQE_STRIDE 32
 
@@ -104,10 +107,11 @@ struct vrdma_cq {
 	struct virtio_rdma_cqe cur;
 	uint32_t prod;
 	/*
-	 * The QPs whose own receive ring completes here (under ring.lock):
-	 * a receive completion retires one of their outstanding receives.
+	 * The QPs whose own receive ring completes here, hashed by QPN (under
+	 * ring.lock): a receive completion retires one of their outstanding
+	 * receives, found without walking every QP of a busy CQ.
 	 */
-	struct list_head rqps;
+	struct list_head rqps[VRDMA_CQ_QP_BUCKETS];
 };
 
 struct vrdma_qp {
