@@ -45,18 +45,18 @@ fn attrs() -> Connect {
     }
 }
 
-/// Two devices at `a` and `b` (on `switch`, when given), an RC QP each,
-/// connected.
-pub fn pair(a: IpAddr, b: IpAddr, switch: Option<&Switch>) -> (EnginePort, EnginePort) {
+/// Two devices at `a` and `b` (on the same-host switches given, one for
+/// each), an RC QP each, connected.
+pub fn pair(a: IpAddr, b: IpAddr, switches: [Option<&Switch>; 2]) -> (EnginePort, EnginePort) {
     let c = attrs();
-    let open = |addr| {
+    let open = |addr, switch: Option<&Switch>| {
         let mut ctx = Context::open_same_host(switch, addr, layout::LEN as usize, false, 4096)
             .unwrap_or_else(|e| panic!("opening a device on {addr}: {e}"));
         let qpn = ctx.create_qp(QpType::Rc, 256, 1, 0).expect("an RC QP");
         ctx.init_qp(qpn, &c).expect("the QP to INIT");
         (ctx, qpn)
     };
-    let ((mut ca, qa), (mut cb, qb)) = (open(a), open(b));
+    let ((mut ca, qa), (mut cb, qb)) = (open(a, switches[0]), open(b, switches[1]));
     let (pa, pb) = (Psn::from_masked(0x1234), Psn::from_masked(0x5678));
     let ra = Remote {
         qpn: qa,

@@ -32,7 +32,11 @@
 //! Options (after `--`): `--quick`, `--rounds N`, `--secs S` (each
 //! measurement's measured part), `--pin` (each face side's driver and
 //! device threads on one core: A's on CPU 0, B's on CPU 1), `--only
-//! rate|bw|lat`, `--no-probe` (no lone WRITEs first), `--verbose`.
+//! rate|bw|lat`, `--no-probe` (no lone WRITEs first), `--verbose`, and
+//! the medium: `--shm` (each pair's devices on one same-host switch, as
+//! one daemon's), `--shm-rings` (each device on a switch of its own, the
+//! two joined through a rendezvous directory, as two daemons' with
+//! `--shm-dir`: rings between them); UDP loopback without either.
 
 mod engine;
 mod measure;
@@ -50,6 +54,8 @@ use std::{
 
 use measure::{Pins, Sample, Timing};
 use port::Port;
+use vrdma_fabric::shm::{JoinConfig, Switch};
+use vrdma_wire::Gid;
 
 /// This binary's loopback block (the test suites have 20–27).
 const BLOCK: u8 = 30;
@@ -106,15 +112,96 @@ struct Setup {
     b: Box<dyn Port>,
     devices: Box<dyn Any>,
     pins: Pins,
+    /// The two switches' rendezvous (`--shm-rings`): dropped after the
+    /// devices.
+    _rings: Option<Rings>,
+}
+
+/// What carries a pair's packets.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+enum Medium {
+    Udp,
+    /// One same-host switch: the devices of one daemon.
+    Shm,
+    /// A switch each, joined through a rendezvous directory: two daemons'.
+    Rings,
+}
+
+/// Two switches' memberships of a rendezvous directory of their own; the
+/// directory goes with them.
+struct Rings {
+    members: Option<(vrdma_fabric::shm::Rendezvous, vrdma_fabric::shm::Rendezvous)>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Rings {
+    fn drop(&mut self) {
+        drop(self.members.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Side A's and side B's switches over `medium`, and the rendezvous that
+/// joins two.
+fn switches(medium: Medium, k: u32) -> (Option<Switch>, Option<Switch>, Option<Rings>) {
+    match medium {
+        Medium::Udp => (None, None, None),
+        Medium::Shm => {
+            let s = Switch::new();
+            (Some(s.clone()), Some(s), None)
+        }
+        Medium::Rings => {
+            let dir =
+                std::env::temp_dir().join(format!("vrdma-faces-rings-{}-{k}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("a rendezvous directory");
+            let (a, b) = (Switch::new(), Switch::new());
+            let ra = a.join(JoinConfig::new(&dir)).expect("switch A joins");
+            let rb = b.join(JoinConfig::new(&dir)).expect("switch B joins");
+            let rings = Rings {
+                members: Some((ra, rb)),
+                dir,
+            };
+            (Some(a), Some(b), Some(rings))
+        }
+    }
+}
+
+/// Waits until each switch reaches the other side's address through the
+/// rendezvous (a few milliseconds), so that the measurement runs on the
+/// rings and not on the uplink.
+fn joined(sa: &Switch, sb: &Switch, aa: IpAddr, ab: IpAddr) {
+    let t = Instant::now();
+    while !(sa.holds(&Gid::from(ab)) && sb.holds(&Gid::from(aa))) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the two switches never reached each other's device"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// A fresh pair of `face`. With `pin`, a face's side A (driver and device
 /// threads) goes on CPU 0 and side B on CPU 1; engine-direct is always so
 /// pinned, as `vrdma bench` pins it.
-fn setup(face: Face, pin: bool, shm: bool, k: u32) -> Setup {
+fn setup(face: Face, pin: bool, medium: Medium, k: u32) -> Setup {
     let (aa, ab) = (addr(), addr());
-    let switch = shm.then(vrdma_fabric::shm::Switch::new);
-    let sw = switch.as_ref();
+    let (switch_a, switch_b, rings) = switches(medium, k);
+    let (swa, swb) = (switch_a.as_ref(), switch_b.as_ref());
+    let mut s = setup_on(face, pin, [aa, ab], [swa, swb], k);
+    if let (Medium::Rings, Some(sa), Some(sb)) = (medium, swa, swb) {
+        joined(sa, sb, aa, ab);
+    }
+    s._rings = rings;
+    s
+}
+
+fn setup_on(
+    face: Face,
+    pin: bool,
+    [aa, ab]: [IpAddr; 2],
+    [swa, swb]: [Option<&Switch>; 2],
+    k: u32,
+) -> Setup {
     let both = Pins {
         a: Some(0),
         b: Some(1),
@@ -122,18 +209,19 @@ fn setup(face: Face, pin: bool, shm: bool, k: u32) -> Setup {
     let face_pins = if pin { both } else { Pins::default() };
     match face {
         Face::Engine => {
-            let (a, b) = engine::pair(aa, ab, sw);
+            let (a, b) = engine::pair(aa, ab, [swa, swb]);
             Setup {
                 a: Box::new(a),
                 b: Box::new(b),
                 devices: Box::new(()),
                 pins: both,
+                _rings: None,
             }
         }
         Face::VirtioPoll | Face::VirtioPollRung | Face::VirtioEvent => {
             let poll = face != Face::VirtioEvent;
-            let da = virtio::device(aa, &format!("v{k}a"), poll, sw);
-            let db = virtio::device(ab, &format!("v{k}b"), poll, sw);
+            let da = virtio::device(aa, &format!("v{k}a"), poll, swa);
+            let db = virtio::device(ab, &format!("v{k}b"), poll, swb);
             let ((a, wa), (b, wb)) = virtio::pair(&da, &db, face == Face::VirtioPollRung);
             if pin {
                 wa.iter().for_each(|&t| threads::pin(t, 0));
@@ -144,13 +232,14 @@ fn setup(face: Face, pin: bool, shm: bool, k: u32) -> Setup {
                 b: Box::new(b),
                 devices: Box::new((da, db)),
                 pins: face_pins,
+                _rings: None,
             }
         }
         Face::VirtioPciPoll | Face::VirtioPciEvent => {
             let poll = face == Face::VirtioPciPoll;
             let names = [format!("vp{k}a"), format!("vp{k}b")];
-            let da = virtio::pci_device(aa, &names[0], poll, sw);
-            let db = virtio::pci_device(ab, &names[1], poll, sw);
+            let da = virtio::pci_device(aa, &names[0], poll, swa);
+            let db = virtio::pci_device(ab, &names[1], poll, swb);
             let ((a, wa), (b, wb)) = virtio::pci_pair(&da, &db, [&names[0], &names[1]]);
             if pin {
                 wa.iter().for_each(|&t| threads::pin(t, 0));
@@ -161,12 +250,13 @@ fn setup(face: Face, pin: bool, shm: bool, k: u32) -> Setup {
                 b: Box::new(b),
                 devices: Box::new((da, db)),
                 pins: face_pins,
+                _rings: None,
             }
         }
         Face::PvrdmaShared | Face::PvrdmaTrapped => {
             let shared = face == Face::PvrdmaShared;
-            let da = pvrdma::Device::new(aa, &format!("p{k}a"), shared, switch.clone());
-            let db = pvrdma::Device::new(ab, &format!("p{k}b"), shared, switch.clone());
+            let da = pvrdma::Device::new(aa, &format!("p{k}a"), shared, swa.cloned());
+            let db = pvrdma::Device::new(ab, &format!("p{k}b"), shared, swb.cloned());
             if pin {
                 threads::pin(da.tid, 0);
                 threads::pin(db.tid, 1);
@@ -177,6 +267,7 @@ fn setup(face: Face, pin: bool, shm: bool, k: u32) -> Setup {
                 b: Box::new(b),
                 devices: Box::new((da, db)),
                 pins: face_pins,
+                _rings: None,
             }
         }
     }
@@ -187,7 +278,7 @@ fn measure(face: Face, test: Test, opts: &Opts, k: u32) -> Sample {
     if opts.verbose {
         eprintln!("  {test:?} on {}", face.name());
     }
-    let s = setup(face, opts.pin, opts.shm, k);
+    let s = setup(face, opts.pin, opts.medium, k);
     let seed = k.wrapping_mul(2_654_435_761);
     let (mut sample, (a, b)) = match test {
         Test::Rate => measure::rate(s.a, s.b, s.pins, opts.timing, seed),
@@ -206,8 +297,8 @@ struct Opts {
     rounds: usize,
     timing: Timing,
     pin: bool,
-    /// Each pair's devices on one same-host switch.
-    shm: bool,
+    /// What carries each pair's packets.
+    medium: Medium,
     /// Says each measurement as it starts.
     verbose: bool,
     /// Skips the lone-WRITE probe.
@@ -256,7 +347,13 @@ fn opts() -> Opts {
             measure: Duration::from_secs_f64(secs),
         },
         pin: args.iter().any(|a| a == "--pin"),
-        shm: args.iter().any(|a| a == "--shm"),
+        medium: if args.iter().any(|a| a == "--shm-rings") {
+            Medium::Rings
+        } else if args.iter().any(|a| a == "--shm") {
+            Medium::Shm
+        } else {
+            Medium::Udp
+        },
         verbose: args.iter().any(|a| a == "--verbose"),
         no_probe: args.iter().any(|a| a == "--no-probe"),
         faces,
@@ -301,10 +398,11 @@ fn main() {
         opts.rounds,
         opts.timing.measure.as_secs_f64(),
         opts.timing.warm.as_secs_f64(),
-        if opts.shm {
-            "the pair on one same-host switch (shm)"
-        } else {
-            "loopback 127.30.x.y"
+        match opts.medium {
+            Medium::Shm => "the pair on one same-host switch (shm, as one daemon's)",
+            Medium::Rings =>
+                "each device on a switch of its own, the two joined by a rendezvous (shm rings, as two daemons')",
+            Medium::Udp => "loopback 127.30.x.y",
         },
         if opts.pin {
             "pinned (side A on CPU 0, side B on CPU 1)"
@@ -367,7 +465,7 @@ fn probe(opts: &Opts) {
     // B has no thread in this probe.)
     let faces = opts.faces.iter().filter(|&&f| f != Face::VirtioPollRung);
     for (k, &face) in faces.enumerate() {
-        let mut s = setup(face, false, opts.shm, 10_000 + k as u32);
+        let mut s = setup(face, false, opts.medium, 10_000 + k as u32);
         let before = s.a.retry_timeouts();
         let times = measure::lone_writes(&mut *s.a, &mut *s.b, N, Duration::from_millis(20));
         let after = s.a.retry_timeouts();
