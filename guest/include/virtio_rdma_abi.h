@@ -495,6 +495,9 @@ struct virtio_rdma_recv_wqe { /* RQ and SRQ slots of `stride` bytes; offset */
 	/* 16: struct virtio_rdma_sge sge[count] */
 };
 
+/* A CQE's opcode bit 7: its WQE was a receive queue's (spec §7.8). */
+#define VIRTIO_RDMA_CQE_OPCODE_RECV 0x80
+
 struct virtio_rdma_cqe { /* 32 bytes; offset */
 	__le64 wr_id; /*  0 */
 	__u8 status; /*  8: ibv_wc_status */
@@ -503,7 +506,7 @@ struct virtio_rdma_cqe { /* 32 bytes; offset */
 	__le32 qpn; /* 12: the QP the WQE belongs to */
 	__le32 byte_len; /* 16 */
 	__le32 ex; /* 20: immediate data (as sent) or the invalidated rkey */
-	__le32 src_qp; /* 24 */
+	__le32 src_qp; /* 24: UD receive: the sender's QPN; send queue: WQEs retired */
 	__le16 pkey_index; /* 28 */
 	__u8 sl; /* 30 */
 	__u8 network_hdr_type; /* 31: rdma_network_type: 2 IPv4, 3 IPv6 */

@@ -22,11 +22,14 @@
 #    sources (guest/linux, guest/include): no error, warning or check.
 # 5. The rdma-core provider (guest/rdma-core/virtio_rdma): scripts/virtio-guest/build-provider.sh
 #    ROOT builds it in the root's own rdma-core source and installs it there; its exit status
-#    decides. VIRTIO_GUEST_NO_PROVIDER=1 leaves it out, openly: image.info says so and it is an
-#    input, so the next build without it builds it.
+#    decides. Then scripts/virtio-guest/provider-check.sh ROOT: the root's libibverbs picks it,
+#    and guest/rdma-core/tests/ring_test.c passes (its data path against the check playing the
+#    device, byte for byte at the specification's offsets). VIRTIO_GUEST_NO_PROVIDER=1 leaves
+#    both out, openly: image.info says so and it is an input, so the next build without it
+#    builds it.
 #
 # Rebuilt only when an input changes: the base image (size, mtime, image.info), every file under
-# guest/, this script, build-provider.sh. Root; the network is Debian's mirror (apt in the root).
+# guest/, this script, build-provider.sh, provider-check.sh. Root; the network is Debian's mirror (apt in the root).
 # About 1.5 minutes from nothing on this machine (2 cores), 30-40 s with the base kept, 0.1 s
 # when up to date.
 #
@@ -84,6 +87,7 @@ inputs() {
         echo "build-provider.sh: not run (VIRTIO_GUEST_NO_PROVIDER=1)"
     else
         echo "build-provider.sh: $(sha256sum < "$here/build-provider.sh" | cut -d' ' -f1)"
+        echo "provider-check.sh: $(sha256sum < "$here/provider-check.sh" | cut -d' ' -f1)"
     fi
 }
 # (the image itself too: a file another script wrote over is not this one's output)
@@ -240,6 +244,13 @@ else
     [ -n "$so" ] && [ -s "$MNT/etc/libibverbs.d/virtio_rdma.driver" ] \
         || die "build-provider.sh succeeded but no /usr/lib/*/libibverbs/libvirtio_rdma-rdmav*.so and /etc/libibverbs.d/virtio_rdma.driver in the root"
     PROVIDER="/$so (rdma-core $(in_root 60 dpkg-query -W -f='${Version}' libibverbs1))"
+    # libibverbs of the root picks it for a virtio device 42, and its data path passes
+    # guest/rdma-core/tests/ring_test.c (the provider's post, poll and arm against this script
+    # playing the device).
+    log "the provider checked in the root (scripts/virtio-guest/provider-check.sh; log: $VG/provider-check.log)"
+    timeout 600 "$here/provider-check.sh" "$MNT" > "$VG/provider-check.log" 2>&1 \
+        || { tail -n 30 "$VG/provider-check.log" >&2; die "provider-check.sh failed (see $VG/provider-check.log)"; }
+    PROVIDER="$PROVIDER; $(tail -n1 "$VG/provider-check.log")"
 fi
 t3=$(date +%s)
 

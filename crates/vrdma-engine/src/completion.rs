@@ -29,6 +29,8 @@ pub(crate) fn retire_front(q: &mut Qp, cx: &mut Ctx, status: WcStatus) {
     }
     let cq = q.init.send_cq;
     q.sq.pop_front();
+    q.req.retired = q.req.retired.wrapping_add(1);
+    wc.sq_retired = q.req.retired;
     q.req.cursor = q.req.cursor.saturating_sub(1);
     q.req.started = q.req.started.saturating_sub(1);
     if post {
@@ -99,8 +101,10 @@ pub(crate) fn enter_error(q: &mut Qp, cx: &mut Ctx, entering: bool) {
                 (true, None) => WcStatus::Success,
                 _ => WcStatus::WrFlushErr,
             };
-            let wc = Wc::new(w.wr_id, status, op, qpn.value());
+            let mut wc = Wc::new(w.wr_id, status, op, qpn.value());
             q.sq.pop_front();
+            q.req.retired = q.req.retired.wrapping_add(1);
+            wc.sq_retired = q.req.retired;
             (q.init.send_cq, wc)
         } else if let Some(w) = q.rq.front() {
             let wc = Wc::new(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn.value());

@@ -158,6 +158,9 @@ pub(crate) struct Requester {
     /// WQEs (from the oldest) whose first packet has gone out at least
     /// once: in SQD these may still be (re)sent, no others.
     pub started: usize,
+    /// Send WQEs retired since the QP was last in RESET, completed or not
+    /// (wrapping): each send completion carries it ([`crate::wc::Wc::sq_retired`]).
+    pub retired: u32,
 }
 
 /// What the responder is in the middle of.

@@ -93,6 +93,16 @@ pub struct Wc {
     /// consumer how to read the 40 bytes of GRH before the payload: an
     /// IPv4 header sits in their last 20).
     pub network_hdr: Option<NetworkHdr>,
+    /// A send queue's completion: how many of the QP's send WQEs are
+    /// retired, this one included, since the QP was last in RESET (a
+    /// wrapping count; 0 in a receive completion). Send WQEs retire in the
+    /// order they were posted, and an unsignaled one that succeeds retires
+    /// without a completion; with this a driver knows how many a
+    /// completion retires — and so how many are outstanding — even when
+    /// the WQE it reports was unsignaled and failed. A device ABI that
+    /// counts its work requests as verbs do passes it on (virtio-rdma's
+    /// CQE does, spec §7.8).
+    pub sq_retired: u32,
 }
 
 /// A received datagram's network header (`enum rdma_network_type`).
@@ -120,6 +130,7 @@ impl Wc {
             slid: 0,
             sl: 0,
             dlid_path_bits: 0,
+            sq_retired: 0,
         }
     }
 }

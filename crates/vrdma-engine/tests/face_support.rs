@@ -290,6 +290,109 @@ fn a_malformed_wqe_completes_in_its_turn_and_takes_the_qp_to_err() {
     assert_eq!(e(&mut net, a).sq_len(a.qpn), Some(0));
 }
 
+/// Each send completion says how many send WQEs are retired through it
+/// since RESET: unsignaled successes retire silently and are counted by
+/// the next completion; an unsignaled WQE that fails completes with its
+/// own count, and so does each flushed one; RESET starts again from 0.
+#[test]
+fn a_send_completion_counts_the_wqes_retired_through_it() {
+    let (mut net, a, b) = pair(QpType::Rc, 7);
+    let sg = [sge(a, 0, 32)];
+    let write = |wr_id, flags| SendWr {
+        wr_id,
+        op: SendOp::RdmaWrite {
+            remote_addr: BASE + 0x400,
+            rkey: b.rkey,
+        },
+        payload: Payload::Sges(&sg),
+        flags,
+        ud: None,
+    };
+    let unsignaled = SendFlags::default();
+    post(&mut net, a, &write(1, unsignaled));
+    post(&mut net, a, &write(2, unsignaled));
+    post(&mut net, a, &write(3, SendFlags::SIGNALED));
+    assert_eq!(net.run(1000), Quiet::Idle);
+    post(&mut net, a, &write(4, unsignaled));
+    post(
+        &mut net,
+        a,
+        &SendWr {
+            wr_id: 5,
+            op: SendOp::Malformed {
+                status: WcStatus::LocQpOpErr,
+            },
+            payload: Payload::Sges(&[]),
+            flags: unsignaled,
+            ud: None,
+        },
+    );
+    post(&mut net, a, &write(6, unsignaled));
+    assert_eq!(net.run(1000), Quiet::Idle);
+    post(&mut net, a, &write(7, SendFlags::SIGNALED));
+    let got: Vec<_> = poll(&mut net, a)
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.sq_retired))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (3, WcStatus::Success, 3),
+            // 4 succeeded unsignaled: no completion, but counted.
+            (5, WcStatus::LocQpOpErr, 5),
+            (6, WcStatus::WrFlushErr, 6),
+            (7, WcStatus::WrFlushErr, 7),
+        ]
+    );
+    // A fresh connection: both QPs through RESET.
+    for s in [a, b] {
+        e(&mut net, s)
+            .modify_qp(
+                s.qpn,
+                &QpAttr {
+                    qp_state: QpState::Reset,
+                    ..QpAttr::default()
+                },
+                AttrMask::STATE,
+            )
+            .unwrap();
+    }
+    connect(&mut net, a, b, 7);
+    connect(&mut net, b, a, 7);
+    post(&mut net, a, &write(8, SendFlags::SIGNALED));
+    assert_eq!(net.run(1000), Quiet::Idle);
+    let got: Vec<_> = poll(&mut net, a)
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.sq_retired))
+        .collect();
+    assert_eq!(got, [(8, WcStatus::Success, 1)], "counted again from RESET");
+    // A receive completion carries no count.
+    let rs = [sge(b, 0x800, 64)];
+    e(&mut net, b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 9,
+                sg_list: &rs,
+            },
+        )
+        .unwrap();
+    post(
+        &mut net,
+        a,
+        &SendWr {
+            op: SendOp::Send,
+            ..write(10, SendFlags::SIGNALED)
+        },
+    );
+    assert_eq!(net.run(1000), Quiet::Idle);
+    let got: Vec<_> = poll(&mut net, b)
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.sq_retired))
+        .collect();
+    assert_eq!(got, [(9, WcStatus::Success, 0)]);
+}
+
 #[test]
 fn a_qp_found_broken_is_flushed_with_a_fatal_event() {
     let (mut net, a, _b) = pair(QpType::Rc, 7);

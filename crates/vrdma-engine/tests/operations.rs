@@ -225,6 +225,8 @@ fn run(c: &Case) {
     // The requester: one completion, for the signaled WR, every field.
     let mut want = Wc::new(runs, WcStatus::Success, c.wc_opcode(), a.qpn.value());
     want.byte_len = len;
+    // Every WR of the run retired, the unsignaled ones without completions.
+    want.sq_retired = runs as u32;
     assert_eq!(poll(&mut net, a), [want], "{what}: requester");
 
     // The responder: one completion per receive consumed, every field.

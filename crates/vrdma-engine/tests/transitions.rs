@@ -995,7 +995,11 @@ fn any_state_but_reset_to_err_flushes_every_work_request() {
             );
             let want: Vec<Wc> = sends
                 .iter()
-                .map(|&id| Wc::new(id, WcStatus::WrFlushErr, WcOpcode::Send, q.value()))
+                .zip(1..)
+                .map(|(&id, retired)| Wc {
+                    sq_retired: retired,
+                    ..Wc::new(id, WcStatus::WrFlushErr, WcOpcode::Send, q.value())
+                })
                 .chain(
                     recvs
                         .iter()

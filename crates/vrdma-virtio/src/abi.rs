@@ -693,6 +693,9 @@ pub struct Cqe {
     pub byte_len: U32,
     /// The immediate's wire bytes, or the invalidated rkey.
     pub ex: U32,
+    /// A receive's: UD/GSI, the sender's QPN. A send queue's (`opcode`
+    /// without [`OPCODE_RECV_BIT`]): the QP's send WQEs retired through
+    /// this one since RESET, wrapping (spec §7.8).
     pub src_qp: U32,
     pub pkey_index: U16,
     pub sl: u8,
@@ -700,6 +703,10 @@ pub struct Cqe {
     /// network header types of the kernel: RDMA_NETWORK_IPV4/IPV6).
     pub network_hdr_type: u8,
 }
+
+/// A CQE's `opcode` bit that says its WQE was a receive queue's (RECV
+/// 128, RECV_RDMA_WITH_IMM 129, and every receive's error completion).
+pub const OPCODE_RECV_BIT: u8 = 0x80;
 
 /// Completion flags.
 pub mod wc_flags {

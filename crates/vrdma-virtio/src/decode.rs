@@ -1046,7 +1046,15 @@ pub fn cqe(wc: &Wc) -> abi::Cqe {
         qpn: wc.qp_num.into(),
         byte_len: wc.byte_len.into(),
         ex: ex.into(),
-        src_qp: wc.src_qp.into(),
+        // A send queue's completion carries the QP's count of send WQEs
+        // retired through it (§7.8): with it a driver counts outstanding
+        // WQEs as verbs do, unsignaled ones included.
+        src_qp: if (wc.opcode as u8) & abi::OPCODE_RECV_BIT == 0 {
+            wc.sq_retired
+        } else {
+            wc.src_qp
+        }
+        .into(),
         pkey_index: wc.pkey_index.into(),
         sl: wc.sl,
         network_hdr_type: match wc.network_hdr {

@@ -187,6 +187,17 @@ struct vrdma_qp {
 	spinlock_t sq_lock;
 	/* Serializes posting to the receive ring. */
 	spinlock_t rq_lock;
+	/*
+	 * A kernel QP's outstanding work requests, for verbs' max_send_wr and
+	 * max_recv_wr (spec §7.2: the device frees a slot when it copies the
+	 * WQE, before it completes): receives posted less those completed;
+	 * sends posted since RESET (sq.index) less the count of retired ones
+	 * the latest send completion carried (§7.8), which the poller leaves
+	 * in sq_seen and a post takes into sq_done under sq_lock.
+	 */
+	atomic_t rq_out;
+	u32 sq_seen;
+	u32 sq_done;
 	struct vrdma_ring sq;
 	struct vrdma_ring rq;
 	struct vrdma_uring usq;

@@ -869,9 +869,16 @@ static void vrdma_wc(struct vrdma_dev *dev, const struct virtio_rdma_cqe *c,
 	wc->byte_len = le32_to_cpu(c->byte_len);
 	xa_lock(&dev->qps);
 	qp = xa_load(&dev->qps, le32_to_cpu(c->qpn));
+	/* The QP is not freed while it is in the table: its WQEs retire. */
+	if (qp && (c->opcode & VIRTIO_RDMA_CQE_OPCODE_RECV))
+		atomic_dec_if_positive(&qp->rq_out);
+	else if (qp)
+		WRITE_ONCE(qp->sq_seen, le32_to_cpu(c->src_qp));
 	xa_unlock(&dev->qps);
 	wc->qp = qp ? &qp->ibqp : NULL;
-	wc->src_qp = le32_to_cpu(c->src_qp);
+	/* A send queue's CQE has its count of retired WQEs there. */
+	if (c->opcode & VIRTIO_RDMA_CQE_OPCODE_RECV)
+		wc->src_qp = le32_to_cpu(c->src_qp);
 	wc->pkey_index = le16_to_cpu(c->pkey_index);
 	wc->sl = c->sl;
 	wc->port_num = 1;
@@ -1194,6 +1201,43 @@ static int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	return 0;
 }
 
+/*
+ * A kernel QP back in RESET: the device discarded its WQEs and takes each
+ * ring from index 0 again, so both index words go back to 0 (spec §6.27,
+ * DRV-10), and the counts of outstanding WQEs with them. (A completion
+ * written before the RESET and polled after it may still retire one of
+ * the next receives: the count is low by at most that many, and the
+ * ring's room still bounds the posts.) A user QP's rings are its
+ * process's to rewind.
+ */
+static void vrdma_ring_rewind(struct vrdma_ring *r)
+{
+	/* The device reads the words only once the QP leaves RESET. */
+	smp_store_release(VRDMA_WQ_CONSUMER(r), 0);
+	/* Ordered after the consumer word, as the device reads them. */
+	smp_store_release(VRDMA_WQ_PRODUCER(r), 0);
+	r->index = 0;
+}
+
+static void vrdma_qp_rewind(struct vrdma_qp *qp)
+{
+	unsigned long flags;
+
+	if (qp->sq.buf) {
+		spin_lock_irqsave(&qp->sq_lock, flags);
+		vrdma_ring_rewind(&qp->sq);
+		qp->sq_done = 0;
+		WRITE_ONCE(qp->sq_seen, 0);
+		spin_unlock_irqrestore(&qp->sq_lock, flags);
+	}
+	if (qp->rq.buf) {
+		spin_lock_irqsave(&qp->rq_lock, flags);
+		vrdma_ring_rewind(&qp->rq);
+		atomic_set(&qp->rq_out, 0);
+		spin_unlock_irqrestore(&qp->rq_lock, flags);
+	}
+}
+
 static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *a, int mask,
 			   struct ib_udata *udata)
 {
@@ -1231,6 +1275,8 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *a, int mask,
 			sizeof(req), NULL, 0, NULL, 0);
 	if (ret)
 		return ret;
+	if ((mask & IB_QP_STATE) && a->qp_state == IB_QPS_RESET)
+		vrdma_qp_rewind(qp);
 	if (mask & IB_QP_STATE)
 		qp->attr.qp_state = a->qp_state;
 	if (mask & IB_QP_QKEY)
@@ -1422,6 +1468,25 @@ static int vrdma_send_wqe(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 	return 0;
 }
 
+/*
+ * Whether a kernel QP's send queue takes another WQE (under sq_lock): a
+ * slot in the ring, and fewer than max_send_wr outstanding by the count
+ * the latest send completion carried — unless that count is past what was
+ * posted (a completion written before a RESET, polled after it).
+ */
+static bool vrdma_sq_room(struct vrdma_qp *qp)
+{
+	struct vrdma_ring *r = &qp->sq;
+	u32 seen = READ_ONCE(qp->sq_seen);
+	/* Slots before the consumer index are the driver's again. */
+	u32 cons = le32_to_cpu(smp_load_acquire(VRDMA_WQ_CONSUMER(r)));
+
+	if (seen - qp->sq_done <= r->index - qp->sq_done)
+		qp->sq_done = seen;
+	return r->index - qp->sq_done < qp->max_send_wr &&
+	       r->index - cons < r->entries;
+}
+
 static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 			   const struct ib_send_wr **bad)
 {
@@ -1440,10 +1505,7 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 	spin_lock_irqsave(&qp->sq_lock, flags);
 	start = r->index;
 	for (; wr; wr = wr->next) {
-		/* Slots before the consumer index are the driver's again. */
-		u32 cons = le32_to_cpu(smp_load_acquire(VRDMA_WQ_CONSUMER(r)));
-
-		if (r->index - cons >= r->entries) {
+		if (!vrdma_sq_room(qp)) {
 			ret = -ENOMEM;
 			break;
 		}
@@ -1466,16 +1528,19 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 
 /*
  * Posts receive WQEs into @r (a QP's receive ring or an SRQ's), taking SGEs
- * up to @max_sge, then rings doorbell @doorbell. Under the ring's lock.
+ * up to @max_sge, then rings doorbell @doorbell. Under the ring's lock. A
+ * QP's receives are counted in @out, at most @max outstanding (an SRQ's,
+ * @out NULL, are bounded by its ring).
  */
 static int vrdma_post_recv_ring(struct vrdma_dev *dev, struct vrdma_ring *r,
 				u32 max_sge, u32 doorbell, spinlock_t *lock,
+				atomic_t *out, u32 max,
 				const struct ib_recv_wr *wr,
 				const struct ib_recv_wr **bad)
 {
 	unsigned long flags;
+	u32 start, i, held = 0;
 	int ret = 0;
-	u32 start, i;
 
 	/* A user QP's or SRQ's ring is its process's. */
 	if (!r->buf) {
@@ -1484,13 +1549,16 @@ static int vrdma_post_recv_ring(struct vrdma_dev *dev, struct vrdma_ring *r,
 	}
 	spin_lock_irqsave(lock, flags);
 	start = r->index;
+	if (out)
+		held = atomic_read(out);
 	for (; wr; wr = wr->next) {
 		/* Slots before the consumer index are the driver's again. */
 		u32 cons = le32_to_cpu(smp_load_acquire(VRDMA_WQ_CONSUMER(r)));
 		struct virtio_rdma_recv_wqe *w;
 		struct virtio_rdma_sge *sge;
 
-		if (r->index - cons >= r->entries) {
+		if (r->index - cons >= r->entries ||
+		    (out && held + (r->index - start) >= max)) {
 			ret = -ENOMEM;
 			break;
 		}
@@ -1511,6 +1579,8 @@ static int vrdma_post_recv_ring(struct vrdma_dev *dev, struct vrdma_ring *r,
 		r->index++;
 	}
 	if (r->index != start) {
+		if (out)
+			atomic_add(r->index - start, out);
 		/* The WQEs are whole before the device may see the index move. */
 		smp_store_release(VRDMA_WQ_PRODUCER(r), cpu_to_le32(r->index));
 	}
@@ -1533,7 +1603,7 @@ static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 	}
 	return vrdma_post_recv_ring(to_vdev(ibqp->device), &qp->rq,
 				    qp->max_recv_sge, qp->doorbell, &qp->rq_lock,
-				    wr, bad);
+				    &qp->rq_out, qp->max_recv_wr, wr, bad);
 }
 
 /* --- SRQs ---------------------------------------------------------------- */
@@ -1740,8 +1810,8 @@ static int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr
 	struct vrdma_srq *srq = to_vsrq(ibsrq);
 
 	return vrdma_post_recv_ring(to_vdev(ibsrq->device), &srq->ring,
-				    srq->max_sge, srq->doorbell, &srq->lock, wr,
-				    bad);
+				    srq->max_sge, srq->doorbell, &srq->lock, NULL,
+				    0, wr, bad);
 }
 
 /* --- events and notifications (spec §9.3, §10) --------------------------- */

@@ -110,7 +110,11 @@ static struct vrdma_qp *make_qp(enum ibv_qp_type type, uint32_t doorbell)
 	ring_init(&qp->rq, m + 4096, m + 8192 + 64, 64, 64);
 	qp->vqp.qp.context = &ctx->ibv_ctx.context;
 	qp->vqp.qp.qp_type = type;
+	qp->vqp.qp.state = IBV_QPS_RTS;
 	qp->doorbell = doorbell;
+	/* As the device answers CREATE_QP: a work request per slot. */
+	qp->max_send_wr = 16;
+	qp->max_recv_wr = 64;
 	qp->max_send_sge = 4;
 	qp->max_recv_sge = 3;
 	qp->max_inline = 192;
@@ -218,9 +222,12 @@ static void test_send(void)
 		CHECK(rd(qp->sq.hdr, 0, 4) == 4, "producer 4 after a list of two");
 	}
 
-	/* Refused at post time: opcodes a process cannot use, too many SGEs. */
+	/*
+	 * Refused at post time: an opcode the device has not (TSO, a raw
+	 * packet QP's), too many SGEs.
+	 */
 	{
-		struct ibv_send_wr lw = { .wr_id = 10, .opcode = IBV_WR_LOCAL_INV };
+		struct ibv_send_wr lw = { .wr_id = 10, .opcode = IBV_WR_TSO };
 		struct ibv_sge many[5] = {};
 		struct ibv_send_wr mw = {
 			.wr_id = 11, .sg_list = many, .num_sge = 5,
@@ -229,7 +236,7 @@ static void test_send(void)
 
 		bad = NULL;
 		CHECK(vrdma_post_send(&qp->vqp.qp, &lw, &bad) == EINVAL && bad == &lw,
-		      "LOCAL_INV refused");
+		      "TSO refused");
 		bad = NULL;
 		CHECK(vrdma_post_send(&qp->vqp.qp, &mw, &bad) == EINVAL && bad == &mw,
 		      "5 SGEs on a QP of 4 refused");
@@ -246,8 +253,15 @@ static void test_send(void)
 		CHECK(ret == 0 && rd(qp->sq.hdr, 0, 4) == 16, "16 posted");
 		CHECK(vrdma_post_send(&qp->vqp.qp, &fw, &bad) == ENOMEM,
 		      "the 17th finds the ring full");
-		/* The device takes 5: its consumer index. */
+		/*
+		 * The device takes 5 (its consumer index) and completes them:
+		 * a send completion that says 5 retired was polled
+		 * (test_counts polls them).
+		 */
 		wr(qp->sq.hdr, 4, 4, 5);
+		CHECK(vrdma_post_send(&qp->vqp.qp, &fw, &bad) == ENOMEM,
+		      "slots free, but 16 work requests outstanding");
+		atomic_store(&qp->sq_seen, 5);
 		for (i = 0, ret = 0; i < 5 && !ret; i++)
 			ret = vrdma_post_send(&qp->vqp.qp, &fw, &bad);
 		CHECK(ret == 0 && rd(qp->sq.hdr, 0, 4) == 21, "5 more once taken");
@@ -373,6 +387,10 @@ static struct vrdma_cq *make_cq(uint32_t doorbell)
 	clear_doorbells();
 	m = cq->mem.addr;
 	ring_init(&cq->ring, m, m + 4096, 128, 32);
+	for (int i = 0; i < VRDMA_CQ_QP_BUCKETS; i++) {
+		list_head_init(&cq->rqps[i]);
+		list_head_init(&cq->sqps[i]);
+	}
 	cq->vcq.cq.context = &ctx->ibv_ctx.context;
 	cq->doorbell = doorbell;
 	return cq;
@@ -477,6 +495,78 @@ static void test_cq(void)
 	      "the producer word and reserved bytes untouched");
 }
 
+/*
+ * Verbs' limits on outstanding work requests (spec §7.2, §7.8): the device
+ * frees a slot when it copies the WQE, so the provider counts receives
+ * by their completions and sends by the count of retired WQEs each send
+ * completion carries.
+ */
+static void test_counts(void)
+{
+	struct vrdma_cq *cq = make_cq(5);
+	struct vrdma_qp *qp = make_qp(IBV_QPT_RC, 6);
+	struct ibv_send_wr sw = { .opcode = IBV_WR_SEND }, *sbad;
+	struct ibv_recv_wr rw = { .wr_id = 1 }, *rbad;
+	static const uint8_t none[4];
+	struct ibv_wc wc[8];
+	int i, ret = 0;
+
+	qp->vqp.qp.qp_num = 0x77;
+	vrdma_cq_add_qp(cq, qp, true);
+	vrdma_cq_add_qp(cq, qp, false);
+	for (i = 0; i < 16 && !ret; i++)
+		ret = vrdma_post_send(&qp->vqp.qp, &sw, &sbad);
+	CHECK(ret == 0, "16 sends posted");
+	/* The device takes all 16: every slot is free again. */
+	wr(qp->sq.hdr, 4, 4, 16);
+	CHECK(vrdma_post_send(&qp->vqp.qp, &sw, &sbad) == ENOMEM,
+	      "max_send_wr outstanding: the 17th refused");
+	/* WQE 3 was signaled; 1 and 2 retired silently before it. */
+	device_cqe(cq, 3, 0, 0, 0, 0x77, 0, none, 3);
+	CHECK(vrdma_poll_cq(&cq->vcq.cq, 8, wc) == 1 && wc[0].src_qp == 0,
+	      "a send's count is not its src_qp");
+	for (i = 0, ret = 0; i < 3 && !ret; i++)
+		ret = vrdma_post_send(&qp->vqp.qp, &sw, &sbad);
+	CHECK(ret == 0 && vrdma_post_send(&qp->vqp.qp, &sw, &sbad) == ENOMEM,
+	      "three retired, three more, then refused");
+	/* An unsignaled WQE failed (its own count, 9), then a flush. */
+	wr(qp->sq.hdr, 4, 4, 19);
+	device_cqe(cq, 9, 12, 1, 0, 0x77, 0, none, 9);
+	device_cqe(cq, 10, 5, 0, 0, 0x77, 0, none, 10);
+	CHECK(vrdma_poll_cq(&cq->vcq.cq, 8, wc) == 2, "error and flush polled");
+	for (i = 0, ret = 0; i < 7 && !ret; i++)
+		ret = vrdma_post_send(&qp->vqp.qp, &sw, &sbad);
+	CHECK(ret == 0 && vrdma_post_send(&qp->vqp.qp, &sw, &sbad) == ENOMEM,
+	      "seven more after ten retired");
+	/* A count past what was posted (from before a RESET) is not taken. */
+	wr(qp->sq.hdr, 4, 4, 26);
+	device_cqe(cq, 99, 0, 0, 0, 0x77, 0, none, 1000);
+	vrdma_poll_cq(&cq->vcq.cq, 8, wc);
+	CHECK(vrdma_post_send(&qp->vqp.qp, &sw, &sbad) == ENOMEM,
+	      "a count from nowhere retires nothing");
+	/* Another QP's completion on the CQ retires none of these. */
+	device_cqe(cq, 11, 0, 0, 0, 0x78, 0, none, 26);
+	vrdma_poll_cq(&cq->vcq.cq, 8, wc);
+	CHECK(vrdma_post_send(&qp->vqp.qp, &sw, &sbad) == ENOMEM,
+	      "another QP's count");
+
+	/* Receives: 64 posted and taken, the 65th refused until one completes. */
+	for (i = 0, ret = 0; i < 64 && !ret; i++)
+		ret = vrdma_post_recv(&qp->vqp.qp, &rw, &rbad);
+	wr(qp->rq.hdr, 4, 4, 64);
+	CHECK(ret == 0 && vrdma_post_recv(&qp->vqp.qp, &rw, &rbad) == ENOMEM,
+	      "max_recv_wr outstanding: the 65th refused");
+	/* A flushed receive counts (its opcode's RECV bit), a send's does not. */
+	device_cqe(cq, 1, 5, 128, 0, 0x77, 0, none, 0);
+	device_cqe(cq, 12, 0, 0, 0, 0x77, 0, none, 27);
+	vrdma_poll_cq(&cq->vcq.cq, 8, wc);
+	CHECK(vrdma_post_recv(&qp->vqp.qp, &rw, &rbad) == 0 &&
+	      vrdma_post_recv(&qp->vqp.qp, &rw, &rbad) == ENOMEM,
+	      "one receive retired, one more posted");
+	vrdma_cq_del_qp(cq, qp, true);
+	vrdma_cq_del_qp(cq, qp, false);
+}
+
 static void test_sizes(void)
 {
 	CHECK(vrdma_ring_entries(1, 32) == 128, "a CQ ring fills a page");
@@ -496,6 +586,7 @@ int main(void)
 	test_recv();
 	test_srq();
 	test_cq();
+	test_counts();
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }

@@ -27,36 +27,52 @@ static unsigned int vrdma_wc_flags(uint16_t flags)
 	return f;
 }
 
-void vrdma_cq_add_qp(struct vrdma_cq *cq, struct vrdma_qp *qp)
+/* @qp completes its receive queue (or, with @send, its send queue) here. */
+void vrdma_cq_add_qp(struct vrdma_cq *cq, struct vrdma_qp *qp, bool send)
 {
+	uint32_t b = qp->vqp.qp.qp_num % VRDMA_CQ_QP_BUCKETS;
+
 	pthread_spin_lock(&cq->ring.lock);
-	list_add_tail(&cq->rqps[qp->vqp.qp.qp_num % VRDMA_CQ_QP_BUCKETS],
-		      &qp->rcq_entry);
+	if (send)
+		list_add_tail(&cq->sqps[b], &qp->scq_entry);
+	else
+		list_add_tail(&cq->rqps[b], &qp->rcq_entry);
 	pthread_spin_unlock(&cq->ring.lock);
 }
 
-void vrdma_cq_del_qp(struct vrdma_cq *cq, struct vrdma_qp *qp)
+void vrdma_cq_del_qp(struct vrdma_cq *cq, struct vrdma_qp *qp, bool send)
 {
 	pthread_spin_lock(&cq->ring.lock);
-	list_del(&qp->rcq_entry);
+	list_del(send ? &qp->scq_entry : &qp->rcq_entry);
 	pthread_spin_unlock(&cq->ring.lock);
 }
 
 /*
- * A CQE polled (under the ring's lock): a receive's completion, success
- * or error (the device writes RECV or RECV_RDMA_WITH_IMM for every
- * receive WQE's completion, spec §7.8), retires one outstanding receive
- * of its QP.
+ * A CQE polled (under the ring's lock) retires its QP's WQEs: a
+ * receive's completion, success or error (the device writes RECV or
+ * RECV_RDMA_WITH_IMM for every receive WQE's completion, spec §7.8), one
+ * outstanding receive; a send queue's, every send WQE up to the count it
+ * carries.
  */
 static void vrdma_cq_retire(struct vrdma_cq *cq,
 			    const struct virtio_rdma_cqe *c)
 {
 	uint32_t qpn = le32toh(c->qpn);
+	uint32_t b = qpn % VRDMA_CQ_QP_BUCKETS;
 	struct vrdma_qp *qp;
 
-	if (!(c->opcode & IBV_WC_RECV))
+	if (!(c->opcode & VIRTIO_RDMA_CQE_OPCODE_RECV)) {
+		list_for_each(&cq->sqps[b], qp, scq_entry) {
+			if (qp->vqp.qp.qp_num != qpn)
+				continue;
+			atomic_store_explicit(&qp->sq_seen,
+					      le32toh(c->src_qp),
+					      memory_order_relaxed);
+			return;
+		}
 		return;
-	list_for_each(&cq->rqps[qpn % VRDMA_CQ_QP_BUCKETS], qp, rcq_entry) {
+	}
+	list_for_each(&cq->rqps[b], qp, rcq_entry) {
 		if (qp->vqp.qp.qp_num != qpn)
 			continue;
 		if (atomic_load_explicit(&qp->rq_out, memory_order_relaxed))
@@ -107,8 +123,10 @@ static struct vrdma_cq *vrdma_cq_alloc(struct vrdma_context *ctx, int cqe)
 	ret = pthread_spin_init(&r->lock, PTHREAD_PROCESS_PRIVATE);
 	if (ret)
 		goto free_mem;
-	for (i = 0; i < VRDMA_CQ_QP_BUCKETS; i++)
+	for (i = 0; i < VRDMA_CQ_QP_BUCKETS; i++) {
 		list_head_init(&cq->rqps[i]);
+		list_head_init(&cq->sqps[i]);
+	}
 	return cq;
 
 free_mem:
@@ -275,7 +293,10 @@ static uint32_t vrdma_read_qp_num(struct ibv_cq_ex *ibcq)
 
 static uint32_t vrdma_read_src_qp(struct ibv_cq_ex *ibcq)
 {
-	return le32toh(vrdma_cur(ibcq)->src_qp);
+	const struct virtio_rdma_cqe *c = vrdma_cur(ibcq);
+
+	/* A send queue's CQE has its count of retired WQEs there. */
+	return c->opcode & VIRTIO_RDMA_CQE_OPCODE_RECV ? le32toh(c->src_qp) : 0;
 }
 
 static unsigned int vrdma_read_wc_flags(struct ibv_cq_ex *ibcq)
@@ -436,7 +457,9 @@ static void vrdma_wc(const struct virtio_rdma_cqe *c, struct ibv_wc *wc)
 	wc->vendor_err = 0;
 	wc->byte_len = le32toh(c->byte_len);
 	wc->qp_num = le32toh(c->qpn);
-	wc->src_qp = le32toh(c->src_qp);
+	/* A send queue's CQE has its count of retired WQEs there. */
+	wc->src_qp = c->opcode & VIRTIO_RDMA_CQE_OPCODE_RECV ?
+		     le32toh(c->src_qp) : 0;
 	wc->wc_flags = vrdma_wc_flags(flags);
 	wc->imm_data = 0;
 	wc->pkey_index = le16toh(c->pkey_index);

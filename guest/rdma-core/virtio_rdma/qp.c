@@ -246,6 +246,7 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *ibctx,
 		return NULL;
 	}
 	atomic_init(&qp->rq_out, 0);
+	atomic_init(&qp->sq_seen, 0);
 	/* The send ring's pages, the receive ring's, then the headers' page. */
 	ret = vrdma_buf_alloc(&qp->mem, slen + rlen +
 			      vrdma_page_align(2 * VIRTIO_RDMA_RING_HEADER_SIZE));
@@ -302,11 +303,14 @@ struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *ibctx,
 			      (rstride - sizeof(struct virtio_rdma_recv_wqe)) / 16);
 	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
 		vrdma_qp_ex_init(qp);
+	/* The device's answers (ibv_cmd_create_qp_ex wrote them back). */
+	qp->max_send_wr = cap->max_send_wr;
+	qp->scq = to_vcq(attr->send_cq);
+	vrdma_cq_add_qp(qp->scq, qp, true);
 	if (!attr->srq) {
-		/* The device's answer (ibv_cmd_create_qp_ex wrote it back). */
 		qp->max_recv_wr = cap->max_recv_wr;
 		qp->rcq = to_vcq(attr->recv_cq);
-		vrdma_cq_add_qp(qp->rcq, qp);
+		vrdma_cq_add_qp(qp->rcq, qp, false);
 	}
 	return &qp->vqp.qp;
 
@@ -334,6 +338,11 @@ int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
 		return ret;
 	if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
 		vrdma_ring_reset(&qp->sq);
+		pthread_spin_lock(&qp->sq.lock);
+		/* Counted again from 0, as the device counts (spec §7.8). */
+		qp->sq_done = 0;
+		atomic_store_explicit(&qp->sq_seen, 0, memory_order_relaxed);
+		pthread_spin_unlock(&qp->sq.lock);
 		vrdma_ring_reset(&qp->rq);
 		/*
 		 * Its receives are gone, with no completion. (A completion
@@ -364,8 +373,9 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 	ret = ibv_cmd_destroy_qp(ibqp);
 	if (ret)
 		return ret;
+	vrdma_cq_del_qp(qp->scq, qp, true);
 	if (qp->rcq)
-		vrdma_cq_del_qp(qp->rcq, qp);
+		vrdma_cq_del_qp(qp->rcq, qp, false);
 	pthread_spin_destroy(&qp->rq.lock);
 	pthread_spin_destroy(&qp->sq.lock);
 	vrdma_buf_free(&qp->mem);
@@ -382,6 +392,24 @@ static bool vrdma_sq_open(struct ibv_qp *ibqp)
 {
 	return ibqp->state != IBV_QPS_RESET && ibqp->state != IBV_QPS_INIT &&
 	       ibqp->state != IBV_QPS_RTR;
+}
+
+/*
+ * Whether the send queue takes another WQE (under sq.lock): a slot in the
+ * ring, and fewer than max_send_wr outstanding — posted since RESET less
+ * retired, by the count the latest send completion carried (spec §7.2).
+ * A count past what was posted (a completion polled after a RESET that
+ * was written before it) is not taken.
+ */
+static bool vrdma_sq_room(struct vrdma_qp *qp)
+{
+	uint32_t seen = atomic_load_explicit(&qp->sq_seen, memory_order_relaxed);
+	uint32_t posted = qp->sq.index - qp->sq_done;
+
+	if (seen - qp->sq_done <= posted)
+		qp->sq_done = seen;
+	return qp->sq.index - qp->sq_done < qp->max_send_wr &&
+	       vrdma_ring_room(&qp->sq);
 }
 
 /* The device's opcode for @op on a QP of @type, or -1 (spec §7.3's table). */
@@ -555,7 +583,7 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	pthread_spin_lock(&r->lock);
 	start = r->index;
 	for (; wr; wr = wr->next) {
-		if (!vrdma_ring_room(r)) {
+		if (!vrdma_sq_room(qp)) {
 			ret = ENOMEM;
 			break;
 		}
@@ -668,7 +696,7 @@ static struct virtio_rdma_send_wqe *vrdma_wr_new(struct ibv_qp_ex *ibqp,
 	qp->wr_cur = NULL;
 	if (qp->wr_err)
 		return NULL;
-	if (!vrdma_ring_room(&qp->sq)) {
+	if (!vrdma_sq_room(qp)) {
 		qp->wr_err = ENOMEM;
 		return NULL;
 	}

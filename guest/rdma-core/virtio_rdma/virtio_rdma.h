@@ -107,11 +107,13 @@ struct vrdma_cq {
 	struct virtio_rdma_cqe cur;
 	uint32_t prod;
 	/*
-	 * The QPs whose own receive ring completes here, hashed by QPN (under
-	 * ring.lock): a receive completion retires one of their outstanding
-	 * receives, found without walking every QP of a busy CQ.
+	 * The QPs whose own receive ring completes here, and those whose send
+	 * ring does, hashed by QPN (under ring.lock): a completion retires
+	 * its QP's outstanding WQEs, found without walking every QP of a busy
+	 * CQ.
 	 */
 	struct list_head rqps[VRDMA_CQ_QP_BUCKETS];
+	struct list_head sqps[VRDMA_CQ_QP_BUCKETS];
 };
 
 struct vrdma_qp {
@@ -134,6 +136,19 @@ struct vrdma_qp {
 	struct list_node rcq_entry;
 	uint32_t max_recv_wr;
 	_Atomic(uint32_t) rq_out;
+	/*
+	 * And for the send queue, at most max_send_wr outstanding: posted
+	 * since RESET (sq.index) less those retired. Each send completion
+	 * says how many have retired (spec §7.8); the poller leaves the
+	 * latest in sq_seen and a post takes it into sq_done, under sq.lock,
+	 * if it is no more than was posted (a completion from before a RESET
+	 * can say more).
+	 */
+	struct vrdma_cq *scq;
+	struct list_node scq_entry;
+	uint32_t max_send_wr;
+	_Atomic(uint32_t) sq_seen;
+	uint32_t sq_done;
 	/* A batch of the ibv_wr_* interface, under sq.lock. */
 	uint32_t wr_first; /* the producer index at wr_start */
 	int wr_err; /* the first refusal, reported by wr_complete */
@@ -215,8 +230,8 @@ uint32_t vrdma_ring_entries(uint32_t want, uint32_t stride);
 void vrdma_uring(const struct vrdma_ring *r, struct virtio_rdma_uring *u);
 
 /* cq.c */
-void vrdma_cq_add_qp(struct vrdma_cq *cq, struct vrdma_qp *qp);
-void vrdma_cq_del_qp(struct vrdma_cq *cq, struct vrdma_qp *qp);
+void vrdma_cq_add_qp(struct vrdma_cq *cq, struct vrdma_qp *qp, bool send);
+void vrdma_cq_del_qp(struct vrdma_cq *cq, struct vrdma_qp *qp, bool send);
 struct ibv_cq *vrdma_create_cq(struct ibv_context *ibctx, int cqe,
 			       struct ibv_comp_channel *channel,
 			       int comp_vector);

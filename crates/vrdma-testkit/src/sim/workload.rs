@@ -547,6 +547,8 @@ impl Runner {
         };
         let mut want = Wc::new(want_id, WcStatus::Success, opcode, qpn.value());
         want.byte_len = p.len;
+        // Every WR is signaled: this one is the (want_id + 1)th retired.
+        want.sq_retired = (want_id as u32).wrapping_add(1);
         if *w != want {
             return Err(self.fail(format!("send completion {w:?}, want {want:?}")));
         }

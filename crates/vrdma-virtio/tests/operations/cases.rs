@@ -115,8 +115,10 @@ fn rc_every_operation_byte_for_byte() {
     qb.post_recv(10, &[b.mr.sge(DST, 8192)]);
     let w = Wqe::send(11, &[a.mr.sge(SRC, 1500), a.mr.sge(SRC + 8192, 2700)]).imm(0x1234_5678);
     qa.post_send(&w);
-    a.cq.expect_ok(wc::SEND, 11);
+    let c = a.cq.expect_ok(wc::SEND, 11);
+    assert_eq!(c.src_qp.get(), 1, "a send's CQE: the WQEs retired (§7.8)");
     let c = b.cq.expect_ok(wc::RECV, 10);
+    assert_eq!(c.src_qp.get(), 0, "an RC receive names no source QP");
     assert_eq!(c.byte_len.get(), 4200);
     assert_eq!(
         c.wc_flags.get() & abi::wc_flags::WITH_IMM,
@@ -226,7 +228,12 @@ fn rc_every_operation_byte_for_byte() {
         Wqe::write(21, &[a.mr.sge(SRC, 64)], b.mr.addr(DST), b.mr.rkey).unsignaled(),
         Wqe::write(22, &[a.mr.sge(SRC, 64)], b.mr.addr(DST + 64), b.mr.rkey),
     ]);
-    a.cq.expect_ok(wc::RDMA_WRITE, 22);
+    let c = a.cq.expect_ok(wc::RDMA_WRITE, 22);
+    assert_eq!(
+        c.src_qp.get(),
+        10,
+        "ten send WQEs retired, the unsignaled one counted (§7.8)"
+    );
     assert_eq!(b.get(DST, 128), [d.clone(), d].concat());
     a.cq.expect_none(std::time::Duration::from_millis(20));
 }
