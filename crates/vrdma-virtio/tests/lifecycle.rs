@@ -700,3 +700,43 @@ fn a_panic_in_a_turn_fails_only_that_device() {
     send_checked(&mut s, &mut q, &mut b, &mut qb2, 4, 3000);
     send_checked(&mut b, &mut qb2, &mut s, &mut q, 5, 3000);
 }
+
+/// §2.2, §7.8: a driver that does not accept VIRTIO_RDMA_F_SQ_RETIRED (an
+/// older one, which keeps verbs' limits by its ring alone) gets a send
+/// queue's completions with `src_qp` 0, as before the feature; one that
+/// accepts it gets the count of retired send WQEs, unsignaled ones
+/// included.
+#[test]
+fn the_retired_count_is_in_send_completions_only_once_negotiated() {
+    let (dold, dnew, dpeer) = (
+        NET.device("sqr-old"),
+        NET.device("sqr-new"),
+        NET.device("sqr-peer"),
+    );
+    let fe = Frontend::connect_with(
+        &dold.socket,
+        Arc::new(Ram::new(0, 64 << 20)),
+        Options {
+            sq_retired: false,
+            ..Default::default()
+        },
+    );
+    assert_eq!(fe.features & abi::feature::SQ_RETIRED, 0, "not accepted");
+    let mut old = Side::on(fe, dold.gid());
+    let mut new = Side::new(&dnew);
+    assert_ne!(new.fe.features & abi::feature::SQ_RETIRED, 0, "accepted");
+    let mut peer = Side::new(&dpeer);
+    for (s, want) in [(&mut old, 0), (&mut new, 3)] {
+        let mut q = s.qp(qp_type::RC);
+        let qp = peer.qp(qp_type::RC);
+        connect(s, &q, &mut peer, &qp);
+        let (sge, rkey) = (s.mr.sge(0, 64), peer.mr.rkey);
+        q.post_sends(&[
+            Wqe::write(1, &[sge], peer.mr.addr(0), rkey).unsignaled(),
+            Wqe::write(2, &[sge], peer.mr.addr(64), rkey).unsignaled(),
+            Wqe::write(3, &[sge], peer.mr.addr(128), rkey),
+        ]);
+        let c = s.cq.expect_ok(wc::RDMA_WRITE, 3);
+        assert_eq!(c.src_qp.get(), want, "the send completion's src_qp");
+    }
+}
