@@ -49,7 +49,7 @@ trap stop_guest EXIT
 "$PV_DIR/start.sh" -i "$G" -l 1200 > "$OUT/start.log" 2>&1 \
     || { cat "$OUT/start.log"; say "the virtio-rdma guest did not start"; exit 125; }
 mkdir -p "$D/share/bin"
-cp "$here/guest/rdma-core-tests.py" "$D/share/bin/"
+cp "$here/guest/rdma-core-tests.py" "$PROJECT_ROOT/guest/rdma-core/tests/test_vrdma_limits.py" "$D/share/bin/"
 
 # The suite's source tree is the one the provider was built in: its tests match the image's
 # libibverbs and pyverbs.
@@ -57,7 +57,8 @@ timeout 1100 "$PV_DIR/exec.sh" -i "$G" -t 1000 "set -o pipefail
 tree=\$(ls -d /usr/src/vrdma-provider/rdma-core-*/ | head -n1)
 [ -d \"\$tree/tests\" ] || { echo 'no rdma-core source in the image' >&2; exit 125; }
 python3 /harness/bin/rdma-core-tests.py --tree \"\$tree\" --dev \$RXE_DEV --gid \$RXE_GID_IDX \
-    --out /harness/out/outcomes.json $TESTS > /harness/out/suite.log 2>&1" > "$OUT/exec.log" 2>&1
+    --out /harness/out/outcomes.json --extra /harness/bin/test_vrdma_limits.py $TESTS \
+    > /harness/out/suite.log 2>&1" > "$OUT/exec.log" 2>&1
 rc=$?
 cp "$D/share/out/suite.log" "$OUT/suite.log" 2> /dev/null
 cp "$D/share/out/outcomes.json" "$OUT/outcomes.json" 2> /dev/null

@@ -4,8 +4,9 @@
 # tests/run_tests.py does, and writes each test's outcome to a JSON file: {test id: "ok" |
 # "skipped: REASON" | "fail" | "error"}. The caller decides what must have passed; a suite
 # that skipped everything exits 0 here.
-#   rdma-core-tests.py --tree DIR --dev DEV --gid N --out FILE NAME...
-# NAME: a test module, class or test of the suite (test_cq, test_mr.MWTest, ...).
+#   rdma-core-tests.py --tree DIR --dev DEV --gid N --out FILE [--extra PATH]... NAME...
+# NAME: a test module, class or test of the suite (test_cq, test_mr.MWTest, ...). PATH: a test
+# module of this project's written against the suite's package (tests.base), run with it.
 # Exit: 0 when every test run passed or was skipped, 1 otherwise.
 import argparse
 import json
@@ -21,6 +22,7 @@ def main():
     ap.add_argument("--dev", required=True)
     ap.add_argument("--gid", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--extra", action="append", default=[])
     ap.add_argument("names", nargs="+")
     a = ap.parse_args()
 
@@ -33,6 +35,10 @@ def main():
     parser.parse_args()
     tests = SourceFileLoader("tests", os.path.join(tests_dir, "__init__.py")).load_module()
     suite = unittest.defaultTestLoader.loadTestsFromNames(a.names, module=tests)
+    for path in a.extra:
+        name = os.path.splitext(os.path.basename(path))[0]
+        extra = SourceFileLoader(name, path).load_module()
+        suite.addTests(unittest.defaultTestLoader.loadTestsFromModule(extra))
 
     outcomes = {}
 
