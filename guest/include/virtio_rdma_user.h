@@ -40,8 +40,6 @@ struct virtio_rdma_alloc_ucontext_resp {
 
 /* DOORBELL_POLL was negotiated: kick only when the poll word reads 0. */
 #define VIRTIO_RDMA_UCTX_DOORBELL_POLL 0x1
-/* SQ_RETIRED was negotiated: send completions count retired WQEs. */
-#define VIRTIO_RDMA_UCTX_SQ_RETIRED 0x2
 
 /*
  * A ring in the process's memory (§6.5, §8.7): entries × stride bytes at

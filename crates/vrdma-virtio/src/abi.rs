@@ -31,9 +31,6 @@ pub mod feature {
     pub const INDIRECT_PAGES: u64 = 1 << 1;
     /// Reserved: device state save and restore (v1 devices do not offer it).
     pub const MIGRATION: u64 = 1 << 2;
-    /// A send queue's completions carry the QP's count of retired send
-    /// WQEs (spec §7.8), so that a driver keeps verbs' `max_send_wr`.
-    pub const SQ_RETIRED: u64 = 1 << 3;
     /// Standard bits the device offers.
     pub const RING_INDIRECT_DESC: u64 = 1 << 28;
     pub const RING_EVENT_IDX: u64 = 1 << 29;

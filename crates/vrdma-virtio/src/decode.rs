@@ -1019,20 +1019,8 @@ pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<(u64, Vec<Sge>), u64> {
         .ok_or(wr_id)
 }
 
-/// The CQE a work completion becomes when the driver negotiated
-/// VIRTIO_RDMA_F_SQ_RETIRED: a send queue's carries the QP's count of
-/// retired send WQEs in `src_qp` (§7.8).
+/// The CQE a work completion becomes.
 pub fn cqe(wc: &Wc) -> abi::Cqe {
-    cqe_with(wc, true)
-}
-
-/// The CQE a work completion becomes without VIRTIO_RDMA_F_SQ_RETIRED: a
-/// send queue's `src_qp` is 0.
-pub fn cqe_without_count(wc: &Wc) -> abi::Cqe {
-    cqe_with(wc, false)
-}
-
-fn cqe_with(wc: &Wc, count: bool) -> abi::Cqe {
     let mut flags = 0u16;
     if wc.wc_flags.contains(WcFlags::GRH) {
         flags |= abi::wc_flags::GRH;
@@ -1061,12 +1049,10 @@ fn cqe_with(wc: &Wc, count: bool) -> abi::Cqe {
         // A send queue's completion carries the QP's count of send WQEs
         // retired through it (§7.8): with it a driver counts outstanding
         // WQEs as verbs do, unsignaled ones included.
-        src_qp: if (wc.opcode as u8) & abi::OPCODE_RECV_BIT != 0 {
-            wc.src_qp
-        } else if count {
+        src_qp: if (wc.opcode as u8) & abi::OPCODE_RECV_BIT == 0 {
             wc.sq_retired
         } else {
-            0
+            wc.src_qp
         }
         .into(),
         pkey_index: wc.pkey_index.into(),

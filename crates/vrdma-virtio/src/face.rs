@@ -294,9 +294,6 @@ pub struct VirtioRdma<T: Transport> {
     lost_behind: usize,
     notifications: VecDeque<abi::Notification>,
     notified: BTreeSet<u32>,
-    /// VIRTIO_RDMA_F_SQ_RETIRED was negotiated: the CQs made from now on
-    /// count a send queue's retired WQEs in their CQEs (§7.8).
-    sq_retired: bool,
     polling: bool,
     /// DEVICE_FATAL was raised: every command but the queries is
     /// ERR_DEVICE until a reset.
@@ -341,7 +338,6 @@ impl<T: Transport> VirtioRdma<T> {
             lost_behind: 0,
             notifications: VecDeque::new(),
             notified: BTreeSet::new(),
-            sq_retired: false,
             polling: false,
             fatal: false,
             scratch: Vec::new(),
@@ -1009,12 +1005,7 @@ impl<T: Transport> VirtioRdma<T> {
             tail: AtomicU32::new(tail),
             due: AtomicU32::new(tail),
         });
-        let encode = if self.sq_retired {
-            decode::cqe
-        } else {
-            decode::cqe_without_count
-        };
-        let inner = GuestCq::new(self.shared.clone(), ring, encode).or_refuse("CQ ring")?;
+        let inner = GuestCq::new(self.shared.clone(), ring, decode::cqe).or_refuse("CQ ring")?;
         Ok((
             Sink {
                 inner,
@@ -1285,11 +1276,6 @@ impl<T: Transport> VirtioRdma<T> {
     }
 
     // --- doorbells and rings ----------------------------------------------
-
-    /// The features the driver accepted (FEATURES_OK; 0 at a reset).
-    pub fn set_features(&mut self, acked: u64) {
-        self.sq_retired = acked & abi::feature::SQ_RETIRED != 0;
-    }
 
     /// Whether the device polls the doorbell areas now; says so in each.
     pub fn set_polling(&mut self, on: bool) {

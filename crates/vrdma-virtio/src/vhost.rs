@@ -642,7 +642,6 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         feature::VERSION_1
             | feature::RING_INDIRECT_DESC
             | feature::RING_EVENT_IDX
-            | feature::SQ_RETIRED
             | poll
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
@@ -657,9 +656,7 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
                 "virtio-rdma: features without VIRTIO_F_VERSION_1: the device serves nothing"
             );
         }
-        let mut d = self.lock();
-        d.acked = features;
-        d.face.set_features(features);
+        self.lock().acked = features;
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {

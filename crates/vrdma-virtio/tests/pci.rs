@@ -85,7 +85,6 @@ fn the_function_presents_a_modern_virtio_rdma_device() {
     let want = feature::VERSION_1
         | feature::RING_INDIRECT_DESC
         | feature::RING_EVENT_IDX
-        | feature::SQ_RETIRED
         | feature::DOORBELL_POLL;
     assert_eq!(f, want, "exactly §2.2's features");
     for q in 0..4 {

@@ -41,8 +41,6 @@ struct vrdma_dev {
 	struct virtqueue *vqs[VIRTIO_RDMA_VQ_COUNT];
 	struct virtio_rdma_config config;
 	bool doorbell_poll;
-	/* VIRTIO_RDMA_F_SQ_RETIRED: send completions count retired WQEs. */
-	bool sq_retired;
 
 	/* The controlq: one request at a time. */
 	struct mutex cmd_lock;

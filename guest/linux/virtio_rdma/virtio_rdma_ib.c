@@ -1470,25 +1470,21 @@ static int vrdma_send_wqe(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 
 /*
  * Whether a kernel QP's send queue takes another WQE (under sq_lock): a
- * slot in the ring, and, with VIRTIO_RDMA_F_SQ_RETIRED, fewer than
- * max_send_wr outstanding by the count the latest send completion
- * carried — unless that count is past what was posted (a completion
- * written before a RESET, polled after it).
+ * slot in the ring, and fewer than max_send_wr outstanding by the count
+ * the latest send completion carried — unless that count is past what was
+ * posted (a completion written before a RESET, polled after it).
  */
-static bool vrdma_sq_room(struct vrdma_dev *dev, struct vrdma_qp *qp)
+static bool vrdma_sq_room(struct vrdma_qp *qp)
 {
 	struct vrdma_ring *r = &qp->sq;
 	u32 seen = READ_ONCE(qp->sq_seen);
 	/* Slots before the consumer index are the driver's again. */
 	u32 cons = le32_to_cpu(smp_load_acquire(VRDMA_WQ_CONSUMER(r)));
 
-	if (r->index - cons >= r->entries)
-		return false;
-	if (!dev->sq_retired)
-		return true;
 	if (seen - qp->sq_done <= r->index - qp->sq_done)
 		qp->sq_done = seen;
-	return r->index - qp->sq_done < qp->max_send_wr;
+	return r->index - qp->sq_done < qp->max_send_wr &&
+	       r->index - cons < r->entries;
 }
 
 static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
@@ -1509,7 +1505,7 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 	spin_lock_irqsave(&qp->sq_lock, flags);
 	start = r->index;
 	for (; wr; wr = wr->next) {
-		if (!vrdma_sq_room(dev, qp)) {
+		if (!vrdma_sq_room(qp)) {
 			ret = -ENOMEM;
 			break;
 		}

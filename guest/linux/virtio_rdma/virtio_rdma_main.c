@@ -393,7 +393,6 @@ static int vrdma_probe(struct virtio_device *vdev)
 	virtio_cread_bytes(vdev, 0, &dev->config, sizeof(dev->config));
 	dev->doorbell_poll = virtio_has_feature(vdev,
 						VIRTIO_RDMA_F_DOORBELL_POLL);
-	dev->sq_retired = virtio_has_feature(vdev, VIRTIO_RDMA_F_SQ_RETIRED);
 	if (le32_to_cpu(dev->config.max_request) < VIRTIO_RDMA_PAGE_SIZE) {
 		dev_err(&vdev->dev, "max_request %u: less than a page\n",
 			le32_to_cpu(dev->config.max_request));
@@ -476,7 +475,6 @@ MODULE_DEVICE_TABLE(virtio, vrdma_id_table);
 
 static unsigned int vrdma_features[] = {
 	VIRTIO_RDMA_F_DOORBELL_POLL,
-	VIRTIO_RDMA_F_SQ_RETIRED,
 };
 
 static struct virtio_driver vrdma_driver = {

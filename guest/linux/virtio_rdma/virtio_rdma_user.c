@@ -123,8 +123,6 @@ int vrdma_alloc_ucontext(struct ib_ucontext *ibuc, struct ib_udata *udata)
 	resp.doorbell_size = e->size;
 	if (dev->doorbell_poll)
 		resp.flags |= VIRTIO_RDMA_UCTX_DOORBELL_POLL;
-	if (dev->sq_retired)
-		resp.flags |= VIRTIO_RDMA_UCTX_SQ_RETIRED;
 	resp.max_inline_data = le32_to_cpu(dev->attr.max_inline_data);
 	ret = rdma_user_mmap_entry_insert(ibuc, &e->rdma, e->size);
 	if (ret) {

@@ -64,7 +64,7 @@ static void make_context(void)
 	memset(ctx->db, 0, 8192);
 	ctx->db_bits = 4096;
 	ctx->db_size = 8192;
-	ctx->flags = VIRTIO_RDMA_UCTX_DOORBELL_POLL | VIRTIO_RDMA_UCTX_SQ_RETIRED;
+	ctx->flags = VIRTIO_RDMA_UCTX_DOORBELL_POLL;
 	ctx->max_inline = 256;
 	wr(ctx->db, 0, 4, 1); /* poll = 1 */
 }
@@ -549,11 +549,6 @@ static void test_counts(void)
 	vrdma_poll_cq(&cq->vcq.cq, 8, wc);
 	CHECK(vrdma_post_send(&qp->vqp.qp, &sw, &sbad) == ENOMEM,
 	      "another QP's count");
-	/* A device without SQ_RETIRED: the ring's room alone bounds posts. */
-	ctx->flags &= ~VIRTIO_RDMA_UCTX_SQ_RETIRED;
-	CHECK(vrdma_post_send(&qp->vqp.qp, &sw, &sbad) == 0,
-	      "without SQ_RETIRED, a free slot takes a send");
-	ctx->flags |= VIRTIO_RDMA_UCTX_SQ_RETIRED;
 
 	/* Receives: 64 posted and taken, the 65th refused until one completes. */
 	for (i = 0, ret = 0; i < 64 && !ret; i++)

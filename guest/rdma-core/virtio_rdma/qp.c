@@ -396,26 +396,20 @@ static bool vrdma_sq_open(struct ibv_qp *ibqp)
 
 /*
  * Whether the send queue takes another WQE (under sq.lock): a slot in the
- * ring, and, when the device counts retired send WQEs in its completions
- * (SQ_RETIRED, spec §2.2), fewer than max_send_wr outstanding — posted
- * since RESET less retired, by the count the latest send completion
- * carried (§7.2). A count past what was posted (a completion polled after
- * a RESET that was written before it) is not taken.
+ * ring, and fewer than max_send_wr outstanding — posted since RESET less
+ * retired, by the count the latest send completion carried (spec §7.2).
+ * A count past what was posted (a completion polled after a RESET that
+ * was written before it) is not taken.
  */
 static bool vrdma_sq_room(struct vrdma_qp *qp)
 {
-	struct vrdma_context *ctx = to_vctx(qp->vqp.qp.context);
-	uint32_t seen, posted;
+	uint32_t seen = atomic_load_explicit(&qp->sq_seen, memory_order_relaxed);
+	uint32_t posted = qp->sq.index - qp->sq_done;
 
-	if (!vrdma_ring_room(&qp->sq))
-		return false;
-	if (!(ctx->flags & VIRTIO_RDMA_UCTX_SQ_RETIRED))
-		return true;
-	seen = atomic_load_explicit(&qp->sq_seen, memory_order_relaxed);
-	posted = qp->sq.index - qp->sq_done;
 	if (seen - qp->sq_done <= posted)
 		qp->sq_done = seen;
-	return qp->sq.index - qp->sq_done < qp->max_send_wr;
+	return qp->sq.index - qp->sq_done < qp->max_send_wr &&
+	       vrdma_ring_room(&qp->sq);
 }
 
 /* The device's opcode for @op on a QP of @type, or -1 (spec §7.3's table). */

@@ -50,8 +50,6 @@ pub struct Options {
     pub buffers: u16,
     /// Accept VIRTIO_F_VERSION_1 (a legacy driver does not).
     pub version_1: bool,
-    /// Accept VIRTIO_RDMA_F_SQ_RETIRED when offered.
-    pub sq_retired: bool,
 }
 
 impl Default for Options {
@@ -61,7 +59,6 @@ impl Default for Options {
             event_idx: true,
             buffers: 64,
             version_1: true,
-            sq_retired: true,
         }
     }
 }
@@ -318,9 +315,6 @@ impl Frontend {
         }
         if self.opts.poll {
             f |= self.offered & feature::DOORBELL_POLL;
-        }
-        if self.opts.sq_retired {
-            f |= self.offered & feature::SQ_RETIRED;
         }
         f
     }
