@@ -7,7 +7,7 @@ request completes (docs/virtio-rdma.md §7.2), so the limits are the
 driver's to keep: a receive is outstanding until its completion is polled;
 a send, until a completion of it or of a later send on the queue is polled
 — the device says in each send completion how many send WQEs retired
-(§7.8, VIRTIO_RDMA_F_SQ_RETIRED). A post past max_send_wr or max_recv_wr
+(§7.8, `src_qp`). A post past max_send_wr or max_recv_wr
 outstanding fails with ENOMEM, as on hardware.
 
 Written in rdma-core's test style (its tests package: RDMATestCase,
