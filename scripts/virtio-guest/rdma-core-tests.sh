@@ -5,7 +5,8 @@
 # built in (56.1, in the image at /usr/src/vrdma-provider: scripts/virtio-guest/build-provider.sh)
 # through pyverbs, every test on the one device (both sides of each traffic test in the guest):
 # QPs of each type, CQs (resize included), completion channels, MRs, memory windows of both types,
-# atomics, SRQs, address handles, rdma_cm, fork safety.
+# atomics, SRQs, address handles, rdma_cm, fork safety. Beside it, in the suite's style, the
+# project's own guest/rdma-core/tests/test_vrdma_limits.py: verbs' max_send_wr and max_recv_wr.
 #
 # Passing means: no test failed or erred, and every test named in rdma-core-tests.pass (beside
 # this script: the tests this device is known to pass, one id a line) ran and passed — a test that
