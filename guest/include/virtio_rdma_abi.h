@@ -363,9 +363,12 @@ struct virtio_rdma_create_qp_resp { /* offset */
 	__le32 reserved; /* 28: 0 */
 };
 
+/* A flow label's bits (§7.9); a driver masks the value it is given. */
+#define VIRTIO_RDMA_FLOW_LABEL_MASK 0xfffff
+
 struct virtio_rdma_av { /* offset; an address vector (also in UD WQEs, §7.5) */
 	__u8 dgid[16]; /*  0: destination GID */
-	__le32 flow_label; /* 16: < 2^20 */
+	__le32 flow_label; /* 16: the low 20 bits (the device ignores the rest) */
 	__u8 sgid_index; /* 20: source GID table index */
 	__u8 hop_limit; /* 21 */
 	__u8 traffic_class; /* 22 */

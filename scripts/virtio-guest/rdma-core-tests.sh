@@ -6,7 +6,8 @@
 # through pyverbs, every test on the one device (both sides of each traffic test in the guest):
 # QPs of each type, CQs (resize included), completion channels, MRs, memory windows of both types,
 # atomics, SRQs, address handles, rdma_cm, fork safety. Beside it, in the suite's style, the
-# project's own guest/rdma-core/tests/test_vrdma_limits.py: verbs' max_send_wr and max_recv_wr.
+# project's own guest/rdma-core/tests/test_vrdma_limits.py (verbs' max_send_wr and max_recv_wr) and
+# test_vrdma_av.py (address vectors with UCX's flow labels, wider than 20 bits, on UD and RC).
 #
 # Passing means: no test failed or erred, and every test named in rdma-core-tests.pass (beside
 # this script: the tests this device is known to pass, one id a line) ran and passed — a test that
@@ -50,7 +51,8 @@ trap stop_guest EXIT
 "$PV_DIR/start.sh" -i "$G" -l 1200 > "$OUT/start.log" 2>&1 \
     || { cat "$OUT/start.log"; say "the virtio-rdma guest did not start"; exit 125; }
 mkdir -p "$D/share/bin"
-cp "$here/guest/rdma-core-tests.py" "$PROJECT_ROOT/guest/rdma-core/tests/test_vrdma_limits.py" "$D/share/bin/"
+cp "$here/guest/rdma-core-tests.py" "$PROJECT_ROOT/guest/rdma-core/tests/test_vrdma_limits.py" \
+    "$PROJECT_ROOT/guest/rdma-core/tests/test_vrdma_av.py" "$D/share/bin/"
 
 # The suite's source tree is the one the provider was built in: its tests match the image's
 # libibverbs and pyverbs.
@@ -58,7 +60,8 @@ timeout 1100 "$PV_DIR/exec.sh" -i "$G" -t 1000 "set -o pipefail
 tree=\$(ls -d /usr/src/vrdma-provider/rdma-core-*/ | head -n1)
 [ -d \"\$tree/tests\" ] || { echo 'no rdma-core source in the image' >&2; exit 125; }
 python3 /harness/bin/rdma-core-tests.py --tree \"\$tree\" --dev \$RXE_DEV --gid \$RXE_GID_IDX \
-    --out /harness/out/outcomes.json --extra /harness/bin/test_vrdma_limits.py $TESTS \
+    --out /harness/out/outcomes.json --extra /harness/bin/test_vrdma_limits.py \
+    --extra /harness/bin/test_vrdma_av.py $TESTS \
     > /harness/out/suite.log 2>&1" > "$OUT/exec.log" 2>&1
 rc=$?
 cp "$D/share/out/suite.log" "$OUT/suite.log" 2> /dev/null

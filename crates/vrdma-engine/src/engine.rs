@@ -613,6 +613,7 @@ impl Engine {
     pub fn create_ah(&mut self, pd: PdHandle, attr: AhAttr) -> Result<AhHandle> {
         self.pd(pd)?;
         self.check_av(&attr)?;
+        let attr = attr.masked();
         let max = self.ahs.max();
         self.budget.charge(Kind::Ah, budget::ah())?;
         let Some((h, _)) = self.ahs.insert(Ah { pd, attr }) else {
@@ -636,7 +637,9 @@ impl Engine {
     }
 
     /// An address vector must name this port and a filled GID slot, and a
-    /// destination GID (RoCE routes by GID).
+    /// destination GID (RoCE routes by GID). Its flow label is not checked:
+    /// the field is 20 bits, and the bits above are dropped
+    /// ([`AhAttr::masked`]) where the vector is kept.
     fn check_av(&self, av: &AhAttr) -> Result<()> {
         check_port(av.port_num)?;
         if self.cx.port.gid(av.sgid_index).is_none() {
@@ -648,9 +651,6 @@ impl Engine {
             return Err(VerbsError::Invalid {
                 what: "destination GID (zero)",
             });
-        }
-        if av.flow_label > 0xf_ffff {
-            return Err(VerbsError::Invalid { what: "flow label" });
         }
         Ok(())
     }
@@ -784,7 +784,7 @@ impl Engine {
             a.qkey = attr.qkey;
         }
         if m(AttrMask::AV) {
-            a.ah_attr = attr.ah_attr;
+            a.ah_attr = attr.ah_attr.masked();
         }
         if m(AttrMask::PATH_MTU) {
             a.path_mtu = attr.path_mtu;
@@ -1130,7 +1130,7 @@ impl Engine {
                         }
                         ah.attr
                     }
-                    crate::wr::Av::Inline(attr) => attr,
+                    crate::wr::Av::Inline(attr) => attr.masked(),
                 });
                 // A UD message is one packet.
                 within("UD message", length, q.attr.path_mtu.bytes().into())?;

@@ -640,6 +640,110 @@ fn ud_qkeys_and_unsupported_attributes() {
     );
 }
 
+/// A flow label is 20 bits; the bits above are dropped where the engine
+/// keeps an address vector, never refused. UCX 1.13 passes `0xffffffff`
+/// and the complement of a path index (`!1`) and relies on the device to
+/// keep the low 20 bits, as rxe and hardware do: an AH and an RC path
+/// with such labels are taken, kept cut, and their packets carry the cut
+/// label.
+#[test]
+fn flow_labels_wider_than_20_bits_are_cut_not_refused() {
+    use vrdma_engine::{
+        memory::VecMemory,
+        wr::{Av, Payload, SendFlags, SendOp, SendWr, UdDest},
+    };
+    let mem = VecMemory::new(0, 0);
+    let mut buf = vec![0; 8192];
+    let send = |ud| SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"flow"),
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        ud,
+    };
+
+    // UD through an address handle, and through a vector in the WR.
+    let mut e = engine();
+    let pd = e.alloc_pd().unwrap();
+    let (cq, _) = e.create_cq(16, 0).unwrap();
+    let (ud, _) = e.create_qp(init(pd, cq, QpType::Ud)).unwrap();
+    for (state, mask) in [
+        (
+            QpState::Init,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
+        ),
+        (QpState::Rtr, AttrMask::STATE),
+        (QpState::Rts, AttrMask::STATE | AttrMask::SQ_PSN),
+    ] {
+        let a = QpAttr {
+            qp_state: state,
+            port_num: 1,
+            qkey: QKey(0x1111_1111),
+            ..QpAttr::default()
+        };
+        e.modify_qp(ud, &a, mask).unwrap();
+    }
+    let wide = AhAttr {
+        flow_label: u32::MAX,
+        ..av()
+    };
+    let ah = e
+        .create_ah(pd, wide)
+        .expect("an AH with flow label 0xffffffff");
+    for av in [Av::Handle(ah), Av::Inline(wide)] {
+        let dest = UdDest {
+            av,
+            remote_qpn: Qpn::from_masked(0x42),
+            remote_qkey: QKey(0x1111_1111),
+        };
+        e.post_send(ud, &send(Some(dest))).unwrap();
+        let t = e.poll_transmit(0, &mem, &mut buf).expect("the datagram");
+        assert_eq!(t.flow_label, 0xf_ffff, "{av:?}");
+    }
+
+    // RC: the path's label, as the QP keeps it and its packets carry it.
+    let (rc, _) = e.create_qp(init(pd, cq, QpType::Rc)).unwrap();
+    connected_init(&mut e, rc);
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: Mtu::Mtu1024,
+        dest_qp_num: Qpn::from_masked(0x42),
+        max_dest_rd_atomic: 1,
+        ah_attr: AhAttr {
+            flow_label: !1,
+            ..av()
+        },
+        ..QpAttr::default()
+    };
+    let m = AttrMask::STATE
+        | AttrMask::AV
+        | AttrMask::PATH_MTU
+        | AttrMask::DEST_QPN
+        | AttrMask::RQ_PSN
+        | AttrMask::MAX_DEST_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER;
+    e.modify_qp(rc, &rtr, m).expect("RTR with flow label !1");
+    assert_eq!(e.query_qp(rc).unwrap().0.ah_attr.flow_label, 0xf_fffe);
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        ..QpAttr::default()
+    };
+    let m = AttrMask::STATE
+        | AttrMask::TIMEOUT
+        | AttrMask::RETRY_CNT
+        | AttrMask::RNR_RETRY
+        | AttrMask::SQ_PSN
+        | AttrMask::MAX_QP_RD_ATOMIC;
+    e.modify_qp(rc, &rts, m).unwrap();
+    e.post_send(rc, &send(None)).unwrap();
+    let t = e.poll_transmit(0, &mem, &mut buf).expect("the SEND");
+    assert_eq!(t.flow_label, 0xf_fffe);
+}
+
 #[test]
 fn cq_arming_resize_and_polling_through_the_engine() {
     let mut e = engine();

@@ -710,7 +710,7 @@ fn modify_qp<T: Transport>(
         cap: cur.cap,
         ah_attr: AhAttr {
             dgid: Gid(a.ah_attr.dgid),
-            flow_label: a.ah_attr.flow_label.get() & 0xf_ffff,
+            flow_label: a.ah_attr.flow_label.get() & AhAttr::FLOW_LABEL_MASK,
             sgid_index: a.ah_attr.sgid_index,
             hop_limit: a.ah_attr.hop_limit,
             traffic_class: a.ah_attr.traffic_class,

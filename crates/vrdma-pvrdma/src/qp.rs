@@ -165,7 +165,7 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
         let stf = av.sl_tclass_flowlabel.get();
         let attr = AhAttr {
             dgid: Gid(av.dgid),
-            flow_label: stf & 0xf_ffff,
+            flow_label: stf & AhAttr::FLOW_LABEL_MASK,
             sgid_index: av.gid_index,
             hop_limit: av.hop_limit,
             traffic_class: (stf >> 20) as u8,

@@ -613,12 +613,14 @@ fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refused> {
 /// An address vector, typed.
 pub fn ah_attr(av: &abi::Av, port: u8) -> Result<AhAttr, Refused> {
     // A zero GID names no port (RoCEv2 has no address 0.0.0.0 or ::).
-    if av.reserved.get() != 0 || av.flow_label.get() > 0xf_ffff || av.dgid == [0; 16] {
+    if av.reserved.get() != 0 || av.dgid == [0; 16] {
         return Err(Refused::invalid("address vector"));
     }
+    // §6.27: the device uses a flow label's low 20 bits and ignores the
+    // rest, as hardware whose field is 20 bits does.
     Ok(AhAttr {
         dgid: Gid(av.dgid),
-        flow_label: av.flow_label.get(),
+        flow_label: av.flow_label.get() & AhAttr::FLOW_LABEL_MASK,
         sgid_index: av.sgid_index,
         hop_limit: av.hop_limit,
         traffic_class: av.traffic_class,

@@ -495,7 +495,9 @@ static void vrdma_av_of(struct virtio_rdma_av *av,
 
 	memset(av, 0, sizeof(*av));
 	memcpy(av->dgid, grh->dgid.raw, sizeof(av->dgid));
-	av->flow_label = cpu_to_le32(grh->flow_label);
+	/* Consumers pass wider values (UCX: ~path index) for the device to cut. */
+	av->flow_label = cpu_to_le32(grh->flow_label &
+				     VIRTIO_RDMA_FLOW_LABEL_MASK);
 	av->sgid_index = grh->sgid_index;
 	av->hop_limit = grh->hop_limit;
 	av->traffic_class = grh->traffic_class;

@@ -181,6 +181,24 @@ pub struct AhAttr {
     pub dmac: Option<[u8; 6]>,
 }
 
+impl AhAttr {
+    /// The bits of a flow label (IBTA Vol1 §8.2.1, RFC 6437).
+    pub const FLOW_LABEL_MASK: u32 = 0xf_ffff;
+
+    /// The vector as a device keeps it: the flow label cut to its 20 bits.
+    /// Consumers pass wider values on purpose (UCX 1.13 sets
+    /// `0xffffffff` and complemented path indices and leaves the cut to
+    /// the device), and rxe and hardware, whose field is 20 bits, take
+    /// them: so does the engine, rather than refuse them.
+    #[must_use]
+    pub fn masked(self) -> AhAttr {
+        AhAttr {
+            flow_label: self.flow_label & Self::FLOW_LABEL_MASK,
+            ..self
+        }
+    }
+}
+
 /// QP attributes (`struct ibv_qp_attr`, the fields RoCE uses). Which are
 /// meaningful in a modify is said by the [`AttrMask`].
 #[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]

@@ -1022,6 +1022,7 @@ impl Frontend {
             qp_type::UD => mask::STATE,
             t => {
                 a.ah = av(p.gid);
+                a.ah.flow_label = p.flow_label.into();
                 if let Some(dmac) = p.dmac {
                     a.ah.dmac = dmac;
                 }
@@ -1081,6 +1082,8 @@ pub struct Path {
     pub gid: Gid,
     pub mtu: u32,
     pub dmac: Option<[u8; 6]>,
+    /// The AV's flow label word, as the driver writes it.
+    pub flow_label: u32,
 }
 
 impl Path {
@@ -1092,6 +1095,7 @@ impl Path {
             gid,
             mtu: 3,
             dmac: None,
+            flow_label: 0,
         }
     }
 }

@@ -310,6 +310,48 @@ fn ud_datagrams_carry_the_grh() {
     assert_eq!(b.get(DST + 40, 5), b"hello");
 }
 
+/// §6.27: a flow label's bits 20–31 are ignored, not refused. UCX 1.13
+/// builds its AVs with `0xffffffff` and the complement of a path index
+/// (`!1`, `!2`) and leaves the cut to the driver and device, as rxe and
+/// hardware make it: a UD send through such an AV completes, an RC QP's
+/// move to RTR with one is accepted and QUERY_QP reports the 20 bits.
+#[test]
+fn flow_labels_wider_than_20_bits_are_cut_not_refused() {
+    for label in [u32::MAX, !1, !2] {
+        let (_da, _db, mut a, mut b, mut qa, mut qb) =
+            pair(&format!("ud-flow-{label:x}"), qp_type::UD);
+        let mut to_b = av(b.gid);
+        to_b.flow_label = label.into();
+        a.put(SRC, b"datagram");
+        qb.post_recv(1, &[b.mr.sge(DST, 2048)]);
+        qa.post_send(&Wqe::send(2, &[a.mr.sge(SRC, 8)]).ud(to_b, qb.qpn, QKEY));
+        a.cq.expect_ok(wc::SEND, 2);
+        assert_eq!(b.cq.expect_ok(wc::RECV, 1).byte_len.get(), 48);
+        assert_eq!(b.get(DST + 40, 8), b"datagram");
+
+        let da = NET.device(&format!("rc-flow-{label:x}-a"));
+        let db = NET.device(&format!("rc-flow-{label:x}-b"));
+        let mut a = Side::new(&da);
+        let mut b = Side::new(&db);
+        let mut qa = a.qp(qp_type::RC);
+        let mut qb = b.qp(qp_type::RC);
+        let (ga, gb) = (a.gid, b.gid);
+        for (s, q, peer, gid) in [(&mut a, &qa, qb.qpn, gb), (&mut b, &qb, qa.qpn, ga)] {
+            s.fe.qp_init(&s.ctx, q, ALL_ACCESS);
+            let path = Path {
+                flow_label: label,
+                ..Path::new(peer, gid)
+            };
+            s.fe.try_qp_rtr_to(&s.ctx, q, &path)
+                .unwrap_or_else(|st| panic!("RTR with flow label {label:#x}: {st:?}"));
+            s.fe.qp_rts(&s.ctx, q);
+            let kept = s.fe.query_qp(&s.ctx, q.qpn).attrs.ah.flow_label.get();
+            assert_eq!(kept, label & 0xf_ffff, "QUERY_QP reports the 20 bits");
+        }
+        send_checked(&mut a, &mut qa, &mut b, &mut qb, 3, 3000);
+    }
+}
+
 #[test]
 fn fast_registration_invalidation_and_send_with_invalidate() {
     let (_da, _db, mut a, mut b, mut qa, mut qb) = pair("frmr", qp_type::RC);
