@@ -40,16 +40,23 @@ impl Limits {
     /// The defaults: what `vrdma serve` announces unless told otherwise.
     pub const DEFAULT: Limits = Limits {
         max_qp: 1024,
-        max_qp_wr: 1024,
+        // What middleware asks for with its defaults fits: UCX wants
+        // 4 096-entry UD receive queues and 4 095-entry SRQs (rxe offers
+        // 2^20, hardware tens of thousands). A QP's slots in the daemon
+        // are charged to the device's object budget, which is what bounds
+        // them, not this.
+        max_qp_wr: 16384,
         max_sge: 8,
         max_cq: 2048,
-        max_cqe: 8192,
+        // The driver rounds a CQ up to a power of two: libfabric's rxm
+        // asks for 135 168 CQEs (a 2^18 ring, 16 MiB of guest memory).
+        max_cqe: 1 << 18,
         max_mr: 4096,
         max_pd: 1024,
         // The kernel's MAD layer makes an AH per reply.
         max_ah: 65536,
         max_srq: 256,
-        max_srq_wr: 1024,
+        max_srq_wr: 16384,
         max_srq_sge: 8,
         // As rxe (and vrdma's own UDP device): perftest asks its requester
         // for as many outstanding READs as the peer's responder takes,
@@ -283,6 +290,15 @@ mod tests {
         assert!(c.max_qp_wr.get() >= 512 && c.max_cqe.get() >= 1024 && c.max_sge.get() >= 2);
         assert_eq!(c.bmme_flags, 7, "fast registration needs all three");
         assert!(c.max_fast_reg_page_list_len.get() <= 128);
+    }
+
+    #[test]
+    fn the_defaults_fit_what_middleware_asks_for() {
+        let c = Limits::default().caps(1);
+        // UCX: 4 096-entry UD receive queues and 4 095-entry SRQs.
+        assert!(c.max_qp_wr.get() >= 4096 && c.max_srq_wr.get() >= 4096);
+        // libfabric's rxm: 135 168 CQEs, which the driver rounds up.
+        assert!(c.max_cqe.get() >= 135_168u32.next_power_of_two());
     }
 
     #[test]

@@ -332,3 +332,14 @@ fn udp_rx_queue(at: std::net::SocketAddr) -> u64 {
         })
         .sum()
 }
+
+/// The default device takes the queues middleware asks for with its own
+/// defaults: UCX's UD QPs have 4 096-entry receive queues (at 1 024, the
+/// default of old, the device refused them and UCX failed every test).
+#[test]
+fn queues_as_deep_as_middleware_asks_are_made_on_the_default_device() {
+    let (_da, _db, mut a, _b) = NET.pair("deep");
+    let qp =
+        a.g.create_qp(abi::qp_type::UD, a.pd, a.cq.handle, a.cq.handle, 4096);
+    assert_ne!(qp.qpn, 0);
+}

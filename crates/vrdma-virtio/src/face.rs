@@ -67,7 +67,8 @@ impl Default for Options {
 }
 
 /// The device attributes a virtio-rdma device announces: the engine's
-/// defaults (≥ 16 384 QPs and CQs), inline data, a RoCE port.
+/// defaults (≥ 16 384 QPs and CQs, 16 384 WRs per QP and SRQ: UCX asks
+/// for 4 096-entry receive queues and SRQs), inline data, a RoCE port.
 pub fn device_attr(mac: [u8; 6]) -> DeviceAttr {
     // The node GUID from the MAC (EUI-64, as RoCE devices derive it).
     let [a, b, c, d, e, f] = mac;
@@ -79,7 +80,11 @@ pub fn device_attr(mac: [u8; 6]) -> DeviceAttr {
         vendor_part_id: u32::from(abi::PCI_DEVICE_ID),
         max_qp: 1 << 16,
         max_cq: 1 << 15,
-        max_cqe: (1 << 16) - 1,
+        // A ring of 2^18 entries (8 MiB of guest memory) is the largest:
+        // libfabric's rxm asks for 135 168 CQEs by default (rxe offers
+        // 32 767, hardware millions). What a CQ costs the daemon does not
+        // grow with it: its ring is the guest's.
+        max_cqe: (1 << 18) - 1,
         max_srq: 1 << 14,
         // REG_MR takes page shifts 12 ..= 30.
         page_size_cap: 0x7fff_f000,
