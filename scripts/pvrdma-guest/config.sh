@@ -73,8 +73,9 @@ PV_LIFETIME="${PVRDMA_LIFETIME:-3600}"           # s hard limit of a guest's (an
 # PVRDMA_DEVICE_OPTS: more KEY=VALUE for the daemon's --device (e.g. doorbells=shared, mtu=...);
 # PVRDMA_SERVE_ARGS: more `vrdma serve` options (e.g. --max-qp-rd-atom 16). The daemons run
 # confined as a multi-tenant host runs them (--seccomp kill: a system call outside the allow-list
-# kills the daemon, and the run fails), unless PVRDMA_SERVE_ARGS says otherwise.
-PVRDMA_SERVE_ARGS="${PVRDMA_SERVE_ARGS---seccomp kill}"
+# kills the daemon, and the run fails; --user nobody: a confined daemon must not stay root),
+# unless PVRDMA_SERVE_ARGS says otherwise.
+PVRDMA_SERVE_ARGS="${PVRDMA_SERVE_ARGS---seccomp kill --user nobody}"
 PV_LOG="${PVRDMA_LOG:-${VRDMA_LOG:-info}}"       # the daemon's VRDMA_LOG (tracing filter: debug, trace, ...)
 
 die()  { echo "pvrdma-guest: $*" >&2; exit "${DIE_RC:-1}"; }

@@ -66,7 +66,7 @@ def main():
     threading.Thread(target=drain, daemon=True).start()
     env = dict(os.environ, VRDMA_RUN_DIR=run)
     daemon = subprocess.Popen(
-        [vrdma, "serve", *os.environ.get("VRDMA_SERVE_ARGS", "--seccomp kill").split(), "--device",
+        [vrdma, "serve", *os.environ.get("VRDMA_SERVE_ARGS", "--seccomp kill --user nobody").split(), "--device",
          f"kind={'virtio-pci' if pci else 'virtio'},name=vrdma-attach,socket={sock},netdev={netdev},"
          f"uplink=stream:{uplink},mac={MAC}"],
         stderr=open(os.path.join(run, "daemon.err"), "w"), env=env)

@@ -126,6 +126,13 @@ impl<F: Served> Server<F> {
         &self.function
     }
 
+    /// Names the device's network in its `vrdma stat` snapshots.
+    pub fn set_network(&mut self, label: &str) {
+        if let Some(p) = &mut self.publisher {
+            p.set_network(label);
+        }
+    }
+
     pub fn function_mut(&mut self) -> &mut F {
         &mut self.function
     }
@@ -149,8 +156,7 @@ impl<F: Served> Server<F> {
     /// vfio-user server's (`vfio.*`: clients, messages, what the session
     /// holds of the process's resources, what it refused).
     pub fn counters(&self) -> Vec<(String, u64)> {
-        let (clients, dropped, refused) = (self.clients, self.dropped, self.listener.refused());
-        counters(&self.function, &self.session, [clients, dropped, refused])
+        counters(&self.function, &self.session, self.peers())
     }
 
     /// One turn: the device's round, then a wait for whatever comes next
@@ -197,6 +203,12 @@ impl<F: Served> Server<F> {
         if let Some(d) = self.conn.as_ref().and_then(Connection::deadline) {
             timeout = timeout.min(d.saturating_duration_since(Instant::now()));
         }
+        // A shortage of descriptors waited out: the listener is not
+        // watched meanwhile (it stays readable), the loop wakes to try
+        // again.
+        if let Some(t) = self.listener.retry_at() {
+            timeout = timeout.min(t.saturating_duration_since(Instant::now()));
+        }
         if !timeout.is_zero() {
             // About to sleep on the device's descriptor.
             self.function.arm();
@@ -213,7 +225,12 @@ impl<F: Served> Server<F> {
         {
             self.drop_client(&e);
         }
-        if listener {
+        if listener
+            || self
+                .listener
+                .retry_at()
+                .is_some_and(|t| Instant::now() >= t)
+        {
             self.accept()?;
         }
         Ok(())
@@ -221,14 +238,20 @@ impl<F: Served> Server<F> {
 
     /// Waits until the client, the listener or the device has input (the
     /// client: room for its reply, when one waits), or `timeout`; which of
-    /// the first two is ready.
+    /// the first two is ready. The listener is not watched while a
+    /// shortage of descriptors is waited out.
     fn wait(&self, timeout: Duration) -> io::Result<(bool, bool)> {
         let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         let to = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
         let dev: BorrowedFd<'_> = self.function.fd();
+        let listen = if self.listener.watching(Instant::now()) {
+            PollFlags::POLLIN
+        } else {
+            PollFlags::empty()
+        };
         let mut fds = vec![
             PollFd::new(dev, PollFlags::POLLIN),
-            PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.listener.as_fd(), listen),
             PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
         ];
         if let Some(c) = &self.conn {
@@ -330,27 +353,39 @@ impl<F: Served> Server<F> {
     }
 
     fn publish(&mut self, last: bool) {
+        let peers = self.peers();
         let Some(p) = &mut self.publisher else {
             return;
         };
         let now = self.function.now();
         let (f, session) = (&self.function, &self.session);
-        let peers = [self.clients, self.dropped, self.listener.refused()];
         p.publish(now, || counters(f, session, peers), last);
+    }
+
+    /// The clients served, dropped and refused, and the accepts that met a
+    /// shortage.
+    fn peers(&self) -> [u64; 4] {
+        [
+            self.clients,
+            self.dropped,
+            self.listener.refused(),
+            self.listener.shortages(),
+        ]
     }
 }
 
 /// The function's counters and the server's; `peers` are the clients
-/// served, dropped and refused.
-fn counters<F: Served>(f: &F, session: &Session, peers: [u64; 3]) -> Vec<(String, u64)> {
+/// served, dropped and refused, and the accepts that met a shortage.
+fn counters<F: Served>(f: &F, session: &Session, peers: [u64; 4]) -> Vec<(String, u64)> {
     let mut v = f.counters();
     let s = session.stats();
     let h = session.holdings();
-    let [clients, dropped, refused] = peers;
+    let [clients, dropped, refused, shortages] = peers;
     for (k, n) in [
         ("clients", clients),
         ("clients_dropped", dropped),
         ("peers_refused", refused),
+        ("accept_shortages", shortages),
         ("messages", s.messages),
         ("errors", s.errors),
         ("dma_refused", s.dma_refused),

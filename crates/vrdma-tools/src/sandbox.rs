@@ -12,11 +12,19 @@
 //! (`openat`, `renameat`, `unlinkat` in its run directory), allocate, use
 //! futexes and clocks, and exit. So:
 //!
+//! - [`refuse_staying_root`]: `--seccomp kill` — the confinement a
+//!   multi-tenant host relies on — is refused to a root daemon that would
+//!   stay root (no `--user`, or a `--user` whose uid is 0). Without
+//!   capabilities it would still be uid 0, the owner of root's files
+//!   (`/etc`, `/root`, the units and binaries root installed), which file
+//!   permissions let their owner write; seccomp cannot check paths. It
+//!   must become a user of its own.
 //! - [`drop_privileges`]: with `--user`, the process takes that user's
 //!   uid and gid (and no supplementary groups), which clears every
-//!   capability; a root daemon without `--user` drops each thread's
-//!   capabilities ([`drop_thread_capabilities`]: capabilities are per
-//!   thread, so every device thread calls it after opening its device).
+//!   capability; a root daemon without `--user` (only under `--seccomp
+//!   log` now) drops each thread's capabilities
+//!   ([`drop_thread_capabilities`]: capabilities are per thread, so every
+//!   device thread calls it after opening its device).
 //! - [`apply`]: a seccomp filter (rust-vmm's `seccompiler`) on every
 //!   thread at once (TSYNC), with `no_new_privs`: a system call outside
 //!   [`allowed`] kills the process (`kill`) or is logged by the kernel
@@ -25,7 +33,14 @@
 //!   `clone` only for a thread (`CLONE_THREAD`: a virtio-rdma device's
 //!   vhost-user daemon starts threads for each connection; `clone3`, whose
 //!   flags a filter cannot read, fails with ENOSYS and the C library falls
-//!   back to `clone`), `prctl` only as `PR_SET_NAME`.
+//!   back to `clone`), `prctl` only as `PR_SET_NAME`; `mmap` and
+//!   `mprotect` never with `PROT_EXEC` (no code is loaded once the daemon
+//!   serves: a compromised thread cannot make memory executable), and
+//!   `kill` and `tgkill` only to the daemon itself (the filter compares
+//!   their pid argument with the daemon's pid, known when the filter is
+//!   made: a device thread wakes the main thread with SIGUSR1, the C
+//!   library's `abort` signals its own thread; `tkill`, which names a
+//!   thread of any process, is not allowed at all).
 //!
 //! Seccomp cannot look at paths: a confined daemon may still open files
 //! its user may open, which is why a multi-tenant host runs it as a user
@@ -87,6 +102,31 @@ pub fn group(name: &str) -> Result<Gid> {
     match g {
         Some(g) => Ok(g.gid),
         None => bail!("no group {name}"),
+    }
+}
+
+/// Refuses `--seccomp kill` for a daemon that would stay root: one whose
+/// effective uid `euid` is 0 and that becomes no other user (`user` is
+/// `None`, or names uid 0). Called before anything is opened; the error
+/// says what to pass.
+pub fn refuse_staying_root(seccomp: Seccomp, user: Option<&Identity>, euid: Uid) -> Result<()> {
+    if seccomp != Seccomp::Kill || !euid.is_root() {
+        return Ok(());
+    }
+    match user {
+        Some(u) if !u.uid.is_root() => Ok(()),
+        Some(u) => bail!(
+            "--seccomp kill --user {}: that is root (uid 0), and a confined daemon must not stay \
+             root (it would keep write access to root's files); pass --user with a user of its \
+             own (e.g. --user vrdma-g1, or --user nobody)",
+            u.name
+        ),
+        None => bail!(
+            "--seccomp kill as root needs --user: without it the daemon would stay root (uid 0, \
+             no capabilities, but the owner of root's files, which it could still write); pass \
+             --user with a user of its own (e.g. --user vrdma-g1, or --user nobody), which it \
+             becomes once its devices are open"
+        ),
     }
 }
 
@@ -189,11 +229,10 @@ pub fn allowed() -> Vec<i64> {
         libc::SYS_setsockopt,
         libc::SYS_getsockname,
         libc::SYS_shutdown,
-        // Memory: its own and what clients share.
-        libc::SYS_mmap,
+        // Memory: its own and what clients share (`mmap` and `mprotect`
+        // never executable: `apply`).
         libc::SYS_munmap,
         libc::SYS_mremap,
-        libc::SYS_mprotect,
         libc::SYS_madvise,
         libc::SYS_brk,
         // Descriptors it was given, and its counters' files.
@@ -203,7 +242,8 @@ pub fn allowed() -> Vec<i64> {
         libc::SYS_unlinkat,
         libc::SYS_mkdirat,
         libc::SYS_getdents64,
-        // Who it is, threads, signals to itself, the end.
+        // Who it is, threads, signals (to itself only: `kill` and `tgkill`
+        // in `apply`), the end.
         libc::SYS_getpid,
         libc::SYS_gettid,
         libc::SYS_getuid,
@@ -211,8 +251,6 @@ pub fn allowed() -> Vec<i64> {
         libc::SYS_getgid,
         libc::SYS_getegid,
         libc::SYS_getrandom,
-        libc::SYS_kill,
-        libc::SYS_tgkill,
         libc::SYS_rt_sigaction,
         libc::SYS_exit,
         libc::SYS_exit_group,
@@ -251,8 +289,9 @@ pub fn allowed() -> Vec<i64> {
     v
 }
 
-/// Confines every thread of the process to [`allowed`] (and `ioctl` to
-/// `FIONBIO`), with `no_new_privs`.
+/// Confines every thread of the process to [`allowed`] (and the calls
+/// allowed with some arguments only: see the module's doc), with
+/// `no_new_privs`.
 pub fn apply(mode: Seccomp) -> Result<()> {
     let action = match mode {
         Seccomp::Off => return Ok(()),
@@ -296,6 +335,29 @@ pub fn apply(mode: Seccomp) -> Result<()> {
         libc::PR_SET_NAME as u64,
     )?;
     rules.insert(libc::SYS_prctl, vec![SeccompRule::new(vec![set_name])?]);
+    // No executable memory: mmap's and mprotect's protection (their third
+    // argument) without PROT_EXEC.
+    let not_exec = || {
+        SeccompCondition::new(
+            2,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64),
+            0,
+        )
+    };
+    rules.insert(libc::SYS_mmap, vec![SeccompRule::new(vec![not_exec()?])?]);
+    rules.insert(
+        libc::SYS_mprotect,
+        vec![SeccompRule::new(vec![not_exec()?])?],
+    );
+    // Signals to this process only: kill(pid, …) and tgkill(tgid, …) with
+    // its own pid (never 0, -1 or another's: a group, everyone, someone
+    // else). The pid does not change (the daemon never forks: clone only
+    // makes threads).
+    let own_pid = u64::from(std::process::id());
+    let to_self = || SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, own_pid);
+    rules.insert(libc::SYS_kill, vec![SeccompRule::new(vec![to_self()?])?]);
+    rules.insert(libc::SYS_tgkill, vec![SeccompRule::new(vec![to_self()?])?]);
     // clone3 passes its flags in memory a filter cannot read: allowed by
     // this filter, answered ENOSYS by the next, so the C library falls
     // back to clone, whose flags are checked.
@@ -353,8 +415,182 @@ mod tests {
             libc::SYS_process_vm_writev,
             libc::SYS_memfd_create,
             libc::SYS_ioctl,
+            // Allowed with some arguments only (`apply`), or not at all.
+            libc::SYS_mmap,
+            libc::SYS_mprotect,
+            libc::SYS_pkey_mprotect,
+            libc::SYS_kill,
+            libc::SYS_tgkill,
+            libc::SYS_tkill,
+            libc::SYS_rt_sigqueueinfo,
+            libc::SYS_rt_tgsigqueueinfo,
+            libc::SYS_pidfd_send_signal,
+            libc::SYS_pidfd_open,
         ] {
             assert!(!set.contains(&forbidden), "{forbidden}");
+        }
+    }
+
+    fn root(name: &str) -> Identity {
+        Identity {
+            name: name.into(),
+            uid: Uid::from_raw(0),
+            gid: Gid::from_raw(0),
+        }
+    }
+
+    #[test]
+    fn a_root_daemon_confined_to_kill_must_become_another_user() {
+        let nobody = Identity {
+            name: "nobody".into(),
+            uid: Uid::from_raw(65534),
+            gid: Gid::from_raw(65534),
+        };
+        let (root_uid, user_uid) = (Uid::from_raw(0), Uid::from_raw(1000));
+        // Refused: root staying root, with no --user or a --user of uid 0.
+        for user in [None, Some(root("root")), Some(root("toor"))] {
+            let e = refuse_staying_root(Seccomp::Kill, user.as_ref(), root_uid).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains("--user"), "{msg}");
+            assert!(msg.contains("root"), "{msg}");
+        }
+        // Allowed: root becoming another user; a daemon that is not root;
+        // no filter, or the logging one (to find system calls, not to
+        // confine).
+        refuse_staying_root(Seccomp::Kill, Some(&nobody), root_uid).unwrap();
+        refuse_staying_root(Seccomp::Kill, None, user_uid).unwrap();
+        for mode in [Seccomp::Off, Seccomp::Log] {
+            refuse_staying_root(mode, None, root_uid).unwrap();
+        }
+    }
+
+    /// Test `FILTER_TEST`'s child runs one case named by this variable.
+    const CASE: &str = "VRDMA_SANDBOX_CASE";
+    const FILTER_TEST: &str =
+        "sandbox::tests::the_filter_refuses_executable_memory_and_signals_to_others";
+
+    /// In a child process (this binary again): the filter in kill mode,
+    /// then what `case` names; a call the filter refuses kills the child
+    /// (SIGSYS), one it allows lets it exit 0.
+    fn child_case(case: &str) {
+        let other = std::os::unix::process::parent_id();
+        apply(Seccomp::Kill).unwrap();
+        let page = 4096;
+        // SAFETY (every block below): raw system calls on memory this
+        // child maps itself (an anonymous page, unmapped by nothing else)
+        // or with signal 0 (which delivers nothing): no Rust value is
+        // touched, whatever the kernel answers.
+        match case {
+            "allowed" => {
+                // SAFETY: see above.
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        page,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )
+                };
+                assert_ne!(p, libc::MAP_FAILED);
+                // SAFETY: see above.
+                assert_eq!(unsafe { libc::mprotect(p, page, libc::PROT_READ) }, 0);
+                let me = i32::try_from(std::process::id()).unwrap();
+                // SAFETY: see above.
+                assert_eq!(unsafe { libc::kill(me, 0) }, 0);
+                // SAFETY: see above.
+                let tid = unsafe { libc::gettid() };
+                // SAFETY: see above.
+                let r = unsafe { libc::syscall(libc::SYS_tgkill, me, tid, 0) };
+                assert_eq!(r, 0);
+            }
+            "mmap-exec" => {
+                // SAFETY: see above.
+                unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        page,
+                        libc::PROT_READ | libc::PROT_EXEC,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    );
+                }
+            }
+            "mprotect-exec" => {
+                // SAFETY: see above.
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        page,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )
+                };
+                assert_ne!(p, libc::MAP_FAILED);
+                // SAFETY: see above.
+                unsafe { libc::mprotect(p, page, libc::PROT_READ | libc::PROT_EXEC) };
+            }
+            "kill-other" => {
+                let other = i32::try_from(other).unwrap();
+                // SAFETY: see above.
+                unsafe { libc::kill(other, 0) };
+            }
+            "kill-group" => {
+                // SAFETY: see above.
+                unsafe { libc::kill(0, 0) };
+            }
+            "kill-everyone" => {
+                // SAFETY: see above.
+                unsafe { libc::kill(-1, 0) };
+            }
+            "tgkill-other" => {
+                let other = i32::try_from(other).unwrap();
+                // SAFETY: see above.
+                unsafe { libc::syscall(libc::SYS_tgkill, other, other, 0) };
+            }
+            "tkill" => {
+                // SAFETY: see above.
+                let tid = unsafe { libc::gettid() };
+                // SAFETY: see above.
+                unsafe { libc::syscall(libc::SYS_tkill, tid, 0) };
+            }
+            other => panic!("no case {other}"),
+        }
+    }
+
+    #[test]
+    fn the_filter_refuses_executable_memory_and_signals_to_others() {
+        if let Ok(case) = std::env::var(CASE) {
+            child_case(&case);
+            return;
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let run = |case: &str| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([FILTER_TEST, "--exact", "--test-threads=1", "--nocapture"])
+                .env(CASE, case)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap()
+        };
+        let allowed = run("allowed");
+        assert!(allowed.success(), "what the daemon does: {allowed:?}");
+        for case in [
+            "mmap-exec",
+            "mprotect-exec",
+            "kill-other",
+            "kill-group",
+            "kill-everyone",
+            "tgkill-other",
+            "tkill",
+        ] {
+            let status = run(case);
+            assert_eq!(status.signal(), Some(libc::SIGSYS), "{case}: {status:?}");
         }
     }
 }

@@ -16,12 +16,15 @@
 //!
 //! The socket is private: its file is 0600 (0660 when a group is allowed),
 //! and a peer whose credentials (`SO_PEERCRED`) are not allowed is closed
-//! at once, counted.
+//! at once, counted. Descriptors are received and connections accepted
+//! the way every socket of the daemon does (`vrdma_sys::sock`): room for
+//! the kernel's maximum of descriptors, every one owned; a shortage of
+//! descriptors or memory waited out, never the listener's end.
 
 use std::{
-    io::{self, IoSlice, IoSliceMut},
+    io::{self, IoSlice},
     os::{
-        fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+        fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd},
         unix::net::{UnixListener, UnixStream},
     },
     path::{Path, PathBuf},
@@ -32,11 +35,12 @@ use std::{
 use nix::{
     fcntl::{AT_FDCWD, AtFlags},
     sys::socket::{
-        self, AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag,
-        SockType, UnixAddr, sockopt,
+        self, AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
+        sockopt,
     },
     unistd::{Gid, Uid, fchownat, geteuid},
 };
+use vrdma_sys::sock::{Accepted, Acceptor};
 use zerocopy::FromBytes;
 
 use crate::proto::{self, Header};
@@ -154,6 +158,8 @@ pub struct Listener {
     listener: UnixListener,
     path: PathBuf,
     config: SocketConfig,
+    /// Its accepts, shortages waited out.
+    acceptor: Acceptor,
     /// Peers turned away (credentials not allowed).
     refused: u64,
 }
@@ -166,6 +172,7 @@ impl Listener {
             listener: bind_private(path, config)?,
             path: path.to_owned(),
             config: config.clone(),
+            acceptor: Acceptor::new(),
             refused: 0,
         })
     }
@@ -175,12 +182,18 @@ impl Listener {
     }
 
     /// A client that is waiting and allowed, if any; peers not allowed are
-    /// closed at once (no reply), counted and logged.
+    /// closed at once (no reply), counted and logged. A shortage of
+    /// descriptors or memory is waited out ([`vrdma_sys::sock::Acceptor`]):
+    /// `None` meanwhile, and the listener is not to be watched until
+    /// [`Listener::retry_at`] — its connection stays queued, and readable.
     pub fn accept(&mut self) -> io::Result<Option<Connection>> {
         for _ in 0..ACCEPTS_PER_CALL {
-            let stream = match self.listener.accept() {
-                Ok((stream, _)) => stream,
-                Err(e) => return accept_error(e),
+            let accepted = self
+                .acceptor
+                .accept(Instant::now(), || self.listener.accept())?;
+            let stream = match accepted {
+                Accepted::Conn((stream, _)) => stream,
+                Accepted::Nothing | Accepted::Later(_) => return Ok(None),
             };
             match socket::getsockopt(&stream, sockopt::PeerCredentials) {
                 Ok(c) if self.config.allows(c.uid(), c.gid()) => {
@@ -205,31 +218,26 @@ impl Listener {
         Ok(None)
     }
 
+    /// Whether the event loop is to watch the listener at `now` (not while
+    /// a shortage is waited out: it would be readable all along).
+    pub fn watching(&self, now: Instant) -> bool {
+        self.acceptor.watching(now)
+    }
+
+    /// While a shortage is waited out, when [`Listener::accept`] is to be
+    /// called again (whether or not the listener is readable).
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.acceptor.retry_at()
+    }
+
+    /// Shortages of descriptors or memory met accepting.
+    pub fn shortages(&self) -> u64 {
+        self.acceptor.shortages()
+    }
+
     /// Peers turned away since the start.
     pub fn refused(&self) -> u64 {
         self.refused
-    }
-}
-
-/// What an error of `accept` means for the listener: none waiting, a
-/// connection gone before it was taken, or a shortage (of descriptors,
-/// memory) that passes — none of them the listener's end.
-fn accept_error(e: io::Error) -> io::Result<Option<Connection>> {
-    match e.raw_os_error().map(nix::errno::Errno::from_raw) {
-        _ if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-        Some(
-            nix::errno::Errno::ECONNABORTED | nix::errno::Errno::EINTR | nix::errno::Errno::EPROTO,
-        ) => Ok(None),
-        Some(
-            nix::errno::Errno::EMFILE
-            | nix::errno::Errno::ENFILE
-            | nix::errno::Errno::ENOBUFS
-            | nix::errno::Errno::ENOMEM,
-        ) => {
-            tracing::warn!(error = %e, "accept: no resources for a new client now");
-            Ok(None)
-        }
-        _ => Err(e),
     }
 }
 
@@ -553,48 +561,28 @@ fn timed_out() -> io::Error {
     )
 }
 
-/// The most descriptors the kernel passes with one message
-/// (`SCM_MAX_FD`, include/net/scm.h).
-const SCM_MAX_FD: usize = 253;
-
-/// One `recvmsg` into `buf`; the descriptors that came with it are owned
-/// at once and added to `fds`. More than [`proto::MAX_FDS`] in `fds` is an
-/// error (and every one of them is closed when the caller drops `fds`).
-///
-/// The control buffer has room for the kernel's maximum, so the kernel
-/// never truncates it: a truncated buffer would still have installed the
-/// descriptors that fit, and nix reports a truncated buffer as an error
-/// without handing them over — they would stay open in this process for
-/// ever. Nothing but `SCM_RIGHTS` can arrive: the socket asks for no
-/// credentials or security labels (`SO_PASSCRED`, `SO_PASSSEC`,
-/// `SO_PASSPIDFD` are off).
+/// One `recvmsg` into `buf` ([`vrdma_sys::sock::recv_with_fds`]: room
+/// for the kernel's maximum of descriptors, every one it installed owned,
+/// also when it cut the control data short); the descriptors that came
+/// with it are added to `fds`. More than [`proto::MAX_FDS`] in `fds` is an
+/// error, and so is control data cut short (descriptors lost): every
+/// descriptor received is closed when the caller drops `fds`. Nothing but
+/// `SCM_RIGHTS` arrives: the socket asks for no credentials or security
+/// labels (`SO_PASSCRED`, `SO_PASSSEC`, `SO_PASSPIDFD` are off).
 fn recv_with_fds(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
 ) -> io::Result<usize> {
-    let mut cmsg = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = socket::recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(io::Error::from)?;
-    let n = msg.bytes;
-    // An error here (a truncated buffer) cannot happen with this buffer
-    // (see above); it ends the connection all the same.
-    for c in msg.cmsgs().map_err(io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                // SAFETY: the kernel just installed `fd` in this process
-                // for this message (SCM_RIGHTS); nothing else owns it, so
-                // it is ours to own and close.
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
+    // A stream's bytes are never cut (MSG_TRUNC): EMSGSIZE is control
+    // data cut short.
+    let n = match vrdma_sys::sock::recv_with_fds(sock, buf, fds) {
+        Ok(n) => n,
+        Err(nix::errno::Errno::EMSGSIZE) => {
+            return Err(invalid("control data cut short (descriptors lost)"));
         }
-    }
+        Err(e) => return Err(e.into()),
+    };
     if fds.len() > proto::MAX_FDS {
         return Err(invalid("more descriptors than max_msg_fds"));
     }

@@ -1,7 +1,8 @@
 //! A client that sends more descriptors than a message may carry leaks
 //! none into the server: every descriptor the kernel installs in this
 //! process is closed again, whether it came in one `recvmsg` or spread
-//! over several.
+//! over several, and whether the kernel had room for all of them or cut
+//! the control data short.
 //!
 //! This binary holds one test on purpose: it counts the process's open
 //! descriptors (`/proc/self/fd`), which a test running beside it in another
@@ -16,7 +17,7 @@ use std::{
     time::Instant,
 };
 
-use nix::sys::socket::{self, ControlMessage, MsgFlags};
+use nix::sys::socket::{self, ControlMessage, MsgFlags, sockopt};
 use vrdma_vfio_user::{
     proto::{self, Header, cmd},
     socket::{Connection, DEADLINE, Received},
@@ -125,4 +126,27 @@ fn descriptors_over_the_limit_are_all_closed() {
     };
     assert_eq!(open_fds(), baseline, "descriptors with the payload");
     assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+
+    // Control data the kernel cuts short (MSG_CTRUNC): here because the
+    // server's socket also asks for the sender's credentials
+    // (SO_PASSCRED), which take room ahead of the descriptors. Those that
+    // fit were installed all the same and must be closed; the kernel closed
+    // the rest. The message is refused.
+    for n in [8, 253] {
+        let e = {
+            let (a, peer) = UnixStream::pair().unwrap();
+            socket::setsockopt(&a, sockopt::PassCred, &true).unwrap();
+            let mut server = Connection::new(a, DEADLINE).unwrap();
+            send_with(&peer, &message(8), &fd, n);
+            receive(&mut server)
+        };
+        assert_eq!(
+            open_fds(),
+            baseline,
+            "{n} descriptors, control data cut short"
+        );
+        if n == 253 {
+            assert_eq!(e.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        }
+    }
 }

@@ -2,6 +2,14 @@
 //! time, each with a new `VhostUserDaemon` (rust-vmm's daemon serves one
 //! connection) around the same [`Backend`], whose device state outlives
 //! them all.
+//!
+//! rust-vmm's daemon accepts the connection itself, so the accept cannot
+//! go through `vrdma_sys::sock::Acceptor`; but a connection that could not
+//! be started (no descriptor for the accept, the daemon's epoll or its
+//! eventfds, no thread) is tried again on the same schedule
+//! ([`vrdma_sys::sock::Backoff`]: 10 ms, doubled up to a second while it
+//! keeps failing), the wait ended by a stop. The device goes on either
+//! way; the connection waits in the listener's queue.
 
 use std::{
     io,
@@ -17,6 +25,7 @@ use vhost::vhost_user::Listener;
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vrdma_device::Transport;
+use vrdma_sys::sock::Backoff;
 
 use crate::vhost::Backend;
 
@@ -116,6 +125,7 @@ impl<T: Transport + Send + 'static> Server<T> {
     /// Serves connections one after another until stopped; an error if
     /// the device failed (its network went away).
     pub fn run(&self) -> io::Result<()> {
+        let mut backoff = Backoff::new();
         loop {
             if self.stop.stopped() || !self.wait_for_client()? {
                 return match self.backend.failure() {
@@ -123,13 +133,35 @@ impl<T: Transport + Send + 'static> Server<T> {
                     None => Ok(()),
                 };
             }
-            if let Err(e) = self.serve_one() {
-                tracing::warn!(device = %self.name, error = %e, "vhost-user connection ended");
-                // A connection that could not even be served (no
-                // descriptors, no thread) is not retried at full speed.
-                std::thread::sleep(std::time::Duration::from_millis(10));
+            match self.serve_one() {
+                Ok(ended) => {
+                    backoff.reset();
+                    if let Err(e) = ended {
+                        tracing::warn!(device = %self.name, error = %e, "vhost-user connection ended");
+                    }
+                }
+                Err(e) => {
+                    // A connection that could not even be started (no
+                    // descriptors, no thread) is tried again later, and
+                    // later still while that lasts: the listener stays
+                    // readable meanwhile.
+                    let wait = backoff.fail();
+                    tracing::warn!(device = %self.name, error = %e, retry_in = ?wait, "vhost-user: no connection could be started now");
+                    self.pause(wait)?;
+                }
             }
             self.backend.disconnected();
+        }
+    }
+
+    /// Waits `wait`, or until the server is stopped.
+    fn pause(&self, wait: std::time::Duration) -> io::Result<()> {
+        let ms = wait.as_millis().min(u128::from(u16::MAX));
+        let to = PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX));
+        let mut fds = [PollFd::new(self.stop.wake.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, to) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -157,8 +189,9 @@ impl<T: Transport + Send + 'static> Server<T> {
         }
     }
 
-    /// One connection, from accept to its end.
-    fn serve_one(&self) -> io::Result<()> {
+    /// One connection, from accept to its end: how it ended, or (the outer
+    /// error) why none could be started.
+    fn serve_one(&self) -> io::Result<io::Result<()>> {
         let exit = self.backend.rearm_exit()?;
         let mut daemon = VhostUserDaemon::new(
             self.name.clone(),
@@ -181,7 +214,7 @@ impl<T: Transport + Send + 'static> Server<T> {
                 if self.stop.stopped() {
                     daemon.request_shutdown();
                 }
-                daemon.wait().map_err(|e| io::Error::other(e.to_string()))
+                Ok(daemon.wait().map_err(|e| io::Error::other(e.to_string())))
             }
             Err(e) => Err(io::Error::other(e.to_string())),
         };

@@ -18,6 +18,12 @@
 //! never blocks on a guest that does not drain its NIC. A stream's frame is
 //! never cut: a frame that does not fit whole waits whole or is dropped
 //! whole.
+//!
+//! A guest NIC that connects while the process has no descriptor (or
+//! memory) to spare waits in the listener's queue: the port waits the
+//! shortage out (`vrdma_sys::sock::Acceptor`, counted in
+//! `accept_shortages`), not watching the listener meanwhile, and a timer
+//! in its epoll instance wakes it to try again — the device goes on.
 
 mod sys;
 
@@ -31,9 +37,15 @@ use std::{
         unix::net::{UnixListener, UnixStream},
     },
     path::Path,
+    time::Instant,
 };
 
+use nix::sys::{
+    time::TimeSpec,
+    timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags},
+};
 use vm_memory::Bytes;
+use vrdma_sys::sock::{Accepted, Acceptor};
 use vrdma_wire::{
     Gid,
     ethernet::{self, MacAddr},
@@ -67,6 +79,9 @@ const LOOPBACK_BYTES: usize = 1 << 20;
 
 /// The RoCEv2 UDP port.
 const ROCE_PORT: u16 = 4791;
+
+/// The shortest wait the retry timer is set for.
+const MIN_TIMER: std::time::Duration = std::time::Duration::from_micros(1);
 
 /// One side of the port: a TAP device, or a stream of length-prefixed
 /// frames.
@@ -274,6 +289,9 @@ pub struct EthStats {
     /// Connections to the guest socket refused: a guest was connected
     /// already, or the peer's credentials were not allowed.
     pub guest_refused: u64,
+    /// Accepts on the guest socket that found no descriptor or memory to
+    /// spare (the connection waited, and was tried again later).
+    pub accept_shortages: u64,
     /// Dropped: a frame from the guest with another source MAC.
     pub spoofed_mac: u64,
     /// Dropped: a frame from the guest with a source address (IP, or ARP
@@ -286,7 +304,7 @@ pub struct EthStats {
 }
 
 impl EthStats {
-    pub fn fields(&self) -> [(&'static str, u64); 17] {
+    pub fn fields(&self) -> [(&'static str, u64); 18] {
         [
             ("guest_rx", self.guest_rx),
             ("guest_tx", self.guest_tx),
@@ -302,6 +320,7 @@ impl EthStats {
             ("uplink_full", self.uplink_full),
             ("guest_connects", self.guest_connects),
             ("guest_refused", self.guest_refused),
+            ("accept_shortages", self.accept_shortages),
             ("spoofed_mac", self.spoofed_mac),
             ("spoofed_ip", self.spoofed_ip),
             ("tx_paused", self.tx_paused),
@@ -320,6 +339,13 @@ struct Guest {
     stream: Option<Stream>,
     /// Whether a peer may connect; everyone when absent.
     check: Option<PeerCheck>,
+    /// The listener's accepts, shortages waited out.
+    acceptor: Acceptor,
+    /// With a listener: the timer that ends the wait of a shortage (in the
+    /// port's epoll instance), and whether the listener is out of it
+    /// meanwhile.
+    retry: Option<TimerFd>,
+    paused: bool,
 }
 
 impl std::fmt::Debug for Guest {
@@ -328,7 +354,9 @@ impl std::fmt::Debug for Guest {
             .field("listener", &self.listener)
             .field("stream", &self.stream)
             .field("check", &self.check.is_some())
-            .finish()
+            .field("acceptor", &self.acceptor)
+            .field("paused", &self.paused)
+            .finish_non_exhaustive()
     }
 }
 
@@ -406,6 +434,7 @@ pub struct EthPort {
 const TOKEN_LISTENER: u64 = 1;
 const TOKEN_GUEST: u64 = 2;
 const TOKEN_UPLINK: u64 = 3;
+const TOKEN_RETRY: u64 = 4;
 
 impl EthPort {
     /// A port whose guest side listens on `listener` (QEMU's `-netdev
@@ -414,11 +443,19 @@ impl EthPort {
     /// `uplink`; `mac` is the guest NIC's.
     pub fn with_listener(listener: UnixListener, uplink: Link, mac: [u8; 6]) -> io::Result<Self> {
         listener.set_nonblocking(true)?;
+        // Made now: when it is needed, descriptors are short.
+        let retry = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )?;
         Self::with_guest(
             Guest {
                 listener: Some(listener),
                 stream: None,
                 check: None,
+                acceptor: Acceptor::new(),
+                retry: Some(retry),
+                paused: false,
             },
             uplink,
             mac,
@@ -432,6 +469,9 @@ impl EthPort {
                 listener: None,
                 stream: Some(Stream::new(guest)?),
                 check: None,
+                acceptor: Acceptor::new(),
+                retry: None,
+                paused: false,
             },
             uplink,
             mac,
@@ -462,6 +502,9 @@ impl EthPort {
         p.epoll.add(p.uplink.fd(), TOKEN_UPLINK)?;
         if let Some(l) = &p.guest.listener {
             p.epoll.add(l.as_fd(), TOKEN_LISTENER)?;
+        }
+        if let Some(t) = &p.guest.retry {
+            p.epoll.add(t.as_fd(), TOKEN_RETRY)?;
         }
         if let Some(s) = &p.guest.stream {
             p.epoll.add(s.sock.as_fd(), TOKEN_GUEST)?;
@@ -623,15 +666,41 @@ impl EthPort {
     /// Takes a connection waiting on the guest socket: the guest's NIC if
     /// none is connected and the peer is allowed; otherwise it is closed
     /// at once (a live guest is never replaced: QEMU's reconnection comes
-    /// after its old connection closed).
+    /// after its old connection closed). A shortage of descriptors or
+    /// memory is waited out: the listener leaves the epoll instance's
+    /// watch and the retry timer wakes the port when the next try is due.
     fn accept_guest(&mut self) -> io::Result<()> {
-        let Some(l) = &self.guest.listener else {
+        let g = &mut self.guest;
+        let (Some(l), Some(timer)) = (&g.listener, &g.retry) else {
             return Ok(());
         };
-        let sock = match l.accept() {
-            Ok((sock, _)) => sock,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-            Err(e) => return Err(e),
+        let now = Instant::now();
+        if !g.acceptor.watching(now) {
+            return Ok(());
+        }
+        if g.paused {
+            // The wait is over: the timer is spent, the listener watched
+            // again.
+            timer.unset()?;
+            let _ = timer.wait();
+            self.epoll.watch_input(l.as_fd(), TOKEN_LISTENER, true)?;
+            g.paused = false;
+        }
+        let sock = match g.acceptor.accept(now, || l.accept())? {
+            Accepted::Conn((sock, _)) => sock,
+            Accepted::Nothing => return Ok(()),
+            Accepted::Later(at) => {
+                self.stats.accept_shortages += 1;
+                self.epoll.watch_input(l.as_fd(), TOKEN_LISTENER, false)?;
+                g.paused = true;
+                // Never zero: a zero expiration disarms the timer.
+                let wait = at.saturating_duration_since(now).max(MIN_TIMER);
+                timer.set(
+                    Expiration::OneShot(TimeSpec::from_duration(wait)),
+                    TimerSetTimeFlags::empty(),
+                )?;
+                return Ok(());
+            }
         };
         if self.guest.stream.is_some() {
             self.stats.guest_refused += 1;

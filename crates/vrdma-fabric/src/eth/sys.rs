@@ -105,20 +105,28 @@ impl Epoll {
 
     /// Watches `fd` for input.
     pub(super) fn add(&self, fd: BorrowedFd<'_>, token: u64) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_ADD, fd, token, false)
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token, libc::EPOLLIN as u32)
     }
 
     /// Watches `fd` (added with `token`) for room to write as well as for
     /// input (`out`), or for input alone.
     pub(super) fn watch(&self, fd: BorrowedFd<'_>, token: u64, out: bool) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_MOD, fd, token, out)
-    }
-
-    fn ctl(&self, op: libc::c_int, fd: BorrowedFd<'_>, token: u64, out: bool) -> io::Result<()> {
         let mut events = libc::EPOLLIN as u32;
         if out {
             events |= libc::EPOLLOUT as u32;
         }
+        self.ctl(libc::EPOLL_CTL_MOD, fd, token, events)
+    }
+
+    /// Watches `fd` (added with `token`) for input (`on`), or for nothing
+    /// while it stays in the instance (no memory to allocate when it is
+    /// watched again; a listening socket reports no hang-up or error).
+    pub(super) fn watch_input(&self, fd: BorrowedFd<'_>, token: u64, on: bool) -> io::Result<()> {
+        let events = if on { libc::EPOLLIN as u32 } else { 0 };
+        self.ctl(libc::EPOLL_CTL_MOD, fd, token, events)
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: BorrowedFd<'_>, token: u64, events: u32) -> io::Result<()> {
         let mut ev = libc::epoll_event { events, u64: token };
         // SAFETY: both descriptors are open (borrowed for the call) and
         // `ev` is a valid epoll_event the kernel only reads.
