@@ -71,20 +71,32 @@ pub enum ObjectBudget {
     Unlimited,
     /// This many bytes.
     Fixed(u64),
-    /// Derived from the memory the device serves ([`derived_budget`]): a
-    /// guest with more memory may register more of it and run more work.
+    /// Derived from the guest's memory ([`derived_budget`]): a guest with
+    /// more memory may register more of it and run more work. The memory
+    /// is the guest's configured size where one is given, and never more
+    /// than the device maps: never what a VMM chose to map alone (a VMM
+    /// can map a sparse file of any size), so without a configured size it
+    /// is at most [`DEFAULT_GUEST_SIZE`].
     Derived,
 }
 
+/// The guest size a [`ObjectBudget::Derived`] budget assumes at most when
+/// none is configured: 64 GiB, a budget of at most 320 MiB. A larger guest
+/// that registers more than its page lists fit is given its size.
+pub const DEFAULT_GUEST_SIZE: u64 = 64 << 30;
+
 impl ObjectBudget {
-    /// The engine's limit for a device serving `mem` bytes (a face sets
-    /// it with [`Engine::set_memory_limit`] whenever its memory or its
-    /// engine changes).
-    pub fn limit(self, mem: u64) -> Option<u64> {
+    /// The engine's limit for a device mapping `mapped` bytes of a guest
+    /// configured with `guest` bytes of RAM, if known (a face sets it with
+    /// [`Engine::set_memory_limit`] whenever its memory or its engine
+    /// changes).
+    pub fn limit(self, mapped: u64, guest: Option<u64>) -> Option<u64> {
         match self {
             ObjectBudget::Unlimited => None,
             ObjectBudget::Fixed(n) => Some(n),
-            ObjectBudget::Derived => Some(derived_budget(mem)),
+            ObjectBudget::Derived => Some(derived_budget(
+                mapped.min(guest.unwrap_or(DEFAULT_GUEST_SIZE)),
+            )),
         }
     }
 }
@@ -454,5 +466,33 @@ mod tests {
         assert_eq!(active_mtu(4096 + 95), Mtu::Mtu2048);
         assert_eq!(active_mtu(4096 + 96), Mtu::Mtu4096);
         assert_eq!(active_mtu(0), Mtu::Mtu256);
+    }
+
+    /// A derived budget is the configured guest size's, or what is mapped
+    /// when that is less; without a size, at most the default's: a VMM
+    /// that maps a sparse terabyte (4 GiB of budget, derived from it) gets
+    /// no more than 320 MiB.
+    #[test]
+    fn a_derived_budget_comes_from_the_guests_size_not_what_its_vmm_maps() {
+        const GIB: u64 = 1 << 30;
+        let d = ObjectBudget::Derived;
+        assert_eq!(
+            d.limit(1 << 40, None),
+            Some(derived_budget(DEFAULT_GUEST_SIZE))
+        );
+        assert_eq!(derived_budget(DEFAULT_GUEST_SIZE), 320 << 20);
+        assert_eq!(d.limit(2 * GIB, None), Some(derived_budget(2 * GIB)));
+        assert_eq!(
+            d.limit(1 << 40, Some(8 * GIB)),
+            Some(derived_budget(8 * GIB))
+        );
+        assert_eq!(d.limit(GIB, Some(8 * GIB)), Some(derived_budget(GIB)));
+        assert_eq!(
+            d.limit(1 << 40, Some(512 * GIB)),
+            Some(derived_budget(512 * GIB)),
+            "a configured size past the default"
+        );
+        assert_eq!(ObjectBudget::Fixed(7).limit(1 << 40, Some(GIB)), Some(7));
+        assert_eq!(ObjectBudget::Unlimited.limit(1 << 40, Some(GIB)), None);
     }
 }

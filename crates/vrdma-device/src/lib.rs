@@ -27,8 +27,8 @@ pub mod transport;
 pub mod verbs;
 
 pub use device::{
-    Device, ObjectBudget, Progress, UdpDevice, active_mtu, derived_budget, udp_device,
-    udp_device_behind,
+    DEFAULT_GUEST_SIZE, Device, ObjectBudget, Progress, UdpDevice, active_mtu, derived_budget,
+    udp_device, udp_device_behind,
 };
 pub use memory::GuestMem;
 pub use transport::Transport;

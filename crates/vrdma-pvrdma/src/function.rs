@@ -113,10 +113,20 @@ impl<T: Transport> Pvrdma<T> {
     }
 
     /// What the guest's objects may make the engine hold (by default,
-    /// [`ObjectBudget::Derived`] from the memory the guest shares; applied
+    /// [`ObjectBudget::Derived`] from the guest's size; applied
     /// again whenever that memory changes and after each reset).
     pub fn set_object_budget(&mut self, budget: ObjectBudget) {
         self.state.set_budget(budget);
+    }
+
+    /// The guest has `guest` bytes of RAM (with memory hot-plug, the most
+    /// it may have), or a size not configured: a derived object budget
+    /// comes from it, never from more than the guest shares
+    /// ([`ObjectBudget::Derived`]). Its VMM's DMA maps are held to the
+    /// same size by the server's configuration
+    /// (`vrdma_vfio_user::dma::DmaConfig::for_guest`).
+    pub fn set_guest_size(&mut self, guest: Option<u64>) {
+        self.state.set_guest_size(guest);
     }
 
     pub fn device(&self) -> &Device<GuestMem, T> {

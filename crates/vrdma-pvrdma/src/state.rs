@@ -118,6 +118,11 @@ impl<T: Transport> State<T> {
         self.budget.set(budget, &mut self.device);
     }
 
+    /// The guest's configured RAM, which a derived budget comes from.
+    pub fn set_guest_size(&mut self, guest: Option<u64>) {
+        self.budget.set_guest_size(guest, &mut self.device);
+    }
+
     /// Everything the guest made goes: a new engine (nothing of the old
     /// one reaches guest memory again), empty tables, no GID steered to
     /// the engine.

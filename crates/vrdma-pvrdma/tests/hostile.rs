@@ -1590,6 +1590,32 @@ fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
     exchange(&mut a, &mut b);
 }
 
+/// The object budget comes from the guest's configured size (8 MiB, its
+/// VMM sharing 16 MiB: 64 MiB and 32 KiB) rather than from what the VMM
+/// maps; without one, from what is mapped (16 MiB, under the default
+/// size). Both devices serve.
+#[test]
+fn the_object_budget_comes_from_the_guests_configured_size() {
+    let sized = NET.device_with(
+        "budget-sized",
+        vrdma_vfio_user::Config::default(),
+        |addr, mac| {
+            let mut f = udp_function(addr, mac);
+            f.set_guest_size(Some(8 << 20));
+            f
+        },
+    );
+    let plain = NET.device("budget-plain");
+    let mut a = Side::new(&sized);
+    let mut b = Side::new(&plain);
+    connect(&mut a, &mut b);
+    exchange(&mut a, &mut b);
+    let want = vrdma_device::derived_budget(8 << 20);
+    assert_eq!(sized.counter_when("budget.limit", |n| n == want), want);
+    let want = vrdma_device::derived_budget(RAM);
+    assert_eq!(plain.counter_when("budget.limit", |n| n == want), want);
+}
+
 #[test]
 fn page_lists_past_the_guests_budget_are_refused_and_its_work_goes_on() {
     let (da, _db, mut a, mut b) = NET.pair("hostile-budget");

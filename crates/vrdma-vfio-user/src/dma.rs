@@ -21,6 +21,10 @@
 //! process's) and the bytes mapped (the address space is the process's).
 //! A mapping the client took back is still held while the function holds
 //! it; it counts until it goes (see [`DmaTable::reap`]).
+//!
+//! [`MemoryTable`] holds guest memory another library mapped — a
+//! vhost-user memory table, which rust-vmm's backend maps itself — to the
+//! same rules, per region, before anything touches it.
 
 use std::{
     fs::File,
@@ -36,7 +40,10 @@ use nix::{
         statfs::{HUGETLBFS_MAGIC, fstatfs},
     },
 };
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    GuestRegionMmap, MmapRegion,
+};
 
 use crate::{
     proto::{self, DmaMap, DmaUnmap},
@@ -80,6 +87,21 @@ impl Default for DmaConfig {
     }
 }
 
+impl DmaConfig {
+    /// This budget for a guest of `guest` bytes of RAM when its size is
+    /// configured (with memory hot-plug, the most it may have: QEMU's
+    /// `maxmem`): a VMM shares its guest's RAM and nothing else with a
+    /// descriptor (ROMs and option ROMs are anonymous, and a map without a
+    /// descriptor holds no memory), so [`DmaConfig::max_bytes`] is at most
+    /// the guest's size. Unconfigured, the budget stays as it is.
+    pub fn for_guest(mut self, guest: Option<u64>) -> Self {
+        if let Some(g) = guest {
+            self.max_bytes = self.max_bytes.min(g);
+        }
+        self
+    }
+}
+
 /// What a table holds of the process's resources.
 #[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
 pub struct Usage {
@@ -93,16 +115,18 @@ pub struct Usage {
 
 /// A mapping of the client's memory (which holds its file open), with its
 /// guard when it has one. The guard is withdrawn first, before the mapping
-/// can go (fields drop in order).
+/// can go (fields drop in order). Every guest region over the mapping
+/// holds it too (`GuestRegionMmap` keeps its `MmapRegion` in an `Arc`), so
+/// the mapping goes only once the last of them and this are dropped.
 #[derive(Debug)]
 struct Held {
     guard: Option<sigbus::Guard>,
-    region: Arc<GuestRegionMmap<()>>,
+    mapping: Arc<MmapRegion<()>>,
 }
 
 impl Held {
     fn size(&self) -> u64 {
-        self.region.size() as u64
+        self.mapping.size() as u64
     }
 
     fn faults(&self) -> u64 {
@@ -111,7 +135,7 @@ impl Held {
 
     /// Whether nothing but this holds the mapping (dropping it unmaps).
     fn is_last(&self) -> bool {
-        Arc::strong_count(&self.region) == 1
+        Arc::strong_count(&self.mapping) == 1
     }
 }
 
@@ -282,14 +306,15 @@ impl DmaTable {
         } else {
             None
         };
-        let region = GuestRegionMmap::new(region, GuestAddress(m.addr)).ok_or(Errno::EINVAL)?;
         let held = Held {
             guard,
-            region: Arc::new(region),
+            mapping: Arc::new(region),
         };
+        let region = GuestRegionMmap::with_arc(held.mapping.clone(), GuestAddress(m.addr))
+            .ok_or(Errno::EINVAL)?;
         self.mem = self
             .mem
-            .insert_region(held.region.clone())
+            .insert_region(Arc::new(region))
             .map_err(|_| Errno::EEXIST)?;
         Ok(held)
     }
@@ -408,6 +433,254 @@ impl FileKind {
     fn guarded(&self) -> bool {
         !self.sealed || self.hugetlb
     }
+}
+
+/// Why a memory table was refused ([`MemoryTable::adopt`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("{regions} regions, more than the {max} allowed")]
+    TooManyRegions { regions: usize, max: usize },
+    #[error("{bytes} bytes of regions, more than the {max} allowed")]
+    TooManyBytes { bytes: u64, max: u64 },
+    #[error("the region at {gpa:#x} has no file")]
+    NoFile { gpa: u64 },
+    #[error("the region at {gpa:#x} is not a mapping of its own")]
+    NotOwned { gpa: u64 },
+    #[error("the region at {gpa:#x}: its file cannot be read ({errno})")]
+    BadFile { gpa: u64, errno: Errno },
+    #[error("the region at {gpa:#x}: not a regular file")]
+    NotRegular { gpa: u64 },
+    #[error(
+        "the region at {gpa:#x}: its file is not sealed against shrinking \
+         (memory-backend-memfd seals it)"
+    )]
+    Unsealed { gpa: u64 },
+    #[error("the region at {gpa:#x}: {end:#x} bytes from its file of {file_len:#x}")]
+    ShortFile { gpa: u64, end: u64, file_len: u64 },
+    #[error("the region at {gpa:#x}: no SIGBUS guard")]
+    Guard {
+        gpa: u64,
+        #[source]
+        source: sigbus::Error,
+    },
+}
+
+impl TableError {
+    /// The errno a DMA map refused for the same reason gets.
+    pub fn errno(&self) -> Errno {
+        match self {
+            TableError::TooManyRegions { .. } => Errno::ENOSPC,
+            TableError::TooManyBytes { .. }
+            | TableError::Guard {
+                source: sigbus::Error::Full,
+                ..
+            } => Errno::ENOMEM,
+            TableError::Unsealed { .. } => Errno::EPERM,
+            _ => Errno::EINVAL,
+        }
+    }
+}
+
+/// Guest memory that another library mapped — rust-vmm's vhost-user
+/// backend maps each region of a memory table itself, before its backend
+/// hears of it — held to a DMA map's rules ([`DmaConfig`]): each region a
+/// mapping of a regular file as long as the region, sealed against
+/// shrinking unless unsealed memory is allowed; hugetlbfs and unsealed
+/// regions registered with the [`sigbus`] guard (their lost pages read
+/// zeros, counted: [`MemoryTable::faults`]); at most
+/// [`DmaConfig::max_maps`] regions and [`DmaConfig::max_bytes`] bytes.
+///
+/// Each mapping adopted is held here with its guard until nothing else
+/// holds it, as a [`DmaTable`]'s: a table replaced is retired, and its
+/// mappings go (guard first) once no user of the memory — a device, a
+/// payload lent on to another device — holds them.
+#[derive(Debug)]
+pub struct MemoryTable {
+    /// The table adopted last, each of its regions' mappings.
+    mem: GuestMemoryMmap<()>,
+    held: Vec<Held>,
+    /// Mappings of tables replaced that a user may still hold.
+    retired: Vec<Held>,
+    config: DmaConfig,
+    /// Faults repaired in mappings since gone.
+    past_faults: u64,
+}
+
+impl MemoryTable {
+    pub fn new(config: DmaConfig) -> Self {
+        MemoryTable {
+            mem: GuestMemoryMmap::default(),
+            held: Vec::new(),
+            retired: Vec::new(),
+            config,
+            past_faults: 0,
+        }
+    }
+
+    pub fn config(&self) -> &DmaConfig {
+        &self.config
+    }
+
+    /// The table adopted last (empty before the first).
+    pub fn mem(&self) -> &GuestMemoryMmap<()> {
+        &self.mem
+    }
+
+    /// `mem` becomes the table: its new regions checked (and guarded when
+    /// they must be), every region counted against the budget with the
+    /// mappings of earlier tables still held; the regions it no longer has
+    /// retired. On an error nothing changes: the table stays the last one
+    /// adopted, and nothing of `mem` is held. Nothing here touches the
+    /// memory: a table is adopted before its first access.
+    pub fn adopt(&mut self, mem: &GuestMemoryMmap<()>) -> Result<(), TableError> {
+        self.reap();
+        let regions = mem.num_regions() + self.retired.len();
+        if regions > self.config.max_maps {
+            return Err(TableError::TooManyRegions {
+                regions,
+                max: self.config.max_maps,
+            });
+        }
+        let bytes = mem
+            .iter()
+            .map(GuestMemoryRegion::len)
+            .chain(self.retired.iter().map(Held::size))
+            .fold(0u64, u64::saturating_add);
+        if bytes > self.config.max_bytes {
+            return Err(TableError::TooManyBytes {
+                bytes,
+                max: self.config.max_bytes,
+            });
+        }
+        // Each region: a mapping already held, or a new one checked.
+        let mut next: Vec<Result<usize, Held>> = Vec::with_capacity(mem.num_regions());
+        for r in mem.iter() {
+            let mapping = r.get_mmap();
+            match self
+                .held
+                .iter()
+                .position(|h| Arc::ptr_eq(&h.mapping, &mapping))
+            {
+                Some(i) => next.push(Ok(i)),
+                None => next.push(Err(self.check(r.start_addr().0, mapping)?)),
+            }
+        }
+        let mut old: Vec<Option<Held>> = self.held.drain(..).map(Some).collect();
+        for n in next {
+            let held = match n {
+                Ok(i) => old.get_mut(i).and_then(Option::take),
+                Err(h) => Some(h),
+            };
+            // A mapping named twice in `mem` is held once.
+            self.held.extend(held);
+        }
+        self.retired.extend(old.into_iter().flatten());
+        self.mem = mem.clone();
+        Ok(())
+    }
+
+    /// A new region's mapping, checked as a DMA map's file is, with its
+    /// guard when it needs one.
+    fn check(&self, gpa: u64, mapping: Arc<MmapRegion<()>>) -> Result<Held, TableError> {
+        // Only a mapping of its own can be guarded: it stays mapped as
+        // long as it is held (an `MmapRegion` unmaps when dropped).
+        if !mapping.owned() {
+            return Err(TableError::NotOwned { gpa });
+        }
+        let fo = mapping.file_offset().ok_or(TableError::NoFile { gpa })?;
+        let kind = FileKind::of(fo.file()).map_err(|errno| match errno {
+            Errno::EINVAL => TableError::NotRegular { gpa },
+            errno => TableError::BadFile { gpa, errno },
+        })?;
+        if !kind.sealed && !self.config.allow_unsealed {
+            return Err(TableError::Unsealed { gpa });
+        }
+        let len = mapping.size() as u64;
+        let end = fo.start().saturating_add(len);
+        if end > kind.len {
+            return Err(TableError::ShortFile {
+                gpa,
+                end,
+                file_len: kind.len,
+            });
+        }
+        let guard = if kind.guarded() {
+            Some(guard(&mapping, kind.page).map_err(|source| TableError::Guard { gpa, source })?)
+        } else {
+            None
+        };
+        Ok(Held { guard, mapping })
+    }
+
+    /// What the table holds now: the mappings of the table and of those
+    /// replaced that are still held, and their descriptors.
+    pub fn usage(&self) -> Usage {
+        let held = || self.held.iter().chain(&self.retired);
+        Usage {
+            maps: held().count(),
+            bytes: held().map(Held::size).sum(),
+            fds: held().count(),
+        }
+    }
+
+    /// Faults repaired in guarded regions (pages their files lost, or huge
+    /// pages the pool could not supply).
+    pub fn faults(&self) -> u64 {
+        let held = self.held.iter().chain(&self.retired);
+        self.past_faults + held.map(Held::faults).sum::<u64>()
+    }
+
+    /// Lets go of the mappings of replaced tables that nothing else holds
+    /// any more (their guards first).
+    pub fn reap(&mut self) {
+        let mut gone = 0;
+        self.retired.retain(|h| {
+            let last = h.is_last();
+            if last {
+                gone += h.faults();
+            }
+            !last
+        });
+        self.past_faults += gone;
+        let mut orphans = ORPHANS.lock().unwrap_or_else(|p| p.into_inner());
+        orphans.retain(|h| !h.is_last());
+    }
+}
+
+impl Drop for MemoryTable {
+    fn drop(&mut self) {
+        self.mem = GuestMemoryMmap::default();
+        let held = self.held.drain(..);
+        self.retired.extend(held);
+        self.reap();
+        if !self.retired.is_empty() {
+            // Still held by a user that outlives the table: the guards
+            // stay until the mappings go.
+            let mut orphans = ORPHANS.lock().unwrap_or_else(|p| p.into_inner());
+            orphans.append(&mut self.retired);
+        }
+    }
+}
+
+/// Registers the whole of `mapping` with the SIGBUS guard, in pages of
+/// `page` bytes (the kernel maps whole pages: a hugetlbfs file's in huge
+/// ones, the last page rounded up).
+fn guard(mapping: &Arc<MmapRegion<()>>, page: usize) -> Result<sigbus::Guard, sigbus::Error> {
+    let bad = sigbus::Error::BadRange {
+        start: mapping.as_ptr() as usize,
+        len: mapping.size(),
+        page,
+    };
+    let len = mapping.size().checked_next_multiple_of(page).ok_or(bad)?;
+    // SAFETY: the range is `mapping`'s, which vm-memory mapped and owns
+    // (checked: `owned`) and unmaps only when its last holder drops it; the
+    // guard goes into the `Held` that holds `mapping`, whose field order
+    // (and `reap`, which drops a `Held` only as the mapping's last holder)
+    // withdraws the guard before the mapping can go. A page whose access
+    // faulted had no contents left (past a shrunk file's end, or a huge
+    // page the pool could not supply), so a zero page in its place loses
+    // nothing.
+    unsafe { sigbus::register(mapping.as_ptr() as usize, len, page) }
 }
 
 #[cfg(test)]
@@ -652,5 +925,295 @@ pub(crate) mod tests {
         t.unmap(&u(0, 0, proto::dma::UNMAP_ALL)).unwrap();
         assert!(t.is_empty());
         assert_eq!(t.mem().num_regions(), 0);
+    }
+
+    // --- memory tables mapped elsewhere ---------------------------------
+
+    /// One region at `gpa` over `fd` (its first `len` bytes), mapped as
+    /// rust-vmm's vhost-user handler maps a memory table's region.
+    fn table_of(regions: &[(u64, u64, &OwnedFd)]) -> GuestMemoryMmap<()> {
+        GuestMemoryMmap::<()>::from_ranges_with_files(regions.iter().map(|&(gpa, len, fd)| {
+            let f = File::from(fd.try_clone().unwrap());
+            (GuestAddress(gpa), len as usize, Some(FileOffset::new(f, 0)))
+        }))
+        .unwrap()
+    }
+
+    /// A hugetlbfs memfd of `len` bytes sealed as QEMU seals guest RAM,
+    /// if this kernel makes one (`MFD_HUGETLB`).
+    pub(crate) fn hugetlb(len: u64) -> Option<OwnedFd> {
+        let flags = MFdFlags::MFD_ALLOW_SEALING | MFdFlags::MFD_HUGETLB;
+        let fd = memfd_create(c"vrdma-dma-hugetlb", flags).ok()?;
+        nix::unistd::ftruncate(&fd, i64::try_from(len).unwrap()).ok()?;
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).unwrap();
+        Some(fd)
+    }
+
+    /// Whether the huge page pool is empty, so that a hugetlbfs page
+    /// touched faults (nothing reserved it: vm-memory maps NORESERVE).
+    pub(crate) fn no_huge_pages() -> bool {
+        std::fs::read_to_string("/proc/meminfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["HugePages_Free:", "0"])
+    }
+
+    /// A guest of 16 KiB: its VMM maps 16 KiB, no more, however much the
+    /// process-wide budget allows; unconfigured, that budget stands.
+    #[test]
+    fn a_configured_guest_size_caps_the_bytes_a_vmm_maps() {
+        assert_eq!(
+            DmaConfig::default().for_guest(None).max_bytes,
+            DEFAULT_MAX_BYTES
+        );
+        let c = DmaConfig::default().for_guest(Some(0x4000));
+        assert_eq!((c.max_bytes, c.max_maps), (0x4000, DEFAULT_MAX_MAPS));
+        let small = DmaConfig {
+            max_bytes: 0x2000,
+            ..DmaConfig::default()
+        };
+        assert_eq!(
+            small.for_guest(Some(0x4000)).max_bytes,
+            0x2000,
+            "the smaller"
+        );
+        let mut t = DmaTable::new(c);
+        t.map(&map(0x10000, 0x4000), Some(memfd(0x4000))).unwrap();
+        assert_eq!(
+            t.map(&map(0x20000, 0x1000), Some(memfd(0x1000))),
+            Err(Errno::ENOMEM)
+        );
+    }
+
+    #[test]
+    fn a_memory_table_takes_sealed_files_as_long_as_their_regions() {
+        let mut t = MemoryTable::new(DmaConfig::default());
+        let good = memfd(0x4000);
+        let m = table_of(&[(0x10000, 0x4000, &good)]);
+        t.adopt(&m).unwrap();
+        assert_eq!(t.mem().num_regions(), 1);
+        let before = t.usage();
+        assert_eq!(
+            before,
+            Usage {
+                maps: 1,
+                bytes: 0x4000,
+                fds: 1
+            }
+        );
+        let refused = |t: &mut MemoryTable, m: &GuestMemoryMmap<()>| {
+            let e = t.adopt(m).unwrap_err();
+            // Nothing changed: the last table stays, nothing new is held.
+            assert_eq!(t.usage(), before, "{e}");
+            assert_eq!(t.mem().num_regions(), 1);
+            e
+        };
+        let open = unsealed(0x4000);
+        let e = refused(&mut t, &table_of(&[(0x10000, 0x4000, &open)]));
+        assert!(matches!(e, TableError::Unsealed { gpa: 0x10000 }), "{e}");
+        assert_eq!(e.errno(), Errno::EPERM);
+        // A sealed file shorter than its region (mapped past its end).
+        let short = memfd(0x1000);
+        let e = refused(&mut t, &table_of(&[(0x10000, 0x4000, &short)]));
+        assert!(
+            matches!(
+                e,
+                TableError::ShortFile {
+                    end: 0x4000,
+                    file_len: 0x1000,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // Anonymous memory has no file a guest could share.
+        let anon = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap();
+        let e = refused(&mut t, &anon);
+        assert!(matches!(e, TableError::NoFile { gpa: 0 }), "{e}");
+        // A regular file on a filesystem that cannot seal has no seals.
+        let path = std::env::temp_dir().join(format!("vrdma-dma-table-{}", std::process::id()));
+        let plain = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        plain.set_len(0x1000).unwrap();
+        let plain: OwnedFd = plain.into();
+        let e = refused(&mut t, &table_of(&[(0, 0x1000, &plain)]));
+        assert!(matches!(e, TableError::Unsealed { .. }), "{e}");
+        // The table adopted last still reads and writes.
+        t.mem().write_obj(7u64, GuestAddress(0x13ff8)).unwrap();
+        assert_eq!(m.read_obj::<u64>(GuestAddress(0x13ff8)).unwrap(), 7);
+    }
+
+    #[test]
+    fn a_memory_table_is_budgeted_by_regions_and_bytes() {
+        let mut t = MemoryTable::new(DmaConfig {
+            allow_unsealed: false,
+            max_maps: 2,
+            max_bytes: 0x3000,
+        });
+        let (a, b, c) = (memfd(0x1000), memfd(0x1000), memfd(0x3000));
+        let ab = table_of(&[(0, 0x1000, &a), (0x1000, 0x1000, &b)]);
+        t.adopt(&ab).unwrap();
+        // A region more (ADD_MEM_REG: the same mappings and a new one).
+        let f = File::from(c.try_clone().unwrap());
+        let r = MmapRegion::<()>::from_file(FileOffset::new(f, 0), 0x1000).unwrap();
+        let r = Arc::new(GuestRegionMmap::new(r, GuestAddress(0x10000)).unwrap());
+        let abc = ab.insert_region(r).unwrap();
+        let e = t.adopt(&abc).unwrap_err();
+        assert!(
+            matches!(e, TableError::TooManyRegions { regions: 3, max: 2 }),
+            "{e}"
+        );
+        assert_eq!(e.errno(), Errno::ENOSPC);
+        drop(abc);
+        // A region taken back (REM_MEM_REG) that a user still holds
+        // counts until it goes.
+        let (rest, _) = ab.remove_region(GuestAddress(0x1000), 0x1000).unwrap();
+        let holder = ab.clone();
+        t.adopt(&rest).unwrap();
+        let held = Usage {
+            maps: 2,
+            bytes: 0x2000,
+            fds: 2,
+        };
+        assert_eq!(t.usage(), held, "the removed one, still held");
+        // A table of 0x3000 bytes, with the 0x1000 still held: more than
+        // the limit.
+        let big = table_of(&[(0x10000, 0x3000, &c)]);
+        let e = t.adopt(&big).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TableError::TooManyBytes {
+                    bytes: 0x4000,
+                    max: 0x3000
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(e.errno(), Errno::ENOMEM);
+        assert_eq!(t.usage(), held);
+        // Let go of, the removed region goes, and the table fits.
+        drop((holder, ab));
+        t.adopt(&big).unwrap();
+        assert_eq!(
+            t.usage(),
+            Usage {
+                maps: 2,
+                bytes: 0x4000,
+                fds: 2
+            },
+            "the table and the one it replaced, held by `rest`"
+        );
+        drop(rest);
+        t.reap();
+        assert_eq!(
+            t.usage(),
+            Usage {
+                maps: 1,
+                bytes: 0x3000,
+                fds: 1
+            }
+        );
+        // A sparse terabyte, refused before anything reads it.
+        let huge = memfd(1 << 40);
+        let e = t
+            .adopt(&table_of(&[(1 << 40, 1 << 40, &huge)]))
+            .unwrap_err();
+        assert!(matches!(e, TableError::TooManyBytes { .. }), "{e}");
+    }
+
+    #[test]
+    fn hugetlbfs_and_allowed_unsealed_regions_are_guarded_even_from_other_threads() {
+        const NAME: &str = "dma::tests::hugetlbfs_and_allowed_unsealed_regions_are_guarded_even_from_other_threads";
+        if !crate::child::is(NAME) {
+            let s = crate::child::run(NAME);
+            assert!(s.success(), "the child: {s:?}");
+            return;
+        }
+        let mut t = MemoryTable::new(DmaConfig {
+            allow_unsealed: true,
+            ..DmaConfig::default()
+        });
+        let open = unsealed(0x3000);
+        let mut regions = vec![(0x10000, 0x3000, &open)];
+        let huge = hugetlb(2 << 20);
+        if let Some(h) = &huge {
+            regions.push((0x200000, 2 << 20, h));
+        } else {
+            eprintln!("no MFD_HUGETLB here: the hugetlbfs half is not run");
+        }
+        let m = table_of(&regions);
+        let guards = sigbus::registered();
+        t.adopt(&m).unwrap();
+        assert_eq!(
+            sigbus::registered(),
+            guards + regions.len(),
+            "each one guarded"
+        );
+        m.write_obj(0x1111u64, GuestAddress(0x10000)).unwrap();
+        // The VMM shrinks the unsealed file; a thread that is not the one
+        // that adopted the table (a receiving device reading a payload
+        // lent on) reads what it lost.
+        nix::unistd::ftruncate(&open, 0x1000).unwrap();
+        let reader = m.clone();
+        let read = std::thread::spawn(move || {
+            let lost = reader.read_obj::<u64>(GuestAddress(0x12000)).unwrap();
+            let huge = (reader.num_regions() > 1).then(|| {
+                reader
+                    .read_obj::<u64>(GuestAddress(0x200000 + 4096))
+                    .unwrap()
+            });
+            (lost, huge)
+        });
+        let (lost, huge_read) = read.join().unwrap();
+        assert_eq!(lost, 0);
+        assert_eq!(
+            m.read_obj::<u64>(GuestAddress(0x10000)).unwrap(),
+            0x1111,
+            "still in the file"
+        );
+        let mut want = 1;
+        if let Some(v) = huge_read {
+            assert_eq!(v, 0);
+            if no_huge_pages() {
+                want += 1;
+            }
+        }
+        assert_eq!(t.faults(), want, "each lost page counted");
+        // Replaced and let go of, the guards go with the mappings.
+        drop((m, regions));
+        t.adopt(&GuestMemoryMmap::default()).unwrap();
+        t.reap();
+        assert_eq!(sigbus::registered(), guards);
+        assert_eq!(t.usage(), Usage::default());
+        assert_eq!(t.faults(), want, "faults of mappings gone");
+    }
+
+    /// The stand-in is real: an empty huge page pool makes a hugetlbfs
+    /// page fault when touched, and the fault kills the process unless
+    /// its mapping is guarded.
+    #[test]
+    fn an_unguarded_hugetlbfs_region_kills_when_the_pool_is_empty() {
+        const NAME: &str = "dma::tests::an_unguarded_hugetlbfs_region_kills_when_the_pool_is_empty";
+        if !no_huge_pages() || hugetlb(2 << 20).is_none() {
+            eprintln!("huge pages in the pool, or no MFD_HUGETLB: nothing faults here");
+            return;
+        }
+        if !crate::child::is(NAME) {
+            let s = crate::child::run(NAME);
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(s.signal(), Some(libc::SIGBUS), "the child: {s:?}");
+            return;
+        }
+        let h = hugetlb(2 << 20).unwrap();
+        let m = table_of(&[(0, 2 << 20, &h)]);
+        let _ = m.read_obj::<u64>(GuestAddress(0));
+        unreachable!("the read faults");
     }
 }

@@ -15,7 +15,8 @@
 //! - [`session`]: a client's session — handshake, DMA maps, interrupts,
 //!   region and config accesses — and the [`session::Function`] a device
 //!   implements; no I/O.
-//! - [`dma`]: the client's memory, mapped with `vm-memory`.
+//! - [`dma`]: the client's memory, mapped with `vm-memory`; a memory table
+//!   mapped elsewhere (vhost-user's) held to the same rules.
 //! - [`irq`]: MSI-X vectors as eventfds.
 //! - [`sigbus`]: a guard that turns faults in memory a client shrank into
 //!   zero pages instead of a dead daemon.

@@ -372,6 +372,19 @@ impl<T: Transport> VirtioRdma<T> {
         self.budget.set(budget, &mut self.device);
     }
 
+    /// The guest has `guest` bytes of RAM (with memory hot-plug, the most
+    /// it may have), or a size not configured: a derived object budget
+    /// comes from it, never from more than the device maps
+    /// ([`ObjectBudget::Derived`]).
+    pub fn set_guest_size(&mut self, guest: Option<u64>) {
+        self.budget.set_guest_size(guest, &mut self.device);
+    }
+
+    /// The guest's configured size ([`VirtioRdma::set_guest_size`]).
+    pub fn guest_size(&self) -> Option<u64> {
+        self.budget.guest_size()
+    }
+
     /// The guest's memory maps changed: the engine, the sinks and the
     /// doorbell scans see the new ones at once.
     pub fn set_memory(&mut self, mem: &GuestMemoryMmap<()>) {

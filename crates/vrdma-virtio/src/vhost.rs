@@ -9,6 +9,19 @@
 //! guest memory touched, the engine's clock stopped), for the next
 //! connection, which resumes it if it brings back the same memory and the
 //! same control queue, and resets it otherwise (§13.1).
+//!
+//! Guest memory is held to the vfio-user server's DMA-map rules
+//! ([`MemoryLimits`], through `vrdma_vfio_user::dma::MemoryTable`):
+//! rust-vmm's handler maps each region of a SET_MEM_TABLE or ADD_MEM_REG
+//! itself and publishes the table to its vrings before it calls
+//! [`VhostUserBackend::update_memory`] — the first the backend hears of it,
+//! and before anything touches it (the next touch is SET_VRING_ADDR's read
+//! of the used index, a later message). There each new region's file is
+//! checked, hugetlbfs and (allowed) unsealed regions are registered with
+//! the SIGBUS guard, and the regions and bytes are counted; a table
+//! refused is taken back from the vrings (they see the last one adopted
+//! again) and the VMM gets the protocol's error. The device's own turns
+//! never read the table rust-vmm publishes, only the one adopted.
 
 use std::{
     io,
@@ -31,6 +44,7 @@ use vmm_sys_util::{
     event::{EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier},
 };
 use vrdma_device::Transport;
+use vrdma_vfio_user::dma::{self, DmaConfig, MemoryTable};
 use zerocopy::IntoBytes;
 
 use crate::{
@@ -47,8 +61,20 @@ fn signal(vring: &Vring, wanted: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// A virtqueue the device cannot use (a used ring it cannot write, an index
+/// out of range): the driver's or the VMM's doing, never the daemon's —
+/// the device fails (DEVICE_FATAL, everything it made gone) and takes the
+/// queues again once they are set up anew.
+#[derive(Debug, thiserror::Error)]
+#[error("virtqueue: {0}")]
+struct BrokenQueue(virtio_queue::Error);
+
 fn queue_error(e: virtio_queue::Error) -> io::Error {
-    io::Error::other(format!("virtqueue: {e}"))
+    io::Error::new(io::ErrorKind::InvalidData, BrokenQueue(e))
+}
+
+fn is_broken_queue(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<BrokenQueue>())
 }
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
@@ -66,6 +92,65 @@ const QUEUE_SIZE: usize = 1024;
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
 /// How often a paused device looks whether its queues came back.
 const PAUSED_TICK: Duration = Duration::from_millis(10);
+
+/// What rust-vmm's handler answers VHOST_USER_GET_MAX_MEM_SLOTS (its
+/// `MAX_MEM_SLOTS`, which it does not export; a test holds the two equal):
+/// a VMM may be refused a region before, never offered more.
+pub const ANNOUNCED_MEM_SLOTS: usize = 509;
+
+/// The default [`MemoryLimits::max_regions`]. QEMU sends a region per
+/// section of guest RAM with a descriptor (RAM below and above 4 GiB: two;
+/// a few more with DIMMs or virtio-mem); each holds a descriptor and a
+/// mapping, and `RLIMIT_NOFILE` and `vm.max_map_count` are the process's.
+pub const DEFAULT_MAX_REGIONS: usize = 64;
+
+/// What a VMM may map for one device (SET_MEM_TABLE, ADD_MEM_REG): a DMA
+/// map's rules on the vfio-user server ([`DmaConfig`]), per device. Past a
+/// limit, the message is refused with the protocol's error and the device
+/// keeps the memory it had.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub struct MemoryLimits {
+    /// Take regions whose file is not sealed against shrinking, guarded by
+    /// the SIGBUS guard (their lost pages read zeros); off by default:
+    /// such a table is refused.
+    pub allow_unsealed: bool,
+    /// Regions mapped at most (taken as [`ANNOUNCED_MEM_SLOTS`] when
+    /// larger).
+    pub max_regions: usize,
+    /// Bytes mapped at most, over all regions.
+    pub max_bytes: u64,
+}
+
+impl MemoryLimits {
+    /// The limits for a guest of `guest` bytes of RAM (with memory
+    /// hot-plug, the most it may have), or of unknown size: at most
+    /// [`DEFAULT_MAX_REGIONS`] regions of at most the guest's size in all
+    /// (a VMM shares its guest's RAM and nothing more), or
+    /// [`dma::DEFAULT_MAX_BYTES`] when the size is not configured; sealed
+    /// memory only.
+    pub fn for_guest(guest: Option<u64>) -> Self {
+        MemoryLimits {
+            allow_unsealed: false,
+            max_regions: DEFAULT_MAX_REGIONS,
+            max_bytes: guest.unwrap_or(dma::DEFAULT_MAX_BYTES),
+        }
+    }
+
+    /// The same as a DMA map's budget.
+    fn dma(&self) -> DmaConfig {
+        DmaConfig {
+            allow_unsealed: self.allow_unsealed,
+            max_maps: self.max_regions.min(ANNOUNCED_MEM_SLOTS),
+            max_bytes: self.max_bytes,
+        }
+    }
+}
+
+impl Default for MemoryLimits {
+    fn default() -> Self {
+        Self::for_guest(None)
+    }
+}
 
 /// Where a guest's memory came from: each region's place and file, to tell
 /// the same VM coming back from another.
@@ -100,38 +185,6 @@ fn regions(mem: &GuestMemoryMmap<()>) -> Vec<Region> {
             }
         })
         .collect()
-}
-
-/// Guest memory the device may map: every region a file sealed against
-/// shrinking (QEMU's memory-backend-memfd seals by default) and at least
-/// as long as the region. A file another process can truncate would turn
-/// the device's next access into a SIGBUS that kills the daemon and every
-/// device in it.
-fn check_memory(mem: &GuestMemoryMmap<()>) -> io::Result<()> {
-    use nix::fcntl::{FcntlArg, fcntl};
-    for r in mem.iter() {
-        let Some(fo) = r.file_offset() else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a guest memory region with no file",
-            ));
-        };
-        let seals = fcntl(fo.file(), FcntlArg::F_GET_SEALS).unwrap_or(0);
-        if seals & nix::libc::F_SEAL_SHRINK == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "guest memory not sealed against shrinking (memory-backend-memfd seals it)",
-            ));
-        }
-        let len = fo.file().metadata()?.len();
-        if len < fo.start().saturating_add(r.len()) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a guest memory file shorter than its region",
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// A non-blocking timerfd on the monotonic clock.
@@ -199,11 +252,24 @@ struct Paused {
 struct Inner<T: Transport> {
     face: VirtioRdma<T>,
     memory: Option<Vec<Region>>,
-    /// Guest memory as the vrings see it.
-    mem: Option<Mem>,
+    /// Guest memory as the device's turns see it: the table adopted last
+    /// (never the one rust-vmm publishes to the vrings before
+    /// [`MemoryTable::adopt`] took it).
+    mem: Option<Arc<GuestMemoryMmap<()>>>,
+    /// Every region's mapping, its guard, the limits (after the face and
+    /// the memory above, which drop first: the table then holds the last
+    /// reference to what it guards).
+    table: MemoryTable,
+    /// Memory tables refused.
+    memory_refused: u64,
     acked: u64,
     event_idx: bool,
     stopped: [bool; vq::COUNT],
+    /// A virtqueue failed: nothing is served until the queues are set up
+    /// anew (a queue stopped: the driver's reset, or the VMM's restart).
+    queues_broken: bool,
+    /// Virtqueues that failed so far (`virtio.broken_queues`).
+    broken_queues: u64,
     paused: Option<Paused>,
     control: Option<ControlQueue>,
     spin_for: Duration,
@@ -254,15 +320,29 @@ impl<T: Transport> std::fmt::Debug for Backend<T> {
 
 impl<T: Transport + Send + 'static> Backend<T> {
     /// A backend for `face`, polling doorbells for `spin` after its last
-    /// work (when the face polls at all).
+    /// work (when the face polls at all), its VMM held to the default
+    /// [`MemoryLimits`] (a guest of unknown size).
     pub fn new(face: VirtioRdma<T>, spin: Duration) -> io::Result<Arc<Self>> {
+        Self::with_limits(face, spin, MemoryLimits::default())
+    }
+
+    /// [`Backend::new`], with the VMM's memory held to `limits`.
+    pub fn with_limits(
+        face: VirtioRdma<T>,
+        spin: Duration,
+        limits: MemoryLimits,
+    ) -> io::Result<Arc<Self>> {
         let inner = Inner {
             face,
             memory: None,
             mem: None,
+            table: MemoryTable::new(limits.dma()),
+            memory_refused: 0,
             acked: 0,
             event_idx: false,
             stopped: [false; vq::COUNT],
+            queues_broken: false,
+            broken_queues: 0,
             paused: None,
             control: None,
             spin_for: spin,
@@ -373,12 +453,21 @@ impl<T: Transport + Send + 'static> Backend<T> {
         let mut g = self.lock();
         g.pause();
         g.stopped = [true; vq::COUNT];
+        // The connection's tables went with its daemon.
+        g.table.reap();
     }
 
     /// Publishes the device's counters as `name` for `vrdma stat`, once a
     /// second from its turns.
     pub fn publish_as(&self, name: &str) {
         self.lock().publisher = vrdma_device::publish::Publisher::new(name);
+    }
+
+    /// Names the device's network in its `vrdma stat` snapshots.
+    pub fn set_network(&self, label: &str) {
+        if let Some(p) = &mut self.lock().publisher {
+            p.set_network(label);
+        }
     }
 
     /// The last publication (the daemon stops).
@@ -425,6 +514,24 @@ impl<T: Transport + Send + 'static> Backend<T> {
         self.lock().bad_chains
     }
 
+    /// What the VMM's memory makes the device hold now: regions (and their
+    /// descriptors) and bytes, of the table adopted and of those replaced
+    /// that something still holds.
+    pub fn memory_usage(&self) -> dma::Usage {
+        self.lock().table.usage()
+    }
+
+    /// Faults the SIGBUS guard repaired in the VMM's memory (pages its
+    /// hugetlbfs or unsealed files could not supply).
+    pub fn memory_faults(&self) -> u64 {
+        self.lock().table.faults()
+    }
+
+    /// Memory tables refused (SET_MEM_TABLE, ADD_MEM_REG), so far.
+    pub fn memory_refused(&self) -> u64 {
+        self.lock().memory_refused
+    }
+
     /// Counters for `vrdma stat`.
     pub fn counters(&self) -> Vec<(String, u64)> {
         self.lock().counters()
@@ -437,7 +544,13 @@ impl<T: Transport> Inner<T> {
         c.push(("virtio.bad_chains".into(), self.bad_chains));
         c.push(("virtio.paused".into(), u64::from(self.paused.is_some())));
         c.push(("virtio.panics".into(), self.panics));
+        c.push(("virtio.broken_queues".into(), self.broken_queues));
         c.push(("virtio.unversioned_events".into(), self.unversioned_events));
+        let u = self.table.usage();
+        c.push(("virtio.memory_regions".into(), u.maps as u64));
+        c.push(("virtio.memory_bytes".into(), u.bytes));
+        c.push(("virtio.memory_faults".into(), self.table.faults()));
+        c.push(("virtio.memory_refused".into(), self.memory_refused));
         c
     }
 
@@ -491,7 +604,7 @@ impl<T: Transport> Inner<T> {
     }
 
     fn process_control(&mut self, vring: &Vring) -> io::Result<()> {
-        let Some(atomic) = self.mem.clone() else {
+        let Some(mem) = self.mem.clone() else {
             return Ok(());
         };
         let wanted = {
@@ -499,7 +612,7 @@ impl<T: Transport> Inner<T> {
             queues::control(
                 &mut self.face,
                 state.get_queue_mut(),
-                &*atomic.memory(),
+                &*mem,
                 self.event_idx,
                 &mut self.bad_chains,
             )
@@ -519,10 +632,9 @@ impl<T: Transport> Inner<T> {
 
     /// Hands what waits to the driver's eventq and notifyq buffers.
     fn deliver_all(&mut self, vrings: &[Vring]) -> io::Result<()> {
-        let Some(atomic) = self.mem.clone() else {
+        let Some(mem) = self.mem.clone() else {
             return Ok(());
         };
-        let mem = atomic.memory();
         let mut bad = 0;
         let cell = std::cell::RefCell::new(&mut self.face);
         let wanted = queues::deliver(
@@ -672,6 +784,7 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         g.face.reset();
         g.paused = None;
         g.control = None;
+        g.queues_broken = false;
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -696,21 +809,29 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         Err(io::Error::from(io::ErrorKind::PermissionDenied))
     }
 
+    /// rust-vmm's handler mapped a new table (SET_MEM_TABLE, ADD_MEM_REG,
+    /// REM_MEM_REG) and published it to the vrings; nothing has touched it
+    /// yet. It is adopted — checked, guarded, counted — or refused, and
+    /// then the vrings see the last table adopted again: the handler keeps
+    /// its previous address translations on an error, so the two agree.
     fn update_memory(&self, mem: Mem) -> io::Result<()> {
         let mut g = self.lock();
-        let m = mem.memory();
-        if let Err(e) = check_memory(&m) {
-            // The vrings already see it: nothing touches guest memory
-            // until a connection brings memory that is whole.
+        let table: GuestMemoryMmap<()> = (*mem.memory()).clone();
+        if let Err(e) = g.table.adopt(&table) {
             tracing::warn!(error = %e, "virtio-rdma: guest memory refused");
-            g.pause();
-            g.mem = None;
-            g.memory = None;
-            return Err(e);
+            g.memory_refused += 1;
+            let kept = g.table.mem().clone();
+            // What the refused table mapped goes with the handler's
+            // message (nothing here holds it).
+            mem.lock().unwrap_or_else(|p| p.into_inner()).replace(kept);
+            let kind = io::Error::from(e.errno()).kind();
+            return Err(io::Error::new(kind, format!("guest memory refused: {e}")));
         }
-        g.memory = Some(regions(&m));
-        g.face.set_memory(&m);
-        g.mem = Some(mem.clone());
+        g.memory = Some(regions(&table));
+        g.face.set_memory(&table);
+        g.mem = Some(Arc::new(table));
+        // The mappings of the table replaced, which the device let go.
+        g.table.reap();
         Ok(())
     }
 
@@ -738,6 +859,8 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
         if let Some(s) = g.stopped.get_mut(queue_index as usize) {
             *s = true;
         }
+        // Set up anew from here: a queue that failed is served again.
+        g.queues_broken = false;
         if queue_index == u32::from(vq::CONTROL) || g.stopped.iter().all(|s| *s) {
             g.pause();
         }
@@ -771,6 +894,12 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
             self.watch_network(false);
             return Ok(());
         }
+        if g.queues_broken {
+            if device_event == TIMER {
+                g.timer.take();
+            }
+            return Ok(());
+        }
         // A queue that is ready again is started.
         for (i, v) in vrings.iter().enumerate() {
             if v.get_ref().get_queue().ready() {
@@ -796,6 +925,17 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
             g.run(vrings, kicked)
         }));
         let r = match turn {
+            Ok(Err(e)) if is_broken_queue(&e) => {
+                tracing::warn!(
+                    error = %e,
+                    "virtio-rdma device: a virtqueue it cannot use; the device fails and resets, \
+                     and serves again once its queues are set up anew"
+                );
+                g.broken_queues += 1;
+                g.queues_broken = true;
+                g.face.fail();
+                Ok(())
+            }
             Ok(r) => r,
             Err(_) => {
                 tracing::error!(
@@ -806,7 +946,7 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
                 Ok(())
             }
         };
-        let running = g.paused.is_none();
+        let running = g.paused.is_none() && !g.queues_broken;
         drop(g);
         if let Err(e) = &r {
             self.fail(e);

@@ -767,3 +767,56 @@ fn an_available_index_from_nowhere_holds_no_thread() {
         .store_u16(avail + 2, idx, std::sync::atomic::Ordering::Release);
     let _ = fe.query_device();
 }
+
+/// Issue 31: a virtqueue the device cannot use — here a VMM that replaced
+/// the memory table with one that no longer holds the controlq's used
+/// ring — fails that device (counted, DEVICE_FATAL), not the daemon and
+/// not for good: once the driver resets the device and sets its queues up
+/// anew, it serves again; a second tenant is served throughout.
+#[test]
+fn a_virtqueue_the_device_cannot_use_resets_the_device_not_for_good() {
+    let mut good = Good::new("vq-broken");
+    let dev = NET.device("vq-broken");
+    let mut fe = dev.connect(16 << 20);
+    let _ = fe.query_device();
+    let broken = || {
+        dev.backend
+            .counters()
+            .iter()
+            .find(|(k, _)| k == "virtio.broken_queues")
+            .map_or(0, |(_, v)| *v)
+    };
+    assert_eq!(broken(), 0);
+    // Memory up to the controlq's used ring only.
+    let (base, used) = (fe.ram.base, fe.control.used);
+    let vmm = fe.vmm_addr(base);
+    let file = fe.ram.file.try_clone().unwrap();
+    fe.set_mem_table_of(base, used - base, vmm, &file)
+        .expect("a smaller table taken");
+    // A command whose response the device cannot use.
+    let req = abi::CmdHdr {
+        opcode: op::QUERY_DEVICE.into(),
+        ..Default::default()
+    };
+    let at = fe.ram.pages(1);
+    fe.ram.write(at, req.as_bytes());
+    fe.control
+        .add(&[vq::Buf::r(at, 8), vq::Buf::w(at + 512, 1024)]);
+    fe.control.notify();
+    let limit = std::time::Instant::now() + WAIT;
+    while broken() == 0 {
+        assert!(
+            std::time::Instant::now() < limit,
+            "the broken queue counted"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    good.check(&[&dev]);
+    // The driver resets the device and starts again: served.
+    fe.reset_and_restart();
+    let d = fe.query_device();
+    assert!(d.max_qp.get() > 0);
+    let mut s = Side::on(fe, dev.gid());
+    let _ = s.qp(qp_type::RC);
+    good.check(&[&dev]);
+}

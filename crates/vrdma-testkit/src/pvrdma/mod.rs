@@ -30,6 +30,8 @@
 //! | 127.24 | `vrdma/tests/serve.rs` |
 //! | 127.25–27 | `vrdma-virtio/tests/{operations,lifecycle,hostile}.rs` (the `virtio` kit's `Net`) |
 //! | 127.28 | `vrdma-virtio/tests/interop.rs` (both faces' devices, addresses from the `virtio` kit's `Net`) |
+//! | 127.29–30 | `vrdma-virtio/tests/{operations_pci,pci}.rs` |
+//! | 127.31–33 | `vrdma-virtio/tests/memory.rs` |
 //!
 //! This is test code: a failure is the test's, so it panics, saying what
 //! failed (`expect`), as the tests' own code does.

@@ -50,6 +50,9 @@ pub struct Options {
     pub buffers: u16,
     /// Accept VIRTIO_F_VERSION_1 (a legacy driver does not).
     pub version_1: bool,
+    /// Negotiate VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS (memory
+    /// regions added and removed one at a time: ADD_MEM_REG, REM_MEM_REG).
+    pub mem_slots: bool,
 }
 
 impl Default for Options {
@@ -59,6 +62,7 @@ impl Default for Options {
             event_idx: true,
             buffers: 64,
             version_1: true,
+            mem_slots: false,
         }
     }
 }
@@ -274,10 +278,13 @@ impl Frontend {
             .conn()
             .get_protocol_features()
             .expect("GET_PROTOCOL_FEATURES");
-        let want = VhostUserProtocolFeatures::MQ
+        let mut want = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::RESET_DEVICE;
+        if self.opts.mem_slots {
+            want |= VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        }
         assert!(
             offered.contains(want),
             "protocol features offered: {offered:?}"
@@ -391,6 +398,45 @@ impl Frontend {
         let region = VhostUserMemoryRegionInfo::from_guest_region(view.region())
             .expect("a file-backed region");
         self.acked(|c| c.set_mem_table(&[region]).map(|_| ()))
+    }
+
+    /// A memory table of one region: `size` bytes at guest address `gpa`
+    /// from `file` (at its start), which the VMM maps at `vmm` (the address
+    /// vring messages name it by).
+    pub fn set_mem_table_of(
+        &mut self,
+        gpa: u64,
+        size: u64,
+        vmm: u64,
+        file: &impl std::os::fd::AsRawFd,
+    ) -> vhost::Result<()> {
+        let region = VhostUserMemoryRegionInfo {
+            guest_phys_addr: gpa,
+            memory_size: size,
+            userspace_addr: vmm,
+            mmap_offset: 0,
+            mmap_handle: file.as_raw_fd(),
+        };
+        self.acked(|c| c.set_mem_table(&[region]).map(|_| ()))
+    }
+
+    /// ADD_MEM_REG (with [`Options::mem_slots`]): `size` bytes at guest
+    /// address `gpa` from `file`, which the VMM maps at `vmm`.
+    pub fn add_mem_region(
+        &mut self,
+        gpa: u64,
+        size: u64,
+        vmm: u64,
+        file: &impl std::os::fd::AsRawFd,
+    ) -> vhost::Result<()> {
+        let region = VhostUserMemoryRegionInfo {
+            guest_phys_addr: gpa,
+            memory_size: size,
+            userspace_addr: vmm,
+            mmap_offset: 0,
+            mmap_handle: file.as_raw_fd(),
+        };
+        self.acked(|c| c.add_mem_region(&region).map(|_| ()))
     }
 
     /// A guest address as the VMM's address the vring messages carry.

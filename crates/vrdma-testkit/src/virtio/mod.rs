@@ -20,6 +20,8 @@
 //! | 127.26 | `vrdma-virtio/tests/lifecycle.rs` |
 //! | 127.27 | `vrdma-virtio/tests/hostile.rs` |
 //! | 127.28 | `vrdma-virtio/tests/interop.rs` (its PVRDMA devices too) |
+//! | 127.29, 127.30 | `vrdma-virtio/tests/{operations_pci,pci}.rs` (a [`PciNet`]) |
+//! | 127.31–33 | `vrdma-virtio/tests/memory.rs` (32 and 33: its children's) |
 //!
 //! This is test code: a failure is the test's, so it panics, saying what
 //! failed.
@@ -114,6 +116,26 @@ impl Net {
         serve(name, addr, Mtu::Mtu1024, opts, spin, wrap(port))
     }
 
+    /// A device with the default options whose VMM's memory is held to
+    /// `limits`, and whose face `setup` configures (a guest size, a budget)
+    /// before it is served.
+    pub fn device_limited(
+        &self,
+        name: &str,
+        limits: vrdma_virtio::vhost::MemoryLimits,
+        setup: impl FnOnce(&mut VirtioRdma<UdpPort>),
+    ) -> Device {
+        let mut opts = vrdma_virtio::face::Options::default();
+        let (addr, port) = self.port(&mut opts);
+        let mut attr = PortAttr::with_gids(&[]);
+        attr.active_mtu = Mtu::Mtu1024;
+        let mut face = VirtioRdma::new(opts, attr, port);
+        setup(&mut face);
+        let backend = Backend::with_limits(face, vrdma_virtio::vhost::DEFAULT_SPIN, limits)
+            .expect("a backend");
+        serve_backend(name, addr, backend)
+    }
+
     /// A fresh address, its UDP port, and the MAC in `opts` made its.
     fn port(&self, opts: &mut vrdma_virtio::face::Options) -> (IpAddr, UdpPort) {
         let addr = self.addr();
@@ -140,6 +162,15 @@ pub fn serve<T: Transport + Send + 'static>(
     attr.active_mtu = mtu;
     let face = VirtioRdma::new(opts, attr, port);
     let backend = Backend::new(face, spin).expect("a backend");
+    serve_backend(name, addr, backend)
+}
+
+/// `backend`, served as [`serve`] serves a device's.
+pub fn serve_backend<T: Transport + Send + 'static>(
+    name: &str,
+    addr: IpAddr,
+    backend: Arc<Backend<T>>,
+) -> Device<T> {
     let dir = std::env::temp_dir().join(format!("vrdma-virtio-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a socket directory");
