@@ -1,5 +1,7 @@
 //! `vrdma decode`: RoCEv2 packets of a capture, one line (or one JSON
-//! object) each, then a summary.
+//! object) each, then a summary. Packets behind VLAN tags (802.1Q, QinQ)
+//! or inside a VXLAN tunnel are decoded too, their line prefixed with the
+//! VLAN IDs and VNI (`vlan 10 vni 5001 vlan 100`, outermost first).
 
 use std::{
     borrow::Cow,
@@ -15,7 +17,8 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use vrdma_wire::{
     aeth::Syndrome,
-    frame::{self, Decoded},
+    encap::{self, Encapsulation, Peek},
+    frame::Decoded,
 };
 
 use crate::{
@@ -71,7 +74,80 @@ struct Packet {
     /// Seconds since the first frame of the capture.
     rel_time: f64,
     #[serde(flatten)]
+    encap: Encap,
+    #[serde(flatten)]
     body: Body,
+}
+
+/// The VLAN tags and VXLAN tunnel around a packet. Each key appears only
+/// when there is something to say, so an untagged frame's object is as it
+/// always was.
+#[derive(Debug, Default, Serialize)]
+struct Encap {
+    /// VLAN IDs of the Ethernet header carrying the RoCEv2 packet (the
+    /// tenant's, inside a tunnel), outermost first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    vlans: Vec<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vni: Option<u32>,
+    /// The VXLAN tunnel's outer headers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    underlay: Option<Underlay>,
+}
+
+#[derive(Debug, Serialize)]
+struct Underlay {
+    src: String,
+    dst: String,
+    src_port: u16,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    vlans: Vec<u16>,
+}
+
+impl Encap {
+    fn new(e: &Encapsulation) -> Self {
+        let vlans = e
+            .ethernet()
+            .map(|h| h.tags.vids().collect())
+            .unwrap_or_default();
+        let t = e.vxlan();
+        Encap {
+            vlans,
+            vni: t.map(|t| t.vni.value()),
+            underlay: t.map(|t| Underlay {
+                src: t.ip.src().to_string(),
+                dst: t.ip.dst().to_string(),
+                src_port: t.src_port,
+                vlans: t.outer.map(|h| h.tags.vids().collect()).unwrap_or_default(),
+            }),
+        }
+    }
+
+    /// The text form's prefix, outermost first: `vlan 10 vni 5001 vlan
+    /// 100.200  ` (QinQ's IDs joined by dots), or nothing.
+    fn prefix(&self) -> String {
+        let vlan = |ids: &[u16]| {
+            let ids: Vec<String> = ids.iter().map(u16::to_string).collect();
+            format!("vlan {}", ids.join("."))
+        };
+        let mut parts = Vec::new();
+        if let Some(u) = &self.underlay
+            && !u.vlans.is_empty()
+        {
+            parts.push(vlan(&u.vlans));
+        }
+        if let Some(v) = self.vni {
+            parts.push(format!("vni {v}"));
+        }
+        if !self.vlans.is_empty() {
+            parts.push(vlan(&self.vlans));
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            parts.join(" ") + "  "
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -93,6 +169,7 @@ struct Roce {
     src: String,
     dst: String,
     src_port: u16,
+    /// The innermost VLAN ID (the customer VLAN of QinQ).
     vlan: Option<u16>,
     opcode: String,
     opcode_code: u8,
@@ -163,7 +240,7 @@ struct Icrc {
 }
 
 impl Roce {
-    fn new(d: &Decoded<'_>) -> Self {
+    fn new(d: &Decoded<'_>, vlan: Option<u16>) -> Self {
         let r = &d.repr;
         let b = &r.roce.bth;
         let e = &r.roce.ext;
@@ -171,7 +248,7 @@ impl Roce {
             src: r.ip.src().to_string(),
             dst: r.ip.dst().to_string(),
             src_port: r.udp.src_port,
-            vlan: r.ethernet.and_then(|e| e.vlan).map(|v| v.vid),
+            vlan,
             opcode: b.opcode.to_string(),
             opcode_code: b.opcode.code(),
             qpn: b.dest_qp.value(),
@@ -251,9 +328,6 @@ impl Roce {
         }
         if self.pkey != 0xffff {
             let _ = write!(s, " pkey={:#06x}", self.pkey);
-        }
-        if let Some(v) = self.vlan {
-            let _ = write!(s, " vlan={v}");
         }
         if let Some(h) = &self.deth {
             let _ = write!(s, "  DETH qkey={:#010x} src_qp={:#08x}", h.qkey, h.src_qp);
@@ -360,17 +434,25 @@ impl Report {
                 return Ok(());
             }
         };
-        if frame::peek_udp_dst_port(data, ethernet) != Some(vrdma_wire::ROCEV2_UDP_PORT) {
-            *self
-                .other
-                .entry("not UDP to port 4791".to_owned())
-                .or_default() += 1;
+        let why = match encap::peek(data, ethernet) {
+            Peek::Roce => None,
+            Peek::VxlanOther => Some("VXLAN not carrying UDP to port 4791"),
+            Peek::Other => Some("not UDP to port 4791"),
+        };
+        if let Some(why) = why {
+            *self.other.entry(why.to_owned()).or_default() += 1;
             return Ok(());
         }
-        let decoded = if ethernet {
-            frame::decode_ethernet(data)
+        // The tags and tunnel first, so that they are shown even when the
+        // packet inside is malformed.
+        let peeled = if ethernet {
+            encap::peel_ethernet(data)
         } else {
-            frame::decode_ip(data)
+            encap::peel_ip(data)
+        };
+        let (encap, decoded) = match &peeled {
+            Ok(p) => (Encap::new(&p.encap), p.decode()),
+            Err(e) => (Encap::default(), Err(*e)),
         };
         let body = match decoded {
             Ok(d) => {
@@ -384,7 +466,7 @@ impl Report {
                     .by_opcode
                     .entry((op.code(), op.to_string()))
                     .or_default() += 1;
-                Body::Ok(Box::new(Roce::new(&d)))
+                Body::Ok(Box::new(Roce::new(&d, encap.vlans.last().copied())))
             }
             Err(_) if f.cut_by_snaplen() => {
                 self.cut += 1;
@@ -404,6 +486,7 @@ impl Report {
             index: self.frames,
             time: f.time.as_secs_f64(),
             rel_time: f.time.saturating_sub(first).as_secs_f64(),
+            encap,
             body,
         };
         if self.json {
@@ -421,7 +504,8 @@ impl Report {
                     format!("cut by the capture ({captured} of {length} bytes)")
                 }
             };
-            writeln!(out, "{:>6} {:>12.6}  {body}", p.index, p.rel_time)?;
+            let prefix = p.encap.prefix();
+            writeln!(out, "{:>6} {:>12.6}  {prefix}{body}", p.index, p.rel_time)?;
         }
         self.printed += 1;
         Ok(())
@@ -488,5 +572,239 @@ fn cooked(data: &[u8], hdr: usize, proto_at: usize) -> &[u8] {
     match (data.get(proto_at..proto_at + 2), data.get(hdr..)) {
         (Some([0x08, 0x00] | [0x86, 0xdd]), Some(ip)) => ip,
         _ => &[],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use vrdma_wire::{
+        Vni,
+        encap::{Encapsulated, VxlanTunnel},
+        ethernet::{EtherType, MacAddr},
+        frame::{self, IpRepr},
+        ipv4,
+        vlan::{Tag, TaggedRepr, Tags},
+    };
+
+    use super::*;
+
+    /// The capture built into the binary: Linux rxe frames, untagged.
+    fn rxe_frames() -> Vec<Vec<u8>> {
+        let mut frames = Vec::new();
+        capture::for_each_frame(DEFAULT_CAPTURE, |f| frames.push(f.data.to_vec())).unwrap();
+        frames
+    }
+
+    fn header(tags: &[Tag]) -> TaggedRepr {
+        TaggedRepr {
+            dst: MacAddr([2, 0, 0, 0, 0, 2]),
+            src: MacAddr([2, 0, 0, 0, 0, 1]),
+            tags: Tags::from_slice(tags).unwrap(),
+            ethertype: EtherType::Ipv4,
+        }
+    }
+
+    /// The untagged rxe frame `plain` behind `tags`, inside VXLAN `vni`
+    /// when given.
+    fn wrap(plain: &[u8], tags: &[Tag], vni: Option<u32>) -> Vec<u8> {
+        let d = frame::decode_ethernet(plain).unwrap();
+        let eth = d.repr.ethernet.unwrap();
+        let inner = TaggedRepr {
+            tags: Tags::from_slice(tags).unwrap(),
+            ..TaggedRepr::from(eth)
+        };
+        let encap = match vni {
+            None => Encapsulation::Ethernet(inner),
+            Some(v) => Encapsulation::Vxlan(VxlanTunnel {
+                outer: Some(header(&[])),
+                ip: IpRepr::V4(ipv4::Repr {
+                    src: Ipv4Addr::new(192, 0, 2, 1),
+                    dst: Ipv4Addr::new(192, 0, 2, 2),
+                    tos: 0,
+                    ident: 7,
+                    dont_frag: true,
+                    ttl: 64,
+                    payload_len: 0,
+                }),
+                src_port: 54177,
+                udp_checksum: false,
+                vni: Vni::try_from(v).unwrap(),
+                inner,
+            }),
+        };
+        let e = Encapsulated {
+            encap,
+            inner: Decoded {
+                repr: frame::Repr {
+                    ethernet: None,
+                    ..d.repr
+                },
+                icrc: d.icrc,
+            },
+        };
+        let mut out = vec![0; e.buffer_len()];
+        e.emit(&mut out).unwrap();
+        out
+    }
+
+    /// The text lines (and summary) `vrdma decode` prints for `frames`.
+    fn text(frames: &[Vec<u8>]) -> String {
+        let mut report = Report::new(false);
+        let mut out = Vec::new();
+        for (i, data) in frames.iter().enumerate() {
+            let f = Frame {
+                time: Duration::from_millis(u64::try_from(i).unwrap()),
+                link: Link::Ethernet,
+                data,
+                orig_len: u32::try_from(data.len()).unwrap(),
+            };
+            report.add(&f, &mut out).unwrap();
+        }
+        report.finish("test", &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// A text line after its index (6 columns), time (12) and separators.
+    fn body(line: &str) -> &str {
+        line.get(21..).unwrap_or_default()
+    }
+
+    #[test]
+    fn vlan_and_vxlan_frames_are_prefixed_with_their_ids() {
+        let rxe = rxe_frames();
+        let p = &rxe[0];
+        let frames = [
+            p.clone(),
+            wrap(p, &[Tag::ctag(100)], None),
+            wrap(p, &[Tag::stag(10), Tag::ctag(100)], None),
+            wrap(p, &[], Some(5001)),
+            wrap(p, &[Tag::ctag(100)], Some(5001)),
+        ];
+        let out = text(&frames);
+        let lines: Vec<&str> = out.lines().collect();
+        let plain = body(lines[0]);
+        assert!(plain.starts_with("10.47.91.12 → 10.47.91.11  RC SEND_ONLY_WITH_IMMEDIATE"));
+        for (line, prefix) in lines[1..5].iter().zip([
+            "vlan 100  ",
+            "vlan 10.100  ",
+            "vni 5001  ",
+            "vni 5001 vlan 100  ",
+        ]) {
+            assert_eq!(body(line), format!("{prefix}{plain}"), "{line}");
+        }
+        assert!(out.contains("5 frames: 5 RoCEv2 packets, 0 not RoCEv2"));
+        assert!(out.contains("ICRC: 5 good, 0 bad; malformed: 0"));
+    }
+
+    #[test]
+    fn an_untagged_line_has_no_prefix_and_no_vlan_field() {
+        let rxe = rxe_frames();
+        let out = text(&rxe[..1]);
+        assert_eq!(
+            out.lines().next().unwrap(),
+            "     1     0.000000  10.47.91.12 → 10.47.91.11  RC SEND_ONLY_WITH_IMMEDIATE          \
+             qp=0x000021 psn=11041294 [A]  ImmDt 0x44332211  payload=64  icrc=good"
+        );
+    }
+
+    #[test]
+    fn json_carries_vlans_vni_and_the_underlay_only_when_present() {
+        let rxe = rxe_frames();
+        let p = &rxe[0];
+        let mut report = Report::new(true);
+        let mut out = Vec::new();
+        for (i, data) in [
+            p.clone(),
+            wrap(p, &[Tag::stag(10), Tag::ctag(100)], Some(0xab_cdef)),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let f = Frame {
+                time: Duration::from_secs(u64::try_from(i).unwrap()),
+                link: Link::Ethernet,
+                data,
+                orig_len: u32::try_from(data.len()).unwrap(),
+            };
+            report.add(&f, &mut out).unwrap();
+        }
+        report.finish("test", &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let plain = &v["packets"][0];
+        for key in ["vlans", "vni", "underlay"] {
+            assert!(plain.get(key).is_none(), "{key} in {plain}");
+        }
+        assert_eq!(plain["vlan"], serde_json::Value::Null);
+        let t = &v["packets"][1];
+        assert_eq!(t["vlans"], serde_json::json!([10, 100]));
+        assert_eq!(t["vlan"], 100);
+        assert_eq!(t["vni"], 0xab_cdef);
+        assert_eq!(
+            t["underlay"],
+            serde_json::json!({"src": "192.0.2.1", "dst": "192.0.2.2", "src_port": 54177})
+        );
+        assert_eq!(t["icrc"]["good"], true);
+    }
+
+    #[test]
+    fn a_malformed_packet_in_a_tunnel_shows_the_tunnel_and_the_error() {
+        let rxe = rxe_frames();
+        let mut bad = wrap(&rxe[0], &[Tag::ctag(100)], Some(5001));
+        // BTH byte 1 of the inner packet: 50 bytes of tunnel, 18 of tagged
+        // Ethernet, 20 of IPv4 and 8 of UDP in front of the BTH.
+        bad[50 + 18 + 20 + 8 + 1] |= 0x01;
+        let mut arp = wrap(&rxe[0], &[], Some(5001));
+        arp[50 + 12..50 + 14].copy_from_slice(&[0x08, 0x06]);
+        let mut flags = wrap(&rxe[0], &[], Some(5001));
+        flags[42] = 0;
+        let three = wrap(&rxe[0], &[Tag::ctag(1); 2], None);
+        let three = [&three[..12], &[0x81, 0x00, 0x00, 0x03], &three[12..]].concat();
+        let out = text(&[bad, arp, flags, three]);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].ends_with(
+                "vni 5001 vlan 100  malformed RoCEv2 packet: unsupported BTH transport \
+                 version 1 (only 0 is defined)"
+            ),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].ends_with(
+                "malformed RoCEv2 packet: VXLAN flags 0x00 lack the I flag (0x08): no valid VNI"
+            ),
+            "{}",
+            lines[1]
+        );
+        assert!(
+            lines[2].ends_with(
+                "malformed RoCEv2 packet: more than 2 VLAN tags: another TPID 0x8100 at byte 20"
+            ),
+            "{}",
+            lines[2]
+        );
+        assert!(
+            out.contains("4 frames: 3 RoCEv2 packets, 1 not RoCEv2"),
+            "{out}"
+        );
+        assert!(out.contains("not RoCEv2: VXLAN not carrying UDP to port 4791: 1"));
+    }
+
+    #[test]
+    fn prefixes_read_outermost_first() {
+        let e = Encap {
+            vlans: vec![100, 200],
+            vni: Some(7),
+            underlay: Some(Underlay {
+                src: String::new(),
+                dst: String::new(),
+                src_port: 0,
+                vlans: vec![10],
+            }),
+        };
+        assert_eq!(e.prefix(), "vlan 10 vni 7 vlan 100.200  ");
+        assert_eq!(Encap::default().prefix(), "");
     }
 }

@@ -12,6 +12,8 @@ pub type Result<T> = core::result::Result<T, Error>;
 pub enum Header {
     Ethernet,
     Vlan,
+    /// The 8-byte VXLAN header (RFC 7348 §5).
+    Vxlan,
     Ipv4,
     Ipv6,
     Udp,
@@ -35,6 +37,7 @@ impl fmt::Display for Header {
         let s = match self {
             Header::Ethernet => "Ethernet header",
             Header::Vlan => "802.1Q tag",
+            Header::Vxlan => "VXLAN header",
             Header::Ipv4 => "IPv4 header",
             Header::Ipv6 => "IPv6 header",
             Header::Udp => "UDP header",
@@ -113,6 +116,15 @@ pub enum Error {
     /// An EtherType other than IPv4, IPv6 or one 802.1Q tag before them.
     #[error("EtherType {0:#06x} is not IPv4, IPv6 or 802.1Q")]
     UnsupportedEtherType(u16),
+    /// A VLAN tag beyond the [`crate::vlan::MAX_TAGS`] an Ethernet header
+    /// may carry (802.1ad QinQ stacks two); `at` is the offset of its TPID
+    /// in the frame.
+    #[error("more than {max} VLAN tags: another TPID {tpid:#06x} at byte {at}")]
+    TooManyVlanTags { max: usize, tpid: u16, at: usize },
+    /// A VXLAN header without the I flag, so without a valid VNI
+    /// (RFC 7348 §5).
+    #[error("VXLAN flags {0:#04x} lack the I flag (0x08): no valid VNI")]
+    BadVxlanFlags(u8),
     /// An IP version nibble that does not match the header it is in.
     #[error("IP version {0} where {1} was expected")]
     BadIpVersion(u8, u8),

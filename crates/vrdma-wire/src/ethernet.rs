@@ -55,7 +55,7 @@ impl EtherType {
         }
     }
 
-    fn from_value(v: u16) -> Result<Self> {
+    pub(crate) fn from_value(v: u16) -> Result<Self> {
         match v {
             0x0800 => Ok(EtherType::Ipv4),
             0x86dd => Ok(EtherType::Ipv6),
@@ -76,7 +76,7 @@ pub struct VlanTag {
 }
 
 impl VlanTag {
-    const fn from_tci(tci: u16) -> Self {
+    pub(crate) const fn from_tci(tci: u16) -> Self {
         Self {
             pcp: (tci >> 13) as u8,
             dei: tci & 0x1000 != 0,
@@ -84,7 +84,7 @@ impl VlanTag {
         }
     }
 
-    const fn tci(self) -> u16 {
+    pub(crate) const fn tci(self) -> u16 {
         ((self.pcp as u16 & 0x7) << 13) | ((self.dei as u16) << 12) | (self.vid & 0x0fff)
     }
 }

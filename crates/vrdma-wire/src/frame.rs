@@ -72,7 +72,7 @@ impl IpRepr {
         }
     }
 
-    fn with_payload_len(self, len: usize) -> Self {
+    pub(crate) fn with_payload_len(self, len: usize) -> Self {
         match self {
             IpRepr::V4(r) => IpRepr::V4(ipv4::Repr {
                 payload_len: len,
@@ -258,7 +258,7 @@ pub fn decode_ip(packet: &[u8]) -> Result<Decoded<'_>> {
 
 /// The IP header of a bare IP packet (`version` 4 or 6), parsed, with
 /// the header's bytes and the datagram it carries.
-fn ip_parts(data: &[u8], version: u8) -> Result<(IpRepr, &[u8], &[u8])> {
+pub(crate) fn ip_parts(data: &[u8], version: u8) -> Result<(IpRepr, &[u8], &[u8])> {
     Ok(match version {
         4 => {
             let p = ipv4::Packet::new_checked(data)?;
@@ -382,7 +382,7 @@ pub fn unframe_datagram<'a>(info: &DatagramInfo, roce: &'a [u8]) -> Result<Unfra
     Ok(Unframed { ip, udp, roce })
 }
 
-fn decode_ip_version(
+pub(crate) fn decode_ip_version(
     ethernet: Option<ethernet::Repr>,
     data: &[u8],
     version: u8,

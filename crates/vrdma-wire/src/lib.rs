@@ -23,6 +23,7 @@
 //! | [`icrc`] | the invariant CRC of IBTA Annex A17 (RoCEv2) |
 //! | [`ethernet`], [`ipv4`], [`ipv6`], [`udp`] | the framing under RoCEv2 |
 //! | [`frame`] | Ethernet frame (or bare IP packet) ⇄ RoCE packet |
+//! | [`vlan`], [`vxlan`], [`encap`] | for tools reading captures: up to two VLAN tags (802.1Q, 802.1ad QinQ) and a VXLAN tunnel around a RoCEv2 packet |
 //!
 //! Section references such as "IBTA Vol1 §9.2" point at the InfiniBand
 //! Architecture Specification, Volume 1, release 1.4, and its Annex A17
@@ -33,6 +34,7 @@ pub mod aeth;
 pub mod atomic;
 pub mod bth;
 pub mod deth;
+pub mod encap;
 mod error;
 pub mod ethernet;
 pub mod frame;
@@ -47,10 +49,12 @@ pub mod packet;
 pub mod reth;
 pub mod types;
 pub mod udp;
+pub mod vlan;
+pub mod vxlan;
 
 pub use error::{Error, Header, Result};
 pub use opcode::{Opcode, OpcodeInfo, Operation, Position, ServiceType};
-pub use types::{Gid, Lkey, Msn, PKey, Psn, QKey, Qpn, Rkey};
+pub use types::{Gid, Lkey, Msn, PKey, Psn, QKey, Qpn, Rkey, Vni};
 
 /// UDP destination port assigned to RoCEv2 by IANA.
 pub const ROCEV2_UDP_PORT: u16 = 4791;

@@ -80,6 +80,12 @@ u24_newtype!(
     Msn,
     "a 24-bit MSN"
 );
+u24_newtype!(
+    /// VXLAN Network Identifier: the 24-bit segment a VXLAN header names
+    /// (RFC 7348 §5).
+    Vni,
+    "a 24-bit VNI"
+);
 
 impl Psn {
     /// Half of the PSN space: the window within which order is defined.

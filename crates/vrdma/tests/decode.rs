@@ -1,13 +1,20 @@
 //! `vrdma decode` end to end: the binary on real captures, on a corrupted
-//! one and on files that are not captures.
+//! one, on files that are not captures, and on real packets behind VLAN
+//! tags and inside VXLAN tunnels.
 
 use std::{
     fs,
+    net::Ipv4Addr,
     path::{Path, PathBuf},
     process::{Command, Output},
 };
 
 use serde_json::Value;
+use vrdma_wire::{
+    Vni,
+    encap::{Encapsulated, Encapsulation, VxlanTunnel},
+    frame, ipv4, vlan,
+};
 
 fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/rxe")
@@ -205,4 +212,124 @@ fn traffic_that_is_not_roce_is_counted_not_failed() {
     assert_eq!(v["summary"]["not_roce_reasons"]["not UDP to port 4791"], 6);
     assert_eq!(v["summary"]["icrc_good"], 6);
     assert_eq!(v["packets"][0]["index"], 2);
+}
+
+/// `plain` (an untagged rxe frame) behind `tags`, inside a VXLAN tunnel
+/// over IPv4 with segment `vni` when given.
+fn encapsulate(plain: &[u8], tags: &[vlan::Tag], vni: Option<u32>) -> Vec<u8> {
+    let d = frame::decode_ethernet(plain).unwrap();
+    let tenant = vlan::TaggedRepr {
+        tags: vlan::Tags::from_slice(tags).unwrap(),
+        ..vlan::TaggedRepr::from(d.repr.ethernet.unwrap())
+    };
+    let encap = match vni {
+        None => Encapsulation::Ethernet(tenant),
+        Some(v) => Encapsulation::Vxlan(VxlanTunnel {
+            outer: Some(vlan::TaggedRepr {
+                tags: vlan::Tags::NONE,
+                ..tenant
+            }),
+            ip: frame::IpRepr::V4(ipv4::Repr {
+                src: Ipv4Addr::new(192, 0, 2, 1),
+                dst: Ipv4Addr::new(192, 0, 2, 2),
+                tos: 0,
+                ident: 1,
+                dont_frag: true,
+                ttl: 64,
+                payload_len: 0,
+            }),
+            src_port: 49152,
+            udp_checksum: true,
+            vni: Vni::try_from(v).unwrap(),
+            inner: tenant,
+        }),
+    };
+    let e = Encapsulated {
+        encap,
+        inner: frame::Decoded {
+            repr: frame::Repr {
+                ethernet: None,
+                ..d.repr
+            },
+            icrc: d.icrc,
+        },
+    };
+    let mut out = vec![0; e.buffer_len()];
+    e.emit(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn vlan_and_vxlan_frames_are_decoded_with_their_ids_as_prefix() {
+    let src = fs::read(testdata().join("rc_pingpong_64.pcap")).unwrap();
+    // Frames 1-2 as captured, then tagged, QinQ, in VXLAN, in VXLAN with
+    // the tenant's frame tagged; frame 7 is ARP in VXLAN.
+    let wrapped = rewrite_pcap(&src, 65535, |i, d| {
+        *d = match i {
+            2 => encapsulate(d, &[vlan::Tag::ctag(100)], None),
+            3 => encapsulate(d, &[vlan::Tag::stag(10), vlan::Tag::ctag(200)], None),
+            4 => encapsulate(d, &[], Some(5001)),
+            5 => encapsulate(d, &[vlan::Tag::ctag(100)], Some(5001)),
+            6 => {
+                let mut f = encapsulate(d, &[], Some(5001));
+                f[50 + 12..50 + 14].copy_from_slice(&[0x08, 0x06]);
+                f
+            }
+            _ => return,
+        };
+    });
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("vlan-vxlan.pcap");
+    fs::write(&path, &wrapped).unwrap();
+
+    let out = vrdma(&["decode", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    // Index, time, then the body.
+    let body = |n: usize| lines[n].get(21..).unwrap();
+    assert!(
+        body(0).starts_with("10.47.91.12 → 10.47.91.11  RC SEND_ONLY"),
+        "{text}"
+    );
+    assert!(
+        body(1).starts_with("10.47.91.11 → 10.47.91.12  RC ACKNOWLEDGE"),
+        "{text}"
+    );
+    assert!(
+        body(2).starts_with("vlan 100  10.47.91.11 → 10.47.91.12  RC SEND_ONLY"),
+        "{text}"
+    );
+    assert!(
+        body(3).starts_with("vlan 10.200  10.47.91.12 → 10.47.91.11  RC ACK"),
+        "{text}"
+    );
+    assert!(
+        body(4).starts_with("vni 5001  10.47.91.12 → 10.47.91.11  RC SEND_ONLY"),
+        "{text}"
+    );
+    assert!(
+        body(5).starts_with("vni 5001 vlan 100  10.47.91.11 → "),
+        "{text}"
+    );
+    assert!(
+        lines[..6].iter().all(|l| l.ends_with("icrc=good")),
+        "{text}"
+    );
+    assert!(
+        text.contains("12 frames: 11 RoCEv2 packets, 1 not RoCEv2"),
+        "{text}"
+    );
+    assert!(text.contains("not RoCEv2: VXLAN not carrying UDP to port 4791: 1"));
+
+    let v = json(&vrdma(&["decode", "--json", path.to_str().unwrap()]));
+    assert_eq!(v["summary"]["icrc_good"], 11);
+    let p = &v["packets"];
+    assert!(p[0].get("vlans").is_none() && p[0].get("vni").is_none());
+    assert_eq!(p[2]["vlans"], serde_json::json!([100]));
+    assert_eq!(p[3]["vlans"], serde_json::json!([10, 200]));
+    assert_eq!(p[3]["vlan"], 200);
+    assert_eq!(p[4]["vni"], 5001);
+    assert_eq!(p[4]["underlay"]["dst"], "192.0.2.2");
+    assert_eq!(p[5]["vlans"], serde_json::json!([100]));
+    assert_eq!(p[5]["icrc"]["good"], true);
 }
