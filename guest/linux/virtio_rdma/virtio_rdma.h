@@ -6,6 +6,7 @@
 #define _VIRTIO_RDMA_H
 
 #include <linux/completion.h>
+#include <linux/list.h>
 #include <linux/mutex.h>
 #include <linux/netdevice.h>
 #include <linux/spinlock.h>
@@ -49,6 +50,14 @@ struct vrdma_dev {
 	spinlock_t ctrl_lock;
 	/* A command timed out: its buffers may still be written. */
 	bool broken;
+	/*
+	 * Memory of objects the device may still use once it stopped
+	 * answering (rings, pinned pages, page lists): kept until the device
+	 * is reset (vrdma_release_held()), never handed back to the allocator
+	 * while the device could write or read it.
+	 */
+	spinlock_t held_lock;
+	struct list_head held;
 
 	/* The eventq's and the notifyq's buffers, reposted as read. */
 	struct virtio_rdma_event *events;
@@ -234,7 +243,13 @@ u32 vrdma_uring_npages(const struct virtio_rdma_uring *u);
 int vrdma_uring_get(struct ib_device *ib, const struct virtio_rdma_uring *u,
 		    struct vrdma_uring *r, struct virtio_rdma_ring *d,
 		    u64 *pages);
-void vrdma_uring_put(struct vrdma_uring *r);
+void vrdma_uring_put(struct vrdma_dev *dev, struct vrdma_uring *r);
+
+/* Frees, or once the device is broken holds until its reset. */
+void vrdma_free_pages(struct vrdma_dev *dev, void *buf, size_t size);
+void vrdma_kfree(struct vrdma_dev *dev, void *p);
+void vrdma_umem_release(struct vrdma_dev *dev, struct ib_umem *umem);
+void vrdma_release_held(struct vrdma_dev *dev);
 struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 				u64 virt, int flags, struct ib_udata *udata);
 

@@ -12,6 +12,7 @@
 #include <linux/scatterlist.h>
 #include <linux/slab.h>
 #include <linux/vmalloc.h>
+#include <rdma/ib_umem.h>
 
 #include "virtio_rdma.h"
 
@@ -185,4 +186,87 @@ free:
 	kvfree(req);
 	kfree(rsp);
 	return ret;
+}
+
+/* --- memory the device may still use ---------------------------------------- */
+
+enum vrdma_held_kind { VRDMA_HELD_PAGES, VRDMA_HELD_KMEM, VRDMA_HELD_UMEM };
+
+struct vrdma_held {
+	struct list_head list;
+	enum vrdma_held_kind kind;
+	void *p;
+	size_t size;
+};
+
+static void vrdma_held_free(enum vrdma_held_kind kind, void *p, size_t size)
+{
+	switch (kind) {
+	case VRDMA_HELD_PAGES:
+		free_pages_exact(p, size);
+		break;
+	case VRDMA_HELD_KMEM:
+		kfree(p);
+		break;
+	case VRDMA_HELD_UMEM:
+		ib_umem_release(p);
+		break;
+	}
+}
+
+/*
+ * Frees @p now, or — the device stopped answering, so it may still hold the
+ * object @p belongs to and write or read it — keeps it until the device is
+ * reset. Without room to note it, it is never freed.
+ */
+static void vrdma_free_or_hold(struct vrdma_dev *dev, enum vrdma_held_kind kind,
+			       void *p, size_t size)
+{
+	struct vrdma_held *h;
+
+	if (!p)
+		return;
+	if (!READ_ONCE(dev->broken)) {
+		vrdma_held_free(kind, p, size);
+		return;
+	}
+	h = kmalloc(sizeof(*h), GFP_KERNEL);
+	if (!h)
+		return;
+	h->kind = kind;
+	h->p = p;
+	h->size = size;
+	spin_lock(&dev->held_lock);
+	list_add_tail(&h->list, &dev->held);
+	spin_unlock(&dev->held_lock);
+}
+
+void vrdma_free_pages(struct vrdma_dev *dev, void *buf, size_t size)
+{
+	vrdma_free_or_hold(dev, VRDMA_HELD_PAGES, buf, size);
+}
+
+void vrdma_kfree(struct vrdma_dev *dev, void *p)
+{
+	vrdma_free_or_hold(dev, VRDMA_HELD_KMEM, p, 0);
+}
+
+void vrdma_umem_release(struct vrdma_dev *dev, struct ib_umem *umem)
+{
+	vrdma_free_or_hold(dev, VRDMA_HELD_UMEM, umem, 0);
+}
+
+/* The device was reset: it touches none of this memory any more. */
+void vrdma_release_held(struct vrdma_dev *dev)
+{
+	struct vrdma_held *h, *next;
+	LIST_HEAD(held);
+
+	spin_lock(&dev->held_lock);
+	list_splice_init(&dev->held, &held);
+	spin_unlock(&dev->held_lock);
+	list_for_each_entry_safe(h, next, &held, list) {
+		vrdma_held_free(h->kind, h->p, h->size);
+		kfree(h);
+	}
 }

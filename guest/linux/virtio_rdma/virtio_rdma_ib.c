@@ -109,11 +109,10 @@ static int vrdma_ring_alloc(struct vrdma_ring *r, u32 entries, u32 stride)
 	return 0;
 }
 
-static void vrdma_ring_free(struct vrdma_ring *r)
+static void vrdma_ring_free(struct vrdma_dev *dev, struct vrdma_ring *r)
 {
-	if (r->buf)
-		free_pages_exact(r->buf, r->size);
-	kfree(r->header);
+	vrdma_free_pages(dev, r->buf, r->size);
+	vrdma_kfree(dev, r->header);
 	r->buf = NULL;
 	r->header = NULL;
 }
@@ -389,8 +388,8 @@ static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	if (ret)
 		return ret;
 	/* The device reads the pages no more: they may go. */
-	ib_umem_release(mr->umem);
-	kfree(mr->pages);
+	vrdma_umem_release(to_vdev(ibmr->device), mr->umem);
+	vrdma_kfree(to_vdev(ibmr->device), mr->pages);
 	kfree(mr);
 	return 0;
 }
@@ -432,7 +431,8 @@ static struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type,
 	mr->ibmr.rkey = le32_to_cpu(resp.rkey);
 	return &mr->ibmr;
 free:
-	kfree(mr->pages);
+	/* An ALLOC_MR left unanswered may yet have named the list. */
+	vrdma_kfree(dev, mr->pages);
 	kfree(mr);
 	return ERR_PTR(ret);
 }
@@ -607,7 +607,7 @@ static int vrdma_create_user_cq(struct ib_cq *ibcq,
 	kvfree(pages);
 	return 0;
 put:
-	vrdma_uring_put(&cq->uring);
+	vrdma_uring_put(dev, &cq->uring);
 free:
 	kvfree(pages);
 	return ret;
@@ -663,7 +663,7 @@ static int vrdma_create_cq_udata(struct ib_cq *ibcq,
 	}
 	return 0;
 free:
-	vrdma_ring_free(&cq->ring);
+	vrdma_ring_free(dev, &cq->ring);
 	return ret;
 }
 
@@ -694,8 +694,8 @@ static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	if (ret)
 		return ret;
 	xa_erase_irq(&dev->cqs, cq->handle);
-	vrdma_ring_free(&cq->ring);
-	vrdma_uring_put(&cq->uring);
+	vrdma_ring_free(dev, &cq->ring);
+	vrdma_uring_put(dev, &cq->uring);
 	mutex_destroy(&cq->resize_lock);
 	return 0;
 }
@@ -749,7 +749,7 @@ static int vrdma_resize_user_cq(struct vrdma_dev *dev, struct vrdma_cq *cq,
 		cq->uring = ring;
 		ring = old;
 	}
-	vrdma_uring_put(&ring);
+	vrdma_uring_put(dev, &ring);
 free:
 	kvfree(pages);
 	return ret;
@@ -782,7 +782,7 @@ static int vrdma_resize_kernel_cq(struct vrdma_dev *dev, struct vrdma_cq *cq,
 		return ret;
 	pages = kcalloc(vrdma_ring_pages(&ring), sizeof(*pages), GFP_KERNEL);
 	if (!pages) {
-		vrdma_ring_free(&ring);
+		vrdma_ring_free(dev, &ring);
 		return -ENOMEM;
 	}
 	vrdma_ring_desc(&ring, &req.ring, pages);
@@ -806,10 +806,9 @@ static int vrdma_resize_kernel_cq(struct vrdma_dev *dev, struct vrdma_cq *cq,
 
 	/*
 	 * The ring the device no longer uses goes; after a timeout the device
-	 * may still write either, so neither does (dev->broken is set).
+	 * may still write either: it is held until the device's reset.
 	 */
-	if (ret != -ETIMEDOUT)
-		vrdma_ring_free(&ring);
+	vrdma_ring_free(dev, &ring);
 	if (armed)
 		ib_req_notify_cq(&cq->ibcq, arm);
 	return ret;
@@ -1103,8 +1102,8 @@ static int vrdma_create_user_qp(struct ib_qp *ibqp,
 	kvfree(pages);
 	return 0;
 put:
-	vrdma_uring_put(&qp->urq);
-	vrdma_uring_put(&qp->usq);
+	vrdma_uring_put(dev, &qp->urq);
+	vrdma_uring_put(dev, &qp->usq);
 free:
 	kvfree(pages);
 	return ret;
@@ -1179,9 +1178,9 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	}
 	return 0;
 free_rq:
-	vrdma_ring_free(&qp->rq);
+	vrdma_ring_free(dev, &qp->rq);
 free_sq:
-	vrdma_ring_free(&qp->sq);
+	vrdma_ring_free(dev, &qp->sq);
 	return ret;
 }
 
@@ -1196,10 +1195,10 @@ static int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	if (ret)
 		return ret;
 	xa_erase_irq(&dev->qps, ibqp->qp_num);
-	vrdma_ring_free(&qp->rq);
-	vrdma_ring_free(&qp->sq);
-	vrdma_uring_put(&qp->urq);
-	vrdma_uring_put(&qp->usq);
+	vrdma_ring_free(dev, &qp->rq);
+	vrdma_ring_free(dev, &qp->sq);
+	vrdma_uring_put(dev, &qp->urq);
+	vrdma_uring_put(dev, &qp->usq);
 	return 0;
 }
 
@@ -1309,8 +1308,15 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *a, int mask,
 		qp->attr.max_rd_atomic = a->max_rd_atomic;
 	if (mask & IB_QP_MAX_DEST_RD_ATOMIC)
 		qp->attr.max_dest_rd_atomic = a->max_dest_rd_atomic;
-	if (mask & IB_QP_AV)
+	if (mask & IB_QP_AV) {
+		struct ib_global_route *grh;
+
 		qp->attr.ah_attr = a->ah_attr;
+		/* As the device keeps it: the label's 20 bits (spec §6.27). */
+		grh = rdma_ah_retrieve_grh(&qp->attr.ah_attr);
+		if (grh)
+			grh->flow_label &= VIRTIO_RDMA_FLOW_LABEL_MASK;
+	}
 	return 0;
 }
 
@@ -1685,7 +1691,7 @@ static int vrdma_create_user_srq(struct ib_srq *ibsrq,
 	kvfree(pages);
 	return 0;
 put:
-	vrdma_uring_put(&srq->uring);
+	vrdma_uring_put(dev, &srq->uring);
 free:
 	kvfree(pages);
 	return ret;
@@ -1749,7 +1755,7 @@ destroy:
 	vrdma_destroy_handle(dev, srq->ctx, VIRTIO_RDMA_CMD_DESTROY_SRQ,
 			     srq->handle);
 free:
-	vrdma_ring_free(&srq->ring);
+	vrdma_ring_free(dev, &srq->ring);
 	return ret;
 }
 
@@ -1801,8 +1807,8 @@ static int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 	if (ret)
 		return ret;
 	xa_erase_irq(&dev->srqs, srq->handle);
-	vrdma_ring_free(&srq->ring);
-	vrdma_uring_put(&srq->uring);
+	vrdma_ring_free(dev, &srq->ring);
+	vrdma_uring_put(dev, &srq->uring);
 	return 0;
 }
 

@@ -358,6 +358,8 @@ static void vrdma_stop(struct vrdma_dev *dev)
 	virtio_reset_device(dev->vdev);
 	cancel_work_sync(&dev->item_work);
 	dev->vdev->config->del_vqs(dev->vdev);
+	/* Reset: what a device that stopped answering might have used may go. */
+	vrdma_release_held(dev);
 }
 
 /* Stops following the sibling netdev and lets it go. */
@@ -386,6 +388,8 @@ static int vrdma_probe(struct virtio_device *vdev)
 	mutex_init(&dev->cmd_lock);
 	init_completion(&dev->cmd_done);
 	spin_lock_init(&dev->ctrl_lock);
+	spin_lock_init(&dev->held_lock);
+	INIT_LIST_HEAD(&dev->held);
 	spin_lock_init(&dev->item_lock);
 	spin_lock_init(&dev->netdev_lock);
 	INIT_WORK(&dev->item_work, vrdma_item_work);

@@ -276,10 +276,10 @@ int vrdma_uring_get(struct ib_device *ib, const struct virtio_rdma_uring *u,
 	return 0;
 }
 
-void vrdma_uring_put(struct vrdma_uring *r)
+void vrdma_uring_put(struct vrdma_dev *dev, struct vrdma_uring *r)
 {
-	ib_umem_release(r->header);
-	ib_umem_release(r->buf);
+	vrdma_umem_release(dev, r->header);
+	vrdma_umem_release(dev, r->buf);
 	r->header = NULL;
 	r->buf = NULL;
 }
@@ -363,7 +363,8 @@ struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length,
 	mr->ibmr.length = length;
 	return &mr->ibmr;
 release:
-	ib_umem_release(mr->umem);
+	/* A REG_MR left unanswered may yet map the pages: they stay pinned. */
+	vrdma_umem_release(dev, mr->umem);
 free:
 	kfree(mr);
 	return ERR_PTR(ret);
