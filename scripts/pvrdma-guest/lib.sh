@@ -77,7 +77,8 @@ print_debug_tail() {
 }
 
 # ---- one daemon serving guests 1..K (lifecycle.sh; matrix.sh with MATRIX_SHM=1) ---------------
-# Its devices pvrdma-g1..K reach each other through same-host shared memory (unless the options
+# Its devices pvrdma-g1..K, all on one virtual network (net=$PV_NET, default pvnet) and each given
+# its guest's address (ip=), reach each other through same-host shared memory (unless the options
 # say --no-shm); each one's uplink is a TAP of its own (vrdtapN) on the namespace's bridge.
 
 # shared_serve_pid DIR: the PID of the daemon serving on DIR's sockets, if it lives
@@ -99,7 +100,7 @@ shared_serve_start() {
         tap=$(pv_tap "$n")
         ip -n "$NS" tuntap add dev "$tap" mode tap || { log "cannot create $tap"; return 1; }
         ip -n "$NS" link set "$tap" master "$BR" txqueuelen 10000 up
-        specs+=(--device "kind=${kinds[n - 1]:-$PV_KIND},socket=$dir/g$n.vfio.sock,netdev=$dir/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n")
+        specs+=(--device "kind=${kinds[n - 1]:-$PV_KIND},socket=$dir/g$n.vfio.sock,netdev=$dir/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n,net=${PV_NET:-pvnet},ip=$(pv_ip "$n")")
     done
     # shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
     setsid nohup timeout -k 10 $((life + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \

@@ -102,7 +102,9 @@ fi
 EXTERNAL=()
 if [ "$SHM" = 2 ]; then
     RDV=$PV_RUN/shm-rdv
-    rm -rf "$RDV"; mkdir -p "$RDV"
+    # Root's, sticky, open to the daemons' user (nobody): the daemons bind their sockets there
+    # as that user; root writes its grant in RDV/grants first.
+    rm -rf "$RDV"; mkdir -p "$RDV"; chmod 1777 "$RDV"
     export PVRDMA_SERVE_ARGS="$PVRDMA_SERVE_ARGS --shm-dir $RDV"
     say "each guest's daemon joins the rendezvous $RDV"
 elif [ "$SHM" = 1 ]; then

@@ -53,7 +53,7 @@ up() {
     case $1 in
         udp) PVRDMA_SERVE_ARGS="$BASE_ARGS --no-shm" ;;
         shm) shared_serve_start "$SERVE" 3600 2 || return 1; ext=(-x "$SERVE") ;;
-        rings) mkdir -p "$RDV"; PVRDMA_SERVE_ARGS="$BASE_ARGS --shm-dir $RDV" ;;
+        rings) mkdir -p "$RDV"; chmod 1777 "$RDV"; PVRDMA_SERVE_ARGS="$BASE_ARGS --shm-dir $RDV" ;;
     esac
     for n in 1 2; do
         "$PV_DIR/start.sh" -i "$n" -l 3600 "${ext[@]}" > "$OUT/start-$1-pv$n.log" 2>&1 \

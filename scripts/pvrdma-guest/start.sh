@@ -84,7 +84,9 @@ else
 
     # ---- the device daemon -----------------------------------------------------------------------
     SOCK=$D/vfio.sock; NETSOCK=$D/net.sock
-    SPEC="kind=$PV_KIND,socket=$SOCK,netdev=$NETSOCK,uplink=tap:$TAP,mac=$MAC,name=pvrdma-g$N${PVRDMA_DEVICE_OPTS:+,$PVRDMA_DEVICE_OPTS}"
+    # Every guest of the harness is on one virtual network (the namespace's bridge), given its address:
+    # daemons that join a rendezvous (MATRIX_SHM=2) exchange through memory within it.
+    SPEC="kind=$PV_KIND,socket=$SOCK,netdev=$NETSOCK,uplink=tap:$TAP,mac=$MAC,name=pvrdma-g$N,net=${PV_NET:-pvnet},ip=$(pv_ip "$N")${PVRDMA_DEVICE_OPTS:+,$PVRDMA_DEVICE_OPTS}"
     echo "VRDMA_LOG=$PV_LOG $VRDMA serve --device $SPEC ${PVRDMA_SERVE_ARGS:-}" > "$D/daemon.cmd"
     # shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
     setsid nohup timeout -k 10 $((LIFE + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \

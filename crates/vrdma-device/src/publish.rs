@@ -7,8 +7,10 @@
 //! The run directory is `$VRDMA_RUN_DIR`, else `/run/vrdma` for root, else
 //! `$XDG_RUNTIME_DIR/vrdma`, else `/tmp/vrdma-UID`. A snapshot is written
 //! to a temporary file and renamed, so a reader never sees half of one.
-//! Its lines are `key value`: `pid`, `addr` (the device's name), `state`
-//! (`open` or `closed`), `updated_ms`, then one line per counter.
+//! Its lines are `key value`: `pid`, `addr` (the device's name), `net`
+//! (its virtual network on the same-host fabric, when it has a switch:
+//! the network's name or `private`), `state` (`open` or `closed`),
+//! `updated_ms`, then one line per counter.
 
 use std::{
     fs,
@@ -50,6 +52,8 @@ pub struct Publisher {
     next: u64,
     /// A failure to publish was logged (once, not every period).
     warned: bool,
+    /// The device's network, when it has one.
+    net: Option<String>,
 }
 
 impl Publisher {
@@ -82,7 +86,14 @@ impl Publisher {
             dir,
             next: 0,
             warned: false,
+            net: None,
         })
+    }
+
+    /// Names the device's network in its snapshots (`net`).
+    pub fn set_network(&mut self, net: &str) {
+        // One word on one line: a name is checked, `private` is one.
+        self.net = Some(net.split_whitespace().collect::<Vec<_>>().join("_"));
     }
 
     /// Writes the counters `counters` gives if a period has passed by the
@@ -112,6 +123,9 @@ impl Publisher {
             .map_or(0, |d| d.as_millis());
         text.push_str(&format!("pid {}\n", std::process::id()));
         text.push_str(&format!("addr {}\n", self.name));
+        if let Some(n) = &self.net {
+            text.push_str(&format!("net {n}\n"));
+        }
         text.push_str(&format!("state {}\n", if last { "closed" } else { "open" }));
         text.push_str(&format!("updated_ms {updated}\n"));
         for (k, v) in counters {

@@ -248,6 +248,9 @@ fn named(out: &mut Vec<(String, u64)>, prefix: &str, fields: &[(&'static str, u6
 pub struct SameHost<T> {
     shm: Option<shm::Port>,
     uplink: T,
+    /// The addresses the device may take (its GIDs, and its claims on the
+    /// switch): what its operator gave it.
+    owned: shm::Owned,
     /// Receive calls since shm last delivered a packet.
     shm_quiet: u32,
     /// Whether the uplink's last receive took something.
@@ -269,13 +272,36 @@ const SHM_BUSY: u32 = 1024;
 const UPLINK_EVERY: u32 = 8;
 
 impl<T: Transport> SameHost<T> {
-    /// `uplink` behind a port on `switch`; the device's descriptor then
-    /// stands for both.
+    /// `uplink` behind a port on `switch`'s default network, which may
+    /// take any address (a device of the process's own); the device's
+    /// descriptor then stands for both.
     pub fn new(switch: &shm::Switch, uplink: T) -> io::Result<Self> {
-        let shm = switch.attach()?;
-        shm.watch(uplink.fd())?;
+        SameHost::on(
+            Some((switch, &switch.default_network())),
+            shm::Owned::Any,
+            uplink,
+        )
+    }
+
+    /// `uplink` behind a port on network `net` of a switch (or alone when
+    /// `None`), the device taking only the addresses `owned` allows — as
+    /// its GIDs ([`Transport::admits_gid`]) and on the switch.
+    pub fn on(
+        switch: Option<(&shm::Switch, &shm::Network)>,
+        owned: shm::Owned,
+        uplink: T,
+    ) -> io::Result<Self> {
+        let shm = match switch {
+            Some((sw, net)) => {
+                let p = sw.attach_to(net, owned.clone())?;
+                p.watch(uplink.fd())?;
+                Some(p)
+            }
+            None => None,
+        };
         Ok(SameHost {
-            shm: Some(shm),
+            shm,
+            owned,
             ..SameHost::uplink_only(uplink)
         })
     }
@@ -285,6 +311,7 @@ impl<T: Transport> SameHost<T> {
         SameHost {
             shm: None,
             uplink,
+            owned: shm::Owned::Any,
             shm_quiet: SHM_BUSY,
             uplink_hot: false,
             skipped: 0,
@@ -298,6 +325,11 @@ impl<T: Transport> SameHost<T> {
             Some(s) => SameHost::new(s, uplink),
             None => Ok(SameHost::uplink_only(uplink)),
         }
+    }
+
+    /// The device's network on the switch, if it has one.
+    pub fn network(&self) -> Option<&shm::Network> {
+        self.shm.as_ref().map(shm::Port::network)
     }
 
     /// The port on the switch, if there is one.
@@ -433,6 +465,9 @@ impl<T: Transport> Transport for SameHost<T> {
         if let Some(s) = &self.shm {
             named(out, "shm", &s.stats().fields());
             out.push(("shm.tx_runs_off_switch".into(), self.runs_dropped));
+            if let Some(r) = s.rendezvous() {
+                named(out, "rendezvous", &r.fields());
+            }
         }
         self.uplink.counters(out);
     }
@@ -445,6 +480,6 @@ impl<T: Transport> Transport for SameHost<T> {
     }
 
     fn admits_gid(&self, gid: &Gid) -> bool {
-        self.uplink.admits_gid(gid)
+        self.owned.allows(gid) && self.uplink.admits_gid(gid)
     }
 }

@@ -244,7 +244,7 @@ fn rendezvous_dir(name: &str) -> std::path::PathBuf {
 /// exchange addresses on their own time).
 fn until_reached(sw: &Switch, gid: &Gid) {
     let limit = Instant::now() + Duration::from_secs(10);
-    while !sw.holds(gid) {
+    while !sw.holds(&sw.default_network(), gid) {
         assert!(Instant::now() < limit, "{gid:?} not announced within 10 s");
         thread::sleep(Duration::from_millis(2));
     }

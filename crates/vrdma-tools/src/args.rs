@@ -111,13 +111,19 @@ pub struct ServeArgs {
     /// notification nobody asked for) or doorbells=poll|event for virtio and virtio-pci (poll, the default: the
     /// device polls the doorbell areas while work flows and for spin=MICROSECONDS after,
     /// default 200, then sleeps until a kick; event: every doorbell is kicked), spoof=on|off (the guest may send only from its
-    /// MAC, and from the addresses ip= gives, and bind only those as GIDs; on by
-    /// default with a TAP uplink), ip=ADDR[+ADDR…] (the guest's IPv4/IPv6 addresses;
-    /// its MAC's IPv6 link-local address is always allowed) and
+    /// MAC, and from the addresses ip= gives; on by default with a TAP uplink),
+    /// ip=ADDR[+ADDR…] (the guest's IPv4/IPv6 addresses, and its MAC's IPv6 link-local
+    /// one: the only ones it may bind as GIDs and hold on the same-host switch;
+    /// required on a network shared with another device or with other daemons),
+    /// net=NAME (the virtual network the device is on: devices of one network reach
+    /// each other through same-host shared memory, a device of another network never —
+    /// addresses may repeat across networks; default: a network of its own),
+    /// mem=SIZE (the guest's memory, e.g. 2G: the most its VMM may map for the device,
+    /// and what the object budget is derived from) and
     /// objects=SIZE|derived|unlimited (the memory the guest's QPs, CQs, SRQs and MR
     /// page lists may make the daemon hold, e.g. 256M; derived, the default: 64 MiB
-    /// plus 1/256 of the memory the guest shares; past it, creates fail with ENOMEM).
-    /// Repeat for more guests.
+    /// plus 1/256 of the guest's memory — mem=, or what it shares, at most 64 GiB;
+    /// past it, creates fail with ENOMEM). Repeat for more guests.
     #[arg(
         long = "device",
         required_unless_present = "print_capabilities",
@@ -131,20 +137,26 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub socket_path: Option<PathBuf>,
 
-    /// Keep the devices apart: without it, the devices this process serves
-    /// reach each other through same-host shared memory (a packet for
-    /// another of its devices' addresses goes straight into that device's
-    /// mailbox, never onto the uplink; `vrdma stat` counts it as `shm.*`).
+    /// No same-host shared memory at all: without it, the devices this
+    /// process serves on one network (net=) reach each other through
+    /// shared memory (a packet for another of its devices' addresses goes
+    /// straight into that device's mailbox, never onto the uplink; `vrdma
+    /// stat` counts it as `shm.*`).
     #[arg(long, conflicts_with = "shm_dir")]
     pub no_shm: bool,
 
     /// Reach the devices of other `vrdma serve` daemons on this host
     /// through shared memory too: join the rendezvous directory DIR (it
-    /// must exist and be writable by the daemon's user). Its devices'
-    /// packets then travel in rings between the daemons — packets only:
-    /// no daemon maps another's guest memory (docs/same-host.md). Who may
-    /// join: whoever can make a socket in DIR and passes the check of its
-    /// peer's credentials (the daemon's own user, root, --shm-group).
+    /// must exist, be root's or the daemon's user's, writable by the
+    /// daemon's user, and sticky if anyone may write it). Devices of one
+    /// network (net=) in different daemons then exchange packets in rings
+    /// — packets only: no daemon maps another's guest memory
+    /// (docs/same-host.md). Who may join: whoever can make a socket in DIR
+    /// and passes the check of its peer's credentials (the daemon's own
+    /// user, root, --shm-group); what a daemon of another user may
+    /// announce (networks, addresses) is what root granted that user in
+    /// DIR/grants — `vrdma serve` started as root with --user writes its
+    /// user's grant from its devices' net= and ip=.
     #[arg(long, value_name = "DIR")]
     pub shm_dir: Option<PathBuf>,
 

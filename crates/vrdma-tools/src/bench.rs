@@ -160,7 +160,7 @@ fn side(
         // Another daemon's addresses come through the rendezvous on its
         // own time: the test starts once the peer is reached by shm.
         let t = Instant::now();
-        while !sw.holds(&peers[0].gid) {
+        while !sw.holds(&sw.default_network(), &peers[0].gid) {
             ensure!(
                 t.elapsed() < Duration::from_secs(10),
                 "the peer never came through shm"

@@ -31,10 +31,11 @@ use vrdma_device::transport::SameHost;
 use vrdma_device::{ObjectBudget, active_mtu};
 use vrdma_engine::attr::PortAttr;
 use vrdma_fabric::{
-    eth::{EthPort, Link, SourceFilter},
-    shm::{JoinConfig, Rendezvous, Switch},
+    eth::{EthPort, Link, SourceFilter, link_local},
+    shm::{JoinConfig, Owned, Rendezvous, Switch},
 };
 use vrdma_pvrdma::{Pvrdma, Server, caps::Limits};
+use vrdma_wire::Gid;
 
 use crate::{
     args::{CapsArgs, ServeArgs},
@@ -81,10 +82,20 @@ pub struct DeviceSpec {
     /// given), and bind only `addrs` as GIDs: on by default with a TAP
     /// uplink (a bridge shared with other tenants).
     pub spoof_check: bool,
-    /// The addresses the guest was given (`ip=A+B…`).
+    /// The addresses the guest was given (`ip=A+B…`): the only ones it
+    /// may bind as GIDs and hold on the same-host switch (with its MAC's
+    /// link-local one), and, with `spoof=on`, send from.
     pub addrs: Vec<IpAddr>,
+    /// The virtual network the device is on (`net=NAME`): devices of one
+    /// network reach each other through same-host shared memory, and no
+    /// device of another. None: a network of its own.
+    pub net: Option<String>,
     /// What the guest's objects may make the daemon hold.
     pub objects: ObjectBudget,
+    /// The guest's memory (`mem=SIZE`: its RAM, or `maxmem` with
+    /// hot-plug): the most a VMM may map for the device, and what its
+    /// object budget is derived from, whatever the VMM maps.
+    pub mem: Option<u64>,
     /// virtio-rdma: the device polls doorbell areas while work flows
     /// (`doorbells=poll`, the default) or takes a kick for each
     /// (`doorbells=event`).
@@ -123,7 +134,7 @@ impl DeviceSpec {
         let (mut socket, mut netdev, mut uplink, mut mac, mut mtu, mut name, mut doorbells) =
             (None, None, None, None, None, None, None);
         let (mut spoof, mut addrs, mut objects) = (None, None, None);
-        let (mut kind, mut spin) = (None, None);
+        let (mut kind, mut spin, mut net, mut mem) = (None, None, None, None);
         for kv in s.split(',') {
             let (k, v) = kv
                 .split_once('=')
@@ -203,6 +214,18 @@ impl DeviceSpec {
                         .collect::<Result<Vec<_>>>()?;
                     addrs.replace(list).is_some()
                 }
+                "mem" => {
+                    let b = parse_size(v).with_context(|| format!("--device: mem {v:?}"))?;
+                    if b < 1 << 20 {
+                        bail!("--device: mem {v:?}: at least 1M");
+                    }
+                    mem.replace(b).is_some()
+                }
+                "net" => {
+                    vrdma_fabric::shm::check_network_name(v)
+                        .map_err(|e| anyhow!("--device: net: {e}"))?;
+                    net.replace(v.to_owned()).is_some()
+                }
                 "objects" => {
                     let b = match v {
                         "derived" => ObjectBudget::Derived,
@@ -215,7 +238,7 @@ impl DeviceSpec {
                 }
                 _ => bail!(
                     "--device: unknown key {k:?} (kind, socket, netdev, uplink, mac, mtu, name, \
-                     doorbells, spin, spoof, ip, objects)"
+                     doorbells, spin, spoof, ip, net, mem, objects)"
                 ),
             };
             if seen {
@@ -231,9 +254,6 @@ impl DeviceSpec {
         let uplink = uplink.ok_or_else(|| need("uplink"))?;
         let spoof_check = spoof.unwrap_or(matches!(uplink, Uplink::Tap(_)));
         let addrs = addrs.unwrap_or_default();
-        if !spoof_check && !addrs.is_empty() {
-            bail!("--device: ip= names the guest's addresses for spoof=on");
-        }
         let kind = kind.unwrap_or(Kind::Pvrdma);
         let (shared_doorbells, poll) = match (kind, doorbells.as_deref()) {
             (Kind::Pvrdma, None | Some("trap")) => (false, false),
@@ -261,9 +281,72 @@ impl DeviceSpec {
             shared_doorbells,
             spoof_check,
             addrs,
+            net,
             objects: objects.unwrap_or(ObjectBudget::Derived),
+            mem,
         })
     }
+
+    /// What the device may hold as its addresses: the operator's `ip=`
+    /// and its MAC's link-local address; anything when none were given
+    /// (a device that shares no network: [`check_networks`]).
+    pub fn owned(&self) -> Owned {
+        if self.addrs.is_empty() {
+            return Owned::Any;
+        }
+        let mut v: Vec<Gid> = self.addrs.iter().map(|a| Gid::from(*a)).collect();
+        v.push(Gid::from(link_local(self.mac)));
+        Owned::Only(v)
+    }
+}
+
+/// Refuses, at start-up, a set of devices whose networks would let one
+/// tenant take another's addresses on the same-host switch: every device
+/// of a network that has several members in this daemon, or that other
+/// daemons may join (`--shm-dir`), must be given its addresses (`ip=`),
+/// and no address may be given to two devices of one network. Devices of
+/// different networks may have the same addresses (tenants' address
+/// spaces overlap); a device without `net=` is a network of its own.
+pub fn check_networks(specs: &[DeviceSpec], rendezvous: bool) -> Result<()> {
+    for (i, x) in specs.iter().enumerate() {
+        let Some(net) = &x.net else {
+            continue;
+        };
+        let members: Vec<&DeviceSpec> = specs
+            .iter()
+            .filter(|y| y.net.as_ref() == Some(net))
+            .collect();
+        if (members.len() > 1 || rendezvous) && x.addrs.is_empty() {
+            let why = if members.len() > 1 {
+                let others: Vec<&str> = members
+                    .iter()
+                    .filter(|y| y.name != x.name)
+                    .map(|y| y.name.as_str())
+                    .collect();
+                format!("shares it with {}", others.join(", "))
+            } else {
+                "other daemons may join it (--shm-dir)".to_owned()
+            };
+            bail!(
+                "device {} is on network {net}, which {why}: give it its addresses (ip=A+B…), \
+                 the only ones it may then hold",
+                x.name
+            );
+        }
+        for y in &specs[..i] {
+            if y.net.as_ref() != Some(net) {
+                continue;
+            }
+            if let Some(a) = x.addrs.iter().find(|a| y.addrs.contains(a)) {
+                bail!(
+                    "devices {} and {} are both given {a} on network {net}",
+                    y.name,
+                    x.name
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A size in bytes: a number with an optional K, M, G or T suffix (powers
@@ -373,8 +456,18 @@ fn open(
     config: &vrdma_vfio_user::Config,
     switch: Option<&Switch>,
 ) -> Result<Opened> {
-    let port =
-        SameHost::with(switch, port(spec, config)?).context("joining the same-host switch")?;
+    let net = match (switch, &spec.net) {
+        (Some(sw), Some(n)) => Some(sw.network(n)?),
+        (Some(sw), None) => Some(sw.private_network()),
+        (None, _) => None,
+    };
+    let on = switch.zip(net.as_ref());
+    // What this device's VMM may map: at most the guest's size.
+    let mut device_config = config.clone();
+    device_config.dma = device_config.dma.clone().for_guest(spec.mem);
+    let label = net.as_ref().map(|n| n.label().to_owned());
+    let port = SameHost::on(on, spec.owned(), port(spec, config)?)
+        .context("joining the same-host switch")?;
     let mut attr = PortAttr::with_gids(&[]);
     attr.active_mtu = active_mtu(spec.mtu);
     if matches!(spec.kind, Kind::Virtio | Kind::VirtioPci) {
@@ -385,15 +478,34 @@ fn open(
         };
         let mut face = vrdma_virtio::face::VirtioRdma::new(opts, attr, port);
         face.set_budget(spec.objects);
+        face.set_guest_size(spec.mem);
         if spec.kind == Kind::VirtioPci {
             let function = vrdma_virtio::pci::VirtioPci::new(face, spec.spin);
-            let server =
-                vrdma_face::vfio::Server::bind_with(&spec.socket, function, &spec.name, config)
-                    .with_context(|| format!("listening at {}", spec.socket.display()))?;
+            let mut server = vrdma_face::vfio::Server::bind_with(
+                &spec.socket,
+                function,
+                &spec.name,
+                &device_config,
+            )
+            .with_context(|| format!("listening at {}", spec.socket.display()))?;
+            if let Some(l) = &label {
+                server.set_network(l);
+            }
             return Ok(Opened::VirtioPci(Box::new(server)));
         }
-        let backend = vrdma_virtio::vhost::Backend::new(face, spec.spin)?;
+        // vfio-user's rules for what a VMM maps, on vhost-user's memory
+        // table: sealed (or guarded), at most the guest's size and the
+        // process-wide cap, a bounded number of regions.
+        let mut limits = vrdma_virtio::vhost::MemoryLimits {
+            allow_unsealed: config.dma.allow_unsealed,
+            ..vrdma_virtio::vhost::MemoryLimits::for_guest(spec.mem)
+        };
+        limits.max_bytes = limits.max_bytes.min(config.dma.max_bytes);
+        let backend = vrdma_virtio::vhost::Backend::with_limits(face, spec.spin, limits)?;
         backend.publish_as(&spec.name);
+        if let Some(l) = &label {
+            backend.set_network(l);
+        }
         let listener = vrdma_vfio_user::socket::bind_private(&spec.socket, &config.socket)
             .with_context(|| format!("listening at {}", spec.socket.display()))?;
         let server = vrdma_virtio::server::Server::new(&spec.name, listener, backend)?;
@@ -401,13 +513,17 @@ fn open(
     }
     let mut function = Pvrdma::new(limits.clone(), spec.mac, attr, port)?;
     function.set_object_budget(spec.objects);
+    function.set_guest_size(spec.mem);
     if spec.shared_doorbells {
         function
             .share_doorbells()
             .context("sharing the doorbell pages")?;
     }
-    let server = Server::bind_with(&spec.socket, function, &spec.name, config)
+    let mut server = Server::bind_with(&spec.socket, function, &spec.name, &device_config)
         .with_context(|| format!("listening at {}", spec.socket.display()))?;
+    if let Some(l) = &label {
+        server.set_network(l);
+    }
     Ok(Opened::Pvrdma(Box::new(server)))
 }
 
@@ -449,6 +565,53 @@ fn join(switch: Option<&Switch>, a: &ServeArgs) -> Result<Option<Rendezvous>> {
         dir.display()
     );
     Ok(Some(r))
+}
+
+/// What the devices' owner may announce on a rendezvous: for each named
+/// network, the addresses of its devices there.
+fn grant_entries(specs: &[DeviceSpec]) -> Vec<(String, Vec<Gid>)> {
+    let mut v: Vec<(String, Vec<Gid>)> = Vec::new();
+    for s in specs {
+        let (Some(net), Owned::Only(addrs)) = (&s.net, s.owned()) else {
+            continue;
+        };
+        match v.iter_mut().find(|(n, _)| n == net) {
+            Some((_, a)) => a.extend(addrs),
+            None => v.push((net.clone(), addrs)),
+        }
+    }
+    v
+}
+
+/// Writes, as root and before the daemon becomes `user`, what `user`'s
+/// daemons may announce on the rendezvous directory (`--shm-dir`): its
+/// devices' networks and addresses, in a file the user cannot write
+/// (`vrdma_fabric::shm::write_grant`). Other daemons take this daemon's
+/// addresses only as far as that file says. A root daemon that stays root
+/// needs none (other daemons trust root); one that is not root cannot
+/// write it, and says so.
+fn grant(
+    a: &ServeArgs,
+    entries: &[(String, Vec<Gid>)],
+    user: Option<&sandbox::Identity>,
+) -> Result<()> {
+    let Some(dir) = &a.shm_dir else {
+        return Ok(());
+    };
+    let root = nix::unistd::Uid::effective().is_root();
+    match user {
+        Some(u) if root => {
+            vrdma_fabric::shm::write_grant(dir, u.uid.as_raw(), entries)
+                .with_context(|| format!("writing {}'s grant in {}", u.name, dir.display()))?;
+        }
+        None if root => {}
+        _ => eprintln!(
+            "vrdma serve: not root: no grant written in {}/grants; daemons of other users take \
+             this daemon's addresses only if root granted them",
+            dir.display()
+        ),
+    }
+    Ok(())
 }
 
 /// Makes `dir` a directory of `user`'s, closed to others, for its
@@ -533,8 +696,19 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             }
         }
     }
+    if a.no_shm {
+        if let Some(x) = specs.iter().find(|x| x.net.is_some()) {
+            eprintln!(
+                "vrdma serve: --no-shm: device {}'s network reaches nothing through memory",
+                x.name
+            );
+        }
+    } else {
+        check_networks(&specs, a.shm_dir.is_some())?;
+    }
 
     let user = a.user.as_deref().map(sandbox::identity).transpose()?;
+    sandbox::refuse_staying_root(a.seccomp, user.as_ref(), nix::unistd::Uid::effective())?;
     let config = vfio_config(a)?;
     // A root daemon that confines itself without becoming another user
     // gives up its capabilities: each device thread its own, once its
@@ -571,6 +745,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     // A device thread that stops says which it was here, then wakes the
     // main thread (SIGUSR1).
     let (done_tx, done_rx) = mpsc::channel::<String>();
+    let grants = grant_entries(&specs);
     for spec in specs {
         let (tx, rx) = mpsc::channel();
         let done = done_tx.clone();
@@ -645,6 +820,12 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         }
     }
     let mut rendezvous = None;
+    if failed.is_none()
+        && switch.is_some()
+        && let Err(e) = grant(a, &grants, user.as_ref())
+    {
+        failed = Some(e);
+    }
     if failed.is_none()
         && let Err(e) = confine(user.as_ref(), drop_caps, a.seccomp, || {
             rendezvous = join(switch.as_ref(), a)?;
@@ -851,11 +1032,79 @@ mod tests {
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,doorbells=polled",
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,spoof=maybe",
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,ip=10.0.0.256",
-            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,spoof=off,ip=10.0.0.5",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,net=a/b",
+            "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,net=a,net=b",
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,objects=12Q",
             "socket=/s,netdev=/n,uplink=tap:t,mac=52:54:00:4c:00:01,objects=99999999999T",
         ] {
             assert!(DeviceSpec::parse(bad, 0).is_err(), "{bad}");
         }
+    }
+
+    fn spec(s: &str, i: usize) -> DeviceSpec {
+        DeviceSpec::parse(s, i).unwrap()
+    }
+
+    /// Issue 31/37: the addresses a device owns, and the sets of devices a
+    /// daemon refuses at start-up.
+    #[test]
+    fn networks_need_owned_addresses_and_may_overlap_across_networks() {
+        let base = "netdev=/n,uplink=stream:/u";
+        let dev = |i: usize, extra: &str| {
+            spec(
+                &format!("{base},socket=/s{i},mac=52:54:00:00:00:0{i},name=d{i}{extra}"),
+                i,
+            )
+        };
+        // ip= without spoof=on: owned (GIDs, switch claims), frames not
+        // filtered.
+        let d = dev(1, ",ip=10.0.0.5,net=tenant-a");
+        assert!(!d.spoof_check);
+        assert_eq!(d.net.as_deref(), Some("tenant-a"));
+        let Owned::Only(o) = d.owned() else {
+            panic!("ip= owns")
+        };
+        assert!(o.contains(&Gid::from("10.0.0.5".parse::<IpAddr>().unwrap())));
+        assert!(
+            o.contains(&Gid::from(link_local(d.mac))),
+            "its link-local one"
+        );
+        assert_eq!(dev(2, "").owned(), Owned::Any);
+        // Alone on a network, or without one: no ip= needed.
+        check_networks(&[dev(1, ",net=a"), dev(2, ""), dev(3, "")], false).unwrap();
+        // Two on one network: each needs ip=.
+        let e = check_networks(&[dev(1, ",net=a,ip=10.0.0.1"), dev(2, ",net=a")], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("d2") && e.contains("ip="), "{e}");
+        // A rendezvous: every named network's device needs ip=.
+        assert!(check_networks(&[dev(1, ",net=a")], true).is_err());
+        check_networks(&[dev(1, ""), dev(2, ",net=a,ip=10.0.0.2")], true).unwrap();
+        // One address twice on a network: refused; on two networks: fine.
+        assert!(
+            check_networks(
+                &[dev(1, ",net=a,ip=10.0.0.5"), dev(2, ",net=a,ip=10.0.0.5")],
+                false
+            )
+            .is_err()
+        );
+        check_networks(
+            &[
+                dev(1, ",net=a,ip=10.0.0.5"),
+                dev(2, ",net=a,ip=10.0.0.6"),
+                dev(3, ",net=b,ip=10.0.0.5"),
+                dev(4, ",net=b,ip=10.0.0.6"),
+            ],
+            true,
+        )
+        .unwrap();
+        // The grant: each network's addresses.
+        let g = grant_entries(&[
+            dev(1, ",net=a,ip=10.0.0.5"),
+            dev(3, ",net=b,ip=10.0.0.5"),
+            dev(4, ""),
+        ]);
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].0, "a");
     }
 }

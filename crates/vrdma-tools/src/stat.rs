@@ -17,6 +17,8 @@ use crate::args::StatArgs;
 struct Snapshot {
     pid: u32,
     addr: String,
+    /// Its network on the same-host fabric, if it has a switch.
+    net: Option<String>,
     state: String,
     updated_ms: u128,
     counters: Vec<(String, u64)>,
@@ -26,6 +28,7 @@ fn parse(text: &str) -> Result<Snapshot> {
     let mut s = Snapshot {
         pid: 0,
         addr: String::new(),
+        net: None,
         state: String::new(),
         updated_ms: 0,
         counters: Vec::new(),
@@ -37,6 +40,7 @@ fn parse(text: &str) -> Result<Snapshot> {
         match k {
             "pid" => s.pid = v.parse()?,
             "addr" => s.addr = v.to_string(),
+            "net" => s.net = Some(v.to_string()),
             "state" => s.state = v.to_string(),
             "updated_ms" => s.updated_ms = v.parse()?,
             _ => s.counters.push((k.to_string(), v.parse()?)),
@@ -112,15 +116,19 @@ pub fn run(a: &StatArgs) -> Result<()> {
                 .map(|(k, v)| (k.clone(), (*v).into()))
                 .collect();
             let doc = serde_json::json!({
-                "addr": s.addr, "pid": s.pid, "open": alive,
+                "addr": s.addr, "net": s.net, "pid": s.pid, "open": alive,
                 "updated_ms": s.updated_ms as u64, "counters": counters,
             });
             println!("{doc}");
             continue;
         }
         let age = now.saturating_sub(s.updated_ms) as f64 / 1000.0;
+        let net = s
+            .net
+            .as_deref()
+            .map_or(String::new(), |n| format!(" net {n}"));
         println!(
-            "link {}/1 pid {} {} (counters from {age:.1} s ago)",
+            "link {}/1{net} pid {} {} (counters from {age:.1} s ago)",
             s.addr,
             s.pid,
             if alive { "open" } else { "closed" }
@@ -130,6 +138,14 @@ pub fn run(a: &StatArgs) -> Result<()> {
             if *v != 0 || a.zeros {
                 println!("    {k:<width$}  {v}");
             }
+        }
+    }
+    if !a.json {
+        for line in networks(snaps.iter().filter(|s| {
+            (a.addr.is_empty() || a.addr.contains(&s.addr))
+                && (a.all || (s.state == "open" && Path::new(&format!("/proc/{}", s.pid)).exists()))
+        })) {
+            println!("{line}");
         }
     }
     if shown == 0 && !a.json {
@@ -147,6 +163,65 @@ pub fn run(a: &StatArgs) -> Result<()> {
     Ok(())
 }
 
+/// What the same-host counters of a network's devices add up to.
+const NETWORK_SUMS: [(&str, &[&str]); 4] = [
+    ("through memory", &["shm.tx_packets"]),
+    ("to the uplink", &["shm.tx_uplink"]),
+    (
+        "of those, held by another network",
+        &["shm.tx_other_network"],
+    ),
+    (
+        "refused",
+        &[
+            "shm.tx_spoofed",
+            "shm.gid_conflicts",
+            "shm.gid_refused",
+            "shm.rx_refused",
+        ],
+    ),
+];
+
+/// One line per named network of the devices shown: its members, and the
+/// sums of their same-host counters (a private network is its one
+/// device's, shown with it).
+fn networks<'a>(snaps: impl Iterator<Item = &'a Snapshot>) -> Vec<String> {
+    let mut nets: Vec<(&str, Vec<&Snapshot>)> = Vec::new();
+    for s in snaps {
+        let Some(n) = s.net.as_deref().filter(|n| *n != "private") else {
+            continue;
+        };
+        match nets.iter_mut().find(|(m, _)| *m == n) {
+            Some((_, v)) => v.push(s),
+            None => nets.push((n, vec![s])),
+        }
+    }
+    nets.sort_by(|x, y| x.0.cmp(y.0));
+    nets.iter()
+        .map(|(n, members)| {
+            let names: Vec<&str> = members.iter().map(|s| s.addr.as_str()).collect();
+            let sums: Vec<String> = NETWORK_SUMS
+                .iter()
+                .map(|(what, keys)| {
+                    let sum: u64 = members
+                        .iter()
+                        .flat_map(|s| s.counters.iter())
+                        .filter(|(k, _)| keys.contains(&k.as_str()))
+                        .map(|(_, v)| v)
+                        .sum();
+                    format!("{what} {sum}")
+                })
+                .collect();
+            format!(
+                "network {n}: {} ({}); packets {}",
+                names.join(" "),
+                names.len(),
+                sums.join(", ")
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +237,18 @@ mod tests {
             [
                 ("udp.rx_datagrams".to_string(), 3),
                 ("engine.rx_bad_addr".to_string(), 0)
+            ]
+        );
+        let n =
+            parse("pid 7\naddr a\nnet tenant-a\nshm.tx_packets 4\nshm.gid_refused 1\n").unwrap();
+        let m = parse("pid 8\naddr b\nnet tenant-a\nshm.tx_packets 5\nshm.tx_uplink 2\n").unwrap();
+        let p = parse("pid 9\naddr c\nnet private\nshm.tx_packets 6\n").unwrap();
+        assert_eq!(n.net.as_deref(), Some("tenant-a"));
+        assert_eq!(
+            networks([&n, &m, &p].into_iter()),
+            [
+                "network tenant-a: a b (2); packets through memory 9, to the uplink 2, of those, \
+              held by another network 0, refused 1"
             ]
         );
         for bad in [

@@ -61,7 +61,7 @@ struct Daemon {
 impl Daemon {
     /// Starts `vrdma serve ARGS --device …` with one device `name` (its
     /// files in `dir`, its guest's address one of this binary's, the
-    /// source filter on) whose uplink connects to a socket this test
+    /// source filter on, on the network `serve-tests`) whose uplink connects to a socket this test
     /// listens on; returns once the daemon said it is ready, with this
     /// test's end of the uplink.
     fn start(dir: &Path, name: &str, args: &[&str]) -> (Daemon, UnixStream) {
@@ -80,7 +80,7 @@ impl Daemon {
         let socket = dir.join(format!("{name}.sock"));
         let netdev = dir.join(format!("{name}.net"));
         let device = format!(
-            "kind={kind},socket={},netdev={},uplink=stream:{},mac={},spoof=on,ip={addr},name={name}",
+            "kind={kind},socket={},netdev={},uplink=stream:{},mac={},spoof=on,ip={addr},net=serve-tests,name={name}",
             socket.display(),
             netdev.display(),
             uplink_path.display(),
@@ -206,6 +206,31 @@ fn libc_sigsys() -> i32 {
     nix::sys::signal::Signal::SIGSYS as i32
 }
 
+/// The options that confine a daemon in kill mode, and where under a
+/// test's directory its counters then go: as root, with a user of its own
+/// (`nobody`; a confined root daemon must not stay root:
+/// `sandbox::refuse_staying_root`), its counters in that user's directory.
+fn kill_mode() -> (Vec<&'static str>, &'static str) {
+    if nix::unistd::Uid::effective().is_root() {
+        (vec!["--seccomp", "kill", "--user", "nobody"], "run/nobody")
+    } else {
+        (vec!["--seccomp", "kill"], "run")
+    }
+}
+
+/// A rendezvous directory under `dir` that the daemons' user may write:
+/// as root, root's and sticky, writable by all (as /tmp is), for daemons
+/// that become `nobody`.
+fn rendezvous_dir(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let rdv = dir.join("rdv");
+    std::fs::create_dir_all(&rdv).unwrap();
+    if nix::unistd::Uid::effective().is_root() {
+        std::fs::set_permissions(&rdv, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    rdv
+}
+
 /// A fresh directory for test `name`'s files.
 fn test_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vrdma-serve-{}-{name}", std::process::id()));
@@ -281,8 +306,14 @@ fn header(command: u16, size: u32) -> Header {
 
 #[test]
 fn a_confined_daemon_serves_a_whole_exchange_and_outlives_hostile_input() {
-    // A root daemon without --user drops every thread's capabilities.
-    serve_confined("confined", &["--seccomp", "kill"], "run");
+    if nix::unistd::Uid::effective().is_root() {
+        // A root daemon without --user drops every thread's capabilities:
+        // with the logging filter (kill mode needs --user as root; the
+        // next test runs it so).
+        serve_confined("confined", &["--seccomp", "log"], "run");
+    } else {
+        serve_confined("confined", &["--seccomp", "kill"], "run");
+    }
 }
 
 #[test]
@@ -306,6 +337,41 @@ fn a_daemon_confined_as_a_user_of_its_own_does_the_same() {
             .unwrap();
         assert!(!out.status.success());
     }
+}
+
+/// A root daemon asked to confine itself in kill mode without becoming
+/// another user is refused before it opens anything, and told what to
+/// pass: it would stay uid 0, the owner of root's files.
+#[test]
+fn a_root_daemon_is_not_confined_without_a_user_of_its_own() {
+    if !nix::unistd::Uid::effective().is_root() {
+        return;
+    }
+    let dir = test_dir("stays-root");
+    let socket = dir.join("d.sock");
+    for user in [None, Some("root"), Some("0")] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vrdma"));
+        cmd.args(["serve", "--seccomp", "kill"]);
+        if let Some(u) = user {
+            cmd.args(["--user", u]);
+        }
+        let device = format!(
+            "socket={},netdev={},uplink=stream:{},mac=02:00:00:00:00:01",
+            socket.display(),
+            dir.join("d.net").display(),
+            dir.join("d.uplink").display()
+        );
+        let out = cmd
+            .args(["--device", &device])
+            .env("VRDMA_RUN_DIR", dir.join("run"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{user:?}: {err}");
+        assert!(err.contains("--user"), "{user:?}: {err}");
+        assert!(!socket.exists(), "{user:?}: nothing opened");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The daemon's device `name`, confined by `args`, serving a guest's
@@ -440,8 +506,9 @@ fn serve_confined(name: &str, args: &[&str], run: &str) {
 #[test]
 fn unsealed_guest_memory_is_refused_unless_allowed_and_then_guarded() {
     let dir = test_dir("unsealed");
+    let (kill, run) = kill_mode();
     // By default: EPERM.
-    let (mut d, _uplink) = Daemon::start(&dir, "sealed-only", &["--seccomp", "kill"]);
+    let (mut d, _uplink) = Daemon::start(&dir, "sealed-only", &kill);
     let mut g = Guest::connect(&d.socket, RAM);
     let fd = unsealed_page();
     let (h, _) = g.request(
@@ -457,11 +524,8 @@ fn unsealed_guest_memory_is_refused_unless_allowed_and_then_guarded() {
 
     // --allow-unsealed: taken, used (the response slot is in it), and
     // truncated under the daemon, which lives on.
-    let (mut d, _uplink) = Daemon::start(
-        &dir,
-        "unsealed-ok",
-        &["--seccomp", "kill", "--allow-unsealed"],
-    );
+    let unsealed_ok = [kill.as_slice(), &["--allow-unsealed"]].concat();
+    let (mut d, _uplink) = Daemon::start(&dir, "unsealed-ok", &unsealed_ok);
     let mut g = Guest::connect(&d.socket, RAM);
     let extra = 0x4_0000_0000u64;
     let (h, _) = g.request(vcmd::DMA_MAP, one_page(extra).as_bytes(), &[fd.as_fd()]);
@@ -512,11 +576,11 @@ fn unsealed_guest_memory_is_refused_unless_allowed_and_then_guarded() {
     confined(d.pid());
     drop(g);
     assert!(d.stop().success());
-    let c = counters(&dir.join("run"), "unsealed-ok");
+    let c = counters(&dir.join(run), "unsealed-ok");
     assert_eq!(c["vfio.dma_faults"], 1, "the lost page's fault, repaired");
     assert_eq!(c["vfio.dma_refused"], 0);
     assert_eq!(
-        counters(&dir.join("run"), "sealed-only")["vfio.dma_refused"],
+        counters(&dir.join(run), "sealed-only")["vfio.dma_refused"],
         1
     );
     std::fs::remove_dir_all(&dir).unwrap();
@@ -532,10 +596,10 @@ fn unsealed_guest_memory_is_refused_unless_allowed_and_then_guarded() {
 #[test]
 fn two_confined_daemons_reach_each_other_through_their_rendezvous() {
     let dir = test_dir("rendezvous");
-    let rdv = dir.join("rdv");
-    std::fs::create_dir_all(&rdv).unwrap();
+    let rdv = rendezvous_dir(&dir);
     let rdv_s = rdv.display().to_string();
-    let args = ["--seccomp", "kill", "--shm-dir", rdv_s.as_str()];
+    let (kill, run) = kill_mode();
+    let args = [kill.as_slice(), &["--shm-dir", rdv_s.as_str()]].concat();
     let (d1, _u1) = Daemon::start(&dir, "rdv-a", &args);
     let (d2, _u2) = Daemon::start(&dir, "rdv-b", &args);
     let side = |d: &Daemon| Side::on(&d.socket, Gid::from(d.addr), d.mac, RAM);
@@ -555,7 +619,7 @@ fn two_confined_daemons_reach_each_other_through_their_rendezvous() {
         assert!(status.success(), "vrdma serve: {status}");
     }
     for n in [n1, n2] {
-        let c = counters(&dir.join("run"), &n);
+        let c = counters(&dir.join(run), &n);
         assert!(
             c["shm.rx_packets"] >= 20,
             "{n}: {} packets from shm",
@@ -568,9 +632,15 @@ fn two_confined_daemons_reach_each_other_through_their_rendezvous() {
         );
         assert_eq!(c.get("shm.rx_refused").copied().unwrap_or(0), 0, "{n}");
     }
+    // (What root granted the daemons' user, `grants/`, stays.)
+    let left: Vec<_> = std::fs::read_dir(&rdv)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "grants")
+        .collect();
     assert!(
-        std::fs::read_dir(&rdv).unwrap().next().is_none(),
-        "the daemons took their sockets with them"
+        left.is_empty(),
+        "the daemons took their sockets with them: {left:?}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -585,10 +655,10 @@ fn two_confined_daemons_reach_each_other_through_their_rendezvous() {
 fn confined_daemons_serve_virtio_rdma_as_a_pci_function() {
     use vrdma_testkit::virtio as v;
     let dir = test_dir("virtio-pci");
-    let rdv = dir.join("rdv");
-    std::fs::create_dir_all(&rdv).unwrap();
+    let rdv = rendezvous_dir(&dir);
     let rdv_s = rdv.display().to_string();
-    let args = ["--seccomp", "kill", "--shm-dir", rdv_s.as_str()];
+    let (kill, run) = kill_mode();
+    let args = [kill.as_slice(), &["--shm-dir", rdv_s.as_str()]].concat();
     let (d1, _u1) = Daemon::start_kind(&dir, "vpci-a", &args, "virtio-pci");
     let (d2, _u2) = Daemon::start_kind(&dir, "vpci-b", &args, "virtio-pci");
     let side = |d: &Daemon| {
@@ -631,7 +701,7 @@ fn confined_daemons_serve_virtio_rdma_as_a_pci_function() {
         assert!(status.success(), "vrdma serve: {status}");
     }
     for n in [n1, n2] {
-        let c = counters(&dir.join("run"), &n);
+        let c = counters(&dir.join(run), &n);
         assert!(
             c["shm.rx_packets"] >= 10,
             "{n}: {} packets from shm",

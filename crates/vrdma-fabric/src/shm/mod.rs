@@ -14,13 +14,22 @@
 //! allow. A mailbox is bounded in bytes: a packet for a full one is dropped
 //! and counted, as a network drops it, and RC's recovery resends it.
 //!
+//! A switch carries any number of virtual networks ([`Network`]), as a
+//! cloud's virtual switch carries its tenants' segments: every port is on
+//! one, addresses are unique within a network and may repeat across
+//! networks (tenants' address spaces overlap), and a packet reaches
+//! through memory only a device of its sender's own network — for any
+//! other destination the sender's uplink takes it, as if the medium were
+//! not there.
+//!
 //! What the medium checks, so that a device on it is no more trusted than
 //! one on a wire: a packet's source GID must be one its port holds (a
-//! device cannot speak as another), and a GID belongs to the first device
-//! that claims it (a second claim is refused and counted, its traffic to
-//! that address stays on the uplink). Everything else — QPN, PSN, keys,
-//! rights, bounds — is the receiving engine's job, exactly as for a packet
-//! from the wire.
+//! device cannot speak as another); a port holds only addresses its owner
+//! was given ([`Owned`]: the operator's `ip=`), and an address belongs to
+//! the first device of its network that claims it (a second claim is
+//! refused, logged and counted, its traffic to that address stays on the
+//! uplink). Everything else — QPN, PSN, keys, rights, bounds — is the
+//! receiving engine's job, exactly as for a packet from the wire.
 //!
 //! Devices of other daemons on the host join through a rendezvous
 //! directory ([`Switch::join`], [`peer`]): an address one of them holds
@@ -47,7 +56,7 @@ pub mod peer;
 pub mod ring;
 mod sys;
 
-pub use peer::{Admit, JoinConfig, Rendezvous, RendezvousStats};
+pub use peer::{Admit, Grant, JoinConfig, Rendezvous, RendezvousStats, Trust, write_grant};
 
 use crate::{Lender, Piece};
 
@@ -75,18 +84,103 @@ pub const BATCH: usize = 64;
 /// its next sends (the rest are freed).
 const SPARES: usize = 256;
 
-/// The same-host medium: the devices on it, by address. Cloning gives
-/// another handle on the same switch.
+/// The same-host medium: the devices on it, by network and address.
+/// Cloning gives another handle on the same switch.
 #[derive(Clone, Debug, Default)]
 pub struct Switch {
     inner: Arc<Directory>,
 }
 
+/// A network's number on one switch (names are what other daemons share).
+#[derive(Clone, Copy, Debug, Default, Eq, Hash, Ord, PartialEq, PartialOrd)]
+pub(crate) struct NetId(u32);
+
+/// A virtual network on a [`Switch`]: its devices reach each other through
+/// memory, and no device of another network. A named one
+/// ([`Switch::network`]) is the same network for every device of the
+/// switch that names it, and for devices of other daemons on a rendezvous
+/// that name it ([`Switch::join`]); a private one
+/// ([`Switch::private_network`]) is a network of its one device.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub struct Network {
+    id: NetId,
+    /// `None`: private, never announced to other daemons.
+    name: Option<Arc<str>>,
+}
+
+impl Network {
+    /// The name, for a named network.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// What `vrdma stat` shows: the name, or `private`.
+    pub fn label(&self) -> &str {
+        self.name().unwrap_or("private")
+    }
+}
+
+/// The name of the network [`Switch::attach`] puts a port on: the one a
+/// process's own devices share (the tools', the tests').
+pub const DEFAULT_NETWORK: &str = "default";
+
+/// Bytes a network's name has at most.
+pub const MAX_NETWORK_NAME: usize = 32;
+
+/// Why a network name is refused.
+#[derive(Clone, Debug, Eq, PartialEq, thiserror::Error)]
+#[error("network name {0:?}: 1 to 32 of A-Z a-z 0-9 . _ -")]
+pub struct BadNetworkName(pub String);
+
+/// Checks a network's name: 1 to [`MAX_NETWORK_NAME`] bytes of letters,
+/// digits, `.`, `_` and `-` (it goes into logs, counters and the
+/// rendezvous protocol).
+pub fn check_network_name(name: &str) -> Result<(), BadNetworkName> {
+    let ok = (1..=MAX_NETWORK_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(BadNetworkName(name.to_owned()))
+    }
+}
+
+/// The addresses a port may hold on its network: what its owner (the
+/// operator, for a served guest) gave it. A claim of anything else is
+/// refused and counted (`shm.gid_refused`): a guest kernel that binds a
+/// foreign GID keeps it off the switch.
+#[derive(Clone, Debug, Default, Eq, PartialEq)]
+pub enum Owned {
+    /// Any address (a device of the process's own: the tools', the tests').
+    #[default]
+    Any,
+    /// These only.
+    Only(Vec<Gid>),
+}
+
+impl Owned {
+    pub fn allows(&self, gid: &Gid) -> bool {
+        match self {
+            Owned::Any => true,
+            Owned::Only(set) => set.contains(gid),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Networks {
+    /// Named networks' numbers; the default network is 0.
+    named: HashMap<Arc<str>, NetId>,
+    next: u32,
+}
+
 #[derive(Debug, Default)]
 struct Directory {
     config: Config,
-    /// Who holds each address.
-    owners: RwLock<HashMap<Gid, Dest>>,
+    /// Who holds each address of each network.
+    owners: RwLock<Owners>,
     /// Bumped whenever `owners` changes: a port's cached lookups are good
     /// while it stands.
     generation: AtomicU64,
@@ -98,6 +192,47 @@ struct Directory {
     /// The rendezvous thread's wake-up, once the switch joined one: a
     /// port came, went or changed its addresses.
     notify: OnceLock<Arc<EventFd>>,
+    networks: Mutex<Networks>,
+    /// The rendezvous' counters, once the switch joined one.
+    rendezvous: OnceLock<Arc<RendezvousStats>>,
+}
+
+/// The directory proper: each network's addresses, and how many networks
+/// hold each address (a destination held only by another network is
+/// counted on its way to the uplink, `shm.tx_other_network`).
+#[derive(Debug, Default)]
+struct Owners {
+    by_net: HashMap<(NetId, Gid), Dest>,
+    holders: HashMap<Gid, u32>,
+}
+
+impl Owners {
+    fn get(&self, net: NetId, g: &Gid) -> Option<&Dest> {
+        self.by_net.get(&(net, *g))
+    }
+
+    fn insert(&mut self, net: NetId, g: Gid, d: Dest) {
+        if self.by_net.insert((net, g), d).is_none() {
+            *self.holders.entry(g).or_insert(0) += 1;
+        }
+    }
+
+    fn remove(&mut self, net: NetId, g: &Gid) {
+        if self.by_net.remove(&(net, *g)).is_some()
+            && let Some(n) = self.holders.get_mut(g)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.holders.remove(g);
+            }
+        }
+    }
+
+    /// Whether a network other than `net` holds `g`.
+    fn elsewhere(&self, net: NetId, g: &Gid) -> bool {
+        let here = u32::from(self.by_net.contains_key(&(net, *g)));
+        self.holders.get(g).is_some_and(|n| *n > here)
+    }
 }
 
 impl Directory {
@@ -129,6 +264,8 @@ impl Dest {
 #[derive(Debug)]
 struct PortShared {
     id: u64,
+    /// Its network (a private one is never announced to other daemons).
+    net: Network,
     /// False once the port is dropped (the rendezvous then says GONE).
     alive: AtomicBool,
     /// The device's descriptor: its mailbox's eventfd, its uplink's, and
@@ -157,15 +294,73 @@ impl Switch {
         }
     }
 
-    /// A new port on the switch, holding no address yet
-    /// ([`Port::set_local`]).
+    /// The network called `name` on this switch (the same one for every
+    /// caller that names it).
+    pub fn network(&self, name: &str) -> Result<Network, BadNetworkName> {
+        check_network_name(name)?;
+        let mut n = lock(&self.inner.networks);
+        if let Some((k, id)) = n.named.get_key_value(name) {
+            return Ok(Network {
+                id: *id,
+                name: Some(Arc::clone(k)),
+            });
+        }
+        let id = if name == DEFAULT_NETWORK {
+            NetId(0)
+        } else {
+            n.next += 1;
+            NetId(n.next)
+        };
+        let name: Arc<str> = name.into();
+        n.named.insert(Arc::clone(&name), id);
+        Ok(Network {
+            id,
+            name: Some(name),
+        })
+    }
+
+    /// A network no other port is on, nor any other daemon's device: a
+    /// device alone on it reaches nothing through memory.
+    pub fn private_network(&self) -> Network {
+        let mut n = lock(&self.inner.networks);
+        n.next += 1;
+        Network {
+            id: NetId(n.next),
+            name: None,
+        }
+    }
+
+    /// The [`DEFAULT_NETWORK`].
+    pub fn default_network(&self) -> Network {
+        let mut n = lock(&self.inner.networks);
+        let name = n
+            .named
+            .get_key_value(DEFAULT_NETWORK)
+            .map(|(k, _)| Arc::clone(k))
+            .unwrap_or_else(|| DEFAULT_NETWORK.into());
+        n.named.insert(Arc::clone(&name), NetId(0));
+        Network {
+            id: NetId(0),
+            name: Some(name),
+        }
+    }
+
+    /// A new port on the [`DEFAULT_NETWORK`], which may hold any address:
+    /// a device of the process's own ([`Switch::attach_to`] for a guest's).
     pub fn attach(&self) -> io::Result<Port> {
+        self.attach_to(&self.default_network(), Owned::Any)
+    }
+
+    /// A new port on `net`, which may hold the addresses `owned` allows,
+    /// holding none yet ([`Port::set_local`]).
+    pub fn attach_to(&self, net: &Network, owned: Owned) -> io::Result<Port> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let event = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
         epoll.add(&event, EpollEvent::new(EpollFlags::EPOLLIN, 0))?;
         let shared = Arc::new(PortShared {
             id,
+            net: net.clone(),
             alive: AtomicBool::new(true),
             epoll,
             gids: Mutex::new(Vec::new()),
@@ -184,10 +379,13 @@ impl Switch {
         });
         Ok(Port {
             switch: self.clone(),
+            net: net.id,
+            owned,
             mailbox,
             shared,
             gids: Vec::new(),
             refused: Vec::new(),
+            unowned: Vec::new(),
             cache: None,
             outbox: Vec::new(),
             touched: Vec::new(),
@@ -196,6 +394,7 @@ impl Switch {
             delivered: Vec::with_capacity(BATCH),
             rings: Vec::new(),
             rings_gen: 0,
+            ring_next: 0,
             ring_buf: vec![0; vrdma_wire::packet::MAX_LEN],
             peers_gen: None,
             armed: true,
@@ -203,13 +402,15 @@ impl Switch {
         })
     }
 
-    /// Whether some port on the switch holds `gid`.
-    pub fn holds(&self, gid: &Gid) -> bool {
-        read(&self.inner.owners).contains_key(gid)
+    /// Whether some port on `net` holds `gid`.
+    pub fn holds(&self, net: &Network, gid: &Gid) -> bool {
+        read(&self.inner.owners).get(net.id, gid).is_some()
     }
 
-    fn lookup(&self, gid: &Gid) -> Option<Dest> {
-        read(&self.inner.owners).get(gid).cloned()
+    /// Who holds `gid` on `net`, and whether another network holds it.
+    fn lookup(&self, net: NetId, gid: &Gid) -> (Option<Dest>, bool) {
+        let o = read(&self.inner.owners);
+        (o.get(net, gid).cloned(), o.elsewhere(net, gid))
     }
 
     #[inline]
@@ -343,8 +544,18 @@ pub struct Stats {
     pub tx_dropped_unlent: u64,
     /// Packets refused because their source GID is not one the port holds.
     pub tx_spoofed: u64,
-    /// Addresses the port claimed that another port already held.
+    /// Addresses the port claimed that another port of its network
+    /// already held.
     pub gid_conflicts: u64,
+    /// Addresses the port claimed that its owner was not given
+    /// ([`Owned`]): not taken.
+    pub gid_refused: u64,
+    /// Packets the port left to the uplink (no device of its network on
+    /// the switch holds their destination).
+    pub tx_uplink: u64,
+    /// Of those, packets whose destination a device of another network
+    /// holds here: kept apart, as the host's networks keep them.
+    pub tx_other_network: u64,
     /// Packets from another daemon's ring refused: a source address that
     /// daemon does not hold, or a destination that is not this device's.
     pub rx_refused: u64,
@@ -357,7 +568,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub fn fields(&self) -> [(&'static str, u64); 12] {
+    pub fn fields(&self) -> [(&'static str, u64); 15] {
         [
             ("tx_packets", self.tx_packets),
             ("tx_bytes", self.tx_bytes),
@@ -368,6 +579,9 @@ impl Stats {
             ("tx_dropped_unlent", self.tx_dropped_unlent),
             ("tx_spoofed", self.tx_spoofed),
             ("gid_conflicts", self.gid_conflicts),
+            ("gid_refused", self.gid_refused),
+            ("tx_uplink", self.tx_uplink),
+            ("tx_other_network", self.tx_other_network),
             ("rx_refused", self.rx_refused),
             ("rx_broken", self.rx_broken),
             ("rx_lent", self.rx_lent),
@@ -390,6 +604,10 @@ pub enum Dropped {
 #[derive(Debug)]
 pub struct Port {
     switch: Switch,
+    /// Its network.
+    net: NetId,
+    /// What it may hold.
+    owned: Owned,
     mailbox: Arc<Mailbox>,
     /// Its identity, addresses and descriptor as the rendezvous sees them
     /// (the epoll instance: the mailbox's eventfd, the rings', and
@@ -399,9 +617,11 @@ pub struct Port {
     gids: Vec<Gid>,
     /// Addresses it claimed that another port holds (each counted once).
     refused: Vec<Gid>,
-    /// The last destination looked up, and the switch generation it is
-    /// good for.
-    cache: Option<(u64, Gid, Option<Dest>)>,
+    /// Addresses it claimed that it does not own (each counted once).
+    unowned: Vec<Gid>,
+    /// The last destination looked up, the switch generation it is good
+    /// for, and whether another network holds it.
+    cache: Option<(u64, Gid, Option<Dest>, bool)>,
     /// Packets queued by [`Port::send`] for [`Port::flush`], by mailbox.
     outbox: Vec<(Arc<Mailbox>, Vec<Parcel>)>,
     /// Rings into other daemons' devices written since the last flush.
@@ -416,6 +636,8 @@ pub struct Port {
     /// the shared list last taken.
     rings: Vec<peer::InRing>,
     rings_gen: u64,
+    /// The ring the next receive starts at.
+    ring_next: usize,
     /// A packet copied out of a ring.
     ring_buf: Vec<u8>,
     /// The switch generation [`Port::local_peers`] last answered for.
@@ -450,15 +672,38 @@ impl Port {
         &self.gids
     }
 
-    /// Makes `gids` the port's addresses on the switch: the ones it held
-    /// and no longer names are released; a new one another port holds is
-    /// not taken (counted as a conflict: packets to it go to that port).
+    /// Its network.
+    pub fn network(&self) -> &Network {
+        &self.shared.net
+    }
+
+    /// The counters of the rendezvous the switch joined, if it did (the
+    /// daemon's, not the port's).
+    pub fn rendezvous(&self) -> Option<&RendezvousStats> {
+        self.switch.inner.rendezvous.get().map(|a| &**a)
+    }
+
+    /// Whether the port may hold `gid` ([`Owned`]).
+    pub fn owns(&self, gid: &Gid) -> bool {
+        self.owned.allows(gid)
+    }
+
+    /// Makes `gids` the port's addresses on its network: the ones it held
+    /// and no longer names are released; a new one it does not own is not
+    /// taken (refused, counted, logged once), nor one another port of the
+    /// network holds (a conflict, counted and logged once: packets to it
+    /// go to that port).
     pub fn set_local(&mut self, gids: &[Gid]) {
         let dir = &self.switch.inner;
+        let net = self.net;
         let mut owners = write(&dir.owners);
         for g in &self.gids {
-            if !gids.contains(g) && owners.get(g).is_some_and(|d| d.id() == self.mailbox.id) {
-                owners.remove(g);
+            if !gids.contains(g)
+                && owners
+                    .get(net, g)
+                    .is_some_and(|d| d.id() == self.mailbox.id)
+            {
+                owners.remove(net, g);
             }
         }
         let mut held = Vec::with_capacity(gids.len());
@@ -466,22 +711,40 @@ impl Port {
             if held.contains(g) {
                 continue;
             }
-            match owners.get(g) {
+            if !self.owned.allows(g) {
+                if !self.unowned.contains(g) {
+                    self.unowned.push(*g);
+                    self.stats.gid_refused += 1;
+                    tracing::warn!(
+                        network = self.shared.net.label(),
+                        gid = %g.ip(),
+                        "same-host switch: an address the device was not given is not taken"
+                    );
+                }
+                continue;
+            }
+            match owners.get(net, g) {
                 Some(d) if d.id() != self.mailbox.id => {
                     if !self.refused.contains(g) {
                         self.refused.push(*g);
                         self.stats.gid_conflicts += 1;
+                        tracing::warn!(
+                            network = self.shared.net.label(),
+                            gid = %g.ip(),
+                            "same-host switch: an address another device of the network holds is not taken"
+                        );
                     }
                 }
                 Some(_) => held.push(*g),
                 None => {
-                    owners.insert(*g, Dest::Local(Arc::clone(&self.mailbox)));
+                    owners.insert(net, *g, Dest::Local(Arc::clone(&self.mailbox)));
                     held.push(*g);
                 }
             }
         }
         self.refused
             .retain(|g| gids.contains(g) && !held.contains(g));
+        self.unowned.retain(|g| gids.contains(g));
         self.gids = held;
         dir.generation.fetch_add(1, Ordering::AcqRel);
         drop(owners);
@@ -503,21 +766,31 @@ impl Port {
     /// queue) rather than dropping what a full mailbox cannot hold.
     fn dest_of(&mut self, dgid: &Gid) -> Option<&Dest> {
         let generation = self.switch.generation();
-        let fresh = matches!(&self.cache, Some((g, gid, _)) if *g == generation && gid == dgid);
+        let fresh = matches!(&self.cache, Some((g, gid, _, _)) if *g == generation && gid == dgid);
         if !fresh {
-            self.cache = Some((generation, *dgid, self.switch.lookup(dgid)));
+            let (d, elsewhere) = self.switch.lookup(self.net, dgid);
+            self.cache = Some((generation, *dgid, d, elsewhere));
         }
         let own = self.mailbox.id;
         self.cache
             .as_ref()
-            .and_then(|(_, _, d)| d.as_ref())
+            .and_then(|(_, _, d, _)| d.as_ref())
             .filter(|d| d.id() != own)
     }
 
-    /// Whether another port on the switch holds `dgid` (the packet then
-    /// goes through [`Port::send`]).
+    /// Whether another port of the port's network holds `dgid` (the packet
+    /// then goes through [`Port::send`]); when none does, the packet is
+    /// the uplink's (counted: `tx_uplink`, and `tx_other_network` when a
+    /// device of another network holds the address).
     pub fn reaches(&mut self, dgid: &Gid) -> bool {
-        self.dest_of(dgid).is_some()
+        if self.dest_of(dgid).is_some() {
+            return true;
+        }
+        self.stats.tx_uplink += 1;
+        if matches!(&self.cache, Some((_, _, _, true))) {
+            self.stats.tx_other_network += 1;
+        }
+        false
     }
 
     /// Queues a packet for the mailbox of the port holding `route.dst`;
@@ -544,7 +817,7 @@ impl Port {
             return Err(Dropped::Spoofed);
         }
         let dest = match &self.cache {
-            Some((_, _, Some(d))) if d.id() != self.mailbox.id => d,
+            Some((_, _, Some(d), _)) if d.id() != self.mailbox.id => d,
             _ => return Err(Dropped::NotHere),
         };
         let mailbox = match dest {
@@ -636,10 +909,10 @@ impl Port {
         Ok(())
     }
 
-    /// The addresses held by the other devices of this process, when they
-    /// changed since the last call (`None` if not): the peers a device's
-    /// engine may send a run of segments to in one packet (a lent-on
-    /// payload is not cut into MTUs).
+    /// The addresses held by the other devices of this process on the
+    /// port's network, when they changed since the last call (`None` if
+    /// not): the peers a device's engine may send a run of segments to in
+    /// one packet (a lent-on payload is not cut into MTUs).
     #[inline]
     pub fn local_peers(&mut self) -> Option<Vec<Gid>> {
         let generation = self.switch.generation();
@@ -652,13 +925,14 @@ impl Port {
     #[cold]
     fn local_peers_at(&mut self, generation: u64) -> Option<Vec<Gid>> {
         self.peers_gen = Some(generation);
-        let own = self.mailbox.id;
+        let (own, net) = (self.mailbox.id, self.net);
         let owners = read(&self.switch.inner.owners);
         Some(
             owners
+                .by_net
                 .iter()
-                .filter(|(_, d)| matches!(d, Dest::Local(m) if m.id != own))
-                .map(|(g, _)| *g)
+                .filter(|((n, _), d)| *n == net && matches!(d, Dest::Local(m) if m.id != own))
+                .map(|((_, g), _)| *g)
                 .collect(),
         )
     }
@@ -781,7 +1055,18 @@ impl Port {
             done = true;
         }
         let mut n = 0;
-        for r in &mut self.rings {
+        // Round-robin: each call starts one ring further on, so that a ring
+        // that fills the batch every time does not keep the later ones
+        // unread.
+        let count = self.rings.len();
+        let first = if count == 0 {
+            0
+        } else {
+            self.ring_next % count
+        };
+        self.ring_next = first.wrapping_add(1);
+        for k in 0..count {
+            let r = &mut self.rings[(first + k) % count];
             n += r.receive(
                 &mut self.ring_buf,
                 &self.gids,
@@ -920,6 +1205,109 @@ mod tests {
         (a, b)
     }
 
+    /// Issue 37: one switch, two networks, one address on each: a packet
+    /// reaches the holder of its destination on its sender's network only;
+    /// one held only on another network goes to the uplink, counted.
+    #[test]
+    fn networks_keep_their_devices_apart_and_their_addresses_may_repeat() {
+        let sw = Switch::new();
+        let (ta, tb) = (
+            sw.network("tenant-a").unwrap(),
+            sw.network("tenant-b").unwrap(),
+        );
+        assert_eq!(sw.network("tenant-a").unwrap(), ta, "one network per name");
+        let on = |net: &Network, g: u8| {
+            let mut p = sw.attach_to(net, Owned::Only(vec![gid(g)])).unwrap();
+            p.set_local(&[gid(g)]);
+            p
+        };
+        let (mut a1, mut a2) = (on(&ta, 1), on(&ta, 2));
+        let (mut b1, mut b2) = (on(&tb, 1), on(&tb, 2));
+        let mut c3 = on(&tb, 3);
+        assert_eq!(
+            (a1.stats().gid_conflicts, b1.stats().gid_conflicts),
+            (0, 0),
+            "the same address on two networks is no conflict"
+        );
+        a1.send(&route(1, 2), b"to A's 2", 8, &[], &NoLender)
+            .unwrap();
+        a1.flush();
+        b1.send(&route(1, 2), b"to B's 2", 8, &[], &NoLender)
+            .unwrap();
+        b1.flush();
+        let got = |p: &mut Port| {
+            let mut v = Vec::new();
+            p.receive(|_, b, _| v.push(b.to_vec()));
+            v
+        };
+        assert_eq!(got(&mut a2), vec![b"to A's 2".to_vec()]);
+        assert_eq!(got(&mut b2), vec![b"to B's 2".to_vec()]);
+        // tenant-a has no address 3: a1's packet for it is the uplink's,
+        // though tenant-b holds one.
+        assert!(!a1.reaches(&gid(3)));
+        assert_eq!(
+            a1.send(&route(1, 3), &[0; 8], 8, &[], &NoLender),
+            Err(Dropped::NotHere)
+        );
+        assert_eq!((a1.stats().tx_uplink, a1.stats().tx_other_network), (1, 1));
+        assert!(!a1.reaches(&gid(4)));
+        assert_eq!((a1.stats().tx_uplink, a1.stats().tx_other_network), (2, 1));
+        assert!(got(&mut c3).is_empty());
+        // Runs of segments: only to a network's own devices.
+        assert_eq!(a1.local_peers(), Some(vec![gid(2)]));
+    }
+
+    /// A device on a private network reaches nothing through memory, and
+    /// nothing reaches it.
+    #[test]
+    fn a_private_network_holds_one_device() {
+        let sw = Switch::new();
+        let mut a = sw.attach_to(&sw.private_network(), Owned::Any).unwrap();
+        a.set_local(&[gid(1)]);
+        let mut b = sw.attach_to(&sw.private_network(), Owned::Any).unwrap();
+        b.set_local(&[gid(2)]);
+        let mut c = sw.attach().unwrap();
+        c.set_local(&[gid(3)]);
+        assert!(!a.reaches(&gid(2)) && !a.reaches(&gid(3)));
+        assert!(!c.reaches(&gid(1)) && !c.reaches(&gid(2)));
+        assert_eq!(a.network().name(), None);
+        assert_eq!(a.network().label(), "private");
+    }
+
+    /// Issue 31: a port holds only what its owner was given; a claim of
+    /// anything else (a guest kernel's SET_GID of a foreign address) is
+    /// refused, counted once, and the address stays with its owner.
+    #[test]
+    fn a_port_holds_only_the_addresses_it_owns() {
+        let sw = Switch::new();
+        let net = sw.network("n").unwrap();
+        let mut victim = sw.attach_to(&net, Owned::Only(vec![gid(1)])).unwrap();
+        let mut squatter = sw.attach_to(&net, Owned::Only(vec![gid(2)])).unwrap();
+        // The squatter claims the victim's address before the victim does.
+        squatter.set_local(&[gid(2), gid(1)]);
+        squatter.set_local(&[gid(2), gid(1)]);
+        assert_eq!(squatter.gids(), &[gid(2)]);
+        assert_eq!(squatter.stats().gid_refused, 1, "counted once");
+        victim.set_local(&[gid(1)]);
+        assert_eq!(victim.gids(), &[gid(1)]);
+        assert!(squatter.reaches(&gid(1)));
+        squatter
+            .send(&route(2, 1), &[1; 8], 8, &[], &NoLender)
+            .unwrap();
+        squatter.flush();
+        let mut n = 0;
+        victim.receive(|_, _, _| n += 1);
+        assert_eq!(n, 1, "the victim gets its own traffic");
+        // Nor may it send as the victim.
+        let mut third = sw.attach_to(&net, Owned::Any).unwrap();
+        third.set_local(&[gid(3)]);
+        assert_eq!(
+            squatter.send(&route(1, 3), &[1; 8], 8, &[], &NoLender),
+            Err(Dropped::Spoofed)
+        );
+        assert!(squatter.owns(&gid(2)) && !squatter.owns(&gid(1)));
+    }
+
     #[test]
     fn a_packet_reaches_the_holder_of_its_destination_in_order() {
         let sw = Switch::new();
@@ -956,7 +1344,7 @@ mod tests {
     fn a_ports_own_addresses_are_not_reached_through_the_switch() {
         let sw = Switch::new();
         let (mut a, _b) = pair(&sw);
-        assert!(sw.holds(&gid(1)));
+        assert!(sw.holds(&sw.default_network(), &gid(1)));
         assert!(!a.reaches(&gid(1)));
         assert_eq!(
             a.send(&route(1, 1), &[0; 40], 40, &[], &NoLender),
@@ -1025,7 +1413,7 @@ mod tests {
         drop(b);
         assert_eq!(a.flush(), 0);
         assert_eq!(a.stats().tx_dropped_gone, 1);
-        assert!(!sw.holds(&gid(2)));
+        assert!(!sw.holds(&sw.default_network(), &gid(2)));
         assert_eq!(
             a.send(&route(1, 2), &[0; 40], 40, &[], &NoLender),
             Err(Dropped::NotHere)

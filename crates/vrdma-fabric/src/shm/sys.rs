@@ -1,19 +1,7 @@
-//! The one thing the rendezvous needs that no safe wrapper gives: taking
-//! ownership of a descriptor the kernel installed for this process
-//! (`accept4`, `SCM_RIGHTS`). This module is the medium's only unsafe
-//! code.
-#![allow(unsafe_code)]
+//! What the rendezvous asks of a descriptor a peer sent: whether it is an
+//! eventfd. (Descriptors are received and owned by `vrdma_sys::sock`.)
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-
-/// Owns `fd`, a descriptor the kernel just installed for this process
-/// (returned by `accept4` or received by `SCM_RIGHTS`).
-pub(super) fn owned(fd: RawFd) -> OwnedFd {
-    // SAFETY: the caller passes a descriptor the kernel created for this
-    // process in the call just made (a new connection, or one received
-    // with a message); nothing else holds or closes it.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
+use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Whether `fd` is an eventfd (a peer's wake-up descriptor must be one:
 /// anything else could block the writer, or be a file it should not

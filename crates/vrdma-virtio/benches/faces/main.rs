@@ -171,7 +171,8 @@ fn switches(medium: Medium, k: u32) -> (Option<Switch>, Option<Switch>, Option<R
 /// rings and not on the uplink.
 fn joined(sa: &Switch, sb: &Switch, aa: IpAddr, ab: IpAddr) {
     let t = Instant::now();
-    while !(sa.holds(&Gid::from(ab)) && sb.holds(&Gid::from(aa))) {
+    let (na, nb) = (sa.default_network(), sb.default_network());
+    while !(sa.holds(&na, &Gid::from(ab)) && sb.holds(&nb, &Gid::from(aa))) {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "the two switches never reached each other's device"
