@@ -60,7 +60,8 @@ NS="${RXE_NS:-rxens}"
 BR="${RXE_BR:-rxebr0}"
 NET_PREFIX="${RXE_NET_PREFIX:-10.47.91}"
 HOST_IP="$NET_PREFIX.1"
-pv_ip()  { echo "$NET_PREFIX.$((20 + $1))"; }          # guest N -> 10.47.91.(20+N)
+# guest N -> 10.47.91.(20+N), or PV_IP_N (networks.sh: two tenants with the same addresses)
+pv_ip()  { local v="PV_IP_$1"; echo "${!v:-$NET_PREFIX.$((20 + $1))}"; }
 pv_tap() { echo "vrdtap$1"; }                          # guest N -> vrdtapN (inside $NS)
 pv_mac() { printf '52:54:00:4c:00:%02x\n' "$1"; }      # guest N -> 52:54:00:4c:00:0N
 

@@ -90,7 +90,7 @@ shared_serve_pid() { alive_pid "$1/daemon.pid" "$1/g1.vfio.sock"; }
 #   device is of the Nth kind in PVRDMA_KINDS ("pvrdma virtio-pci ...", default: every guest
 #   PVRDMA_KIND's); start.sh must boot it with that PVRDMA_KIND.
 shared_serve_start() {
-    local dir=$1 life=$2 k=$3 n tap tpid specs=() kinds
+    local dir=$1 life=$2 k=$3 n tap br net tpid specs=() kinds
     read -r -a kinds <<< "${PVRDMA_KINDS:-}"
     shift 3
     rm -rf "$dir"; mkdir -p "$dir"
@@ -98,9 +98,12 @@ shared_serve_start() {
     timeout 30 "$RXE_HARNESS/net.sh" up > /dev/null || { log "net.sh up failed"; return 1; }
     for ((n = 1; n <= k; n++)); do
         tap=$(pv_tap "$n")
+        # PV_BR_N, PV_NET_N: guest N's bridge and virtual network (networks.sh), else the harness's
+        br=PV_BR_$n; br=${!br:-$BR}
+        net=PV_NET_$n; net=${!net:-${PV_NET:-pvnet}}
         ip -n "$NS" tuntap add dev "$tap" mode tap || { log "cannot create $tap"; return 1; }
-        ip -n "$NS" link set "$tap" master "$BR" txqueuelen 10000 up
-        specs+=(--device "kind=${kinds[n - 1]:-$PV_KIND},socket=$dir/g$n.vfio.sock,netdev=$dir/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n,net=${PV_NET:-pvnet},ip=$(pv_ip "$n")")
+        ip -n "$NS" link set "$tap" master "$br" txqueuelen 10000 up
+        specs+=(--device "kind=${kinds[n - 1]:-$PV_KIND},socket=$dir/g$n.vfio.sock,netdev=$dir/g$n.net.sock,uplink=tap:$tap,mac=$(pv_mac "$n"),name=pvrdma-g$n,net=$net,ip=$(pv_ip "$n")")
     done
     # shellcheck disable=SC2086 # PVRDMA_SERVE_ARGS: extra options, split on spaces
     setsid nohup timeout -k 10 $((life + 60)) ip netns exec "$NS" env VRDMA_LOG="$PV_LOG" NO_COLOR=1 RUST_BACKTRACE=1 \

@@ -17,6 +17,7 @@
 //! | [`wq`] | a QP's send and receive rings and an SRQ's ring, taken into the engine's queues as they have room |
 //! | [`cq`] | [`cq::GuestCq`]: the engine's CQ sink for a CQ ring in guest memory |
 //! | [`status`] | [`Refused`]: a refused command's errno and what was wrong |
+//! | [`refusals`] | [`Refusals`]: every refusal counted by reason and logged, rate-limited |
 //! | [`budget`] | [`Budget`]: the object budget, applied again when the memory or the engine changes |
 //! | [`vfio`] | a PCI function with a vrdma device behind it ([`vfio::Served`]: PVRDMA, virtio-rdma as virtio-pci) served over vfio-user: socket, client, the device's event loop |
 #![forbid(unsafe_code)]
@@ -25,6 +26,7 @@ pub mod budget;
 pub mod cq;
 pub mod guest;
 pub mod pages;
+pub mod refusals;
 pub mod ring;
 pub mod status;
 pub mod vfio;
@@ -33,5 +35,6 @@ pub mod wq;
 pub use budget::Budget;
 pub use guest::GuestError;
 pub use pages::{Owner, PAGE_SIZE, PageList, RingPages};
+pub use refusals::{Refusal, Refusals};
 pub use ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Producer, Taken};
 pub use status::{OrRefuse, Refused};

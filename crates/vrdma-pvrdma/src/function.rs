@@ -169,6 +169,13 @@ impl<T: Transport> Pvrdma<T> {
         ] {
             v.push((format!("pvrdma.{k}"), n));
         }
+        v.extend(
+            self.state
+                .refusals
+                .fields()
+                .into_iter()
+                .map(|(k, n)| (format!("pvrdma.{k}"), n)),
+        );
         v
     }
 
@@ -397,12 +404,18 @@ impl<T: Transport> Pvrdma<T> {
             }
             Err(f) => {
                 self.state.stats.command_errors += 1;
-                tracing::debug!(
-                    command = f.cmd,
-                    error = f.err,
-                    what = f.what,
-                    "PVRDMA command refused"
-                );
+                let answer = format!("errno {}", f.err);
+                let r = vrdma_face::Refusal {
+                    kind: vrdma_face::refusals::Kind::Command,
+                    rule: f.what,
+                    opcode: f.cmd,
+                    object: 0,
+                    field: None,
+                    answer: &answer,
+                };
+                let now = self.state.device.now();
+                let name = std::thread::current().name().unwrap_or("pvrdma").to_owned();
+                self.state.refusals.note(now, &name, &r);
                 // The response header says it too (MODIFY_QP reads it).
                 let _ = guest::write_bytes(bus.mem, resp_slot, &f.response());
                 self.err = f.err;

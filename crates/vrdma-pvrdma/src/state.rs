@@ -81,6 +81,8 @@ pub(crate) struct State<T: Transport> {
     /// knows no SRQ errors), delivered after the engine's.
     face_events: Vec<(u32, u32)>,
     pub stats: FaceStats,
+    /// Refused commands, by reason, and their log.
+    pub refusals: vrdma_face::Refusals,
 }
 
 impl<T: Transport> State<T> {
@@ -110,6 +112,7 @@ impl<T: Transport> State<T> {
             busy_srqs: BTreeSet::new(),
             face_events: Vec::new(),
             stats: FaceStats::default(),
+            refusals: vrdma_face::Refusals::default(),
         }
     }
 

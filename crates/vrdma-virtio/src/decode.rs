@@ -820,13 +820,52 @@ pub struct FastReg {
 /// the WQE is malformed and completes with that status (the QP then goes
 /// to ERR), carrying its wr_id.
 pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus)> {
+    decode_send_why(wqe, qp).map_err(|m| (m.wr_id, m.status))
+}
+
+/// A malformed WQE: its wr_id, the status it completes with, its opcode,
+/// and why (the rule broken, the field and its value).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Malformed {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: u8,
+    pub rule: &'static str,
+    pub field: &'static str,
+    pub value: u64,
+}
+
+/// [`decode_send`], saying why a WQE is malformed.
+pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed> {
     let Ok((h, rest)) = abi::SendWqeHdr::read_from_prefix(wqe) else {
-        return Err((0, WcStatus::LocQpOpErr));
+        return Err(Malformed {
+            wr_id: 0,
+            status: WcStatus::LocQpOpErr,
+            opcode: 0,
+            rule: "a WQE shorter than its header",
+            field: "stride",
+            value: wqe.len() as u64,
+        });
     };
     let wr_id = h.wr_id.get();
-    let bad = |s| Err((wr_id, s));
+    let opcode = h.opcode;
+    let bad = |status, rule, field, value| {
+        Err(Malformed {
+            wr_id,
+            status,
+            opcode,
+            rule,
+            field,
+            value,
+        })
+    };
     if h.flags & !(abi::wr::FENCE | abi::wr::SIGNALED | abi::wr::SOLICITED | abi::wr::INLINE) != 0 {
-        return bad(WcStatus::LocQpOpErr);
+        return bad(
+            WcStatus::LocQpOpErr,
+            "a reserved flag",
+            "flags",
+            h.flags.into(),
+        );
     }
     let mut flags = SendFlags(0);
     for (bit, f) in [
@@ -851,7 +890,6 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
     let o = &h.op;
     let rdma = || abi::WqeRdma::read_from_bytes(o).ok();
     let atomic = || abi::WqeAtomic::read_from_bytes(o).ok();
-    let opcode = h.opcode;
     let op = match opcode {
         abi::wr::SEND => SendOp::Send,
         abi::wr::SEND_WITH_IMM => SendOp::SendWithImm { imm },
@@ -860,7 +898,12 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
         },
         abi::wr::RDMA_WRITE | abi::wr::RDMA_WRITE_WITH_IMM | abi::wr::RDMA_READ if connected => {
             let Some(r) = rdma() else {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "an RDMA segment",
+                    "opcode",
+                    opcode.into(),
+                );
             };
             let (remote_addr, rkey) = (r.remote_addr.get(), Rkey(r.rkey.get()));
             match opcode {
@@ -871,12 +914,24 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
                     imm,
                 },
                 _ if rc => SendOp::RdmaRead { remote_addr, rkey },
-                _ => return bad(WcStatus::LocQpOpErr),
+                _ => {
+                    return bad(
+                        WcStatus::LocQpOpErr,
+                        "an opcode the QP type takes",
+                        "opcode",
+                        opcode.into(),
+                    );
+                }
             }
         }
         abi::wr::ATOMIC_CMP_AND_SWP | abi::wr::ATOMIC_FETCH_AND_ADD if rc => {
             let Some(a) = atomic() else {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "an atomic segment",
+                    "opcode",
+                    opcode.into(),
+                );
             };
             let (remote_addr, rkey) = (a.remote_addr.get(), Rkey(a.rkey.get()));
             if opcode == abi::wr::ATOMIC_CMP_AND_SWP {
@@ -899,12 +954,22 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
         },
         abi::wr::BIND_MW if !datagram => {
             let Ok(b) = abi::WqeBindMw::read_from_bytes(o) else {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "a BIND_MW segment",
+                    "opcode",
+                    opcode.into(),
+                );
             };
             let mw = b.mw.get();
             let access = b.access.get();
             if access & !abi::access::MR_BITS != 0 {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "access bits of an MR",
+                    "access",
+                    access.into(),
+                );
             }
             SendOp::BindMw {
                 mw: Rkey(mw),
@@ -917,20 +982,36 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
         }
         abi::wr::REG_MR if !datagram => {
             let Ok(r) = abi::WqeRegMr::read_from_bytes(o) else {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "a REG_MR segment",
+                    "opcode",
+                    opcode.into(),
+                );
             };
             let key = r.key.get();
             let access = r.access.get();
             let shift = r.page_shift;
             let npages = r.npages.get();
-            if access & !abi::access::MR_BITS != 0
-                || !(12..=30).contains(&shift)
-                || npages == 0
-                || !r.page_list.get().is_multiple_of(8)
-                || count != 0
-                || inline
-            {
-                return bad(WcStatus::LocQpOpErr);
+            let refuse = |rule, field, value: u64| bad(WcStatus::LocQpOpErr, rule, field, value);
+            if access & !abi::access::MR_BITS != 0 {
+                return refuse("access bits of an MR", "access", access.into());
+            }
+            if !(12..=30).contains(&shift) {
+                return refuse("a page shift of 12 to 30", "page_shift", shift.into());
+            }
+            if npages == 0 {
+                return refuse("a page list of one page or more", "npages", 0);
+            }
+            if !r.page_list.get().is_multiple_of(8) {
+                return refuse(
+                    "an 8-byte aligned page list",
+                    "page_list",
+                    r.page_list.get(),
+                );
+            }
+            if count != 0 || inline {
+                return refuse("no data with a local operation", "count", count as u64);
             }
             let iova = r.iova.get();
             return Ok(SendWqe {
@@ -954,38 +1035,95 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
                 }),
             });
         }
-        _ => return bad(WcStatus::LocQpOpErr),
+        _ => {
+            return bad(
+                WcStatus::LocQpOpErr,
+                "an opcode the QP type takes",
+                "opcode",
+                opcode.into(),
+            );
+        }
     };
     // A local operation carries no data: its count is 0 (§7.9).
     if op.is_local() && count != 0 {
-        return bad(WcStatus::LocQpOpErr);
+        return bad(
+            WcStatus::LocQpOpErr,
+            "no data with a local operation",
+            "count",
+            count as u64,
+        );
     }
     let payload = if inline {
         if op.is_local() || op.is_read_or_atomic() {
-            return bad(WcStatus::LocQpOpErr);
+            return bad(
+                WcStatus::LocQpOpErr,
+                "INLINE only with a SEND or WRITE",
+                "opcode",
+                opcode.into(),
+            );
         }
         if count as u64 > u64::from(qp.max_inline) || count > rest.len() {
-            return bad(WcStatus::LocLenErr);
+            return bad(
+                WcStatus::LocLenErr,
+                "inline data within max_inline_data and the stride",
+                "count",
+                count as u64,
+            );
         }
         Payload::Inline(rest[..count].to_vec())
     } else {
         if count as u64 > u64::from(qp.max_sge) || count * SGE as usize > rest.len() {
-            return bad(WcStatus::LocLenErr);
+            return bad(
+                WcStatus::LocLenErr,
+                "SGEs within max_send_sge and the stride",
+                "count",
+                count as u64,
+            );
         }
         match vrdma_face::wq::sges(rest, count) {
             Some(s) => Payload::Sges(s),
-            None => return bad(WcStatus::LocLenErr),
+            None => {
+                return bad(
+                    WcStatus::LocLenErr,
+                    "SGEs whose lengths add up to 2^32 at most",
+                    "count",
+                    count as u64,
+                );
+            }
         }
     };
     let ud = if datagram {
         let Ok(u) = abi::WqeUd::read_from_bytes(o) else {
-            return bad(WcStatus::LocQpOpErr);
+            return bad(
+                WcStatus::LocQpOpErr,
+                "a UD segment",
+                "opcode",
+                opcode.into(),
+            );
         };
+        if u.av.reserved.get() != 0 {
+            return bad(
+                WcStatus::LocQpOpErr,
+                "an address vector's reserved field 0",
+                "av.reserved",
+                u.av.reserved.get().into(),
+            );
+        }
         let Ok(attr) = ah_attr(&u.av, 1) else {
-            return bad(WcStatus::LocQpOpErr);
+            return bad(
+                WcStatus::LocQpOpErr,
+                "an address vector with a destination GID",
+                "av.dgid",
+                0,
+            );
         };
         let Ok(remote_qpn) = Qpn::try_from(u.remote_qpn.get()) else {
-            return bad(WcStatus::LocQpOpErr);
+            return bad(
+                WcStatus::LocQpOpErr,
+                "a remote QPN below 2^24",
+                "remote_qpn",
+                u.remote_qpn.get().into(),
+            );
         };
         Some(UdDest {
             av: Av::Inline(attr),

@@ -26,8 +26,9 @@ use vrdma_engine::{
     wc::{Wc, WcStatus},
 };
 use vrdma_face::{
-    Budget, GuestRing, PageList, Refused,
+    Budget, GuestRing, PageList, Refusal, Refusals, Refused,
     cq::{GuestCq, SharedMem},
+    refusals,
     ring::{FreeRunning, Indices},
     status::OrRefuse,
     wq::{self, QpQueues, SrqQueue},
@@ -305,6 +306,16 @@ pub struct VirtioRdma<T: Transport> {
     fatal: bool,
     scratch: Vec<u32>,
     pub stats: FaceStats,
+    /// Refused commands and WQEs, by reason, and their log.
+    refusals: Refusals,
+}
+
+/// The name the device's thread carries (its `--device` name), for logs.
+fn device_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("virtio-rdma")
+        .to_owned()
 }
 
 impl<T: Transport> VirtioRdma<T> {
@@ -347,6 +358,7 @@ impl<T: Transport> VirtioRdma<T> {
             fatal: false,
             scratch: Vec::new(),
             stats: FaceStats::default(),
+            refusals: Refusals::default(),
         }
     }
 
@@ -455,7 +467,17 @@ impl<T: Transport> VirtioRdma<T> {
             Ok(body) => (None, body),
             Err(e) => {
                 self.stats.refused += 1;
-                tracing::debug!(error = %e, "virtio-rdma command refused");
+                let errno = format!("errno {}", e.errno);
+                let r = Refusal {
+                    kind: refusals::Kind::Command,
+                    rule: e.what,
+                    opcode: opcode.map_or(0, u32::from),
+                    object: 0,
+                    field: None,
+                    answer: &errno,
+                };
+                let now = self.device.now();
+                self.refusals.note(now, &device_name(), &r);
                 (Some(e), Vec::new())
             }
         };
@@ -1345,13 +1367,9 @@ impl<T: Transport> VirtioRdma<T> {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
+        let now = self.device.now();
         let engine = self.device.engine_mut();
-        let shape = q.shape;
-        let max_recv = q.max_recv_sge;
-        let t = q
-            .queues
-            .take_sends(&mem, engine, |e, engine| send_wqe(&mem, e, &shape, engine))
-            .and(q.queues.take_recvs(&mem, engine, |e| recv_wqe(e, max_recv)));
+        let t = take_wqes(q, &mem, engine, &mut self.refusals, now, qpn);
         self.stats.wqes += u64::from(t.entries);
         self.stats.malformed_wqes += u64::from(t.malformed);
         if t.broken {
@@ -1466,14 +1484,10 @@ impl<T: Transport> VirtioRdma<T> {
                 self.busy_qps.remove(&qpn);
                 continue;
             };
+            let now = self.device.now();
             let engine = self.device.engine_mut();
             if q.queues.pending(&mem) {
-                let shape = q.shape;
-                let max_recv = q.max_recv_sge;
-                let t = q
-                    .queues
-                    .take_sends(&mem, engine, |e, engine| send_wqe(&mem, e, &shape, engine))
-                    .and(q.queues.take_recvs(&mem, engine, |e| recv_wqe(e, max_recv)));
+                let t = take_wqes(q, &mem, engine, &mut self.refusals, now, qpn);
                 self.stats.wqes += u64::from(t.entries);
                 self.stats.malformed_wqes += u64::from(t.malformed);
                 if t.broken {
@@ -1679,6 +1693,12 @@ impl<T: Transport> VirtioRdma<T> {
         ] {
             c.push((format!("virtio.{k}"), v));
         }
+        c.extend(
+            self.refusals
+                .fields()
+                .into_iter()
+                .map(|(k, v)| (format!("virtio.{k}"), v)),
+        );
         c
     }
 }
@@ -1742,6 +1762,36 @@ fn event_code(e: AsyncEvent) -> (u32, u32) {
     }
 }
 
+/// What QP `qpn`'s rings hold, taken into the engine as far as it has
+/// room; each malformed send WQE noted (counted by reason, logged).
+fn take_wqes(
+    q: &mut QpFace,
+    mem: &GuestMemoryMmap<()>,
+    engine: &mut Engine,
+    refusals: &mut Refusals,
+    now: u64,
+    qpn: u32,
+) -> vrdma_face::Taken {
+    let (shape, max_recv) = (q.shape, q.max_recv_sge);
+    q.queues
+        .take_sends(mem, engine, |e, engine| {
+            send_wqe(mem, e, &shape, engine).map_err(|m| {
+                let answer = format!("{:?}", m.status);
+                let r = Refusal {
+                    kind: refusals::Kind::SendWqe,
+                    rule: m.rule,
+                    opcode: m.opcode.into(),
+                    object: qpn,
+                    field: Some((m.field, m.value)),
+                    answer: &answer,
+                };
+                refusals.note(now, &device_name(), &r);
+                (m.wr_id, m.status)
+            })
+        })
+        .and(q.queues.take_recvs(mem, engine, |e| recv_wqe(e, max_recv)))
+}
+
 /// A send WQE from its copy, for the engine: decoded, a fast
 /// registration's page list read (a copy), keys resolved to the objects'
 /// current ones.
@@ -1750,9 +1800,20 @@ fn send_wqe(
     entry: &[u8],
     shape: &SendShape,
     engine: &Engine,
-) -> Result<wq::SendWqe, (u64, WcStatus)> {
-    let w = decode::decode_send(entry, shape)?;
-    let bad = |s| Err((w.wr_id, s));
+) -> Result<wq::SendWqe, decode::Malformed> {
+    let w = decode::decode_send_why(entry, shape)?;
+    // (the header's opcode byte, after the wr_id)
+    let opcode = entry.get(8).copied().unwrap_or(0);
+    let bad = |status, rule, field, value| {
+        Err(decode::Malformed {
+            wr_id: w.wr_id,
+            status,
+            opcode,
+            rule,
+            field,
+            value,
+        })
+    };
     let (sges, inline) = match w.payload {
         Payload::Sges(s) => (s, None),
         Payload::Inline(d) => (Vec::new(), Some(d)),
@@ -1762,35 +1823,55 @@ fn send_wqe(
     match &mut op {
         vrdma_engine::wr::SendOp::RegMr { mr, .. } => {
             let Some(f) = w.fast_reg else {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(WcStatus::LocQpOpErr, "a REG_MR segment", "opcode", 0);
             };
             // The MR by its index (the WQE names the key it takes).
             let Some(cur) = engine.current_lkey(f.mr.0 >> 8) else {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "a key naming a fast-registration MR",
+                    "key",
+                    f.mr.0.into(),
+                );
             };
             let max = engine.query_device().max_fast_reg_page_list_len;
             if f.npages > max {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "npages within max_fast_reg_page_list_len",
+                    "npages",
+                    f.npages.into(),
+                );
             }
             // A page list or page outside guest memory is a protection
             // error (§7.9), a misaligned page a malformed WQE.
             let Ok(pages) = PageList::read(mem, f.page_list, f.npages as usize) else {
-                return bad(WcStatus::LocProtErr);
+                return bad(
+                    WcStatus::LocProtErr,
+                    "a page list in guest memory",
+                    "page_list",
+                    f.page_list,
+                );
             };
-            if pages
+            if let Some(p) = pages
                 .pages()
                 .iter()
-                .any(|p| !p.is_multiple_of(1u64 << f.page_shift))
+                .find(|p| !p.is_multiple_of(1u64 << f.page_shift))
             {
-                return bad(WcStatus::LocQpOpErr);
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "pages aligned to the page size",
+                    "page",
+                    *p,
+                );
             }
             let page = 1usize << f.page_shift;
-            if pages
+            if let Some(p) = pages
                 .pages()
                 .iter()
-                .any(|&p| mem.get_slice(GuestAddress(p), page).is_err())
+                .find(|&&p| mem.get_slice(GuestAddress(p), page).is_err())
             {
-                return bad(WcStatus::LocProtErr);
+                return bad(WcStatus::LocProtErr, "pages in guest memory", "page", *p);
             }
             *mr = cur;
             fast_reg = Some((
@@ -1804,7 +1885,12 @@ fn send_wqe(
         }
         vrdma_engine::wr::SendOp::BindMw { mw, .. } => {
             let Some(cur) = engine.current_rkey(mw.0 >> 8) else {
-                return bad(WcStatus::MwBindErr);
+                return bad(
+                    WcStatus::MwBindErr,
+                    "a key naming a memory window",
+                    "mw",
+                    mw.0.into(),
+                );
             };
             *mw = cur;
         }

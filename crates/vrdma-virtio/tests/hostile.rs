@@ -11,7 +11,7 @@ use std::{sync::Arc, time::Duration};
 use vhost::VringConfigData;
 use vrdma_testkit::virtio::*;
 use vrdma_virtio::abi::{self, event, op, qp_type, status};
-use zerocopy::IntoBytes;
+use zerocopy::{FromZeros, IntoBytes};
 
 static NET: Net = Net::new(27);
 
@@ -819,4 +819,47 @@ fn a_virtqueue_the_device_cannot_use_resets_the_device_not_for_good() {
     let mut s = Side::on(fe, dev.gid());
     let _ = s.qp(qp_type::RC);
     good.check(&[&dev]);
+}
+
+/// Issue 38: a refusal can be seen — a malformed WQE and a refused command
+/// are counted by the rule they broke (`virtio.refused.*` in `vrdma stat`)
+/// beside the bare totals, and logged (rate-limited).
+#[test]
+fn refused_wqes_and_commands_are_counted_by_reason() {
+    let dev = NET.device("refusal-reasons");
+    let db = NET.device("refusal-reasons-b");
+    let mut a = Side::new(&dev);
+    let mut b = Side::new(&db);
+    let mut qa = a.qp(qp_type::UD);
+    let qb = b.qp(qp_type::UD);
+    connect(&mut a, &qa, &mut b, &qb);
+    let reason = |k: &str| {
+        dev.backend
+            .counters()
+            .iter()
+            .find(|(n, _)| n == k)
+            .map_or(0, |(_, v)| *v)
+    };
+    let mut bad_av = av(b.gid);
+    bad_av.reserved = 1.into();
+    qa.post_send(&Wqe::send(5, &[a.mr.sge(0, 8)]).ud(bad_av, qb.qpn, QKEY));
+    let c = a.cq.wait(1, "the malformed send's completion");
+    assert_eq!((c[0].wr_id.get(), c[0].status), (5, wc::LOC_QP_OP_ERR));
+    assert_eq!(
+        reason("virtio.refused.send_wqe.an_address_vector_s_reserved_field_0"),
+        1
+    );
+    assert_eq!(reason("virtio.malformed_wqes"), 1);
+    // A command on a handle that names nothing.
+    let mut attrs = abi::QpAttrs::new_zeroed();
+    attrs.qp_state = state::RTS.into();
+    assert!(a.fe.modify_qp(&a.ctx, 4242, mask::STATE, &attrs).is_err());
+    let refused: u64 = dev
+        .backend
+        .counters()
+        .iter()
+        .filter(|(n, _)| n.starts_with("virtio.refused.command."))
+        .map(|(_, v)| *v)
+        .sum();
+    assert!(refused >= 1, "the refused MODIFY_QP counted by its reason");
 }
