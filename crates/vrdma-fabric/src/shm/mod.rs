@@ -319,6 +319,16 @@ impl Switch {
         })
     }
 
+    /// The network called `name`, if this switch has one (nothing is
+    /// made: a peer's names are looked up, never kept).
+    pub(crate) fn find_network(&self, name: &str) -> Option<Network> {
+        let n = lock(&self.inner.networks);
+        n.named.get_key_value(name).map(|(k, id)| Network {
+            id: *id,
+            name: Some(Arc::clone(k)),
+        })
+    }
+
     /// A network no other port is on, nor any other daemon's device: a
     /// device alone on it reaches nothing through memory.
     pub fn private_network(&self) -> Network {

@@ -1352,8 +1352,7 @@ impl Runner {
                 // be on.
                 let local = self
                     .switch
-                    .network(&net)
-                    .ok()
+                    .find_network(&net)
                     .filter(|n| self.live_ports().iter().any(|p| p.net.id == n.id));
                 let (Some(local), true) = (local, self.granted(i).network(&net)) else {
                     self.stats.networks_refused.fetch_add(1, Ordering::Relaxed);
