@@ -106,8 +106,8 @@ pair() {
     fi
     hc=$("$PV_DIR/exec.sh" -i "$c" -t 240 -b "$ccmd $sip")
     local i
-    for ((i = 0; i < 1000 && ! -s "$hc.rc"; i++)); do sleep 0.2; done
-    for ((i = 0; i < 300 && ! -s "$hs.rc"; i++)); do sleep 0.2; done
+    for ((i = 0; i < 1000; i++)); do [ -s "$hc.rc" ] && break; sleep 0.2; done
+    for ((i = 0; i < 300; i++)); do [ -s "$hs.rc" ] && break; sleep 0.2; done
     crc=$(cat "$hc.rc" 2>/dev/null || echo timeout); src=$(cat "$hs.rc" 2>/dev/null || echo timeout)
     pcap_stop "$OUT/$tag.s.pcap" > /dev/null; pcap_stop "$OUT/$tag.c.pcap" > /dev/null
     { echo "== server (g$s, rc $src): $scmd"; cat "$hs.stdout" "$hs.stderr"
