@@ -687,6 +687,9 @@ pub(super) struct InRing {
     link: Arc<Link>,
     /// The peer's addresses as last read, and the generation read.
     allowed: (u64, Arc<HashSet<(NetId, Gid)>>),
+    /// The last source found in `allowed` (a ring's packets mostly come
+    /// from one address: no hash per packet), forgotten with it.
+    last_src: Option<Gid>,
 }
 
 /// Records one [`InRing::receive`] looks at beyond its budget of delivered
@@ -738,15 +741,20 @@ impl InRing {
         let generation = self.link.generation.load(Ordering::Acquire);
         if generation != self.allowed.0 {
             self.allowed = (generation, Arc::clone(&lock(&self.link.allowed)));
+            self.last_src = None;
         }
         let (mut n, mut refused, mut taken) = (0, 0, false);
         while n < budget && refused < REFUSED_PER_BUDGET * budget {
             match self.consumer.pop(buf) {
                 Ok(r) => {
                     taken = true;
-                    if !self.allowed.1.contains(&(self.net, r.route.src))
-                        || !local.contains(&r.route.dst)
-                    {
+                    let src = r.route.src;
+                    let allowed = self.last_src == Some(src)
+                        || self.allowed.1.contains(&(self.net, src)) && {
+                            self.last_src = Some(src);
+                            true
+                        };
+                    if !allowed || !local.contains(&r.route.dst) {
                         stats.rx_refused += 1;
                         refused += 1;
                         continue;
@@ -1564,6 +1572,7 @@ impl Runner {
                     event,
                     link: Arc::clone(&p.link),
                     allowed: (u64::MAX, Arc::new(HashSet::new())),
+                    last_src: None,
                 };
                 lock(&port.incoming).push(ring);
                 port.incoming_gen.fetch_add(1, Ordering::AcqRel);
