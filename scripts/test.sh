@@ -105,6 +105,12 @@ if [ "$(id -u)" = 0 ] && [ -x "$harness/start.sh" ]; then
     # AHs, rdma_cm across fork; none may fail, and the 86 named in
     # scripts/virtio-guest/rdma-core-tests.pass must pass (about 1
     # minute, TCG).
+    # Virtual networks under real guests: two tenants' PVRDMA and virtio-rdma guests with the
+    # same addresses on one daemon; ib_send_lat and rdma_cm's ib_send_lat -R inside each network
+    # over shared memory, nothing on the wire, the other tenant's counters unmoved. About 3
+    # minutes (TCG).
+    echo "== two tenants with overlapping addresses on one daemon (virtual networks)"
+    scripts/pvrdma-guest/networks.sh
     echo "== rdma-core's test suite on a virtio-rdma guest"
     scripts/virtio-guest/rdma-core-tests.sh
     # The conformance diff against rxe: verbs' attributes through edge values (AH flow labels

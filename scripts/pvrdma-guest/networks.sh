@@ -11,7 +11,7 @@
 # other tenant). Each pair must pass, leave no RoCEv2 on either guest's TAP (it went through the
 # daemon's shared memory: the server's shm.rx_packets grows) — and the other tenant's two
 # devices' counters (shm.rx_packets, engine packets received) must not move while it runs.
-#   scripts/pvrdma-guest/networks.sh       # about 8 minutes under TCG once the images exist
+#   scripts/pvrdma-guest/networks.sh       # about 2-3 minutes under TCG once the images exist
 # Builds vrdma unless PVRDMA_NO_BUILD=1. Exit: the number of failed checks, 125 the harness
 # failed. Logs: target/pvrdma-guest/networks/ (summary.txt, each pair's log and captures).
 set -uo pipefail
