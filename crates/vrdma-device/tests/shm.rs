@@ -412,6 +412,70 @@ fn the_path_is_chosen_per_destination() {
     assert_eq!(counter(&a, "shm.tx_packets"), counter(&b, "shm.rx_packets"));
 }
 
+/// Issue 37: devices of two networks on one switch reach each other only
+/// as the host's network lets them — here over UDP — never through memory;
+/// a device of the sender's own network is reached through memory; and a
+/// device takes as a GID only the addresses it owns (a guest's SET_GID of
+/// another network's address is refused before it reaches the switch).
+#[test]
+fn devices_of_two_networks_on_one_switch_meet_only_on_the_wire() {
+    use vrdma_fabric::shm::Owned;
+    let mtu = Mtu::Mtu1024;
+    let sw = Switch::new();
+    let (n1, n2) = (sw.network("n1").unwrap(), sw.network("n2").unwrap());
+    let on = |net: &vrdma_fabric::shm::Network, last: u8| {
+        let owned = Owned::Only(vec![Gid::from(v4(last))]);
+        let net = net.clone();
+        common::end_behind(vrdma_fabric::udp::Config::new(v4(last)), Some(mtu), |p| {
+            SameHost::on(Some((&sw, &net)), owned, p)
+        })
+    };
+    let mut a = on(&n1, 30);
+    let mut b = on(&n2, 31);
+    let mut c = on(&n1, 32);
+    // The GIDs a device may take: its own, not another network's.
+    assert!(a.dev.transport().admits_gid(&a.gid));
+    assert!(!a.dev.transport().admits_gid(&b.gid));
+    let (qab, qb) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
+    let (qac, qc) = (qp(&mut a, QpType::Rc), qp(&mut c, QpType::Rc));
+    let (ga, gb, gc) = (a.gid, b.gid, c.gid);
+    connect(&mut a, qab, gb, qb, mtu);
+    connect(&mut b, qb, ga, qab, mtu);
+    connect(&mut a, qac, gc, qc, mtu);
+    connect(&mut c, qc, ga, qac, mtu);
+    fill(&mut a, BASE, 20_000, 6);
+    for (qpn, rkey, id) in [(qab, b.rkey, 1), (qac, c.rkey, 2)] {
+        let op = SendOp::RdmaWrite {
+            remote_addr: BASE + 0x10_0000,
+            rkey,
+        };
+        send(&mut a, qpn, id, op, BASE, 20_000);
+    }
+    let limit = Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        a.dev.progress().unwrap();
+        b.dev.progress().unwrap();
+        c.dev.progress().unwrap();
+        a.dev.engine_mut().poll_cq(a.cq, 8, &mut got).unwrap();
+        assert!(Instant::now() < limit, "only {got:?}");
+    }
+    assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+    for e in [
+        &bytes(&b, BASE + 0x10_0000, 20_000),
+        &bytes(&c, BASE + 0x10_0000, 20_000),
+    ] {
+        same(e, bytes(&a, BASE, 20_000), "WRITE");
+    }
+    // b, of the other network, heard a only over UDP; c only through memory.
+    assert_eq!(counter(&b, "shm.rx_packets"), 0);
+    assert!(counter(&b, "udp.rx_datagrams") >= 20);
+    assert_eq!(counter(&c, "udp.rx_datagrams"), 0);
+    assert!(counter(&c, "shm.rx_bytes") >= 20_000);
+    // a's packets for b: to the uplink, held by another network here.
+    assert!(counter(&a, "shm.tx_other_network") >= 20);
+}
+
 /// The receiving engine checks a packet from shm as one from the wire: a
 /// WRITE with a key that names no MR of the peer's ends in a remote
 /// access error and changes nothing; one past the MR's end too.
