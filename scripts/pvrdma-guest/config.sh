@@ -39,6 +39,8 @@ else
     PV_INITRD="$RXE_CACHE_DIR/initrd.img"
     PV_IMAGE_CMD="scripts/pvrdma-guest/image.sh"
 fi
+# PVRDMA_IMAGE: another root for the guest on the same kernel (scripts/middleware/image.sh's images)
+PV_IMAGE="${PVRDMA_IMAGE:-$PV_IMAGE}"
 # pv_images [KIND...]: makes sure the images of the guests' kinds (default: PV_KIND) are built
 #   and current — the PVRDMA image always (its script also installs QEMU 11), the virtio-rdma one
 #   when a kind is virtio-pci; their output goes to stdout/stderr (callers keep it in a log)

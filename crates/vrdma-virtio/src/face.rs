@@ -81,11 +81,12 @@ pub fn device_attr(mac: [u8; 6]) -> DeviceAttr {
         vendor_part_id: u32::from(abi::PCI_DEVICE_ID),
         max_qp: 1 << 16,
         max_cq: 1 << 15,
-        // A ring of 2^18 entries (8 MiB of guest memory) is the largest:
-        // libfabric's rxm asks for 135 168 CQEs by default (rxe offers
-        // 32 767, hardware millions). What a CQ costs the daemon does not
-        // grow with it: its ring is the guest's.
-        max_cqe: (1 << 18) - 1,
+        // A ring of 2^22 entries (128 MiB of guest memory, a page list of
+        // 32 768 pages) is the largest, as on ConnectX (4 194 303 CQEs):
+        // libfabric's rxm asks for 135 168 CQEs by default in 1.17 and
+        // 262 144 in 2.1 (rxe offers 32 767). What a CQ costs the daemon
+        // does not grow with it: its ring is the guest's.
+        max_cqe: (1 << 22) - 1,
         max_srq: 1 << 14,
         // REG_MR takes page shifts 12 ..= 30.
         page_size_cap: 0x7fff_f000,
