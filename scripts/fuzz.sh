@@ -3,7 +3,7 @@
 # fuzz/seeds/ (real rxe packets), with the corpus kept in fuzz/corpus/.
 #
 #   scripts/fuzz.sh          # 10 minutes per target
-#   scripts/fuzz.sh 30       # a smoke run (what the test script does)
+#   scripts/fuzz.sh 20       # a smoke run (what the test script does)
 #
 # Builds are optimised with debug assertions and overflow checks on (cargo
 # fuzz's default; -O would turn them off). cargo fuzz needs nightly-only

@@ -23,7 +23,8 @@
 #   NVMe-oF: scripts/virtio-guest/nvmf.sh (in CI).
 #
 #   scripts/middleware/matrix.sh                 # both faces, every test, both roles (~40 min TCG)
-#   scripts/middleware/matrix.sh --quick         # CI's subset: virtio against rxe (~4 min)
+#   scripts/middleware/matrix.sh --quick         # CI's subset: a virtio-rdma guest serving an rxe
+#                                                # guest: UCX rc and ud, libfabric rdm, MPI (~4 min)
 #   MW_FACES=pvrdma scripts/middleware/matrix.sh # one face;  MW_ONLY=REGEX: tests whose tag matches
 # Exit: the number of failed checks (125: the harness failed). Evidence: target/middleware/out/
 # (summary.txt, figures.txt, each test's log, the daemon's counters).
@@ -129,7 +130,7 @@ ucx_tests() { # ucx_tests PREFIX SERVER CLIENT
     for tls in rc_v ud_v; do
         for t in $UCX_TESTS; do
             IFS=: read -r name size n <<< "$t"
-            [ $QUICK = 1 ] && case $tls.$name in rc_v.tag_lat | rc_v.tag_bw | ud_v.tag_lat) ;; *) continue ;; esac
+            [ $QUICK = 1 ] && case $tls.$name in rc_v.tag_lat | ud_v.tag_lat) ;; *) continue ;; esac
             local env="$UCX_ENV UCX_NET_DEVICES=\$RXE_DEV:1 UCX_TLS=$tls,self"
             pair "$1.ucx.$tls.$name" "$2" "$3" \
                 "$env ucx_perftest $UCX_P0 -p $port -t $name -s $size -n $n -w 50" \
@@ -156,7 +157,7 @@ mpi_test() { # mpi_test PREFIX SERVER CLIENT
     [[ "$tag" =~ $ONLY ]] || return 0
     sip=$(node_ip "$2"); cip=$(node_ip "$3")
     local cmd="export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;
-timeout 600 mpirun --allow-run-as-root -np 2 --host $cip:1,$sip:1 --mca pml ucx --mca btl self \
+timeout 600 mpirun --allow-run-as-root -np 2 --host \$(hostname):1,$sip:1 --map-by node --mca pml ucx --mca btl self \
   --mca osc ucx -x UCX_TLS=rc_v,self $(for e in $UCX_ENV; do printf -- '-x %s ' "$e"; done)-x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   /usr/local/bin/mpi_check"
     local rc why=""
@@ -293,13 +294,20 @@ for FACE in $FACES; do
         "$PV_DIR/start.sh" -i $n -l $LIFE -x "$SERVE" "$SETUP" > "$OUT/start-$FACE-v$n.log" 2>&1 \
             || { cat "$OUT/start-$FACE-v$n.log"; say "guest v$n did not start"; exit 125; }
     done
-    RXE_CACHE_DIR=$MWDIR "$RXE_HARNESS/start.sh" -i $R -l $LIFE "$SETUP" > "$OUT/start-$FACE-r$R.log" 2>&1 \
-        || { cat "$OUT/start-$FACE-r$R.log"; say "the rxe guest did not start"; exit 125; }
+    # The rxe harness boots with the host's QEMU (7.2, TCG, -cpu max); Debian 13's kernel has been
+    # seen to panic there in early boot (sched_clock_cpu, about one boot in ten): a second try.
+    for try in 1 2; do
+        RXE_CACHE_DIR=$MWDIR "$RXE_HARNESS/start.sh" -i $R -l $LIFE "$SETUP" > "$OUT/start-$FACE-r$R.log" 2>&1 && break
+        cp "$OUT/start-$FACE-r$R.log" "$OUT/start-$FACE-r$R.try$try.log"
+        RXE_CACHE_DIR=$MWDIR "$RXE_HARNESS/stop.sh" -i $R > /dev/null 2>&1
+        [ $try = 2 ] && { cat "$OUT/start-$FACE-r$R.log"; say "the rxe guest did not start"; exit 125; }
+        say "the rxe guest did not start (try $try; log: $OUT/start-$FACE-r$R.try$try.log); once more"
+    done
     say "$FACE: guests up ($REL): v1 $(node_ip v1)$([ $NV = 2 ] && echo ", v2 $(node_ip v2)"), rxe r$R $(node_ip r$R)"
     on v1 60 'for p in libucx0 libfabric1 openmpi-bin; do dpkg-query -W -f="\${Package} \${Version}\n" $p; done; ucx_info -v | head -n2; uname -r' \
         > "$OUT/versions-$FACE.txt" 2>&1
     run_pair "$FACE.v-serves-rxe" v1 r$R
-    run_pair "$FACE.rxe-serves-v" r$R v1
+    [ $QUICK = 1 ] || run_pair "$FACE.rxe-serves-v" r$R v1
     [ $NV = 2 ] && run_pair "$FACE.v-serves-v" v1 v2
     stop_guests
 done
