@@ -6,10 +6,11 @@
 #   scripts/middleware/image.sh REL --force
 # Writes target/middleware/REL/rootfs.img: a copy of that image with UCX (ucx-utils), libfabric
 # (libfabric-bin), OpenMPI (openmpi-bin, libopenmpi-dev), an SSH server and a key every guest of
-# the image trusts (mpirun starts its daemons over SSH), NFS (nfs-kernel-server), iSER (targetcli-fb,
-# open-iscsi), SMB (ksmbd-tools, cifs-utils), and guest/middleware/mpi_check.c built with the
-# release's mpicc (-Wall -Wextra -Werror) into /usr/local/bin/mpi_check. The same directory holds
-# what the rxe harness needs to boot the image as an rxe guest (RXE_CACHE_DIR=target/middleware/REL):
+# the image trusts (mpirun starts its daemons over SSH), NFS (nfs-kernel-server), iSER
+# (targetcli-fb, open-iscsi; dbus, as targetcli asks the system bus for TCMU backstores), SMB
+# (ksmbd-tools, cifs-utils), and guest/middleware/mpi_check.c built with the release's mpicc
+# (-Wall -Wextra -Werror) into /usr/local/bin/mpi_check. The same directory holds what the rxe
+# harness needs to boot the image as an rxe guest (RXE_CACHE_DIR=target/middleware/REL):
 # the base image's kernel, busybox initrd and accel. Rebuilt only when an input changed (the base
 # image, this script, mpi_check.c). Root; the network is Debian's mirror (apt in the root).
 set -euo pipefail
@@ -20,7 +21,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 case "$REL" in
     bookworm) export PVRDMA_KIND=pvrdma ;;
     trixie) export PVRDMA_KIND=virtio-pci ;;
-    *) sed -n '2,14p' "$0"; exit 2 ;;
+    *) sed -n '2,15p' "$0"; exit 2 ;;
 esac
 . "$here/../pvrdma-guest/config.sh"
 need_root
@@ -29,7 +30,7 @@ mkdir -p "$MW"
 pv_images > "$MW/base-image.log" 2>&1 || { tail -20 "$MW/base-image.log" >&2; die "the base image failed (log: $MW/base-image.log)"; }
 SRC=$PV_IMAGE
 PACKAGES="ucx-utils libfabric-bin openmpi-bin libopenmpi-dev gcc libc6-dev openssh-server openssh-client
-nfs-kernel-server nfs-common rpcbind targetcli-fb open-iscsi ksmbd-tools cifs-utils keyutils"
+nfs-kernel-server nfs-common rpcbind targetcli-fb dbus open-iscsi ksmbd-tools cifs-utils keyutils"
 
 inputs() {
     echo "base: $(readlink -f "$SRC") $(stat -c '%s %Y' "$SRC")"

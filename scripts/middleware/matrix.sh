@@ -117,8 +117,9 @@ figure() {
     local f=$2
     case $1 in
         *ucx.*_lat*) awk '/^Final:/ { print $3 " us (median)" }' "$f" 2>/dev/null | tail -n1 ;;
+        *ucx.*_add*) awk '/^Final:/ { print $8 " msg/s" }' "$f" 2>/dev/null | tail -n1 ;;
         *ucx.*) awk '/^Final:/ { print $6 " MB/s" }' "$f" 2>/dev/null | tail -n1 ;;
-        *mpi*) awk '/pingpong 8 B/ { l = $5 " us" } /^bandwidth/ { b = $5 " MB/s" } END { print l, b }' "$f" 2>/dev/null ;;
+        *mpi*) awk '/pingpong 8 B/ { l = $5 " us" } /^bandwidth/ { b = $6 " MB/s" } END { print l, b }' "$f" 2>/dev/null ;;
     esac
 }
 
@@ -215,6 +216,8 @@ iser_test() { # iser_test PREFIX SERVER CLIENT
     local sip; sip=$(node_ip "$2")
     local setup="set -e; mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
 modprobe ib_isert; truncate -s $((2 * MB))M /root/lun.img
+# targetcli asks the system bus for TCMU backstores at start
+mkdir -p /run/dbus; [ -S /run/dbus/system_bus_socket ] || dbus-daemon --system --fork
 targetcli /backstores/fileio create name=lun0 file_or_dev=/root/lun.img size=$((2 * MB))M write_back=false
 targetcli /iscsi create $IQN
 targetcli /iscsi/$IQN/tpg1/luns create /backstores/fileio/lun0
@@ -278,11 +281,12 @@ for FACE in $FACES; do
         *) say "no face $FACE (pvrdma, virtio)"; exit 125 ;;
     esac
     MWDIR=$PROJECT_ROOT/target/middleware/$REL
-    # UCX 1.18 (Debian 13) drops every RoCEv2 IPv4 UD packet on a device without mlx5's direct
-    # verbs when it checks the destination GID (rxe <-> rxe too: each side resends its connection
-    # request until "UD endpoint ... unhandled timeout"); 1.13 has no such check. ucx_perftest of
-    # 1.18 runs as an MPI program unless -P 0.
-    if [ $REL = trixie ]; then UCX_ENV="UCX_UD_VERBS_ETH_DGID_CHECK=n" UCX_P0="-P 0"; else UCX_ENV="" UCX_P0=""; fi
+    # UCX (1.13 and 1.18 alike) drops every RoCEv2-over-IPv4 UD packet on a device without mlx5's
+    # direct verbs when it checks the destination GID (rxe <-> rxe too: each side resends its
+    # connection request until "UD endpoint ... unhandled timeout"): its check reads the GRH as an
+    # IPv6 header. ucx_perftest of 1.18 runs as an MPI program unless -P 0.
+    UCX_ENV="UCX_UD_VERBS_ETH_DGID_CHECK=n"
+    if [ $REL = trixie ]; then UCX_P0="-P 0"; else UCX_P0=""; fi
     "$here/image.sh" $REL > "$OUT/image-$REL.log" 2>&1 || { tail -20 "$OUT/image-$REL.log"; exit 125; }
     export PVRDMA_IMAGE=$MWDIR/rootfs.img PVRDMA_KIND=$KIND
     unset PVRDMA_GUEST
