@@ -22,9 +22,9 @@
 #           reported "not in the kernels", not counted as passed).
 #   NVMe-oF: scripts/virtio-guest/nvmf.sh (in CI).
 #
-#   scripts/middleware/matrix.sh                 # both faces, every test, both roles (~40 min TCG)
+#   scripts/middleware/matrix.sh                 # both faces, every test, both roles (~11 min a face, TCG)
 #   scripts/middleware/matrix.sh --quick         # CI's subset: a virtio-rdma guest serving an rxe
-#                                                # guest: UCX rc and ud, libfabric rdm, MPI (~4 min)
+#                                                # guest: UCX rc and ud, libfabric rdm, MPI (~2 min)
 #   MW_FACES=pvrdma scripts/middleware/matrix.sh # one face;  MW_ONLY=REGEX: tests whose tag matches
 # Exit: the number of failed checks (125: the harness failed). Evidence: target/middleware/out/
 # (summary.txt, figures.txt, each test's log, the daemon's counters).
