@@ -27,7 +27,7 @@
 #                                                # guest: UCX rc and ud, libfabric rdm, MPI (~2 min)
 #   MW_FACES=pvrdma scripts/middleware/matrix.sh # one face;  MW_ONLY=REGEX: tests whose tag matches
 # Exit: the number of failed checks (125: the harness failed). Evidence: target/middleware/out/
-# (summary.txt, figures.txt, each test's log, the daemon's counters).
+# (summary.txt with each test's figure, each test's log, the daemon's counters).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 QUICK=0
