@@ -35,6 +35,6 @@ pub mod wq;
 pub use budget::Budget;
 pub use guest::GuestError;
 pub use pages::{Owner, PAGE_SIZE, PageList, RingPages};
-pub use refusals::{Refusal, Refusals};
+pub use refusals::{Malformed, Refusal, Refusals};
 pub use ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Producer, Taken};
 pub use status::{OrRefuse, Refused};

@@ -12,6 +12,8 @@
 
 use std::collections::BTreeMap;
 
+use vrdma_engine::wc::WcStatus;
+
 /// Log lines a device writes about refusals per second at most.
 pub const LOG_PER_SECOND: u32 = 20;
 
@@ -47,6 +49,19 @@ pub struct Refusal<'a> {
     pub field: Option<(&'a str, u64)>,
     /// The errno or completion status it was answered with.
     pub answer: &'a str,
+}
+
+/// A WQE a face cannot take as it is (both faces' decoders say it the
+/// same way): its wr_id, the status its completion carries, its opcode,
+/// and why — the rule broken, the field and its value.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Malformed {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: u32,
+    pub rule: &'static str,
+    pub field: &'static str,
+    pub value: u64,
 }
 
 /// A device's refusals: counts by reason and the log's rate limit.
@@ -95,6 +110,32 @@ impl Refusals {
             answer = r.answer,
             "refused"
         );
+    }
+
+    /// Notes malformed WQE `m` of `kind` (a send or a receive WQE) on
+    /// object `object` (the QPN, or the SRQ's handle) of the device whose
+    /// thread this is (`face` names it when the thread has no name), and
+    /// gives back the wr_id and status its completion carries.
+    pub fn note_wqe(
+        &mut self,
+        now: u64,
+        face: &str,
+        kind: Kind,
+        object: u32,
+        m: &Malformed,
+    ) -> (u64, WcStatus) {
+        let answer = format!("{:?}", m.status);
+        let r = Refusal {
+            kind,
+            rule: m.rule,
+            opcode: m.opcode,
+            object,
+            field: Some((m.field, m.value)),
+            answer: &answer,
+        };
+        let thread = std::thread::current();
+        self.note(now, thread.name().unwrap_or(face), &r);
+        (m.wr_id, m.status)
     }
 
     /// The counters, `refused.<kind>.<rule>` (the rule's words joined by

@@ -19,7 +19,8 @@ use vrdma_engine::{
 };
 pub use vrdma_face::wq::SendWqe;
 use vrdma_face::{
-    PageList, Taken,
+    Malformed, PageList, Refusals, Taken,
+    refusals::Kind,
     ring::WrapBit,
     wq::{self, QpQueues, RecvWqe},
 };
@@ -56,14 +57,13 @@ pub struct QpContext {
     pub stride: u64,
 }
 
-/// A WQE that cannot be taken as it is: its wr_id and the status its
-/// completion carries.
-type Malformed = (u64, WcStatus);
+/// The device's name in the log when its thread has none.
+const FACE: &str = "pvrdma";
 
-/// Decodes a send WQE from its copy `wqe` (a stride of the ring).
-/// `Err((wr_id, status))`: the WQE is malformed and completes with
-/// `status` (the QP then goes to ERR). A fast registration's page list is
-/// read from `mem`.
+/// Decodes a send WQE from its copy `wqe` (a stride of the ring). `Err`:
+/// the WQE is malformed, completes with the status it says (the QP then
+/// goes to ERR), and says why. A fast registration's page list is read
+/// from `mem`.
 pub fn decode_send<M: GuestMemory + ?Sized>(
     mem: &M,
     wqe: &[u8],
@@ -73,19 +73,54 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
     // A copy shorter than a header: never from a ring, whose stride holds
     // one.
     let Ok((h, _)) = SqWqeHdr::read_from_prefix(wqe) else {
-        return Err((0, WcStatus::LocLenErr));
+        return Err(Malformed {
+            wr_id: 0,
+            status: WcStatus::LocLenErr,
+            opcode: 0,
+            rule: "a WQE shorter than its header",
+            field: "stride",
+            value: wqe.len() as u64,
+        });
     };
     let wr_id = h.wr_id.get();
-    let bad = |s| Err((wr_id, s));
+    let opcode = h.opcode.get();
+    let bad = |status, rule, field, value| {
+        Err(Malformed {
+            wr_id,
+            status,
+            opcode,
+            rule,
+            field,
+            value,
+        })
+    };
     let num_sge = h.num_sge.get();
     let room = qp.stride.min(wqe.len() as u64);
-    if num_sge > qp.max_send_sge || SQ_WQE_HDR + SGE * u64::from(num_sge) > room {
-        return bad(WcStatus::LocLenErr);
+    if num_sge > qp.max_send_sge {
+        return bad(
+            WcStatus::LocLenErr,
+            "more SGEs than the queue takes",
+            "num_sge",
+            num_sge.into(),
+        );
+    }
+    if SQ_WQE_HDR + SGE * u64::from(num_sge) > room {
+        return bad(
+            WcStatus::LocLenErr,
+            "more SGEs than the slot holds",
+            "num_sge",
+            num_sge.into(),
+        );
     }
     let flags_in = h.send_flags.get();
     if flags_in & send_flags::INLINE != 0 {
         // No inline data: the device announces max_inline_data 0.
-        return bad(WcStatus::LocQpOpErr);
+        return bad(
+            WcStatus::LocQpOpErr,
+            "inline data (max_inline_data is 0)",
+            "send_flags",
+            flags_in.into(),
+        );
     }
     let mut flags = SendFlags(0);
     for (bit, f) in [
@@ -98,7 +133,12 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
         }
     }
     let Some(sges) = wq::sges(&wqe[SQ_WQE_HDR as usize..], num_sge as usize) else {
-        return bad(WcStatus::LocLenErr);
+        return bad(
+            WcStatus::LocLenErr,
+            "more SGEs than the slot holds",
+            "num_sge",
+            num_sge.into(),
+        );
     };
     let wr: &[u8] = h.wr.as_bytes();
     let u64_at = |o: usize| u64::from_le_bytes(wr[o..o + 8].try_into().unwrap_or_default());
@@ -109,7 +149,7 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
     let connected = matches!(qp.ty, qp_type::RC | qp_type::UC);
     let rc = qp.ty == qp_type::RC;
     let datagram = matches!(qp.ty, qp_type::UD | qp_type::GSI);
-    let op = match h.opcode.get() {
+    let op = match opcode {
         wr_opcode::SEND => SendOp::Send,
         wr_opcode::SEND_WITH_IMM => SendOp::SendWithImm { imm },
         wr_opcode::RDMA_WRITE if connected => SendOp::RdmaWrite {
@@ -145,22 +185,44 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
         wr_opcode::FAST_REG_MR if !datagram => {
             return fast_reg(mem, wr_id, flags, wr, engine);
         }
-        _ => return bad(WcStatus::LocQpOpErr),
+        _ => {
+            return bad(
+                WcStatus::LocQpOpErr,
+                "an opcode the QP type has no use for",
+                "opcode",
+                opcode.into(),
+            );
+        }
     };
     let ud = if datagram {
         // remote_qpn, remote_qkey, then the address vector.
         let remote_qpn = u32_at(0);
         let remote_qkey = u32_at(4);
         let Ok((av, _)) = abi::Av::read_from_prefix(&wr[8..]) else {
-            return bad(WcStatus::LocQpOpErr);
+            return bad(
+                WcStatus::LocQpOpErr,
+                "an address vector",
+                "wr",
+                wr.len() as u64,
+            );
         };
         // The AV's PD must be the QP's (IBTA Vol1 §10.2.3); the provider
         // builds AVs in userspace, so nothing else has checked it.
         if av.port_pd.get() & 0x00ff_ffff != qp.pd {
-            return bad(WcStatus::LocQpOpErr);
+            return bad(
+                WcStatus::LocQpOpErr,
+                "an address vector of the QP's PD",
+                "av.port_pd",
+                av.port_pd.get().into(),
+            );
         }
         let Ok(qpn) = Qpn::try_from(remote_qpn) else {
-            return bad(WcStatus::LocQpOpErr);
+            return bad(
+                WcStatus::LocQpOpErr,
+                "a 24-bit remote QPN",
+                "remote_qpn",
+                remote_qpn.into(),
+            );
         };
         let stf = av.sl_tclass_flowlabel.get();
         let attr = AhAttr {
@@ -210,17 +272,37 @@ fn fast_reg<M: GuestMemory + ?Sized>(
     let length = u64::from(u32_at(24));
     let access = u32_at(28);
     let rkey = u32_at(32);
-    let bad = Err((wr_id, WcStatus::LocQpOpErr));
-    if page_shift != 12 || list_len == 0 || list_len > abi::MAX_FAST_REG_PAGES {
-        return bad;
+    let bad = |rule, field, value| {
+        Err(Malformed {
+            wr_id,
+            status: WcStatus::LocQpOpErr,
+            opcode: wr_opcode::FAST_REG_MR,
+            rule,
+            field,
+            value,
+        })
+    };
+    if page_shift != 12 {
+        return bad(
+            "4 KiB pages in a fast registration",
+            "page_shift",
+            page_shift.into(),
+        );
+    }
+    if list_len == 0 || list_len > abi::MAX_FAST_REG_PAGES {
+        return bad(
+            "1 to MAX_FAST_REG_PAGES pages in a fast registration",
+            "page_list_len",
+            list_len.into(),
+        );
     }
     // The MR by its index; the engine checks that it is a
     // fast-registration MR of the QP's PD when the REG_MR runs.
     let Some(mr) = engine.current_lkey(rkey >> 8) else {
-        return bad;
+        return bad("a key naming a fast-registration MR", "rkey", rkey.into());
     };
     let Ok(pages) = ring::read_pdir(mem, pl_pdir, u64::from(list_len)) else {
-        return bad;
+        return bad("a page list in guest memory", "pl_pdir", pl_pdir);
     };
     let offset = iova % PAGE_SIZE;
     let translation = Translation::Pages {
@@ -247,20 +329,38 @@ fn fast_reg<M: GuestMemory + ?Sized>(
     })
 }
 
-/// Decodes a receive WQE from its copy `wqe` (a stride of the ring):
-/// `Err(wr_id)` when it has more SGEs than the queue allows or the stride
-/// holds.
-pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<RecvWqe, u64> {
+/// Decodes a receive WQE from its copy `wqe` (a stride of the ring).
+/// `Err`: it has more SGEs than the queue allows or the stride holds (its
+/// completion: a local length error), and says which.
+pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<RecvWqe, Malformed> {
     let Ok((h, rest)) = RqWqeHdr::read_from_prefix(wqe) else {
         // Shorter than a header: never from a ring.
-        return Err(0);
+        return Err(Malformed {
+            wr_id: 0,
+            status: WcStatus::LocLenErr,
+            opcode: 0,
+            rule: "a WQE shorter than its header",
+            field: "stride",
+            value: wqe.len() as u64,
+        });
     };
     let wr_id = h.wr_id.get();
     let n = h.num_sge.get();
-    if n > max_sge || RQ_WQE_HDR + SGE * u64::from(n) > wqe.len() as u64 {
-        return Err(wr_id);
+    let bad = |rule| Malformed {
+        wr_id,
+        status: WcStatus::LocLenErr,
+        opcode: 0,
+        rule,
+        field: "num_sge",
+        value: n.into(),
+    };
+    if n > max_sge {
+        return Err(bad("more SGEs than the queue takes"));
     }
-    let sges = wq::sges(rest, n as usize).ok_or(wr_id)?;
+    if RQ_WQE_HDR + SGE * u64::from(n) > wqe.len() as u64 {
+        return Err(bad("more SGEs than the slot holds"));
+    }
+    let sges = wq::sges(rest, n as usize).ok_or_else(|| bad("more SGEs than the slot holds"))?;
     Ok(RecvWqe { wr_id, sges })
 }
 
@@ -296,20 +396,38 @@ impl QpFace {
         self.queues.qpn()
     }
 
-    /// Takes the send WQEs the guest posted, as far as the engine has room.
-    pub fn take_sends<M: GuestMemory + ?Sized>(&mut self, mem: &M, engine: &mut Engine) -> Taken {
+    /// Takes the send WQEs the guest posted, as far as the engine has room;
+    /// each malformed one noted in `refusals` (`now`: the device clock).
+    pub fn take_sends<M: GuestMemory + ?Sized>(
+        &mut self,
+        mem: &M,
+        engine: &mut Engine,
+        refusals: &mut Refusals,
+        now: u64,
+    ) -> Taken {
         let ctx = &self.ctx;
+        let qpn = self.queues.qpn().value();
         self.queues.take_sends(mem, engine, |wqe, engine| {
             decode_send(mem, wqe, ctx, engine)
+                .map_err(|m| refusals.note_wqe(now, FACE, Kind::SendWqe, qpn, &m))
         })
     }
 
     /// Takes the receive WQEs the guest posted, as far as the engine has
-    /// room.
-    pub fn take_recvs<M: GuestMemory + ?Sized>(&mut self, mem: &M, engine: &mut Engine) -> Taken {
+    /// room; each malformed one noted in `refusals`.
+    pub fn take_recvs<M: GuestMemory + ?Sized>(
+        &mut self,
+        mem: &M,
+        engine: &mut Engine,
+        refusals: &mut Refusals,
+        now: u64,
+    ) -> Taken {
         let max_sge = self.max_recv_sge;
-        self.queues
-            .take_recvs(mem, engine, |wqe| decode_recv(wqe, max_sge))
+        let qpn = self.queues.qpn().value();
+        self.queues.take_recvs(mem, engine, |wqe| {
+            decode_recv(wqe, max_sge)
+                .map_err(|m| refusals.note_wqe(now, FACE, Kind::RecvWqe, qpn, &m).0)
+        })
     }
 }
 

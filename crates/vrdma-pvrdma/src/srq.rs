@@ -5,7 +5,7 @@
 
 use vm_memory::GuestMemory;
 use vrdma_engine::{Engine, SrqHandle};
-use vrdma_face::{Taken, ring::WrapBit, wq::SrqQueue};
+use vrdma_face::{Refusals, Taken, refusals::Kind, ring::WrapBit, wq::SrqQueue};
 
 use crate::{qp::decode_recv, ring::Ring};
 
@@ -28,10 +28,20 @@ impl SrqFace {
 
     /// Takes the WQEs the guest posted, as far as the engine has room: a
     /// WQE with more SGEs than the SRQ takes is taken with no buffer (the
-    /// message it receives ends in a local length error on its wr_id).
-    pub fn take<M: GuestMemory + ?Sized>(&mut self, mem: &M, engine: &mut Engine) -> Taken {
+    /// message it receives ends in a local length error on its wr_id),
+    /// and noted in `refusals` (`now`: the device clock).
+    pub fn take<M: GuestMemory + ?Sized>(
+        &mut self,
+        mem: &M,
+        engine: &mut Engine,
+        refusals: &mut Refusals,
+        now: u64,
+    ) -> Taken {
         let max_sge = self.max_sge;
-        self.queue
-            .take(mem, engine, |wqe| decode_recv(wqe, max_sge))
+        let srq = self.queue.handle().0;
+        self.queue.take(mem, engine, |wqe| {
+            decode_recv(wqe, max_sge)
+                .map_err(|m| refusals.note_wqe(now, "pvrdma", Kind::RecvWqe, srq, &m).0)
+        })
     }
 }

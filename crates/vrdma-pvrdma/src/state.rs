@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use vm_memory::GuestMemoryMmap;
 use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
 use vrdma_engine::{CqHandle, Engine, attr::PortAttr};
-use vrdma_face::{Budget, RingPages, Taken, cq::SharedMem};
+use vrdma_face::{Budget, Refusals, RingPages, Taken, cq::SharedMem};
 use vrdma_wire::{Gid, Qpn};
 
 use crate::{
@@ -81,7 +81,7 @@ pub(crate) struct State<T: Transport> {
     /// knows no SRQ errors), delivered after the engine's.
     face_events: Vec<(u32, u32)>,
     pub stats: FaceStats,
-    /// Refused commands, by reason, and their log.
+    /// Refused commands and WQEs, by reason, and their log.
     pub refusals: vrdma_face::Refusals,
 }
 
@@ -250,23 +250,32 @@ impl<T: Transport> State<T> {
 
     /// Takes the send WQEs QP `qpn`'s guest posted.
     pub fn take_sends(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
-        self.take_qp(qpn, |q, engine| q.take_sends(mem, engine));
+        self.take_qp(qpn, |q, engine, refusals, now| {
+            q.take_sends(mem, engine, refusals, now)
+        });
     }
 
     /// Takes the receive WQEs QP `qpn`'s guest posted.
     pub fn take_recvs(&mut self, mem: &GuestMemoryMmap<()>, qpn: u32) {
-        self.take_qp(qpn, |q, engine| q.take_recvs(mem, engine));
+        self.take_qp(qpn, |q, engine, refusals, now| {
+            q.take_recvs(mem, engine, refusals, now)
+        });
     }
 
     /// Takes from one of QP `qpn`'s rings with `take` (which gives the
     /// slots back at once), counts what it took, fails the QP whose ring
     /// broke, and keeps it in the busy set.
-    fn take_qp(&mut self, qpn: u32, take: impl FnOnce(&mut QpFace, &mut Engine) -> Taken) {
+    fn take_qp(
+        &mut self,
+        qpn: u32,
+        take: impl FnOnce(&mut QpFace, &mut Engine, &mut Refusals, u64) -> Taken,
+    ) {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
+        let now = self.device.now();
         let engine = self.device.engine_mut();
-        let t = take(q, engine);
+        let t = take(q, engine, &mut self.refusals, now);
         qp_taken(&mut self.stats, engine, q.qpn(), t);
         self.busy_qps.insert(qpn);
     }
@@ -276,7 +285,8 @@ impl<T: Transport> State<T> {
         let Some(s) = self.srqs.get_mut(&srq) else {
             return;
         };
-        let t = s.take(mem, self.device.engine_mut());
+        let now = self.device.now();
+        let t = s.take(mem, self.device.engine_mut(), &mut self.refusals, now);
         self.srq_taken(srq, t);
         self.busy_srqs.insert(srq);
     }
@@ -316,9 +326,13 @@ impl<T: Transport> State<T> {
                 self.busy_qps.remove(&qpn);
                 continue;
             };
+            let now = self.device.now();
             let engine = self.device.engine_mut();
             if q.queues.pending(mem) {
-                let t = q.take_sends(mem, engine).and(q.take_recvs(mem, engine));
+                let r = &mut self.refusals;
+                let t = q
+                    .take_sends(mem, engine, r, now)
+                    .and(q.take_recvs(mem, engine, r, now));
                 qp_taken(&mut self.stats, engine, q.qpn(), t);
             }
             if q.queues.settle(mem, engine) {
@@ -331,9 +345,10 @@ impl<T: Transport> State<T> {
                 self.busy_srqs.remove(&srq);
                 continue;
             };
+            let now = self.device.now();
             let engine = self.device.engine_mut();
             let t = if s.queue.pending(mem) {
-                s.take(mem, engine)
+                s.take(mem, engine, &mut self.refusals, now)
             } else {
                 Taken::default()
             };

@@ -1127,6 +1127,37 @@ fn malformed_wqes_complete_in_error_in_their_turn() {
 
     let s = da.stats_when(|s| s.malformed_wqes >= 10);
     assert!(s.malformed_wqes >= 10, "{s:?}");
+    // Each counted by the rule it broke (issue 38: a refusal can be seen).
+    for (name, n) in [
+        (
+            "pvrdma.refused.send_wqe.an_opcode_the_qp_type_has_no_use_for",
+            4,
+        ),
+        ("pvrdma.refused.send_wqe.more_sges_than_the_queue_takes", 2),
+        (
+            "pvrdma.refused.send_wqe.inline_data_max_inline_data_is_0",
+            1,
+        ),
+        (
+            "pvrdma.refused.send_wqe.4_kib_pages_in_a_fast_registration",
+            1,
+        ),
+        (
+            "pvrdma.refused.send_wqe.1_to_max_fast_reg_pages_pages_in_a_fast_registration",
+            1,
+        ),
+        (
+            "pvrdma.refused.send_wqe.a_key_naming_a_fast_registration_mr",
+            1,
+        ),
+        (
+            "pvrdma.refused.send_wqe.an_address_vector_of_the_qp_s_pd",
+            1,
+        ),
+        ("pvrdma.refused.recv_wqe.more_sges_than_the_queue_takes", 1),
+    ] {
+        assert_eq!(da.counter_when(name, |v| v >= n), n, "{name}");
+    }
     exchange(&mut a, &mut b);
 }
 

@@ -825,15 +825,7 @@ pub fn decode_send(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, (u64, WcStatus
 
 /// A malformed WQE: its wr_id, the status it completes with, its opcode,
 /// and why (the rule broken, the field and its value).
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub struct Malformed {
-    pub wr_id: u64,
-    pub status: WcStatus,
-    pub opcode: u8,
-    pub rule: &'static str,
-    pub field: &'static str,
-    pub value: u64,
-}
+pub use vrdma_face::Malformed;
 
 /// [`decode_send`], saying why a WQE is malformed.
 pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed> {
@@ -853,7 +845,7 @@ pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed>
         Err(Malformed {
             wr_id,
             status,
-            opcode,
+            opcode: opcode.into(),
             rule,
             field,
             value,
@@ -1143,20 +1135,36 @@ pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed>
     })
 }
 
-/// Decodes a receive WQE from its copy: its wr_id and SGEs, or `Err(wr_id)`
-/// when it names more SGEs than its queue allows (a local length error).
-pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<(u64, Vec<Sge>), u64> {
+/// Decodes a receive WQE from its copy: its wr_id and SGEs, or why it is
+/// malformed — it names more SGEs than its queue allows or its slot holds
+/// (its completion: a local length error).
+pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<(u64, Vec<Sge>), Malformed> {
     let Ok((h, rest)) = abi::RecvWqeHdr::read_from_prefix(wqe) else {
-        return Err(0);
+        return Err(Malformed {
+            wr_id: 0,
+            status: WcStatus::LocLenErr,
+            opcode: 0,
+            rule: "a WQE shorter than its header",
+            field: "stride",
+            value: wqe.len() as u64,
+        });
     };
     let wr_id = h.wr_id.get();
     let n = usize::from(h.count.get());
-    if n as u64 > u64::from(max_sge) || n * SGE as usize > rest.len() {
-        return Err(wr_id);
+    let bad = |rule| Malformed {
+        wr_id,
+        status: WcStatus::LocLenErr,
+        opcode: 0,
+        rule,
+        field: "count",
+        value: n as u64,
+    };
+    if n as u64 > u64::from(max_sge) {
+        return Err(bad("more SGEs than the queue takes"));
     }
     vrdma_face::wq::sges(rest, n)
         .map(|s| (wr_id, s))
-        .ok_or(wr_id)
+        .ok_or_else(|| bad("more SGEs than the slot holds"))
 }
 
 /// The CQE a work completion becomes.
@@ -1673,8 +1681,14 @@ mod tests {
         w.extend(sge(0x2000, 64, 3));
         let (id, s) = decode_recv(&w, 2).unwrap();
         assert_eq!((id, s.len(), s[1].addr), (9, 2, 0x2000));
-        assert_eq!(decode_recv(&w, 1), Err(9));
-        assert_eq!(decode_recv(&w[..40], 2), Err(9));
+        let m = decode_recv(&w, 1).unwrap_err();
+        assert_eq!(
+            (m.wr_id, m.status, m.field, m.value),
+            (9, WcStatus::LocLenErr, "count", 2)
+        );
+        assert_eq!(m.rule, "more SGEs than the queue takes");
+        let m = decode_recv(&w[..40], 2).unwrap_err();
+        assert_eq!((m.wr_id, m.rule), (9, "more SGEs than the slot holds"));
     }
 
     proptest! {

@@ -312,11 +312,11 @@ pub struct VirtioRdma<T: Transport> {
 }
 
 /// The name the device's thread carries (its `--device` name), for logs.
+/// The device's name in the log when its thread has none.
+const FACE: &str = "virtio-rdma";
+
 fn device_name() -> String {
-    std::thread::current()
-        .name()
-        .unwrap_or("virtio-rdma")
-        .to_owned()
+    std::thread::current().name().unwrap_or(FACE).to_owned()
 }
 
 impl<T: Transport> VirtioRdma<T> {
@@ -1386,9 +1386,15 @@ impl<T: Transport> VirtioRdma<T> {
             return;
         };
         let (max, ctx) = (s.max_sge, s.context);
-        let t = s
-            .queue
-            .take(&mem, self.device.engine_mut(), |e| recv_wqe(e, max));
+        let now = self.device.now();
+        let refusals = &mut self.refusals;
+        let t = s.queue.take(&mem, self.device.engine_mut(), |e| {
+            recv_wqe(e, max).map_err(|m| {
+                refusals
+                    .note_wqe(now, FACE, refusals::Kind::RecvWqe, srq, &m)
+                    .0
+            })
+        });
         self.srq_taken(srq, ctx, t);
         self.busy_srqs.insert(srq);
     }
@@ -1508,10 +1514,18 @@ impl<T: Transport> VirtioRdma<T> {
                 self.busy_srqs.remove(&srq);
                 continue;
             };
+            let now = self.device.now();
             let engine = self.device.engine_mut();
             let max = s.max_sge;
+            let refusals = &mut self.refusals;
             let t = if s.queue.pending(&mem) {
-                s.queue.take(&mem, engine, |e| recv_wqe(e, max))
+                s.queue.take(&mem, engine, |e| {
+                    recv_wqe(e, max).map_err(|m| {
+                        refusals
+                            .note_wqe(now, FACE, refusals::Kind::RecvWqe, srq, &m)
+                            .0
+                    })
+                })
             } else {
                 vrdma_face::Taken::default()
             };
@@ -1774,23 +1788,17 @@ fn take_wqes(
     qpn: u32,
 ) -> vrdma_face::Taken {
     let (shape, max_recv) = (q.shape, q.max_recv_sge);
-    q.queues
-        .take_sends(mem, engine, |e, engine| {
-            send_wqe(mem, e, &shape, engine).map_err(|m| {
-                let answer = format!("{:?}", m.status);
-                let r = Refusal {
-                    kind: refusals::Kind::SendWqe,
-                    rule: m.rule,
-                    opcode: m.opcode.into(),
-                    object: qpn,
-                    field: Some((m.field, m.value)),
-                    answer: &answer,
-                };
-                refusals.note(now, &device_name(), &r);
-                (m.wr_id, m.status)
-            })
+    let sends = q.queues.take_sends(mem, engine, |e, engine| {
+        send_wqe(mem, e, &shape, engine)
+            .map_err(|m| refusals.note_wqe(now, FACE, refusals::Kind::SendWqe, qpn, &m))
+    });
+    sends.and(q.queues.take_recvs(mem, engine, |e| {
+        recv_wqe(e, max_recv).map_err(|m| {
+            refusals
+                .note_wqe(now, FACE, refusals::Kind::RecvWqe, qpn, &m)
+                .0
         })
-        .and(q.queues.take_recvs(mem, engine, |e| recv_wqe(e, max_recv)))
+    }))
 }
 
 /// A send WQE from its copy, for the engine: decoded, a fast
@@ -1804,7 +1812,7 @@ fn send_wqe(
 ) -> Result<wq::SendWqe, decode::Malformed> {
     let w = decode::decode_send_why(entry, shape)?;
     // (the header's opcode byte, after the wr_id)
-    let opcode = entry.get(8).copied().unwrap_or(0);
+    let opcode = entry.get(8).copied().map_or(0, u32::from);
     let bad = |status, rule, field, value| {
         Err(decode::Malformed {
             wr_id: w.wr_id,
@@ -1908,7 +1916,7 @@ fn send_wqe(
     })
 }
 
-fn recv_wqe(entry: &[u8], max_sge: u32) -> Result<wq::RecvWqe, u64> {
+fn recv_wqe(entry: &[u8], max_sge: u32) -> Result<wq::RecvWqe, decode::Malformed> {
     decode::decode_recv(entry, max_sge).map(|(wr_id, sges)| wq::RecvWqe { wr_id, sges })
 }
 

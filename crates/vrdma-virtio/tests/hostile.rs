@@ -831,8 +831,27 @@ fn refused_wqes_and_commands_are_counted_by_reason() {
     let mut a = Side::new(&dev);
     let mut b = Side::new(&db);
     let mut qa = a.qp(qp_type::UD);
-    let qb = b.qp(qp_type::UD);
+    let mut qb = b.qp(qp_type::UD);
     connect(&mut a, &qa, &mut b, &qb);
+    let reason_of = |d: &vrdma_testkit::virtio::Device, k: &str| {
+        d.backend
+            .counters()
+            .iter()
+            .find(|(n, _)| n == k)
+            .map_or(0, |(_, v)| *v)
+    };
+    // A receive WQE with more SGEs than its queue takes (4): the QP
+    // fails, the WQE is flushed.
+    qb.post_recv(7, &[b.mr.sge(0, 8); 5]);
+    let c = b.cq.wait(1, "the malformed receive's completion");
+    assert_eq!((c[0].wr_id.get(), c[0].status), (7, wc::WR_FLUSH_ERR));
+    assert_eq!(
+        reason_of(
+            &db,
+            "virtio.refused.recv_wqe.more_sges_than_the_queue_takes"
+        ),
+        1
+    );
     let reason = |k: &str| {
         dev.backend
             .counters()
