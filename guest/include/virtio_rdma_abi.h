@@ -26,6 +26,7 @@
 #define VIRTIO_RDMA_F_DOORBELL_POLL 0
 #define VIRTIO_RDMA_F_INDIRECT_PAGES 1
 #define VIRTIO_RDMA_F_MIGRATION 2
+#define VIRTIO_RDMA_F_STATS 3
 
 /* Virtqueues (§4). */
 #define VIRTIO_RDMA_VQ_CONTROL 0
@@ -59,6 +60,7 @@
 #define VIRTIO_RDMA_CMD_QUERY_QP 22
 #define VIRTIO_RDMA_CMD_DESTROY_QP 23
 #define VIRTIO_RDMA_CMD_SET_GID 24
+#define VIRTIO_RDMA_CMD_QUERY_STATS 25 /* with VIRTIO_RDMA_F_STATS */
 
 /* Response statuses (§6.2). */
 #define VIRTIO_RDMA_OK 0
@@ -249,6 +251,14 @@ struct virtio_rdma_port_attr { /* offset */
 	__u8 phys_state; /* 28: 5 LinkUp, 3 Disabled */
 	__u8 reserved[3]; /* 29 */
 }; /* 32 bytes */
+
+/* QUERY_STATS (§6.31): value[i] is counter i; 20..31 reserved. */
+#define VIRTIO_RDMA_STATS_SLOTS 32
+#define VIRTIO_RDMA_STATS_NAMED 20
+
+struct virtio_rdma_stats { /* offset */
+	__le64 value[VIRTIO_RDMA_STATS_SLOTS]; /* 0 */
+}; /* 256 bytes */
 
 struct virtio_rdma_create_context { /* offset; __le64 pages[npages] follow */
 	__le32 doorbell_bits; /* 0: a power of two, 64 ..= max_doorbell_bits */

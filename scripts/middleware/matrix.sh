@@ -21,17 +21,20 @@
 #           Debian 12's 6.1 nor 13's 6.12 build CONFIG_SMB_SERVER_SMBDIRECT/CIFS_SMB_DIRECT:
 #           reported "not in the kernels", not counted as passed).
 #   NVMe-oF: scripts/virtio-guest/nvmf.sh (in CI).
+# The control: a second rxe guest (r2), the same image, runs the tests with figures (UCX, MPI) as
+# rxe <-> rxe; figures.txt sets every pair's figures beside the control's, as ratios (> 1: faster
+# than rxe <-> rxe; for latency the control's time over the pair's).
 #
 #   scripts/middleware/matrix.sh                 # both faces, every test, both roles (~11 min a face, TCG)
 #   scripts/middleware/matrix.sh --quick         # CI's subset: a virtio-rdma guest serving an rxe
 #                                                # guest: UCX rc and ud, libfabric rdm, MPI (~2 min)
 #   MW_FACES=pvrdma scripts/middleware/matrix.sh # one face;  MW_ONLY=REGEX: tests whose tag matches
 # Exit: the number of failed checks (125: the harness failed). Evidence: target/middleware/out/
-# (summary.txt with each test's figure, each test's log, the daemon's counters).
+# (summary.txt with each test's figure, figures.txt, each test's log, the daemon's counters).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 QUICK=0
-case "${1:-}" in --quick) QUICK=1 ;; "") ;; *) sed -n '2,27p' "$0"; exit 2 ;; esac
+case "${1:-}" in --quick) QUICK=1 ;; "") ;; *) sed -n '2,30p' "$0"; exit 2 ;; esac
 . "$here/../pvrdma-guest/config.sh"
 . "$PV_DIR/lib.sh"
 need_root
@@ -50,8 +53,9 @@ PASSED=0
 cargo build --release --locked -p vrdma --manifest-path "$PROJECT_ROOT/Cargo.toml" > "$OUT/build.log" 2>&1 \
     || { tail -30 "$OUT/build.log"; exit 125; }
 
-# ---- the guests: v1, v2 on vrdma (one daemon, one network), r1 on rxe --------------------------
+# ---- the guests: v1, v2 on vrdma (one daemon, one network), r1 (and r2, the control) on rxe ----
 R=1
+NR=1
 node_ip() { case $1 in v*) pv_ip "${1#v}" ;; r*) echo "$NET_PREFIX.$((10 + ${1#r}))" ;; esac; }
 # on NODE TIMEOUT 'CMD': CMD in NODE, waited for; its output on stdout
 on() {
@@ -75,7 +79,7 @@ wait_job() { # wait_job PREFIX SECONDS: prints the job's rc, or "timeout"
 stop_guests() {
     local n
     for n in 1 2; do "$PV_DIR/stop.sh" -i "$n" > /dev/null 2>&1; done
-    RXE_CACHE_DIR=${MWDIR:-} "$RXE_HARNESS/stop.sh" -i $R > /dev/null 2>&1
+    for n in 1 2; do RXE_CACHE_DIR=${MWDIR:-} "$RXE_HARNESS/stop.sh" -i $n > /dev/null 2>&1; done
     shared_serve_stop "$SERVE" "$OUT/stat.$FACE.txt"
 }
 FACE=none
@@ -262,6 +266,38 @@ timeout 120 mount -t cifs //\$S/share /mnt/smb -o \$o; cp /mnt/smb/data /root/ba
     ulp "$tag" "$2" "$3" "$setup" "$run" "$check" "umount /mnt/smb 2>/dev/null; true" "ksmbd.control -s; umount /srv/smb; true"
 }
 
+# ratios FACE: each test's figure in each pair beside rxe <-> rxe's (summary.txt's passed lines), as
+# a speed ratio: the control's time over the pair's for latency, the pair's rate over the
+# control's otherwise
+ratios() {
+    awk -v face="$1" '
+        $2 != "ok" || index($1, face ".") != 1 { next }
+        {
+            n = split($1, t, "."); pair = t[2]; test = t[3]; for (i = 4; i <= n; i++) test = test "." t[i]
+            if (test !~ /^(ucx\.|mpi$)/) next
+            if (test == "mpi") { add(pair, "mpi.8B_lat", $3, $4); add(pair, "mpi.1MiB_bw", $5, $6) }
+            else add(pair, test, $3, $4)
+        }
+        function add(p, k, v, u) { if (v == "") return; fig[p, k] = v; unit[k] = u; if (!(k in seen)) { seen[k] = 1; order[++nk] = k } }
+        END {
+            np = split("rxe-serves-rxe v-serves-rxe rxe-serves-v v-serves-v", pairs, " ")
+            printf "%s: figures beside rxe <-> rxe (ratio > 1: faster)\n%-20s", face, "test"
+            for (j = 1; j <= np; j++) printf " %24s", pairs[j]
+            printf "\n"
+            for (i = 1; i <= nk; i++) {
+                k = order[i]; c = fig["rxe-serves-rxe", k]; printf "%-20s", k
+                for (j = 1; j <= np; j++) {
+                    v = fig[pairs[j], k]
+                    if (v == "") { printf " %24s", "-"; continue }
+                    r = ""
+                    if (c != "" && c + 0 > 0 && v + 0 > 0) r = sprintf(" (%.2fx)", unit[k] == "us" ? c / v : v / c)
+                    printf " %24s", v " " unit[k] r
+                }
+                printf "\n"
+            }
+        }' "$OUT/summary.txt"
+}
+
 # run_pair PREFIX A B: every test with A serving and B the client (B launches mpirun)
 run_pair() {
     ucx_tests "$1" "$2" "$3"
@@ -300,19 +336,27 @@ for FACE in $FACES; do
     done
     # The rxe harness boots with the host's QEMU (7.2, TCG, -cpu max); Debian 13's kernel has been
     # seen to panic there in early boot (sched_clock_cpu, about one boot in ten): a second try.
-    for try in 1 2; do
-        RXE_CACHE_DIR=$MWDIR "$RXE_HARNESS/start.sh" -i $R -l $LIFE "$SETUP" > "$OUT/start-$FACE-r$R.log" 2>&1 && break
-        cp "$OUT/start-$FACE-r$R.log" "$OUT/start-$FACE-r$R.try$try.log"
-        RXE_CACHE_DIR=$MWDIR "$RXE_HARNESS/stop.sh" -i $R > /dev/null 2>&1
-        [ $try = 2 ] && { cat "$OUT/start-$FACE-r$R.log"; say "the rxe guest did not start"; exit 125; }
-        say "the rxe guest did not start (try $try; log: $OUT/start-$FACE-r$R.try$try.log); once more"
+    NR=2; [ $QUICK = 1 ] && NR=1
+    for ((n = 1; n <= NR; n++)); do
+        for try in 1 2; do
+            RXE_CACHE_DIR=$MWDIR "$RXE_HARNESS/start.sh" -i $n -l $LIFE "$SETUP" > "$OUT/start-$FACE-r$n.log" 2>&1 && break
+            cp "$OUT/start-$FACE-r$n.log" "$OUT/start-$FACE-r$n.try$try.log"
+            RXE_CACHE_DIR=$MWDIR "$RXE_HARNESS/stop.sh" -i $n > /dev/null 2>&1
+            [ $try = 2 ] && { cat "$OUT/start-$FACE-r$n.log"; say "rxe guest r$n did not start"; exit 125; }
+            say "rxe guest r$n did not start (try $try; log: $OUT/start-$FACE-r$n.try$try.log); once more"
+        done
     done
-    say "$FACE: guests up ($REL): v1 $(node_ip v1)$([ $NV = 2 ] && echo ", v2 $(node_ip v2)"), rxe r$R $(node_ip r$R)"
+    say "$FACE: guests up ($REL): v1 $(node_ip v1)$([ $NV = 2 ] && echo ", v2 $(node_ip v2)"), rxe r1 $(node_ip r1)$([ $NR = 2 ] && echo ", control r2 $(node_ip r2)")"
     on v1 60 'for p in libucx0 libfabric1 openmpi-bin; do dpkg-query -W -f="\${Package} \${Version}\n" $p; done; ucx_info -v | head -n2; uname -r' \
         > "$OUT/versions-$FACE.txt" 2>&1
     run_pair "$FACE.v-serves-rxe" v1 r$R
     [ $QUICK = 1 ] || run_pair "$FACE.rxe-serves-v" r$R v1
     [ $NV = 2 ] && run_pair "$FACE.v-serves-v" v1 v2
+    if [ $NR = 2 ]; then
+        ucx_tests "$FACE.rxe-serves-rxe" r1 r2
+        mpi_test "$FACE.rxe-serves-rxe" r1 r2
+        ratios "$FACE" | tee -a "$OUT/figures.txt"
+    fi
     stop_guests
 done
 say "$PASSED passed, $FAILED failed (summary: $OUT/summary.txt)"

@@ -13,7 +13,8 @@
 #   port ACTIVE event taken from the eventq, the RDMA device virtio_rdma0 registered with
 #   ib_core — port ACTIVE, link layer Ethernet, netdev eth0 (`rdma link`), the RoCE v2 GID of
 #   eth0's address set on the device (SET_GID), the MAD layer's GSI QP in RTS (`rdma resource`:
-#   its CQ, QP and receive WQEs made and posted through the driver's kernel verbs);
+#   its CQ, QP and receive WQEs made and posted through the driver's kernel verbs), the port's
+#   hardware counters the device's (`rdma statistic`, sysfs hw_counters: QUERY_STATS);
 # - after `rmmod` (the device reset) and `modprobe` again: the same, from a clean device;
 #
 # and no complaint in its log. The daemon runs confined (--seccomp kill) and must stop with
@@ -113,6 +114,8 @@ done
     done
     rdma link show 2>&1
     rdma resource show qp 2>&1
+    rdma statistic show link virtio_rdma0/1 2>&1
+    echo "hw_counters: $(ls /sys/class/infiniband/virtio_rdma0/ports/1/hw_counters 2>&1 | tr '\n' ' ')"
 } > $OUT/ib.txt
 log "rmmod virtio_rdma"
 rmmod virtio_rdma > $OUT/rmmod.txt 2>&1 || echo "rmmod" >> $OUT/failed
@@ -200,6 +203,10 @@ grep -q 'link virtio_rdma0/1 state ACTIVE physical_state LINK_UP netdev eth0' "$
     || fail "rdma link: not virtio_rdma0/1 ACTIVE on eth0"
 grep -qE 'link virtio_rdma0/1 lqpn 1 type GSI state RTS' "$out/ib.txt" \
     || fail "no GSI QP in RTS on virtio_rdma0"
+# The port's hardware counters are the device's (VIRTIO_RDMA_F_STATS, QUERY_STATS: §6.31).
+grep -qE '^link virtio_rdma0/1 rx_packets [0-9]+ tx_packets [0-9]+ .*refused_commands [0-9]+ refused_send_wqes [0-9]+ refused_recv_wqes [0-9]+ broken_rings [0-9]+' "$out/ib.txt" \
+    || fail "rdma statistic: not the device's counters"
+grep -q '^hw_counters: .*refused_send_wqes' "$out/ib.txt" || fail "no hw_counters in sysfs"
 echo "--- the driver's log"; grep virtio_rdma "$out/dmesg.txt" || true
 [ "$(grep -c 'virtio_rdma.*virtio-rdma device 1af4:106a: .* kernel context 1$' "$out/dmesg.txt")" = 2 ] \
     || fail "the device's attributes and the kernel context, once per load"

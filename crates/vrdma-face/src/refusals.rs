@@ -156,6 +156,15 @@ impl Refusals {
             .sum()
     }
 
+    /// Refusals of `kind` so far, for every rule.
+    pub fn total(&self, kind: Kind) -> u64 {
+        self.counts
+            .iter()
+            .filter(|((k, _), _)| *k == kind)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
     /// Log lines left unsaid in the current second.
     pub fn suppressed(&self) -> u64 {
         self.suppressed

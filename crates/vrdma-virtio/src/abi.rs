@@ -31,6 +31,9 @@ pub mod feature {
     pub const INDIRECT_PAGES: u64 = 1 << 1;
     /// Reserved: device state save and restore (v1 devices do not offer it).
     pub const MIGRATION: u64 = 1 << 2;
+    /// The device answers QUERY_STATS: its counters, for the driver's
+    /// hardware counters (`rdma statistic`).
+    pub const STATS: u64 = 1 << 3;
     /// Standard bits the device offers.
     pub const RING_INDIRECT_DESC: u64 = 1 << 28;
     pub const RING_EVENT_IDX: u64 = 1 << 29;
@@ -94,6 +97,8 @@ pub mod op {
     pub const QUERY_QP: u16 = 22;
     pub const DESTROY_QP: u16 = 23;
     pub const SET_GID: u16 = 24;
+    /// With VIRTIO_RDMA_F_STATS only.
+    pub const QUERY_STATS: u16 = 25;
 }
 
 /// Command status codes (the response header's `status`).
@@ -183,6 +188,39 @@ pub mod cq_header {
 pub const RING_HEADER_SIZE: u64 = 64;
 
 // --- command bodies -------------------------------------------------------
+
+/// QUERY_STATS response: the device's counters, `value[i]` named by
+/// [`STATS_NAMES`]`[i]`; the slots past those names are reserved (0).
+#[derive(Clone, Copy, Debug, Default, FromBytes, Immutable, IntoBytes, KnownLayout)]
+#[repr(C)]
+pub struct StatsResp {
+    pub value: [U64; 32],
+}
+
+/// The counters of QUERY_STATS, by index (§6.31 of the specification):
+/// the data path's sixteen, then the device's refusals.
+pub const STATS_NAMES: [&str; 20] = [
+    "rx_packets",
+    "tx_packets",
+    "rx_malformed",
+    "rx_no_qp",
+    "rx_bad_state",
+    "rx_bad_addr",
+    "rx_bad_key",
+    "rx_no_recv",
+    "rx_duplicate",
+    "rx_out_of_sequence",
+    "rx_too_long",
+    "tx_retransmitted",
+    "retry_timeout",
+    "retry_seq_nak",
+    "retry_implied_nak",
+    "rnr_naks",
+    "refused_commands",
+    "refused_send_wqes",
+    "refused_recv_wqes",
+    "broken_rings",
+];
 
 /// QUERY_DEVICE response (`struct ibv_device_attr`, the fields a RoCE
 /// device has).

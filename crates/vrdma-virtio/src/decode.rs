@@ -102,6 +102,7 @@ pub struct Request {
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub enum Command {
     QueryDevice,
+    QueryStats,
     QueryPort {
         port: u8,
     },
@@ -309,6 +310,10 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refused> {
         op::QUERY_DEVICE => {
             exact(req, at)?;
             Command::QueryDevice
+        }
+        op::QUERY_STATS => {
+            exact(req, at)?;
+            Command::QueryStats
         }
         op::QUERY_PORT => {
             let b: abi::PortReq = body(req, at, "QUERY_PORT")?;
@@ -527,6 +532,7 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refused> {
 pub const fn response_len(opcode: u16) -> usize {
     match opcode {
         op::QUERY_DEVICE => size_of::<abi::DeviceAttrResp>(),
+        op::QUERY_STATS => size_of::<abi::StatsResp>(),
         op::QUERY_PORT => size_of::<abi::PortAttrResp>(),
         op::CREATE_CONTEXT | op::ALLOC_PD | op::ALLOC_MW | op::RESIZE_CQ => {
             size_of::<abi::HandleResp>()

@@ -305,16 +305,18 @@ pub struct VirtioRdma<T: Transport> {
     /// DEVICE_FATAL was raised: every command but the queries is
     /// ERR_DEVICE until a reset.
     fatal: bool,
+    /// The feature bits the driver accepted.
+    features: u64,
     scratch: Vec<u32>,
     pub stats: FaceStats,
     /// Refused commands and WQEs, by reason, and their log.
     refusals: Refusals,
 }
 
-/// The name the device's thread carries (its `--device` name), for logs.
 /// The device's name in the log when its thread has none.
 const FACE: &str = "virtio-rdma";
 
+/// The name the device's thread carries (its `--device` name), for logs.
 fn device_name() -> String {
     std::thread::current().name().unwrap_or(FACE).to_owned()
 }
@@ -357,6 +359,7 @@ impl<T: Transport> VirtioRdma<T> {
             notified: BTreeSet::new(),
             polling: false,
             fatal: false,
+            features: 0,
             scratch: Vec::new(),
             stats: FaceStats::default(),
             refusals: Refusals::default(),
@@ -447,7 +450,10 @@ impl<T: Transport> VirtioRdma<T> {
         let opcode = req.get(..2).map(|o| u16::from_le_bytes([o[0], o[1]]));
         let dead = self.fatal
             && req.len() >= size_of::<abi::CmdHdr>()
-            && !matches!(opcode, Some(op::QUERY_DEVICE | op::QUERY_PORT));
+            && !matches!(
+                opcode,
+                Some(op::QUERY_DEVICE | op::QUERY_PORT | op::QUERY_STATS)
+            );
         let hdr_len = size_of::<abi::RespHdr>();
         let done = if dead {
             Err(Refused::new(
@@ -501,7 +507,10 @@ impl<T: Transport> VirtioRdma<T> {
 
     fn execute(&mut self, r: decode::Request) -> Result<Vec<u8>, Refused> {
         let ctx = r.context;
-        let query = matches!(r.command, Command::QueryDevice | Command::QueryPort { .. });
+        let query = matches!(
+            r.command,
+            Command::QueryDevice | Command::QueryPort { .. } | Command::QueryStats
+        );
         if self.fatal && !query {
             return Err(Refused::new(
                 decode::errno::EIO,
@@ -510,13 +519,20 @@ impl<T: Transport> VirtioRdma<T> {
         }
         let needs_context = !matches!(
             r.command,
-            Command::QueryDevice | Command::QueryPort { .. } | Command::CreateContext { .. }
+            Command::QueryDevice
+                | Command::QueryPort { .. }
+                | Command::QueryStats
+                | Command::CreateContext { .. }
         );
         if needs_context && !self.contexts.contains_key(&ctx) {
             return Err(noent("context"));
         }
         match r.command {
             Command::QueryDevice => Ok(self.query_device().as_bytes().to_vec()),
+            Command::QueryStats if self.features & abi::feature::STATS == 0 => Err(
+                Refused::unsupported("QUERY_STATS without VIRTIO_RDMA_F_STATS"),
+            ),
+            Command::QueryStats => Ok(self.query_stats().as_bytes().to_vec()),
             Command::QueryPort { port } => self.query_port(port),
             Command::CreateContext {
                 doorbell_bits,
@@ -1684,6 +1700,31 @@ impl<T: Transport> VirtioRdma<T> {
         self.reset();
         self.fatal = true;
         self.event(ev::DEVICE_FATAL, 0, 0);
+    }
+
+    /// The feature bits the driver accepted (FEATURES_OK, or vhost-user's
+    /// SET_FEATURES); 0 after a reset.
+    pub fn set_features(&mut self, acked: u64) {
+        self.features = acked;
+    }
+
+    /// QUERY_STATS: the data path's counters, then the refusals (the
+    /// order of [`abi::STATS_NAMES`]).
+    fn query_stats(&self) -> abi::StatsResp {
+        let mut r = abi::StatsResp::default();
+        let engine = self.device.engine().stats().fields();
+        let kind = refusals::Kind::Command;
+        let own = [
+            self.refusals.total(kind),
+            self.refusals.total(refusals::Kind::SendWqe),
+            self.refusals.total(refusals::Kind::RecvWqe),
+            self.stats.broken_rings,
+        ];
+        let values = engine.iter().map(|&(_, v)| v).chain(own);
+        for (slot, v) in r.value.iter_mut().zip(values) {
+            *slot = v.into();
+        }
+        r
     }
 
     /// Counters for `vrdma stat`: the device's and the face's.

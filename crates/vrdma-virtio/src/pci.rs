@@ -267,8 +267,11 @@ impl<T: Transport> VirtioPci<T> {
         } else {
             0
         };
-        let offered =
-            feature::VERSION_1 | feature::RING_INDIRECT_DESC | feature::RING_EVENT_IDX | poll;
+        let offered = feature::VERSION_1
+            | feature::RING_INDIRECT_DESC
+            | feature::RING_EVENT_IDX
+            | feature::STATS
+            | poll;
         VirtioPci {
             face,
             config,
@@ -329,6 +332,7 @@ impl<T: Transport> VirtioPci<T> {
         self.driver_feature_select = 0;
         self.driver_features = 0;
         self.acked = 0;
+        self.face.set_features(0);
         self.status = 0;
         self.config_vector = NO_VECTOR;
         self.queue_select = 0;
@@ -380,6 +384,7 @@ impl<T: Transport> VirtioPci<T> {
                 self.stats.features_refused += 1;
             } else {
                 self.acked = f;
+                self.face.set_features(f);
                 let event_idx = self.event_idx();
                 for q in &mut self.queues {
                     q.queue.set_event_idx(event_idx);

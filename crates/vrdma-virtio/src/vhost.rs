@@ -755,6 +755,7 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
             | feature::RING_INDIRECT_DESC
             | feature::RING_EVENT_IDX
             | poll
+            | feature::STATS
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
 
@@ -768,7 +769,9 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
                 "virtio-rdma: features without VIRTIO_F_VERSION_1: the device serves nothing"
             );
         }
-        self.lock().acked = features;
+        let mut g = self.lock();
+        g.acked = features;
+        g.face.set_features(features);
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {

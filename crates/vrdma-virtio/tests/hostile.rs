@@ -881,4 +881,37 @@ fn refused_wqes_and_commands_are_counted_by_reason() {
         .map(|(_, v)| *v)
         .sum();
     assert!(refused >= 1, "the refused MODIFY_QP counted by its reason");
+    // What the guest's driver reads for `rdma statistic` (QUERY_STATS,
+    // §6.31): the same refusals, and the data path's packets.
+    let stats = |fe: &mut vrdma_testkit::virtio::Frontend| -> Vec<u64> {
+        let r: abi::StatsResp = fe.ok(abi::op::QUERY_STATS, 0, &[], &[]);
+        r.value.iter().map(|v| v.get()).collect()
+    };
+    let at = |name: &str| {
+        abi::STATS_NAMES
+            .iter()
+            .position(|n| *n == name)
+            .expect(name)
+    };
+    // A good datagram (a's QP went to ERR with the malformed WQE; a new
+    // one sends it), so that the data path's counters move.
+    let mut qa2 = a.qp(qp_type::UD);
+    a.fe.qp_init(&a.ctx, &qa2, ALL_ACCESS);
+    a.fe.qp_rtr(&a.ctx, &qa2, qb.qpn, b.gid);
+    a.fe.qp_rts(&a.ctx, &qa2);
+    qa2.post_send(&Wqe::send(6, &[a.mr.sge(0, 8)]).ud(av(b.gid), qb.qpn, QKEY));
+    let c = a.cq.wait(1, "the good send's completion");
+    assert_eq!((c[0].wr_id.get(), c[0].status), (6, wc::SUCCESS));
+    let sa = stats(&mut a.fe);
+    assert_eq!(sa[at("refused_send_wqes")], 1);
+    assert_eq!(sa[at("refused_recv_wqes")], 0);
+    assert!(sa[at("refused_commands")] >= 1);
+    assert!(sa[at("tx_packets")] >= 1, "{sa:?}");
+    assert!(
+        sa[abi::STATS_NAMES.len()..].iter().all(|&v| v == 0),
+        "reserved slots 0"
+    );
+    let sb = stats(&mut b.fe);
+    assert_eq!(sb[at("refused_recv_wqes")], 1);
+    assert_eq!(sb[at("refused_send_wqes")], 0);
 }

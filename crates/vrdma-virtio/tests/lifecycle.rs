@@ -464,6 +464,42 @@ fn a_driver_without_doorbell_poll_gets_event_mode() {
     );
 }
 
+/// §6.31: QUERY_STATS is defined only with VIRTIO_RDMA_F_STATS; a driver
+/// that did not accept it is answered ERR_UNSUPPORTED, one that did gets
+/// the counters.
+#[test]
+fn query_stats_needs_its_feature() {
+    let da = NET.device("stats-feature");
+    let mut fe = Frontend::connect_with(
+        &da.socket,
+        Arc::new(Ram::new(0, 16 << 20)),
+        Options {
+            stats: false,
+            ..Default::default()
+        },
+    );
+    assert_ne!(fe.offered & abi::feature::STATS, 0, "offered");
+    assert_eq!(fe.features & abi::feature::STATS, 0);
+    fe.refused(abi::status::UNSUPPORTED, abi::op::QUERY_STATS, 0, &[], &[]);
+    drop(fe);
+    let mut fe = da.connect(16 << 20);
+    assert_ne!(fe.features & abi::feature::STATS, 0);
+    let r: abi::StatsResp = fe.ok(abi::op::QUERY_STATS, 0, &[], &[]);
+    // Nothing moved but the first driver's refused QUERY_STATS (the
+    // refusals are the device's, kept across drivers; the data path's
+    // counters are the engine's, new with each reset).
+    let v: Vec<u64> = r.value.iter().map(|v| v.get()).collect();
+    let refused = abi::STATS_NAMES
+        .iter()
+        .position(|n| *n == "refused_commands")
+        .expect("named");
+    for (i, n) in v.iter().enumerate() {
+        assert_eq!(*n, u64::from(i == refused), "slot {i}: {v:?}");
+    }
+    // A body is refused: QUERY_STATS has none.
+    fe.refused(abi::status::LENGTH, abi::op::QUERY_STATS, 0, &[0; 8], &[]);
+}
+
 /// DEV-1, §13: a driver that sets features without VIRTIO_F_VERSION_1
 /// (legacy) is served nothing: a command it posts and kicks stays unused
 /// (watched for 300 ms: absence can only be watched for a while), its

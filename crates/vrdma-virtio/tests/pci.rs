@@ -85,7 +85,8 @@ fn the_function_presents_a_modern_virtio_rdma_device() {
     let want = feature::VERSION_1
         | feature::RING_INDIRECT_DESC
         | feature::RING_EVENT_IDX
-        | feature::DOORBELL_POLL;
+        | feature::DOORBELL_POLL
+        | feature::STATS;
     assert_eq!(f, want, "exactly §2.2's features");
     for q in 0..4 {
         l.common_write(common::QUEUE_SELECT, 2, q);

@@ -42,6 +42,8 @@ struct vrdma_dev {
 	struct virtqueue *vqs[VIRTIO_RDMA_VQ_COUNT];
 	struct virtio_rdma_config config;
 	bool doorbell_poll;
+	/* VIRTIO_RDMA_F_STATS: the port's hardware counters (QUERY_STATS). */
+	bool stats;
 
 	/* The controlq: one request at a time. */
 	struct mutex cmd_lock;

@@ -1916,6 +1916,69 @@ void vrdma_device_fatal(struct vrdma_dev *dev)
 		ib_dispatch_event(&e);
 }
 
+/* --- hardware counters (QUERY_STATS, spec §6.31) ------------------------- */
+
+/* The device's counters, in the order of value[] (§6.31's table). */
+static const struct rdma_stat_desc vrdma_stat_descs[] = {
+	{ .name = "rx_packets" },
+	{ .name = "tx_packets" },
+	{ .name = "rx_malformed" },
+	{ .name = "rx_no_qp" },
+	{ .name = "rx_bad_state" },
+	{ .name = "rx_bad_addr" },
+	{ .name = "rx_bad_key" },
+	{ .name = "rx_no_recv" },
+	{ .name = "rx_duplicate" },
+	{ .name = "rx_out_of_sequence" },
+	{ .name = "rx_too_long" },
+	{ .name = "tx_retransmitted" },
+	{ .name = "retry_timeout" },
+	{ .name = "retry_seq_nak" },
+	{ .name = "retry_implied_nak" },
+	{ .name = "rnr_naks" },
+	{ .name = "refused_commands" },
+	{ .name = "refused_send_wqes" },
+	{ .name = "refused_recv_wqes" },
+	{ .name = "broken_rings" },
+};
+
+static struct rdma_hw_stats *
+vrdma_alloc_hw_port_stats(struct ib_device *ib, u32 port)
+{
+	BUILD_BUG_ON(ARRAY_SIZE(vrdma_stat_descs) != VIRTIO_RDMA_STATS_NAMED);
+	return rdma_alloc_hw_stats_struct(vrdma_stat_descs,
+					  ARRAY_SIZE(vrdma_stat_descs),
+					  RDMA_HW_STATS_DEFAULT_LIFESPAN);
+}
+
+static int vrdma_get_hw_stats(struct ib_device *ib,
+			      struct rdma_hw_stats *stats, u32 port, int index)
+{
+	struct vrdma_dev *dev = to_vdev(ib);
+	struct virtio_rdma_stats *r;
+	int i, n, ret;
+
+	r = kzalloc(sizeof(*r), GFP_KERNEL);
+	if (!r)
+		return -ENOMEM;
+	ret = vrdma_cmd(dev, VIRTIO_RDMA_CMD_QUERY_STATS, 0, NULL, 0, NULL, 0,
+			r, sizeof(*r));
+	if (ret)
+		goto out;
+	n = min_t(int, stats->num_counters, VIRTIO_RDMA_STATS_NAMED);
+	for (i = 0; i < n; i++)
+		stats->value[i] = le64_to_cpu(r->value[i]);
+	ret = n;
+out:
+	kfree(r);
+	return ret;
+}
+
+static const struct ib_device_ops vrdma_stats_ops = {
+	.alloc_hw_port_stats = vrdma_alloc_hw_port_stats,
+	.get_hw_stats = vrdma_get_hw_stats,
+};
+
 /* --- registration -------------------------------------------------------- */
 
 static const struct ib_device_ops vrdma_dev_ops = {
@@ -1985,6 +2048,9 @@ void vrdma_ib_init(struct vrdma_dev *dev)
 	ib->dev.parent = &dev->vdev->dev;
 	strscpy(ib->node_desc, "virtio-rdma", sizeof(ib->node_desc));
 	ib_set_device_ops(ib, &vrdma_dev_ops);
+	/* Only a device that answers QUERY_STATS has counters (DRV-32). */
+	if (dev->stats)
+		ib_set_device_ops(ib, &vrdma_stats_ops);
 	/* The kick method for processes (virtio_rdma_user.h). */
 	ib->driver_def = vrdma_uapi_defs;
 }

@@ -31,6 +31,7 @@ static void __maybe_unused vrdma_abi_sizes(void)
 	BUILD_BUG_ON(sizeof(struct virtio_rdma_ring) != 24);
 	BUILD_BUG_ON(sizeof(struct virtio_rdma_device_attr) != 128);
 	BUILD_BUG_ON(sizeof(struct virtio_rdma_port_attr) != 32);
+	BUILD_BUG_ON(sizeof(struct virtio_rdma_stats) != 256);
 	BUILD_BUG_ON(sizeof(struct virtio_rdma_create_context) != 8);
 	BUILD_BUG_ON(sizeof(struct virtio_rdma_create_cq) != 24);
 	BUILD_BUG_ON(sizeof(struct virtio_rdma_create_cq_resp) != 16);
@@ -397,6 +398,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 	virtio_cread_bytes(vdev, 0, &dev->config, sizeof(dev->config));
 	dev->doorbell_poll = virtio_has_feature(vdev,
 						VIRTIO_RDMA_F_DOORBELL_POLL);
+	dev->stats = virtio_has_feature(vdev, VIRTIO_RDMA_F_STATS);
 	if (le32_to_cpu(dev->config.max_request) < VIRTIO_RDMA_PAGE_SIZE) {
 		dev_err(&vdev->dev, "max_request %u: less than a page\n",
 			le32_to_cpu(dev->config.max_request));
@@ -479,6 +481,7 @@ MODULE_DEVICE_TABLE(virtio, vrdma_id_table);
 
 static unsigned int vrdma_features[] = {
 	VIRTIO_RDMA_F_DOORBELL_POLL,
+	VIRTIO_RDMA_F_STATS,
 };
 
 static struct virtio_driver vrdma_driver = {

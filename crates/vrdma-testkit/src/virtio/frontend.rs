@@ -50,6 +50,8 @@ pub struct Options {
     pub buffers: u16,
     /// Accept VIRTIO_F_VERSION_1 (a legacy driver does not).
     pub version_1: bool,
+    /// Accept VIRTIO_RDMA_F_STATS when offered.
+    pub stats: bool,
     /// Negotiate VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS (memory
     /// regions added and removed one at a time: ADD_MEM_REG, REM_MEM_REG).
     pub mem_slots: bool,
@@ -62,6 +64,7 @@ impl Default for Options {
             event_idx: true,
             buffers: 64,
             version_1: true,
+            stats: true,
             mem_slots: false,
         }
     }
@@ -322,6 +325,9 @@ impl Frontend {
         }
         if self.opts.poll {
             f |= self.offered & feature::DOORBELL_POLL;
+        }
+        if self.opts.stats {
+            f |= self.offered & feature::STATS;
         }
         f
     }
