@@ -114,7 +114,8 @@ done
     done
     rdma link show 2>&1
     rdma resource show qp 2>&1
-    rdma statistic show link virtio_rdma0/1 2>&1
+    # (one counter a line: joined into one)
+    echo "$(rdma statistic show link virtio_rdma0/1 2>&1 | tr -s ' \n' '  ')"
     echo "hw_counters: $(ls /sys/class/infiniband/virtio_rdma0/ports/1/hw_counters 2>&1 | tr '\n' ' ')"
 } > $OUT/ib.txt
 log "rmmod virtio_rdma"
