@@ -230,7 +230,8 @@ targetcli /iscsi/$IQN/tpg1/portals create $sip 3260
 targetcli /iscsi/$IQN/tpg1/portals/$sip:3260 enable_iser boolean=true
 targetcli /iscsi/$IQN/tpg1 set attribute authentication=0 demo_mode_write_protect=0 generate_node_acls=1 cache_dynamic_acls=1
 targetcli ls /iscsi"
-    local run="set -e; modprobe ib_iser; mkdir -p /run/lock/iscsi
+    # (no udev in the guests: sd_mod, which gives the LUN its disk, is loaded by hand)
+    local run="set -e; modprobe ib_iser; modprobe sd_mod; mkdir -p /run/lock/iscsi
 [ -s /etc/iscsi/initiatorname.iscsi ] || echo InitiatorName=iqn.2026-12.dev.vrdma:init-\$GUEST_ID > /etc/iscsi/initiatorname.iscsi
 pgrep -x iscsid > /dev/null || iscsid
 iscsiadm -m node -o new -T $IQN -p \$S:3260 -I iser
