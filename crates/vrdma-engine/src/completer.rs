@@ -11,14 +11,15 @@ use vrdma_wire::{
 use crate::{
     completion::{complete_front_with_error, retire_executed, retire_front},
     context::Ctx,
-    datapath::Rx,
     memory::{Memory, Payload},
     qp::QpState,
     qpc::Qp,
-    requester::{JUMBO_PSNS, seek},
+    requester::seek,
+    rx::Rx,
     sgl::scatter,
     timers::restart_timer,
     wc::WcStatus,
+    window::JUMBO_PSNS,
     wr::SendOp,
 };
 

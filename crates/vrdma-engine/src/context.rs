@@ -21,11 +21,11 @@ use crate::{
     mr::Keys,
     objects::Srq,
     qpc::Qp,
-    requester::JUMBO_PSNS,
     stats::Stats,
     table::Table,
     transmit::PayloadRef,
     wc::Wc,
+    window::JUMBO_PSNS,
 };
 
 /// The engine's state apart from its QPs (and the PD and AH tables, which

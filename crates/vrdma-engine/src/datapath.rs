@@ -34,26 +34,6 @@
 //! FENCE; the local operations LOCAL_INV, BIND_MW and REG_MR (run in queue
 //! order, completed in order); SEND with invalidate.
 
-/// A received packet, parsed: its headers and its payload (carried, or
-/// lent), and whether it may carry a run of segments (it came from a peer
-/// [`Engine::set_jumbo`] names).
-/// (Its headers are the parsed packet's, reached through `Deref`: built
-/// in place, not copied, on the hot path.)
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Rx<'r, 'a> {
-    repr: &'r packet::Repr<'a>,
-    pub payload: Payload<'a>,
-    pub jumbo: bool,
-}
-
-impl<'a> std::ops::Deref for Rx<'_, 'a> {
-    type Target = packet::Repr<'a>;
-
-    fn deref(&self) -> &Self::Target {
-        self.repr
-    }
-}
-
 use vrdma_wire::{
     Gid, Psn, Qpn, ServiceType,
     frame::IpRepr,
@@ -69,7 +49,9 @@ use crate::{
     fence::Fence,
     memory::{Memory, Payload},
     qp::{QpState, QpType},
-    responder, scheduler,
+    responder,
+    rx::Rx,
+    scheduler,
     stats::Stats,
     timers,
     transmit::{PayloadRef, Transmit},
@@ -77,7 +59,7 @@ use crate::{
 
 pub use crate::{
     completer::{RNR_BACKOFF_AFTER, RNR_BACKOFF_CAP},
-    requester::{JUMBO_PSNS, MAX_UNACKED_PSNS, PACKETS_PER_ACK_REQ},
+    window::{JUMBO_PSNS, MAX_UNACKED_PSNS, PACKETS_PER_ACK_REQ},
 };
 
 impl Engine {
@@ -236,11 +218,7 @@ impl Engine {
             return;
         };
         let jumbo = self.cx.jumbo_from(ip);
-        let rx = Rx {
-            payload: Payload::Bytes(r.payload),
-            repr: &r,
-            jumbo,
-        };
+        let rx = Rx::new(&r, Payload::Bytes(r.payload), jumbo);
         self.handle_rx(ip, &rx, mem);
         self.finish_revocations();
     }
@@ -303,11 +281,7 @@ impl Engine {
             return;
         }
         let jumbo = self.cx.jumbo_from(ip);
-        let rx = Rx {
-            repr: &r,
-            payload: Payload::Lent { at: 0, len },
-            jumbo,
-        };
+        let rx = Rx::new(&r, Payload::Lent { at: 0, len }, jumbo);
         self.handle_rx(ip, &rx, mem);
     }
 

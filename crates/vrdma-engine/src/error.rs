@@ -73,14 +73,8 @@ pub enum VerbsError {
     },
 }
 
-/// errno values (Linux), as rdma-core reports them.
-pub mod errno {
-    pub const EPERM: i32 = 1;
-    pub const ENOMEM: i32 = 12;
-    pub const EBUSY: i32 = 16;
-    pub const EINVAL: i32 = 22;
-    pub const EOPNOTSUPP: i32 = 95;
-}
+/// The errno table (its own module, which `qp::state` also takes).
+pub use crate::errno;
 
 impl VerbsError {
     /// The errno rdma-core returns for this failure (what `ibv_*` calls set

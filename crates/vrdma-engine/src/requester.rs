@@ -20,25 +20,9 @@ use crate::{
     sgl::{gather, lend},
     transmit::{Transmit, emit_bare, emit_lent},
     wc::WcStatus,
+    window::{MAX_UNACKED_PSNS, PACKETS_PER_ACK_REQ},
     wr::{SendFlags, SendOp},
 };
-
-/// RC: the most request PSNs in flight, unacknowledged (rxe's
-/// RXE_MAX_UNACKED_PSNS). A loss then costs at most this many resent
-/// packets, and a responder's reply queue stays bounded.
-pub const MAX_UNACKED_PSNS: u32 = 128;
-
-/// The most segments (MTUs, PSNs) one packet carries to a peer whose
-/// medium takes a run of them ([`crate::Engine::set_jumbo`]): half the send
-/// window, so that two such packets keep the medium busy.
-pub const JUMBO_PSNS: u32 = MAX_UNACKED_PSNS / 2;
-
-/// RC: inside a long message every this many packets asks for an ACK, so
-/// that the window keeps moving and the retransmit timer, which restarts
-/// on progress, does not expire while a long message is still streaming
-/// (rxe asks every 64 packets; a 64-packet burst at 25 Gb/s outlasts a
-/// 16 µs timeout).
-pub const PACKETS_PER_ACK_REQ: u64 = 16;
 
 /// The requester may send its next WQE: RTS, not waiting out an RNR
 /// delay, and neither max_rd_atomic nor a fence holds it back (IBTA Vol1

@@ -18,16 +18,17 @@ use vrdma_wire::{
 use crate::{
     completion::enter_error,
     context::Ctx,
-    datapath::Rx,
     event::AsyncEvent,
     memory::{Memory, Payload},
     mr::Access,
     qp::{QpState, QpType},
     qpc::{InMsg, Qp, Resource, RespOut},
-    requester::{JUMBO_PSNS, path},
+    requester::path,
+    rx::Rx,
     sgl::{lend_range, scatter},
     transmit::{Transmit, emit_bare, emit_lent},
     wc::{NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus},
+    window::JUMBO_PSNS,
 };
 
 /// Why an incoming request could not be executed.

@@ -1,7 +1,12 @@
 //! Command-line arguments, kept apart from the logic so that man pages can
 //! be generated from them.
 
-use std::{net::IpAddr, path::PathBuf};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+};
+
+use anyhow::{Context, Result, anyhow};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -217,7 +222,7 @@ pub struct ServeArgs {
 
     /// Bytes of guest memory a guest's VMM may map into the daemon (K, M,
     /// G, T suffixes).
-    #[arg(long, default_value = "1T", value_parser = crate::serve::parse_size_arg)]
+    #[arg(long, default_value = "1T", value_parser = parse_size_arg)]
     pub max_dma_bytes: u64,
 }
 
@@ -277,11 +282,11 @@ const DEFAULT_LIMITS: vrdma_pvrdma::caps::Limits = vrdma_pvrdma::caps::Limits::D
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// The first device's address.
-    #[arg(long, default_value_t = crate::demo::DEFAULT_A)]
+    #[arg(long, default_value_t = DEFAULT_A)]
     pub addr_a: std::net::Ipv4Addr,
 
     /// The second device's address.
-    #[arg(long, default_value_t = crate::demo::DEFAULT_B)]
+    #[arg(long, default_value_t = DEFAULT_B)]
     pub addr_b: std::net::Ipv4Addr,
 
     /// Ping-pong iterations.
@@ -575,4 +580,31 @@ pub struct DecodeArgs {
     /// Print one JSON document (packets and summary) instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Default addresses: loopback, away from 127.0.0.1 where a real service
+/// may listen.
+pub const DEFAULT_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 41);
+pub const DEFAULT_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 42);
+
+/// A size in bytes: a number with an optional K, M, G or T suffix (powers
+/// of 1024).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let (digits, shift) = match s.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&s[..i], 10),
+        Some((i, 'M' | 'm')) => (&s[..i], 20),
+        Some((i, 'G' | 'g')) => (&s[..i], 30),
+        Some((i, 'T' | 't')) => (&s[..i], 40),
+        _ => (s, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .context("a size: a number, then K, M, G or T")?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| anyhow!("{s}: too large"))
+}
+
+/// [`parse_size`] for clap.
+pub fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
+    parse_size(s).map_err(|e| format!("{e:#}"))
 }

@@ -4,7 +4,7 @@
 //! latency table. Nothing to set up and nothing to install.
 
 use std::{
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -290,8 +290,3 @@ fn client(
     );
     Ok(())
 }
-
-/// Default addresses: loopback, away from 127.0.0.1 where a real service
-/// may listen.
-pub const DEFAULT_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 41);
-pub const DEFAULT_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 42);

@@ -38,7 +38,7 @@ use vrdma_pvrdma::{Pvrdma, Server, caps::Limits};
 use vrdma_wire::Gid;
 
 use crate::{
-    args::{CapsArgs, ServeArgs},
+    args::{CapsArgs, ServeArgs, parse_size},
     sandbox::{self, Seccomp},
 };
 
@@ -347,28 +347,6 @@ pub fn check_networks(specs: &[DeviceSpec], rendezvous: bool) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A size in bytes: a number with an optional K, M, G or T suffix (powers
-/// of 1024).
-pub fn parse_size(s: &str) -> Result<u64> {
-    let (digits, shift) = match s.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&s[..i], 10),
-        Some((i, 'M' | 'm')) => (&s[..i], 20),
-        Some((i, 'G' | 'g')) => (&s[..i], 30),
-        Some((i, 'T' | 't')) => (&s[..i], 40),
-        _ => (s, 0),
-    };
-    let n: u64 = digits
-        .parse()
-        .context("a size: a number, then K, M, G or T")?;
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| anyhow!("{s}: too large"))
-}
-
-/// [`parse_size`] for clap.
-pub fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
-    parse_size(s).map_err(|e| format!("{e:#}"))
 }
 
 /// Who may connect and what a client may map, from the command line.

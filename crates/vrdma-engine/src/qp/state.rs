@@ -17,7 +17,7 @@
 //! of states only; the QP type selects just the required and optional sets.
 
 use super::{AttrMask, QpState, QpType};
-use crate::error::errno::EINVAL;
+use crate::errno::EINVAL;
 
 use AttrMask as A;
 
