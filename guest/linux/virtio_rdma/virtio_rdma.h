@@ -229,9 +229,6 @@ void vrdma_ring_doorbell(struct vrdma_dev *dev, u32 index);
 void vrdma_dispatch_event(struct vrdma_dev *dev,
 			  const struct virtio_rdma_event *ev);
 void vrdma_notify_cq(struct vrdma_dev *dev, u32 cq);
-void vrdma_device_fatal(struct vrdma_dev *dev);
-
-u32 vrdma_access(int flags);
 
 /* virtio_rdma_user.c: user contexts, user rings and MRs, the kick. */
 extern const struct uapi_definition vrdma_uapi_defs[];
@@ -260,5 +257,7 @@ int vrdma_cmd(struct vrdma_dev *dev, u16 opcode, u32 context,
 	      const u64 *pages, size_t npages,
 	      void *resp, size_t resp_len);
 int vrdma_status_errno(u16 status);
+void vrdma_device_fatal(struct vrdma_dev *dev);
+u32 vrdma_access(int flags);
 
 #endif /* _VIRTIO_RDMA_H */

@@ -16,6 +16,34 @@
 
 #include "virtio_rdma.h"
 
+/* The device stopped answering: IB_EVENT_DEVICE_FATAL for its consumers. */
+void vrdma_device_fatal(struct vrdma_dev *dev)
+{
+	struct ib_event e = {
+		.device = &dev->ib,
+		.event = IB_EVENT_DEVICE_FATAL,
+	};
+
+	if (dev->registered)
+		ib_dispatch_event(&e);
+}
+
+/* Verbs' access flags in the device's encoding (spec §6.16). */
+u32 vrdma_access(int flags)
+{
+	u32 a = 0;
+
+	if (flags & IB_ACCESS_LOCAL_WRITE)
+		a |= VIRTIO_RDMA_ACCESS_LOCAL_WRITE;
+	if (flags & IB_ACCESS_REMOTE_WRITE)
+		a |= VIRTIO_RDMA_ACCESS_REMOTE_WRITE;
+	if (flags & IB_ACCESS_REMOTE_READ)
+		a |= VIRTIO_RDMA_ACCESS_REMOTE_READ;
+	if (flags & IB_ACCESS_REMOTE_ATOMIC)
+		a |= VIRTIO_RDMA_ACCESS_REMOTE_ATOMIC;
+	return a;
+}
+
 /* The errno of a response status (spec §6.2). */
 int vrdma_status_errno(u16 status)
 {

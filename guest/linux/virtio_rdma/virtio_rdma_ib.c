@@ -336,21 +336,6 @@ static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 				    to_vpd(ibpd)->handle);
 }
 
-u32 vrdma_access(int flags)
-{
-	u32 a = 0;
-
-	if (flags & IB_ACCESS_LOCAL_WRITE)
-		a |= VIRTIO_RDMA_ACCESS_LOCAL_WRITE;
-	if (flags & IB_ACCESS_REMOTE_WRITE)
-		a |= VIRTIO_RDMA_ACCESS_REMOTE_WRITE;
-	if (flags & IB_ACCESS_REMOTE_READ)
-		a |= VIRTIO_RDMA_ACCESS_REMOTE_READ;
-	if (flags & IB_ACCESS_REMOTE_ATOMIC)
-		a |= VIRTIO_RDMA_ACCESS_REMOTE_ATOMIC;
-	return a;
-}
-
 /* The DMA MR: guest-physical addresses, the dma_device's mapping. */
 static struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int flags)
 {
@@ -1900,18 +1885,6 @@ void vrdma_dispatch_event(struct vrdma_dev *dev,
 	default:
 		return;
 	}
-	if (dev->registered)
-		ib_dispatch_event(&e);
-}
-
-/* The device stopped answering: IB_EVENT_DEVICE_FATAL for its consumers. */
-void vrdma_device_fatal(struct vrdma_dev *dev)
-{
-	struct ib_event e = {
-		.device = &dev->ib,
-		.event = IB_EVENT_DEVICE_FATAL,
-	};
-
 	if (dev->registered)
 		ib_dispatch_event(&e);
 }
