@@ -164,6 +164,7 @@ impl Cq {
     /// Moves up to `max` completions, oldest first, to the end of `out`;
     /// returns how many (none from a sink). (Two slice copies: extending
     /// from `poll`'s drain goes element by element.)
+    #[must_use = "the completions taken are counted by the result"]
     pub fn poll_into(&mut self, max: usize, out: &mut Vec<Wc>) -> usize {
         let Store::Queue(ring) = &mut self.store else {
             return 0;

@@ -84,6 +84,7 @@ impl Engine {
     /// must be read before the memory changes (the caller sends them
     /// before it lets the application touch the memory again); they are
     /// valid until the next poll.
+    #[must_use = "the packet written must be sent"]
     pub fn poll_transmit_gather(
         &mut self,
         now: u64,
@@ -108,6 +109,7 @@ impl Engine {
     /// [`MAX_PACKET`](crate::transmit::MAX_PACKET) bytes) and says where it
     /// goes; `None` when nothing is waiting. `now` is the caller's clock in
     /// nanoseconds (never going back).
+    #[must_use = "the packet written must be sent"]
     pub fn poll_transmit(
         &mut self,
         now: u64,
@@ -142,6 +144,7 @@ impl Engine {
     /// that no longer hold (a timer stopped, or restarted later) are
     /// dropped or moved on the way, so the cost does not grow with the
     /// number of QPs.
+    #[must_use]
     pub fn poll_timeout(&mut self) -> Option<u64> {
         loop {
             let (at, qpn, kind) = self.cx.deadlines.peek()?;

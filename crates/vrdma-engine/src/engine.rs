@@ -111,11 +111,13 @@ impl Engine {
     }
 
     /// The next asynchronous event, if any.
+    #[must_use = "an event taken and dropped is lost"]
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.cx.events.pop_front()
     }
 
     /// The next CQ whose armed notification fired (one per arming).
+    #[must_use = "a notification taken and dropped is lost"]
     pub fn poll_notification(&mut self) -> Option<CqHandle> {
         self.cx.notifications.pop_front()
     }

@@ -76,6 +76,7 @@ impl PageList {
     }
 
     /// The first `n` pages.
+    #[must_use]
     pub fn take(&self, n: usize) -> PageList {
         PageList(self.0[..n.min(self.0.len())].to_vec())
     }

@@ -291,6 +291,7 @@ pub enum Decoded {
 
 /// What a turn of taking from a ring did.
 #[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+#[must_use = "work taken must be accounted"]
 pub struct Taken {
     /// Entries copied out of the ring.
     pub entries: u32,
@@ -801,7 +802,7 @@ mod tests {
         let mut c = Consumer::new(r.clone());
         post(&m, &r, 0, 7);
         let mut d = room(100);
-        c.take(&m, &mut d);
+        assert_eq!(c.take(&m, &mut d).entries, 1);
         // The guest rewrites the entry (and its producer index, the same)
         // after the doorbell: the device took it already.
         m.write_obj(666u64, GuestAddress(r.entry_addr(0))).unwrap();

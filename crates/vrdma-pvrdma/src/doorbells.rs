@@ -90,6 +90,7 @@ impl SharedDoorbells {
 
     /// Takes the word at `offset` of doorbell page `page`: what the guest
     /// last stored there since the last take (0: nothing).
+    #[must_use]
     pub fn take(&self, page: u32, offset: u64) -> u32 {
         if page >= self.pages || offset > PAGE_SIZE - 4 || !offset.is_multiple_of(4) {
             return 0;

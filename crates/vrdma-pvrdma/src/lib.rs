@@ -23,6 +23,8 @@
 //! | [`caps`] | the device's limits and the capabilities it announces |
 //! | [`abi`] | the device ABI's registers, shared region, commands, ring entries and enums, laid out as in guest memory |
 
+#![forbid(unsafe_code)]
+
 pub mod abi;
 pub mod caps;
 mod cmd;

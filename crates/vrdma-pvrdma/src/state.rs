@@ -174,6 +174,7 @@ impl<T: Transport> State<T> {
     }
 
     /// The async events of the face's own, taken.
+    #[must_use = "the events taken must be raised"]
     pub fn take_face_events(&mut self) -> Vec<(u32, u32)> {
         std::mem::take(&mut self.face_events)
     }

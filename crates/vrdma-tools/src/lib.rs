@@ -18,6 +18,10 @@
 //! Each device the client tools open is a `vrdma_device::verbs::Context`;
 //! `serve` serves `vrdma_pvrdma` functions.
 
+// Unsafe code only in `sandbox` (privileges, seccomp, limits) and one
+// environment write before any thread starts (`serve`).
+#![deny(unsafe_code)]
+
 pub mod args;
 pub mod bench;
 pub mod capture;

@@ -46,6 +46,8 @@
 //! its user may open, which is why a multi-tenant host runs it as a user
 //! of its own (README).
 
+#![allow(unsafe_code)]
+
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail};

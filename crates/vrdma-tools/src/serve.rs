@@ -700,7 +700,10 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         prepare_run_dir(&dir, u)?;
         // SAFETY: no other thread exists yet (the device threads start
         // below), so nothing reads the environment concurrently.
-        unsafe { std::env::set_var("VRDMA_RUN_DIR", &dir) };
+        #[allow(unsafe_code)]
+        unsafe {
+            std::env::set_var("VRDMA_RUN_DIR", &dir)
+        };
     }
     sandbox::raise_fd_limit();
 

@@ -295,6 +295,7 @@ impl DmaTable {
             // order, and `reap`, which drops a mapping only once nothing
             // else holds it); a page of client memory that faulted had no
             // contents left, so a zero page in its place loses nothing.
+            #[allow(unsafe_code)]
             let g = unsafe { sigbus::register(region.as_ptr() as usize, region.size(), kind.page) };
             Some(g.map_err(|e| {
                 tracing::warn!(addr = m.addr, error = %e, "DMA map: no SIGBUS guard");
@@ -680,7 +681,10 @@ fn guard(mapping: &Arc<MmapRegion<()>>, page: usize) -> Result<sigbus::Guard, si
     // faulted had no contents left (past a shrunk file's end, or a huge
     // page the pool could not supply), so a zero page in its place loses
     // nothing.
-    unsafe { sigbus::register(mapping.as_ptr() as usize, len, page) }
+    #[allow(unsafe_code)]
+    unsafe {
+        sigbus::register(mapping.as_ptr() as usize, len, page)
+    }
 }
 
 #[cfg(test)]

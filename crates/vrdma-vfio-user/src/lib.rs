@@ -24,6 +24,10 @@
 //! - [`socket`]: the listening socket and a connection (messages with
 //!   their descriptors).
 
+// Unsafe code only in `sigbus` (the signal handler and its table) and
+// where `dma` registers a mapping with it.
+#![deny(unsafe_code)]
+
 pub mod dma;
 pub mod irq;
 pub mod pci;

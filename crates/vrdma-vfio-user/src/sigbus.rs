@@ -23,6 +23,8 @@
 //! knows vfio-user: a vhost-user face or a shared-memory fabric that maps
 //! foreign memory registers its ranges the same way.
 
+#![allow(unsafe_code)]
+
 use std::{
     ops::Range,
     sync::{

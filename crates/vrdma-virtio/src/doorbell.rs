@@ -98,6 +98,7 @@ impl Indices {
     }
 
     /// The lowest free index, now taken; None when all are.
+    #[must_use]
     pub fn take(&mut self) -> Option<u32> {
         let (w, word) = self
             .words

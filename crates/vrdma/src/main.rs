@@ -2,6 +2,8 @@
 //! arguments, parsed, and the exit status; the tools themselves are in
 //! `vrdma-tools`.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;
