@@ -31,9 +31,9 @@ use vrdma_testkit::pvrdma::{
     eth::{Nic, Switch, eth_function, frame},
     exchange, function, hdr, one_page, page_lists_past_the_budget, rc_up_mtu, sealed_memfd, sge,
     side::RAM,
-    tripwire::Tripwire,
     unsealed_page, wait_event, wqe,
 };
+use vrdma_testkit::tripwire::Tripwire;
 use vrdma_vfio_user::proto::{self, RegionAccess, cmd as vcmd};
 use zerocopy::IntoBytes;
 

@@ -34,9 +34,9 @@ use vrdma_testkit::pvrdma::{
     exchange, function, hdr, mac_of, one_page, page_lists_past_the_budget, rc_up, sealed_memfd,
     sge,
     side::{MR_VA, RAM},
-    tripwire::Tripwire,
     udp_function, unsealed_page, wait_event, wqe,
 };
+use vrdma_testkit::tripwire::Tripwire;
 use vrdma_vfio_user::proto::{self, DmaMap, Header, IrqSet, RegionAccess, cmd as vcmd};
 use vrdma_wire::Gid;
 use zerocopy::IntoBytes;

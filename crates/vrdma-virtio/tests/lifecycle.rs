@@ -701,7 +701,7 @@ fn events_past_the_bound_become_one_events_lost() {
 /// thread lives.
 #[test]
 fn a_panic_in_a_turn_fails_only_that_device() {
-    use vrdma_testkit::pvrdma::tripwire::Tripwire;
+    use vrdma_testkit::tripwire::Tripwire;
     let (_ga, _gb, mut a, mut b, mut qa, mut qb) = pair("panic-good", qp_type::RC);
     let trip = Arc::new(AtomicBool::new(false));
     let t = trip.clone();

@@ -371,7 +371,7 @@ fn a_reset_and_a_client_gone_leave_nothing_behind() {
 /// start serve again, and the server thread lives.
 #[test]
 fn a_panic_in_a_turn_needs_a_reset() {
-    use vrdma_testkit::pvrdma::tripwire::Tripwire;
+    use vrdma_testkit::tripwire::Tripwire;
     let trip = Arc::new(AtomicBool::new(false));
     let t = trip.clone();
     let dev = NET.device_on(

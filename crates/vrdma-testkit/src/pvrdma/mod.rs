@@ -9,7 +9,6 @@
 //! | [`served`] | a device served in a thread of its own, its counters copied out each turn, a gate between turns |
 //! | [`side`] | a well-behaved guest's objects ([`Side`]), two of them connected, an exchange checked byte for byte (SEND and WRITE; READ and atomics), one running throughout a test ([`side::Steady`]) |
 //! | [`eth`] | devices on Ethernet ports whose uplinks meet in an in-test [`eth::Switch`], the guest's NIC ([`eth::Nic`]) and the frames it sends |
-//! | [`tripwire`] | a transport that panics on demand (a bug in a device's round) |
 //! | [`measure`] | the process's open descriptors and peak memory, from `/proc/self` |
 //!
 //! Devices are made through a test binary's [`Net`], which hands out
@@ -29,7 +28,7 @@
 //! | 127.23 | `vrdma-pvrdma/tests/bounds.rs` |
 //! | 127.24 | `vrdma/tests/serve.rs` |
 //! | 127.25–27 | `vrdma-virtio/tests/{operations,lifecycle,hostile}.rs` (the `virtio` kit's `Net`) |
-//! | 127.28 | `vrdma-virtio/tests/interop.rs` (both faces' devices, addresses from the `virtio` kit's `Net`) |
+//! | 127.28 | `vrdma-tools/tests/faces_interop.rs` (both faces' devices, addresses from the `virtio` kit's `Net`) |
 //! | 127.29–30 | `vrdma-virtio/tests/{operations_pci,pci}.rs` |
 //! | 127.31–33 | `vrdma-virtio/tests/memory.rs` |
 //!
@@ -41,7 +40,6 @@ pub mod guest;
 pub mod measure;
 pub mod served;
 pub mod side;
-pub mod tripwire;
 
 use std::{
     net::{IpAddr, Ipv4Addr},

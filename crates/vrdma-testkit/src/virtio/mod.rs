@@ -19,7 +19,7 @@
 //! | 127.25 | `vrdma-virtio/tests/operations.rs` |
 //! | 127.26 | `vrdma-virtio/tests/lifecycle.rs` |
 //! | 127.27 | `vrdma-virtio/tests/hostile.rs` |
-//! | 127.28 | `vrdma-virtio/tests/interop.rs` (its PVRDMA devices too) |
+//! | 127.28 | `vrdma-tools/tests/faces_interop.rs` (its PVRDMA devices too) |
 //! | 127.29, 127.30 | `vrdma-virtio/tests/{operations_pci,pci}.rs` (a [`PciNet`]) |
 //! | 127.31–33 | `vrdma-virtio/tests/memory.rs` (32 and 33: its children's) |
 //!

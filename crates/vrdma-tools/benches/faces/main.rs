@@ -1,8 +1,8 @@
 //! The faces against engine-direct, in one run (issue 20):
 //!
 //! ```sh
-//! cargo bench -p vrdma-virtio --bench faces               # about 2 minutes
-//! cargo bench -p vrdma-virtio --bench faces -- --quick    # about 30 s (or FACES_QUICK=1)
+//! cargo bench -p vrdma-tools --bench faces               # about 2 minutes
+//! cargo bench -p vrdma-tools --bench faces -- --quick    # about 30 s (or FACES_QUICK=1)
 //! ```
 //!
 //! Two devices on loopback UDP (127.30.x.y, a fresh pair for every
