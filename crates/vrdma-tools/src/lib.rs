@@ -12,11 +12,14 @@
 //! | [`pingpong`] | `vrdma pingpong rc\|uc\|ud`: rdma-core's ibv_*_pingpong, interoperable |
 //! | [`rawudp`] | the raw UDP baseline the benchmark compares against |
 //! | [`sandbox`] | `vrdma serve`'s confinement: privileges dropped, a seccomp allow-list |
-//! | [`serve`] | `vrdma serve`: PVRDMA devices for QEMU guests over vfio-user |
+//! | [`serve`] | `vrdma serve`: the daemon — PVRDMA devices over vfio-user, virtio-rdma devices over vhost-user or as virtio-pci functions over vfio-user, each on its uplink and network |
 //! | [`stat`] | `vrdma stat`: the counters every device publishes in the run directory |
 //!
 //! Each device the client tools open is a `vrdma_device::verbs::Context`;
-//! `serve` serves `vrdma_pvrdma` functions.
+//! `serve` serves `vrdma_pvrdma` and `vrdma_virtio` devices. Above both
+//! faces, the crate also holds what joins them: the faces bench
+//! (`benches/faces`) and their interoperability suite
+//! (`tests/faces_interop.rs`).
 
 // Unsafe code only in `sandbox` (privileges, seccomp, limits) and one
 // environment write before any thread starts (`serve`).
