@@ -125,15 +125,7 @@ pub enum Command {
         cq: u32,
         ring: RingSpec,
     },
-    RegMr {
-        pd: u32,
-        access: Access,
-        iova: u64,
-        length: u64,
-        page_shift: u8,
-        offset: u64,
-        pages: Vec<u64>,
-    },
+    RegMr(RegMr),
     RegDmaMr {
         pd: u32,
         access: Access,
@@ -187,6 +179,19 @@ pub enum Command {
 }
 
 /// CREATE_QP, typed.
+/// REG_MR's request, checked (§6.16): the page list of `1 << page_shift`
+/// byte pages, the MR's first byte `offset` bytes into the first.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub struct RegMr {
+    pub pd: u32,
+    pub access: Access,
+    pub iova: u64,
+    pub length: u64,
+    pub page_shift: u8,
+    pub offset: u64,
+    pub pages: Vec<u64>,
+}
+
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct CreateQp {
     pub pd: u32,
@@ -401,7 +406,7 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refused> {
             if iova.checked_add(length).is_none() {
                 return Err(Refused::invalid("iova + length"));
             }
-            Command::RegMr {
+            Command::RegMr(RegMr {
                 pd: b.pd.get(),
                 access,
                 iova,
@@ -409,7 +414,7 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refused> {
                 page_shift: shift as u8,
                 offset,
                 pages: pages(req, at + 40, n, page)?,
-            }
+            })
         }
         op::REG_DMA_MR => {
             let b: abi::RegDmaMrReq = body(req, at, "REG_DMA_MR")?;
@@ -1363,9 +1368,9 @@ mod tests {
             &pages(3),
         ))
         .unwrap();
-        let Command::RegMr {
+        let Command::RegMr(RegMr {
             pages: p, offset, ..
-        } = r.command
+        }) = r.command
         else {
             panic!()
         };
