@@ -12,7 +12,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`guest`] | copies in and out of guest memory through vm-memory; [`GuestError`] |
-//! | [`pages`] | [`PageList`]: an object's guest pages, copied and checked; [`RingPages`]: which object holds which ring page |
+//! | [`pages`] | [`PageList`]: an object's guest pages, copied and checked; [`Claims`]: which object holds which ring page, area and header (both faces') |
 //! | [`ring`] | rings in guest memory ([`GuestRing`]) under an index scheme ([`ring::WrapBit`], [`ring::FreeRunning`]); the device's cursors: [`Consumer`] (entries copied out once, decoded, slots given back) and [`Producer`] |
 //! | [`wq`] | a QP's send and receive rings and an SRQ's ring, taken into the engine's queues as they have room |
 //! | [`cq`] | [`cq::GuestCq`]: the engine's CQ sink for a CQ ring in guest memory |
@@ -34,7 +34,7 @@ pub mod wq;
 
 pub use budget::Budget;
 pub use guest::GuestError;
-pub use pages::{Owner, PAGE_SIZE, PageList, RingPages};
+pub use pages::{Claims, Owner, PAGE_SIZE, PageList};
 pub use refusals::{Malformed, Refusal, Refusals};
 pub use ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Producer, Taken};
 pub use status::{OrRefuse, Refused};

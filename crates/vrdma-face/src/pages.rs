@@ -4,15 +4,18 @@
 //! was given (a page it no longer maps is then a failed access, never
 //! someone else's memory: every access goes through vm-memory).
 //!
-//! And which object holds which ring page ([`RingPages`]): rings never
-//! share pages.
+//! And which object holds which ring page, area and header ([`Claims`]):
+//! rings never share pages.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use vm_memory::GuestMemory;
 use zerocopy::IntoBytes;
 
-use crate::guest::{self, GuestError};
+use crate::{
+    guest::{self, GuestError},
+    status::Refused,
+};
 
 /// The page size of the guest structures a face reads: page lists name
 /// pages of this size, and no ring entry crosses one.
@@ -87,49 +90,116 @@ impl PageList {
     }
 }
 
-/// Who holds a ring page.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+/// What owns guest pages the device writes or reads as structures.
+#[derive(Clone, Copy, Debug, Eq, Ord, PartialEq, PartialOrd)]
 pub enum Owner {
     /// The device's own rings (events, notifications).
     Device,
+    /// A context's doorbell area.
+    Context(u32),
     Cq(u32),
     Qp(u32),
     Srq(u32),
 }
 
-/// The guest pages that hold rings, each page one object's. A driver
-/// gives every ring pages of its own; a guest that does not could make
-/// the device feed itself — a CQ's entries or indices landing on a queue's
-/// producer index, each completion taking a WQE that completes again,
-/// forever — so an object whose pages are another's (or listed twice) is
-/// refused.
+/// The pages of every live ring and doorbell area, and every live ring
+/// header, with their owners: each ring on pages of its own, so that a
+/// device write (a CQE, a consumer index) never lands on a producer index
+/// or WQE the device reads. A guest whose objects shared pages could make
+/// the device feed itself — a CQ's entries landing on a queue's producer
+/// index, each completion taking a WQE that completes again, forever — so
+/// an object whose pages are another's (or listed twice), or that holds
+/// another's header, is refused. Both faces keep one (PVRDMA's rings have
+/// no headers of their own: its ring state is on the rings' first page).
 #[derive(Clone, Debug, Default)]
-pub struct RingPages(BTreeMap<u64, Owner>);
+pub struct Claims {
+    pages: BTreeMap<u64, Owner>,
+    headers: BTreeMap<u64, Owner>,
+    /// What each owner claimed, to give it back without a scan.
+    by_owner: BTreeMap<Owner, (Vec<u64>, Vec<u64>)>,
+}
 
-impl RingPages {
-    /// The first of `pages` that is taken or listed twice, if any.
+impl Claims {
+    /// The first of `pages` that is taken, listed twice or holds a live
+    /// header, if any.
     pub fn conflict(&self, pages: &[u64]) -> Option<u64> {
         let mut seen = BTreeSet::new();
-        pages
-            .iter()
-            .copied()
-            .find(|&p| self.0.contains_key(&p) || !seen.insert(p))
+        pages.iter().copied().find(|&p| {
+            !seen.insert(p)
+                || self.pages.contains_key(&p)
+                || self.headers.range(p..p + PAGE_SIZE).next().is_some()
+        })
     }
 
-    /// Takes `pages` (with no [`RingPages::conflict`]) for `owner`.
-    pub fn claim(&mut self, owner: Owner, pages: &[u64]) {
+    /// Whether `pages` and `headers` may be claimed (by `owner`, whose own
+    /// headers may be given again: a CQ resized in place).
+    pub fn check(
+        &self,
+        pages: &[u64],
+        headers: &[u64],
+        owner: Option<Owner>,
+    ) -> Result<(), Refused> {
+        let clash = Refused::invalid("pages or a header another ring or area uses");
+        let mut new = BTreeSet::new();
         for &p in pages {
-            self.0.insert(p, owner);
+            if !new.insert(p) || self.pages.contains_key(&p) {
+                return Err(clash);
+            }
+            let held = self
+                .headers
+                .range(p..p + PAGE_SIZE)
+                .any(|(_, o)| Some(*o) != owner);
+            if held {
+                return Err(clash);
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for &h in headers {
+            let page = h & !(PAGE_SIZE - 1);
+            let taken = self.headers.get(&h).is_some_and(|o| Some(*o) != owner);
+            if !seen.insert(h) || taken || new.contains(&page) || self.pages.contains_key(&page) {
+                return Err(clash);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes `pages` and `headers` (checked) for `owner`.
+    pub fn claim(&mut self, owner: Owner, pages: &[u64], headers: &[u64]) {
+        for &p in pages {
+            self.pages.insert(p, owner);
+        }
+        for &h in headers {
+            self.headers.insert(h, owner);
+        }
+        let e = self.by_owner.entry(owner).or_default();
+        e.0.extend_from_slice(pages);
+        e.1.extend_from_slice(headers);
+    }
+
+    /// Gives back what `owner` claimed.
+    pub fn release(&mut self, owner: Owner) {
+        let Some((pages, headers)) = self.by_owner.remove(&owner) else {
+            return;
+        };
+        for p in pages {
+            self.pages.remove(&p);
+        }
+        for h in headers {
+            if self.headers.get(&h) == Some(&owner) {
+                self.headers.remove(&h);
+            }
         }
     }
 
-    /// Gives back `owner`'s pages.
-    pub fn release(&mut self, owner: Owner) {
-        self.0.retain(|_, o| *o != owner);
+    /// Nothing claimed (a reset).
+    pub fn clear(&mut self) {
+        *self = Claims::default();
     }
 
-    pub fn clear(&mut self) {
-        self.0.clear();
+    /// Whether nothing is claimed.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty() && self.headers.is_empty() && self.by_owner.is_empty()
     }
 }
 
@@ -177,16 +247,49 @@ mod tests {
 
     #[test]
     fn ring_pages_are_one_objects_each() {
-        let mut r = RingPages::default();
+        let mut r = Claims::default();
         assert_eq!(r.conflict(&[0x1000, 0x2000]), None);
         assert_eq!(r.conflict(&[0x1000, 0x1000]), Some(0x1000), "listed twice");
-        r.claim(Owner::Cq(1), &[0x1000, 0x2000]);
+        r.claim(Owner::Cq(1), &[0x1000, 0x2000], &[]);
         assert_eq!(r.conflict(&[0x3000, 0x2000]), Some(0x2000));
-        r.claim(Owner::Qp(17), &[0x3000]);
+        r.claim(Owner::Qp(17), &[0x3000], &[0x9040]);
+        assert_eq!(r.conflict(&[0x9000]), Some(0x9000), "a page with a header");
         r.release(Owner::Cq(1));
         assert_eq!(r.conflict(&[0x1000, 0x2000]), None);
         assert_eq!(r.conflict(&[0x3000]), Some(0x3000));
         r.clear();
         assert_eq!(r.conflict(&[0x3000]), None);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn rings_and_areas_keep_to_pages_of_their_own() {
+        let mut c = Claims::default();
+        let ok = |r: Result<(), Refused>| r.is_ok();
+        // A page twice in one command; a header inside the command's pages;
+        // two equal headers.
+        assert!(!ok(c.check(&[0x1000, 0x1000], &[], None)));
+        assert!(!ok(c.check(&[0x1000], &[0x1040], None)));
+        assert!(!ok(c.check(&[0x1000], &[0x9000, 0x9000], None)));
+        assert!(ok(c.check(&[0x1000, 0x2000], &[0x9000, 0x9040], None)));
+        c.claim(Owner::Qp(17), &[0x1000, 0x2000], &[0x9000, 0x9040]);
+        // Another's page, a header on another's page, another's header, a
+        // page holding another's header.
+        assert!(!ok(c.check(&[0x2000], &[0xa000], None)));
+        assert!(!ok(c.check(&[0x3000], &[0x1080], None)));
+        assert!(!ok(c.check(&[0x3000], &[0x9040], None)));
+        assert!(!ok(c.check(&[0x9000], &[0xa000], None)));
+        // Headers share a page with each other.
+        assert!(ok(c.check(&[0x3000], &[0x9080], None)));
+        c.claim(Owner::Cq(1), &[0x3000], &[0x9080]);
+        // A CQ resized keeps its header; its pages are new ones.
+        assert!(ok(c.check(&[0x4000], &[0x9080], Some(Owner::Cq(1)))));
+        assert!(!ok(c.check(&[0x4000], &[0x9080], Some(Owner::Cq(2)))));
+        // Given back, taken again.
+        c.release(Owner::Qp(17));
+        assert!(ok(c.check(&[0x2000], &[0x9000], None)));
+        assert!(!ok(c.check(&[0x3000], &[], None)));
+        c.release(Owner::Cq(1));
+        assert!(c.is_empty());
     }
 }

@@ -539,7 +539,7 @@ fn create_cq<T: Transport>(
         .create_cq_with_sink(cqe, 0, Box::new(sink))
         .or_refuse("CQ")?;
     s.cqs.insert(cq.0, CqInfo { uar: page });
-    s.ring_pages.claim(Owner::Cq(cq.0), pages.pages());
+    s.ring_pages.claim(Owner::Cq(cq.0), pages.pages(), &[]);
     let body = abi::CreateCqResp {
         hdr: reply.hdr(),
         cq_handle: cq.0.into(),
@@ -654,7 +654,8 @@ fn create_qp<T: Transport>(
     };
     s.qps
         .insert(qpn.value(), QpFace::new(qpn, ctx, page, sq, rq, rs));
-    s.ring_pages.claim(Owner::Qp(qpn.value()), pages.pages());
+    s.ring_pages
+        .claim(Owner::Qp(qpn.value()), pages.pages(), &[]);
     let body = abi::CreateQpRespV2 {
         hdr: reply.hdr(),
         qpn: qpn.value().into(),
@@ -857,6 +858,6 @@ fn create_srq<T: Transport>(
         .or_refuse("SRQ")?;
     s.srqs
         .insert(srq.0, SrqFace::new(srq, page, ring, sge, granted.max_wr));
-    s.ring_pages.claim(Owner::Srq(srq.0), pages.pages());
+    s.ring_pages.claim(Owner::Srq(srq.0), pages.pages(), &[]);
     reply.done(&handle_body(srq.0))
 }

@@ -16,7 +16,7 @@ use nix::errno::Errno;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
 use vrdma_engine::{attr::PortAttr, event::AsyncEvent};
-use vrdma_face::{GuestError, Owner, RingPages, guest};
+use vrdma_face::{Claims, GuestError, Owner, guest};
 use vrdma_vfio_user::{
     Bus, Function, Region,
     irq::Irqs,
@@ -248,7 +248,7 @@ impl<T: Transport> Pvrdma<T> {
                     self.err = err::INVALID;
                     return;
                 }
-                self.state.ring_pages.claim(Owner::Device, &l.pages);
+                self.state.ring_pages.claim(Owner::Device, &l.pages, &[]);
                 self.loaded = Some(l);
                 self.err = 0;
             }
@@ -290,8 +290,8 @@ impl<T: Transport> Pvrdma<T> {
             };
         let async_ring = device_ring(&dsr.async_ring_pages, EQE_SIZE)?;
         let cq_ring = device_ring(&dsr.cq_ring_pages, CQNE_SIZE)?;
-        // Each ring on pages of its own (see RingPages).
-        if let Some(page) = RingPages::default().conflict(&all) {
+        // Each ring on pages of its own (see Claims).
+        if let Some(page) = Claims::default().conflict(&all) {
             return Err(GuestError::Shared(page));
         }
         Ok(Loaded {

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use vm_memory::GuestMemoryMmap;
 use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
 use vrdma_engine::{CqHandle, Engine, attr::PortAttr};
-use vrdma_face::{Budget, Refusals, RingPages, Taken, cq::SharedMem};
+use vrdma_face::{Budget, Claims, Refusals, Taken, cq::SharedMem};
 use vrdma_wire::{Gid, Qpn};
 
 use crate::{
@@ -72,7 +72,7 @@ pub(crate) struct State<T: Transport> {
     pub qps: BTreeMap<u32, QpFace>,
     pub srqs: BTreeMap<u32, SrqFace>,
     /// The pages of every ring (the device's and the guest's objects').
-    pub ring_pages: RingPages,
+    pub ring_pages: Claims,
     /// QPs and SRQs with WQEs the engine holds or the guest posted and the
     /// device did not take yet: their indices are published each round.
     pub busy_qps: BTreeSet<u32>,
@@ -107,7 +107,7 @@ impl<T: Transport> State<T> {
             cqs: BTreeMap::new(),
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
-            ring_pages: RingPages::default(),
+            ring_pages: Claims::default(),
             busy_qps: BTreeSet::new(),
             busy_srqs: BTreeSet::new(),
             face_events: Vec::new(),

@@ -393,7 +393,6 @@ pub(super) fn specs(a: &ServeArgs) -> Result<Vec<DeviceSpec>> {
 }
 
 #[cfg(test)]
-#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -12,11 +12,11 @@ use vrdma_engine::{
     objects::{SrqAttr, SrqAttrMask},
     qp::AttrMask,
 };
-use vrdma_face::{Refusal, Refused, refusals, status::OrRefuse};
+use vrdma_face::{Owner, Refusal, Refused, refusals, status::OrRefuse};
 use vrdma_wire::{Gid, Lkey, Qpn, Rkey};
 use zerocopy::IntoBytes;
 
-use super::state::{Context, Owner, VirtioRdma, device_name};
+use super::state::{Context, VirtioRdma, device_name};
 use crate::{
     abi::{self, op, status},
     decode::{self, Command, RegMr, fault, noent},

@@ -15,7 +15,7 @@ use vrdma_engine::{
     qp::{QpCap, QpInitAttr},
 };
 use vrdma_face::{
-    GuestRing, PageList, Refused,
+    GuestRing, Owner, PageList, Refused,
     cq::GuestCq,
     ring::{FreeRunning, Indices},
     status::OrRefuse,
@@ -24,7 +24,7 @@ use vrdma_face::{
 use vrdma_wire::Qpn;
 use zerocopy::{FromZeros, IntoBytes};
 
-use super::state::{CqFace, Obj, Owner, QpFace, Sink, SrqFace, Track, VirtioRdma};
+use super::state::{CqFace, Obj, QpFace, Sink, SrqFace, Track, VirtioRdma};
 use crate::{
     abi::{self, cq_header, event as ev, wq_header},
     decode::{self, CreateQp, RingSpec, SendShape, fault, noent},

@@ -19,7 +19,7 @@ use vrdma_engine::{
     wc::{Wc, WcStatus},
 };
 use vrdma_face::{
-    Budget, GuestRing, Refusals, Refused,
+    Budget, Claims, GuestRing, Refusals,
     cq::{GuestCq, SharedMem},
     ring::FreeRunning,
     wq::{QpQueues, SrqQueue},
@@ -144,88 +144,6 @@ pub(super) enum Obj {
     Qp(u32),
     Srq(u32),
     Cq(u32),
-}
-
-/// What owns guest pages the device writes or reads as structures.
-#[derive(Clone, Copy, Debug, Eq, Ord, PartialEq, PartialOrd)]
-pub(super) enum Owner {
-    Context(u32),
-    Cq(u32),
-    Qp(u32),
-    Srq(u32),
-}
-
-/// The pages of every live ring and doorbell area, and every live ring
-/// header (spec §6.5 step 7): each ring on pages of its own, so a device
-/// write (a CQE, a consumer index) never lands on a producer index or WQE
-/// the device reads — a driver cannot make the device feed itself work.
-#[derive(Debug, Default)]
-pub(super) struct Claims {
-    pub(super) pages: BTreeMap<u64, Owner>,
-    pub(super) headers: BTreeMap<u64, Owner>,
-    /// What each owner claimed, to give it back without a scan.
-    pub(super) by_owner: BTreeMap<Owner, (Vec<u64>, Vec<u64>)>,
-}
-
-impl Claims {
-    /// Whether `pages` and `headers` may be claimed (by `owner`, whose own
-    /// headers may be given again: a CQ resized in place).
-    pub(super) fn check(
-        &self,
-        pages: &[u64],
-        headers: &[u64],
-        owner: Option<Owner>,
-    ) -> Result<(), Refused> {
-        let clash = Refused::invalid("pages or a header another ring or area uses");
-        let mut new = BTreeSet::new();
-        for &p in pages {
-            if !new.insert(p) || self.pages.contains_key(&p) {
-                return Err(clash);
-            }
-            let held = self
-                .headers
-                .range(p..p + abi::PAGE_SIZE)
-                .any(|(_, o)| Some(*o) != owner);
-            if held {
-                return Err(clash);
-            }
-        }
-        let mut seen = BTreeSet::new();
-        for &h in headers {
-            let page = h & !(abi::PAGE_SIZE - 1);
-            let taken = self.headers.get(&h).is_some_and(|o| Some(*o) != owner);
-            if !seen.insert(h) || taken || new.contains(&page) || self.pages.contains_key(&page) {
-                return Err(clash);
-            }
-        }
-        Ok(())
-    }
-
-    pub(super) fn claim(&mut self, owner: Owner, pages: &[u64], headers: &[u64]) {
-        for &p in pages {
-            self.pages.insert(p, owner);
-        }
-        for &h in headers {
-            self.headers.insert(h, owner);
-        }
-        let e = self.by_owner.entry(owner).or_default();
-        e.0.extend_from_slice(pages);
-        e.1.extend_from_slice(headers);
-    }
-
-    pub(super) fn release(&mut self, owner: Owner) {
-        let Some((pages, headers)) = self.by_owner.remove(&owner) else {
-            return;
-        };
-        for p in pages {
-            self.pages.remove(&p);
-        }
-        for h in headers {
-            if self.headers.get(&h) == Some(&owner) {
-                self.headers.remove(&h);
-            }
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -493,42 +411,5 @@ impl<T: Transport> VirtioRdma<T> {
                 .map(|(k, v)| (format!("virtio.{k}"), v)),
         );
         c
-    }
-}
-
-#[cfg(test)]
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rings_and_areas_keep_to_pages_of_their_own() {
-        let mut c = Claims::default();
-        let ok = |r: Result<(), Refused>| r.is_ok();
-        // A page twice in one command; a header inside the command's pages;
-        // two equal headers.
-        assert!(!ok(c.check(&[0x1000, 0x1000], &[], None)));
-        assert!(!ok(c.check(&[0x1000], &[0x1040], None)));
-        assert!(!ok(c.check(&[0x1000], &[0x9000, 0x9000], None)));
-        assert!(ok(c.check(&[0x1000, 0x2000], &[0x9000, 0x9040], None)));
-        c.claim(Owner::Qp(17), &[0x1000, 0x2000], &[0x9000, 0x9040]);
-        // Another's page, a header on another's page, another's header, a
-        // page holding another's header.
-        assert!(!ok(c.check(&[0x2000], &[0xa000], None)));
-        assert!(!ok(c.check(&[0x3000], &[0x1080], None)));
-        assert!(!ok(c.check(&[0x3000], &[0x9040], None)));
-        assert!(!ok(c.check(&[0x9000], &[0xa000], None)));
-        // Headers share a page with each other.
-        assert!(ok(c.check(&[0x3000], &[0x9080], None)));
-        c.claim(Owner::Cq(1), &[0x3000], &[0x9080]);
-        // A CQ resized keeps its header; its pages are new ones.
-        assert!(ok(c.check(&[0x4000], &[0x9080], Some(Owner::Cq(1)))));
-        assert!(!ok(c.check(&[0x4000], &[0x9080], Some(Owner::Cq(2)))));
-        // Given back, taken again.
-        c.release(Owner::Qp(17));
-        assert!(ok(c.check(&[0x2000], &[0x9000], None)));
-        assert!(!ok(c.check(&[0x3000], &[], None)));
-        c.release(Owner::Cq(1));
-        assert!(c.pages.is_empty() && c.headers.is_empty() && c.by_owner.is_empty());
     }
 }
