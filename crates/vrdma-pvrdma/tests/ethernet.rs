@@ -280,7 +280,7 @@ fn spoofed_frames_and_gids_are_refused_and_the_guests_own_pass() {
         reserved: [0; 3],
     };
     for gid in [x.gid(), vrdma_wire::Gid::from(someone)] {
-        assert_eq!(a.g.refused(&bind(1, gid)), (EINVAL, 22), "{gid:?}");
+        assert_eq!(a.g.refused(&bind(1, gid)), EINVAL, "{gid:?}");
     }
     assert_eq!(h.counter_when("pvrdma.gids_refused", |n| n == 2), 2);
     let link_local = vrdma_fabric::eth::link_local(h.mac);

@@ -229,7 +229,7 @@ fn commands_on_bad_destroyed_or_busy_handles_are_refused() {
         cmd::QUERY_SRQ,
     ] {
         for h in [0, 9999, 0x00ff_ffff, u32::MAX] {
-            assert_eq!(g.refused(&handle(code, h)), (EINVAL, 22), "{code} {h}");
+            assert_eq!(g.refused(&handle(code, h)), EINVAL, "{code} {h}");
         }
     }
     let query = |h: u32| abi::QueryQp {
@@ -237,10 +237,10 @@ fn commands_on_bad_destroyed_or_busy_handles_are_refused() {
         qp_handle: h.into(),
         attr_mask: 0.into(),
     };
-    assert_eq!(g.refused(&query(9999)), (EINVAL, 22));
+    assert_eq!(g.refused(&query(9999)), EINVAL);
     assert_eq!(
         g.refused(&modify(9999, abi::QpAttr::default(), M::STATE.0)),
-        (EINVAL, 22)
+        EINVAL
     );
     let msrq = abi::ModifySrq {
         hdr: hdr(cmd::MODIFY_SRQ),
@@ -248,61 +248,55 @@ fn commands_on_bad_destroyed_or_busy_handles_are_refused() {
         attr_mask: 2.into(),
         attrs: abi::SrqAttr::default(),
     };
-    assert_eq!(g.refused(&msrq), (EINVAL, 22));
+    assert_eq!(g.refused(&msrq), EINVAL);
     // Creation on objects that do not exist.
     let p = g.alloc(3);
     let dir = g.pdir(&[p, p + PAGE_SIZE, p + 2 * PAGE_SIZE]);
-    assert_eq!(g.refused(&handle(cmd::CREATE_PD, 77)), (EINVAL, 22));
-    assert_eq!(g.refused(&cq_req(dir, 77, 64, 2)), (EINVAL, 22));
-    assert_eq!(g.refused(&qp_req(9999, a.cq.handle, dir)), (EINVAL, 22));
-    assert_eq!(g.refused(&qp_req(a.pd, 9999, dir)), (EINVAL, 22));
+    assert_eq!(g.refused(&handle(cmd::CREATE_PD, 77)), EINVAL);
+    assert_eq!(g.refused(&cq_req(dir, 77, 64, 2)), EINVAL);
+    assert_eq!(g.refused(&qp_req(9999, a.cq.handle, dir)), EINVAL);
+    assert_eq!(g.refused(&qp_req(a.pd, 9999, dir)), EINVAL);
     let mut r = qp_req(a.pd, a.cq.handle, dir);
     r.recv_cq_handle = 9999.into();
-    assert_eq!(g.refused(&r), (EINVAL, 22));
+    assert_eq!(g.refused(&r), EINVAL);
     let mut r = qp_req(a.pd, a.cq.handle, dir);
     r.is_srq = 1;
     r.srq_handle = 9999.into();
-    assert_eq!(g.refused(&r), (EINVAL, 22));
+    assert_eq!(g.refused(&r), EINVAL);
     assert_eq!(
         g.refused(&user_mr_req(9999, MR_VA, 4096, dir, 1, 1)),
-        (EINVAL, 22)
+        EINVAL
     );
-    assert_eq!(g.refused(&srq_req(9999, dir, 16, 2, 2)), (EINVAL, 22));
+    assert_eq!(g.refused(&srq_req(9999, dir, 16, 2, 2)), EINVAL);
 
     // Handles of objects destroyed.
     let pd = g.create_pd(0);
     g.command(&handle(cmd::DESTROY_PD, pd)).unwrap();
-    assert_eq!(g.refused(&handle(cmd::DESTROY_PD, pd)), (EINVAL, 22));
-    assert_eq!(
-        g.refused(&user_mr_req(pd, MR_VA, 4096, dir, 1, 1)),
-        (EINVAL, 22)
-    );
-    assert_eq!(g.refused(&qp_req(pd, a.cq.handle, dir)), (EINVAL, 22));
+    assert_eq!(g.refused(&handle(cmd::DESTROY_PD, pd)), EINVAL);
+    assert_eq!(g.refused(&user_mr_req(pd, MR_VA, 4096, dir, 1, 1)), EINVAL);
+    assert_eq!(g.refused(&qp_req(pd, a.cq.handle, dir)), EINVAL);
     let cq = g.create_cq(64, 0);
     g.command(&handle(cmd::DESTROY_CQ, cq.handle)).unwrap();
-    assert_eq!(g.refused(&handle(cmd::DESTROY_CQ, cq.handle)), (EINVAL, 22));
-    assert_eq!(g.refused(&qp_req(a.pd, cq.handle, dir)), (EINVAL, 22));
+    assert_eq!(g.refused(&handle(cmd::DESTROY_CQ, cq.handle)), EINVAL);
+    assert_eq!(g.refused(&qp_req(a.pd, cq.handle, dir)), EINVAL);
     let qp = g.create_qp(qp_type::RC, a.pd, a.cq.handle, a.cq.handle, 16);
     g.command(&handle(cmd::DESTROY_QP, qp.handle)).unwrap();
-    assert_eq!(g.refused(&handle(cmd::DESTROY_QP, qp.handle)), (EINVAL, 22));
-    assert_eq!(g.refused(&query(qp.handle)), (EINVAL, 22));
+    assert_eq!(g.refused(&handle(cmd::DESTROY_QP, qp.handle)), EINVAL);
+    assert_eq!(g.refused(&query(qp.handle)), EINVAL);
     assert_eq!(
         g.refused(&modify(qp.handle, abi::QpAttr::default(), M::STATE.0)),
-        (EINVAL, 22)
+        EINVAL
     );
     let page = g.alloc(1);
     let (mr, _, _) = g.user_mr(a.pd, MR_VA, &[page], 1);
     g.command(&handle(cmd::DESTROY_MR, mr)).unwrap();
-    assert_eq!(g.refused(&handle(cmd::DESTROY_MR, mr)), (EINVAL, 22));
+    assert_eq!(g.refused(&handle(cmd::DESTROY_MR, mr)), EINVAL);
 
     // Objects still in use.
-    assert_eq!(g.refused(&handle(cmd::DESTROY_PD, a.pd)), (EBUSY, 16));
-    assert_eq!(
-        g.refused(&handle(cmd::DESTROY_CQ, a.cq.handle)),
-        (EBUSY, 16)
-    );
+    assert_eq!(g.refused(&handle(cmd::DESTROY_PD, a.pd)), EBUSY);
+    assert_eq!(g.refused(&handle(cmd::DESTROY_CQ, a.cq.handle)), EBUSY);
     // The kernel's "context" 0 is no context.
-    assert_eq!(g.refused(&handle(cmd::DESTROY_UC, 0)), (EINVAL, 22));
+    assert_eq!(g.refused(&handle(cmd::DESTROY_UC, 0)), EINVAL);
 
     exchange(&mut a, &mut b);
     let s = da.stats();
@@ -317,7 +311,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
 
     // Command codes the device does not know: QEMU's 0xffff.
     for code in [21, 0x100, cmd::ACK | cmd::CREATE_PD, u32::MAX] {
-        assert_eq!(g.refused(&hdr(code)), (BAD_COMMAND, 255), "{code:#x}");
+        assert_eq!(g.refused(&hdr(code)), BAD_COMMAND, "{code:#x}");
     }
     // One it knows but does not implement (the driver never sends it).
     let resize = abi::ResizeCq {
@@ -325,7 +319,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
         cq_handle: cqh.into(),
         cqe: 128.into(),
     };
-    assert_eq!(g.refused(&resize), (EOPNOTSUPP, 95));
+    assert_eq!(g.refused(&resize), EOPNOTSUPP);
 
     // Ports, P_Keys and GIDs out of range.
     for port in [0, 2, 255] {
@@ -334,7 +328,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
             port_num: port,
             reserved: [0; 7],
         };
-        assert_eq!(g.refused(&q), (EINVAL, 22));
+        assert_eq!(g.refused(&q), EINVAL);
     }
     let q = abi::QueryPkey {
         hdr: hdr(cmd::QUERY_PKEY),
@@ -342,7 +336,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
         index: 1,
         reserved: [0; 6],
     };
-    assert_eq!(g.refused(&q), (EINVAL, 22));
+    assert_eq!(g.refused(&q), EINVAL);
     let bind = |index: u32, ty: u8| abi::CreateBind {
         hdr: hdr(cmd::CREATE_BIND),
         mtu: 1024.into(),
@@ -352,20 +346,17 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
         gid_type: ty,
         reserved: [0; 3],
     };
-    assert_eq!(g.refused(&bind(128, abi::GID_TYPE_ROCE_V2)), (EINVAL, 22));
-    assert_eq!(
-        g.refused(&bind(u32::MAX, abi::GID_TYPE_ROCE_V2)),
-        (EINVAL, 22)
-    );
-    assert_eq!(g.refused(&bind(1, abi::GID_TYPE_ROCE_V1)), (EINVAL, 22));
-    assert_eq!(g.refused(&bind(1, 0)), (EINVAL, 22));
+    assert_eq!(g.refused(&bind(128, abi::GID_TYPE_ROCE_V2)), EINVAL);
+    assert_eq!(g.refused(&bind(u32::MAX, abi::GID_TYPE_ROCE_V2)), EINVAL);
+    assert_eq!(g.refused(&bind(1, abi::GID_TYPE_ROCE_V1)), EINVAL);
+    assert_eq!(g.refused(&bind(1, 0)), EINVAL);
     let unbind = abi::DestroyBind {
         hdr: hdr(cmd::DESTROY_BIND),
         index: 128.into(),
         dest_gid: [0; 16],
         reserved: [0; 4],
     };
-    assert_eq!(g.refused(&unbind), (EINVAL, 22));
+    assert_eq!(g.refused(&unbind), EINVAL);
 
     // CQs: sizes and page counts.
     let (cq_pages, cq_dir) = g.pages(4);
@@ -380,11 +371,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
         (64, 0),
         (128, 2),
     ] {
-        assert_eq!(
-            g.refused(&cq_req(cq_dir, 0, cqe, n)),
-            (EINVAL, 22),
-            "{cqe} {n}"
-        );
+        assert_eq!(g.refused(&cq_req(cq_dir, 0, cqe, n)), EINVAL, "{cqe} {n}");
     }
     let _ = cq_pages;
 
@@ -437,7 +424,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
         ..base
     });
     for r in &bad {
-        assert_eq!(g.refused(r), (EINVAL, 22), "{r:?}");
+        assert_eq!(g.refused(r), EINVAL, "{r:?}");
     }
 
     // MRs: flags, lengths, page counts, rights.
@@ -468,7 +455,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
         mrs.push(r);
     }
     for r in &mrs {
-        assert_eq!(g.refused(r), (EINVAL, 22), "{r:?}");
+        assert_eq!(g.refused(r), EINVAL, "{r:?}");
     }
 
     // SRQs: type, sizes, SGEs, page counts.
@@ -485,13 +472,13 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
     ] {
         assert_eq!(
             g.refused(&srq_req(pd, srq_dir, wr, sge, n)),
-            (EINVAL, 22),
+            EINVAL,
             "{wr} {sge} {n}"
         );
     }
     let mut r = srq_req(pd, srq_dir, 16, 2, 2);
     r.srq_type = 1;
-    assert_eq!(g.refused(&r), (EINVAL, 22));
+    assert_eq!(g.refused(&r), EINVAL);
 
     // Contexts: doorbell page 0 (the kernel's), past BAR2, taken, wrapped.
     for pfn in [UAR_PFN, UAR_PFN + 256, UAR_PFN - 1, 0, u64::MAX] {
@@ -499,14 +486,14 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
             hdr: hdr(cmd::CREATE_UC),
             pfn64: pfn.into(),
         };
-        assert_eq!(g.refused(&r), (EINVAL, 22), "{pfn:#x}");
+        assert_eq!(g.refused(&r), EINVAL, "{pfn:#x}");
     }
     let uc = create_uc(g, 5);
     let again = abi::CreateUc {
         hdr: hdr(cmd::CREATE_UC),
         pfn64: (UAR_PFN + 5).into(),
     };
-    assert_eq!(g.refused(&again), (EINVAL, 22));
+    assert_eq!(g.refused(&again), EINVAL);
     g.command(&handle(cmd::DESTROY_UC, uc)).unwrap();
 
     // QP state transitions the verbs do not allow, and bad values.
@@ -519,7 +506,7 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
     for s in [RTS, 2, 4, 5, 7, u32::MAX] {
         assert_eq!(
             g.refused(&modify(q.handle, state(s), M::STATE.0)),
-            (EINVAL, 22),
+            EINVAL,
             "RESET to {s}"
         );
     }
@@ -528,26 +515,20 @@ fn bad_sizes_fields_and_command_codes_are_refused() {
     wrong.cur_qp_state = RTS.into();
     assert_eq!(
         g.refused(&modify(q.handle, wrong, (M::STATE | M::CUR_STATE).0)),
-        (EINVAL, 22)
+        EINVAL
     );
     // INIT without its required attributes; a path MTU code out of range.
-    assert_eq!(
-        g.refused(&modify(q.handle, state(1), M::STATE.0)),
-        (EINVAL, 22)
-    );
+    assert_eq!(g.refused(&modify(q.handle, state(1), M::STATE.0)), EINVAL);
     let mut mtu = state(RESET);
     mtu.path_mtu = 9.into();
     assert_eq!(
         g.refused(&modify(q.handle, mtu, (M::STATE | M::PATH_MTU).0)),
-        (EINVAL, 22)
+        EINVAL
     );
     assert_eq!(g.qp_state(&q), RESET);
     // From RTS, back to RTR is not a transition.
     rc_up(g, &q, b.gid, NOBODY, b.mac);
-    assert_eq!(
-        g.refused(&modify(q.handle, state(2), M::STATE.0)),
-        (EINVAL, 22)
-    );
+    assert_eq!(g.refused(&modify(q.handle, state(2), M::STATE.0)), EINVAL);
     assert_eq!(g.qp_state(&q), RTS);
 
     exchange(&mut a, &mut b);
@@ -575,21 +556,21 @@ fn objects_of_another_context_and_doorbells_on_the_wrong_page_are_refused() {
     // A QP may only use its PD's context's CQs and SRQ.
     let p = g.alloc(3);
     let dir = g.pdir(&[p, p + PAGE_SIZE, p + 2 * PAGE_SIZE]);
-    assert_eq!(g.refused(&qp_req(pd1, cq2.handle, dir)), (EINVAL, 22));
+    assert_eq!(g.refused(&qp_req(pd1, cq2.handle, dir)), EINVAL);
     let mut mixed = qp_req(pd1, cq1.handle, dir);
     mixed.recv_cq_handle = cq2.handle.into();
-    assert_eq!(g.refused(&mixed), (EINVAL, 22));
-    assert_eq!(g.refused(&qp_req(pd1, a.cq.handle, dir)), (EINVAL, 22));
-    assert_eq!(g.refused(&qp_req(a.pd, cq1.handle, dir)), (EINVAL, 22));
+    assert_eq!(g.refused(&mixed), EINVAL);
+    assert_eq!(g.refused(&qp_req(pd1, a.cq.handle, dir)), EINVAL);
+    assert_eq!(g.refused(&qp_req(a.pd, cq1.handle, dir)), EINVAL);
     let mut srq = qp_req(pd1, cq1.handle, dir);
     srq.is_srq = 1;
     srq.srq_handle = srq2.into();
     srq.total_chunks = 2.into();
-    assert_eq!(g.refused(&srq), (EINVAL, 22));
+    assert_eq!(g.refused(&srq), EINVAL);
     let mut qp1 = qp_on(g, pd1, cq1.handle, [p, p + PAGE_SIZE, p + 2 * PAGE_SIZE], 1);
 
     // A context with objects cannot go.
-    assert_eq!(g.refused(&handle(cmd::DESTROY_UC, uc1)), (EBUSY, 16));
+    assert_eq!(g.refused(&handle(cmd::DESTROY_UC, uc1)), EBUSY);
 
     // Doorbells: each refused one is counted, nothing else happens.
     let before = da.stats_when(|_| true).doorbells_refused;
@@ -640,7 +621,7 @@ fn objects_of_another_context_and_doorbells_on_the_wrong_page_are_refused() {
     // ring it for the next context given that page).
     g.command(&handle(cmd::DESTROY_QP, qp1.handle)).unwrap();
     g.command(&handle(cmd::DESTROY_PD, pd1)).unwrap();
-    assert_eq!(g.refused(&handle(cmd::DESTROY_UC, uc1)), (EBUSY, 16));
+    assert_eq!(g.refused(&handle(cmd::DESTROY_UC, uc1)), EBUSY);
     g.command(&handle(cmd::DESTROY_CQ, cq1.handle)).unwrap();
     g.command(&handle(cmd::DESTROY_UC, uc1)).unwrap();
     assert_eq!(create_uc(g, 1), uc1 + 2, "page 1 is free again");
@@ -660,28 +641,25 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
     // either side of it, address 0, far away, the top of the address
     // space; one not page-aligned.
     for dir in [0, lo, hi, hi + (1 << 20), 1 << 40, TOP_PAGE, RAM_BASE + 8] {
-        assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22), "{dir:#x}");
-        assert_eq!(g.refused(&qp_req(pd, cqh, dir)), (EINVAL, 22));
-        assert_eq!(
-            g.refused(&user_mr_req(pd, MR_VA, 8192, dir, 1, 2)),
-            (EINVAL, 22)
-        );
-        assert_eq!(g.refused(&srq_req(pd, dir, 16, 2, 2)), (EINVAL, 22));
+        assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), EINVAL, "{dir:#x}");
+        assert_eq!(g.refused(&qp_req(pd, cqh, dir)), EINVAL);
+        assert_eq!(g.refused(&user_mr_req(pd, MR_VA, 8192, dir, 1, 2)), EINVAL);
+        assert_eq!(g.refused(&srq_req(pd, dir, 16, 2, 2)), EINVAL);
     }
     // A directory whose table is outside, or not aligned.
     for table in [lo, hi, 1 << 40, RAM_BASE + 0x10] {
         let dir = g.alloc(1);
         g.put(dir, &table.to_le_bytes());
-        assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
-        assert_eq!(g.refused(&qp_req(pd, cqh, dir)), (EINVAL, 22));
+        assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), EINVAL);
+        assert_eq!(g.refused(&qp_req(pd, cqh, dir)), EINVAL);
     }
     // Page addresses not aligned.
     let p = g.alloc(2);
     let dir = g.pdir(&[p, p + 0x800]);
-    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
+    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), EINVAL);
     // A CQ whose state page is outside: nothing to start its ring from.
     let dir = g.pdir(&[hi, p]);
-    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
+    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), EINVAL);
 
     // Rings over pages outside: made (a real device cannot tell either),
     // and broken on first use, each with its event.
@@ -743,11 +721,7 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
         [fresh, fresh, fresh + PAGE_SIZE],
     ] {
         let dir = g.pdir(&pages);
-        assert_eq!(
-            g.refused(&qp_req(pd, cq.handle, dir)),
-            (EINVAL, 22),
-            "{pages:x?}"
-        );
+        assert_eq!(g.refused(&qp_req(pd, cq.handle, dir)), EINVAL, "{pages:x?}");
     }
     for pages in [
         [cs, fresh],
@@ -756,12 +730,8 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
         [fresh, fresh],
     ] {
         let dir = g.pdir(&pages);
-        assert_eq!(
-            g.refused(&cq_req(dir, 0, 64, 2)),
-            (EINVAL, 22),
-            "{pages:x?}"
-        );
-        assert_eq!(g.refused(&srq_req(pd, dir, 16, 2, 2)), (EINVAL, 22));
+        assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), EINVAL, "{pages:x?}");
+        assert_eq!(g.refused(&srq_req(pd, dir, 16, 2, 2)), EINVAL);
     }
     // Pages of a QP (not a CQ's) are taken too.
     let q = qp_on(
@@ -772,7 +742,7 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
         0,
     );
     let dir = g.pdir(&[fresh + PAGE_SIZE, cs + PAGE_SIZE]);
-    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
+    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), EINVAL);
     // Destroyed, an object's pages are free again.
     g.command(&handle(cmd::DESTROY_QP, q.handle)).unwrap();
     g.command(&handle(cmd::DESTROY_CQ, cq.handle)).unwrap();
@@ -1618,7 +1588,7 @@ fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
     // The device behind all that is whole.
     assert_eq!(g.probe(), 0);
     let dir = 0x2_0000_0000u64;
-    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), (EINVAL, 22));
+    assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), EINVAL);
     g.check_canaries();
     drop(g);
     let mut a = Side::new(&da);

@@ -526,11 +526,12 @@ impl Guest {
         }
     }
 
-    /// Runs a command the device must refuse: returns ERR and the `err`
-    /// of the response header, after checking that the header answers
-    /// this command and that no response interrupt came (the driver does
-    /// not wait for a refused command).
-    pub fn refused<T: IntoBytes + zerocopy::Immutable>(&mut self, req: &T) -> (u32, u8) {
+    /// Runs a command the device must refuse: returns ERR, after checking
+    /// that the response header answers this command with ERR's low byte
+    /// as its `err` (what QEMU's PVRDMA and the driver read) and that no
+    /// response interrupt came (the driver does not wait for a refused
+    /// command).
+    pub fn refused<T: IntoBytes + zerocopy::Immutable>(&mut self, req: &T) -> u32 {
         let code = le32(&req.as_bytes()[8..12]);
         self.put(self.resp_slot, &[0u8; 16]);
         let err = match self.command(req) {
@@ -544,7 +545,8 @@ impl Guest {
             !self.irq_fired(0),
             "a response interrupt for a refused command"
         );
-        (err, h.err)
+        assert_eq!(h.err, err as u8, "the header's err: ERR's low byte");
+        err
     }
 
     /// Rings a QP's doorbell with `bits` (QP_SEND, QP_RECV) on its page.
