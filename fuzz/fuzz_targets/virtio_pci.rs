@@ -147,6 +147,7 @@ fuzz_target!(|data: &[u8]| {
         let offered = feature::VERSION_1
             | feature::RING_INDIRECT_DESC
             | feature::RING_EVENT_IDX
+            | feature::STATS
             | feature::DOORBELL_POLL;
         assert_eq!(
             acked & !offered,
