@@ -13,7 +13,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 H=${RXE_HARNESS:-$ROOT/../shared/interop/rxe-guest}
-export RXE_CACHE_DIR=${RXE_CACHE_DIR:-$ROOT/target/rxe-cache}
+. "$ROOT/scripts/lib/cache.sh"
+export RXE_CACHE_DIR=${RXE_CACHE_DIR:-$VRDMA_CACHE_DIR/rxe-cache}
 export RXE_RUN_DIR=${RXE_RUN_DIR:-$ROOT/target/rxe-run}
 OUT=$ROOT/target/bench-guest
 BW_ITERS=${BW_ITERS:-200}
@@ -24,8 +25,8 @@ LAT_ITERS=${LAT_ITERS:-2000}
 mkdir -p "$OUT"
 cargo build --release --locked -p vrdma --manifest-path "$ROOT/Cargo.toml"
 "$H/setup-host.sh" > "$OUT/setup.log" 2>&1
-"$H/build-image.sh" >> "$OUT/setup.log" 2>&1
-"$H/probe-accel.sh" >> "$OUT/setup.log" 2>&1
+cache_locked "$RXE_CACHE_DIR" "$H/build-image.sh" >> "$OUT/setup.log" 2>&1
+cache_locked "$RXE_CACHE_DIR" "$H/probe-accel.sh" >> "$OUT/setup.log" 2>&1
 trap '"$H/stop.sh" -i 1 > /dev/null 2>&1' EXIT
 "$H/stop.sh" -i 1 > /dev/null 2>&1 || true
 "$H/start.sh" -i 1 > "$OUT/start.log" 2>&1

@@ -26,7 +26,8 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 H=${RXE_HARNESS:-$ROOT/../shared/interop/rxe-guest}
-export RXE_CACHE_DIR=${RXE_CACHE_DIR:-$ROOT/target/rxe-cache}
+. "$ROOT/scripts/lib/cache.sh"
+export RXE_CACHE_DIR=${RXE_CACHE_DIR:-$VRDMA_CACHE_DIR/rxe-cache}
 export RXE_RUN_DIR=${RXE_RUN_DIR:-$ROOT/target/rxe-run}
 OUT=${INTEROP_OUT:-$ROOT/target/interop}
 MTUS=("${@:-1024 4096}")
@@ -43,8 +44,8 @@ PEER=${INTEROP_PEER:-$VRDMA}
 command -v tshark > /dev/null || "$ROOT/scripts/setup.sh" || exit 125
 
 "$H/setup-host.sh" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 125; }
-"$H/build-image.sh" >> "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 125; }
-"$H/probe-accel.sh" >> "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 125; }
+cache_locked "$RXE_CACHE_DIR" "$H/build-image.sh" >> "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 125; }
+cache_locked "$RXE_CACHE_DIR" "$H/probe-accel.sh" >> "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 125; }
 trap '"$H/stop.sh" -i 1 > /dev/null 2>&1; ip -n $NS link set rxebr0 mtu 1500 2> /dev/null' EXIT
 
 pass=0

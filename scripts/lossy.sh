@@ -33,7 +33,8 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 H=${RXE_HARNESS:-$ROOT/../shared/interop/rxe-guest}
-export RXE_CACHE_DIR=${RXE_CACHE_DIR:-$ROOT/target/rxe-cache}
+. "$ROOT/scripts/lib/cache.sh"
+export RXE_CACHE_DIR=${RXE_CACHE_DIR:-$VRDMA_CACHE_DIR/rxe-cache}
 export RXE_RUN_DIR=${RXE_RUN_DIR:-$ROOT/target/rxe-run}
 OUT=$ROOT/target/lossy
 NS=rxens
@@ -60,8 +61,8 @@ cargo build --release --locked -p vrdma --manifest-path "$ROOT/Cargo.toml" || ex
 VRDMA=$ROOT/target/release/vrdma
 
 "$H/setup-host.sh" > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 125; }
-"$H/build-image.sh" >> "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 125; }
-"$H/probe-accel.sh" >> "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 125; }
+cache_locked "$RXE_CACHE_DIR" "$H/build-image.sh" >> "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 125; }
+cache_locked "$RXE_CACHE_DIR" "$H/probe-accel.sh" >> "$OUT/setup.log" 2>&1 || { tail "$OUT/setup.log"; exit 125; }
 GUESTS="1"
 [[ $ROLES == *rxe-rxe* ]] && GUESTS="1 2"
 stop_guests() { for g in $GUESTS; do "$H/stop.sh" -i "$g" > /dev/null 2>&1; done; }

@@ -4,13 +4,13 @@
 #   scripts/middleware/image.sh bookworm   # Debian 12: the PVRDMA image (stock vmw_pvrdma, rxe)
 #   scripts/middleware/image.sh trixie     # Debian 13: the virtio-rdma image (virtio_rdma, provider, rxe)
 #   scripts/middleware/image.sh REL --force
-# Writes target/middleware/REL/rootfs.img: a copy of that image with UCX (ucx-utils), libfabric
+# Writes $VRDMA_CACHE_DIR/middleware/REL/rootfs.img (the machine-wide cache, scripts/lib/cache.sh): a copy of that image with UCX (ucx-utils), libfabric
 # (libfabric-bin), OpenMPI (openmpi-bin, libopenmpi-dev), an SSH server and a key every guest of
 # the image trusts (mpirun starts its daemons over SSH), NFS (nfs-kernel-server), iSER
 # (targetcli-fb, open-iscsi; dbus, as targetcli asks the system bus for TCMU backstores), SMB
 # (ksmbd-tools, cifs-utils), and guest/middleware/mpi_check.c built with the release's mpicc
 # (-Wall -Wextra -Werror) into /usr/local/bin/mpi_check. The same directory holds what the rxe
-# harness needs to boot the image as an rxe guest (RXE_CACHE_DIR=target/middleware/REL):
+# harness needs to boot the image as an rxe guest (RXE_CACHE_DIR=that directory):
 # the base image's kernel, busybox initrd and accel. Rebuilt only when an input changed (the base
 # image, this script, mpi_check.c). Root; the network is Debian's mirror (apt in the root).
 set -euo pipefail
@@ -25,8 +25,14 @@ case "$REL" in
 esac
 . "$here/../pvrdma-guest/config.sh"
 need_root
-MW="$PROJECT_ROOT/target/middleware/$REL"
+MW="$VRDMA_CACHE_DIR/middleware/$REL"
 mkdir -p "$MW"
+# one build at a time in the cache, whichever clone runs it
+if [ -z "${MW_IMAGE_LOCKED:-}" ]; then
+    export MW_IMAGE_LOCKED=1
+    cache_locked "$MW" "$0" "$@"
+    exit
+fi
 pv_images > "$MW/base-image.log" 2>&1 || { tail -20 "$MW/base-image.log" >&2; die "the base image failed (log: $MW/base-image.log)"; }
 SRC=$PV_IMAGE
 PACKAGES="ucx-utils libfabric-bin openmpi-bin libopenmpi-dev gcc libc6-dev openssh-server openssh-client

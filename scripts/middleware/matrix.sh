@@ -6,7 +6,7 @@
 #           OpenMPI 4.1
 #   virtio: Debian 13 guests (the project's virtio_rdma driver and provider), UCX 1.18,
 #           libfabric 2.1, OpenMPI 5.0
-# The rxe guest boots the same image (the rxe harness, RXE_CACHE_DIR=target/middleware/REL).
+# The rxe guest boots the same image (the rxe harness, RXE_CACHE_DIR=$VRDMA_CACHE_DIR/middleware/REL).
 # Tests, with Debian's packages and their default settings wherever rxe takes them:
 #   ucx.*   ucx_perftest tag_lat, tag_bw, ucp_put_lat, ucp_get, ucp_add over rc_verbs (UCX_TLS=rc_v)
 #           and ud_verbs (UCX_TLS=ud_v);
@@ -317,7 +317,7 @@ for FACE in $FACES; do
         virtio) REL=trixie KIND=virtio-pci ;;
         *) say "no face $FACE (pvrdma, virtio)"; exit 125 ;;
     esac
-    MWDIR=$PROJECT_ROOT/target/middleware/$REL
+    MWDIR=$VRDMA_CACHE_DIR/middleware/$REL
     # UCX (1.13 and 1.18 alike) drops every RoCEv2-over-IPv4 UD packet on a device without mlx5's
     # direct verbs when it checks the destination GID (rxe <-> rxe too: each side resends its
     # connection request until "UD endpoint ... unhandled timeout"): its check reads the GRH as an

@@ -25,7 +25,7 @@ set -uo pipefail
 . "$(dirname "$0")/config.sh"
 . "$PV_DIR/lib.sh"
 need_root
-OUT=$PV_CACHE/bench${BENCH_TAG:+-$BENCH_TAG}
+OUT=$PV_OUT/bench${BENCH_TAG:+-$BENCH_TAG}
 DRV=vmw_pvrdma; [ "$PV_KIND" = virtio-pci ] && DRV=virtio_rdma
 REPS=${BENCH_REPS:-3}
 MTU=1024

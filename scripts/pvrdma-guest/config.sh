@@ -9,20 +9,28 @@ PV_DIR="${PV_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 PROJECT_ROOT="${PROJECT_ROOT:-$(cd "$PV_DIR/../.." && pwd)}"
 RXE_HARNESS="${RXE_HARNESS:-$PROJECT_ROOT/../shared/interop/rxe-guest}"
 QEMU11_DIR="${QEMU11_DIR:-$PROJECT_ROOT/../shared/interop/qemu11}"
+# Images live in the machine-wide cache (scripts/lib/cache.sh: VRDMA_CACHE_DIR, outside the
+# clone); what runs produce stays in the clone's target/.
+. "$PROJECT_ROOT/scripts/lib/cache.sh"
 # the rxe harness's image cache and run folder, as the project's other scripts use them
-export RXE_CACHE_DIR="${RXE_CACHE_DIR:-$PROJECT_ROOT/target/rxe-cache}"
+export RXE_CACHE_DIR="${RXE_CACHE_DIR:-$VRDMA_CACHE_DIR/rxe-cache}"
 export RXE_RUN_DIR="${RXE_RUN_DIR:-$PROJECT_ROOT/target/rxe-run}"
 
-PV_CACHE="${PVRDMA_CACHE_DIR:-$PROJECT_ROOT/target/pvrdma-guest}"
-PV_RUN="${PVRDMA_RUN_DIR:-$PV_CACHE/run}"
+# PV_CACHE: the PVRDMA guest's image and its build logs; PV_OUT: this clone's results (matrix,
+# networks, smoke, lifecycle, bench, ...); PV_RUN: the guests' run folders
+PV_CACHE="${PVRDMA_CACHE_DIR:-$VRDMA_CACHE_DIR/pvrdma-guest}"
+PV_OUT="${PVRDMA_OUT_DIR:-$PROJECT_ROOT/target/pvrdma-guest}"
+PV_RUN="${PVRDMA_RUN_DIR:-$PV_OUT/run}"
 # PVRDMA_KIND: the guest's RDMA device — pvrdma (the default: vmxnet3 + VMware's PVRDMA function,
 # the stock vmw_pvrdma driver, in the rxe harness's Debian 12 image) or virtio-pci (virtio-net +
 # vrdma's virtio-rdma function over vfio-user, the project's virtio_rdma driver and rdma-core
-# provider in a Debian 13 image, target/virtio-guest/rootfs.img, made by
+# provider in a Debian 13 image, $VRDMA_CACHE_DIR/virtio-guest/rootfs.img, made by
 # scripts/virtio-guest/image.sh on a trixie base of the rxe harness's builder, whose kernel and
 # busybox initrd it boots). Everything else — addresses, TAPs, exec/stop — is the same.
 PV_KIND="${PVRDMA_KIND:-pvrdma}"
-VG_DIR="$PROJECT_ROOT/target/virtio-guest"
+# VG_DIR: the virtio-rdma guest's image, its base and build logs (cached); VG_OUT: results
+VG_DIR="${VIRTIO_GUEST_CACHE_DIR:-$VRDMA_CACHE_DIR/virtio-guest}"
+VG_OUT="$PROJECT_ROOT/target/virtio-guest"
 VG_BASE="${VIRTIO_GUEST_BASE_DIR:-$VG_DIR/trixie-cache}"
 # PVRDMA_GUEST=trixie: a pvrdma guest boots that Debian 13 image too (it carries Linux's
 # vmw_pvrdma, built from the guest kernel's source package), to measure both faces under one guest.

@@ -3,7 +3,8 @@
 #   scripts/pvrdma-guest/image.sh            # build if missing or if an input changed
 #   scripts/pvrdma-guest/image.sh --force    # rebuild
 # Makes sure QEMU 11 is installed (qemu11/setup.sh) and the rxe image exists (rxe-guest's
-# build-image.sh, in $RXE_CACHE_DIR), then writes $PVRDMA_CACHE_DIR/rootfs.img: a copy of the
+# build-image.sh, in $RXE_CACHE_DIR), then writes $PV_CACHE/rootfs.img (the machine-wide cache,
+# scripts/lib/cache.sh; PVRDMA_CACHE_DIR overrides it): a copy of the
 # rxe rootfs with vmw_pvrdma built by qemu11/build-pvrdma-module.sh (unmodified driver, from
 # the guest kernel's Debian source package; installed in lib/modules/KVER/extra, depmod).
 # The kernel and busybox initrd are the rxe cache's (the initrd only mounts the root; vmxnet3,
@@ -15,14 +16,20 @@ export PVRDMA_KIND=pvrdma
 . "$(dirname "$0")/config.sh"
 need_root
 FORCE=0
-case "${1:-}" in --force) FORCE=1 ;; "") ;; *) sed -n '2,11p' "$0"; exit 2 ;; esac
+case "${1:-}" in --force) FORCE=1 ;; "") ;; *) sed -n '2,12p' "$0"; exit 2 ;; esac
+# one build at a time in the cache (scripts/lib/cache.sh), whichever clone runs it
+if [ -z "${PV_IMAGE_LOCKED:-}" ]; then
+    export PV_IMAGE_LOCKED=1
+    cache_locked "$PV_CACHE" "$0" "$@"
+    exit
+fi
 
 [ -x "$QEMU11_DIR/setup.sh" ] || die "no qemu11 scripts at $QEMU11_DIR"
 [ -x "$RXE_HARNESS/build-image.sh" ] || die "no rxe harness at $RXE_HARNESS"
 mkdir -p "$PV_CACHE"
-timeout 1200 "$QEMU11_DIR/setup.sh" > "$PV_CACHE/qemu11-setup.log" 2>&1 \
+cache_locked "$VRDMA_CACHE_DIR/qemu11" timeout 1200 "$QEMU11_DIR/setup.sh" > "$PV_CACHE/qemu11-setup.log" 2>&1 \
     || { tail -20 "$PV_CACHE/qemu11-setup.log" >&2; die "qemu11 setup failed (log: $PV_CACHE/qemu11-setup.log)"; }
-timeout 1800 "$RXE_HARNESS/build-image.sh" > "$PV_CACHE/rxe-image.log" 2>&1 \
+cache_locked "$RXE_CACHE_DIR" timeout 1800 "$RXE_HARNESS/build-image.sh" > "$PV_CACHE/rxe-image.log" 2>&1 \
     || { tail -20 "$PV_CACHE/rxe-image.log" >&2; die "rxe image build failed (log: $PV_CACHE/rxe-image.log)"; }
 SRC_IMG="$RXE_CACHE_DIR/rootfs.img"
 [ -s "$SRC_IMG" ] && [ -s "$PV_KERNEL" ] && [ -s "$PV_INITRD" ] || die "rxe image incomplete in $RXE_CACHE_DIR"

@@ -27,7 +27,7 @@ set -uo pipefail
 . "$(dirname "$0")/config.sh"
 . "$PV_DIR/lib.sh"
 need_root
-OUT=$PV_CACHE/lifecycle
+OUT=$PV_OUT/lifecycle
 # the guests' driver, and the counter of the resets of their device
 if [ "$PV_KIND" = virtio-pci ]; then DRV=virtio_rdma; RESETS=pci.resets; REBOOTS=${LIFECYCLE_REBOOTS:-5}
 else DRV=vmw_pvrdma; RESETS=pvrdma.resets; REBOOTS=${LIFECYCLE_REBOOTS:-1}; fi

@@ -15,7 +15,7 @@ export PVRDMA_GUEST_MEM=${PVRDMA_GUEST_MEM:-3G}
 . "$(dirname "$0")/config.sh"
 . "$PV_DIR/lib.sh"
 need_root
-OUT=$PV_CACHE/loopback
+OUT=$PV_OUT/loopback
 SIZE=${LOOPBACK_SIZE:-268435456}
 ITERS=${LOOPBACK_ITERS:-8}
 LIMIT_MIB=${LOOPBACK_LIMIT_MIB:-32}

@@ -49,7 +49,7 @@ SERVE=$PV_RUN/serve            # MATRIX_SHM: the shared daemon's sockets, log an
 R=${MATRIX_RXE_ID:-1}
 [[ "$R" =~ ^[1-8]$ ]] || { echo "MATRIX_RXE_ID must be 1..8" >&2; exit 2; }
 RXE=$RXE_HARNESS
-OUT=$PV_CACHE/matrix
+OUT=$PV_OUT/matrix
 LIFE=3600
 MTU=1024
 rm -rf "$OUT"; mkdir -p "$OUT"
@@ -64,7 +64,7 @@ if [ "${PVRDMA_NO_BUILD:-0}" != 1 ]; then
         || { tail -30 "$OUT/build.log"; exit 125; }
 fi
 pv_images "$KIND1" "$KIND2" > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
-timeout 120 "$RXE/probe-accel.sh" >> "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
+cache_locked "$RXE_CACHE_DIR" timeout 120 "$RXE/probe-accel.sh" >> "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
 
 # ---- guests ------------------------------------------------------------------------------------
 in_use() { ip -n "$NS" -br link show "$1" 2>/dev/null | grep -q LOWER_UP; }

@@ -19,7 +19,7 @@ set -uo pipefail
 . "$PV_DIR/lib.sh"
 . "$PROJECT_ROOT/scripts/lib/pcap.sh"
 need_root
-OUT=$PV_CACHE/networks
+OUT=$PV_OUT/networks
 SERVE=$PV_RUN/networks-serve
 LIFE=1800
 BR2=vrdbr9

@@ -17,7 +17,7 @@ set -uo pipefail
 . "$(dirname "$0")/config.sh"
 . "$PV_DIR/lib.sh"
 need_root
-OUT=$PV_CACHE/shm-bench
+OUT=$PV_OUT/shm-bench
 REPS=${BENCH_REPS:-3}
 MTU=1024
 SERVE=$PV_RUN/serve

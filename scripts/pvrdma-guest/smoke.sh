@@ -27,7 +27,7 @@ R=${SMOKE_RXE_ID:-1}          # the rxe guest: 10.47.91.(10+R), TAP rxetapR
 ITERS=${SMOKE_ITERS:-100}
 SIZE=${SMOKE_SIZE:-4096}
 LIFE=1800
-OUT=$PV_CACHE/smoke
+OUT=$PV_OUT/smoke
 RXE=$RXE_HARNESS
 [ -x "$RXE/start.sh" ] || { echo "no rxe harness at $RXE" >&2; exit 125; }
 rm -rf "$OUT"; mkdir -p "$OUT"
@@ -54,7 +54,7 @@ if [ "${PVRDMA_NO_BUILD:-0}" != 1 ]; then
 fi
 t=$(now)
 pv_images > "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
-timeout 120 "$RXE/probe-accel.sh" >> "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
+cache_locked "$RXE_CACHE_DIR" timeout 120 "$RXE/probe-accel.sh" >> "$OUT/image.log" 2>&1 || { tail -30 "$OUT/image.log"; exit 125; }
 step "image.sh (+ rxe probe-accel)" "$(since "$t")"
 
 stop_all() {

@@ -5,7 +5,7 @@
 # that the same source still compiles cleanly for the previous stable distribution — a compile
 # check, nothing loads it.
 #
-# The headers and compiler are the PVRDMA guest image's (target/pvrdma-guest/rootfs.img, made by
+# The headers and compiler are the PVRDMA guest image's ($PV_CACHE/rootfs.img, made by
 # scripts/pvrdma-guest/image.sh, run first: it does nothing when the image is up to date), which
 # carries /usr/src/linux-headers-6.1.*-amd64 and gcc-12. That image is never written: it is
 # attached read-only (a read-only loop device, ext4 mounted ro,noload), an overlay with its upper
@@ -23,7 +23,7 @@ source "$here/../pvrdma-guest/config.sh"
 die() { echo "build-check: $*" >&2; exit 1; }
 log() { echo "build-check: $*" >&2; }
 need_root
-VG="$VG_DIR"
+VG="$VG_OUT"
 W="$VG/build-check"
 mkdir -p "$VG"
 timeout 3600 "$PV_DIR/image.sh" > "$VG/pvrdma-image.log" 2>&1 \

@@ -2,7 +2,7 @@
 # The virtio-rdma guest image: Debian 13 (trixie, kernel 6.12) with the project's guest side.
 #
 # 1. The base: the rxe harness's own builder (../shared/interop/rxe-guest/build-image.sh) with
-#    RXE_SUITE=trixie into target/virtio-guest/trixie-cache (VIRTIO_GUEST_BASE_DIR): rootfs.img,
+#    RXE_SUITE=trixie into $VRDMA_CACHE_DIR/virtio-guest/trixie-cache (VIRTIO_GUEST_BASE_DIR): rootfs.img,
 #    vmlinuz, the busybox initrd.img and image.info. Built once (about 45 s here), kept until it is
 #    missing; `--rebase` rebuilds it, and so does this script, once, when Debian's mirror no longer
 #    has the base kernel's headers (a kernel update replaces them). The host's apt sources name
@@ -18,7 +18,7 @@
 # 3b. Linux's own vmw_pvrdma, unmodified, from the guest kernel's source package (below), in
 #    lib/modules/KVER/extra too: PVRDMA_GUEST=trixie boots this image on the PVRDMA face.
 # 4. The kernel's own `checkpatch.pl --strict` (from linux-source-6.12, the guest kernel's source
-#    package: three files of it kept in target/virtio-guest/checkpatch) over the kernel-side
+#    package: three files of it kept in the cache's virtio-guest/checkpatch) over the kernel-side
 #    sources (guest/linux, guest/include): no error, warning or check.
 # 5. The rdma-core provider (guest/rdma-core/virtio_rdma): scripts/virtio-guest/build-provider.sh
 #    ROOT builds it in the root's own rdma-core source and installs it there; its exit status
@@ -35,7 +35,7 @@
 #
 #   scripts/virtio-guest/image.sh [--force | --rebase]
 #
-# Output (target/virtio-guest/): rootfs.img (raw ext4, booted with snapshot=on by
+# Output (VG_DIR: $VRDMA_CACHE_DIR/virtio-guest, scripts/lib/cache.sh): rootfs.img (raw ext4, booted with snapshot=on by
 # scripts/pvrdma-guest/start.sh with PVRDMA_KIND=virtio-pci and by pci-boot.sh, with the base's
 # vmlinuz and initrd.img), image.info, and the logs: base-image.log, apt.log, module-build.log,
 # checkpatch.log, provider-build.log.
@@ -53,6 +53,12 @@ case "${1:-}" in
     "") ;;
     *) echo "usage: $0 [--force | --rebase]" >&2; exit 2 ;;
 esac
+# one build at a time in the cache (scripts/lib/cache.sh), whichever clone runs it
+if [ -z "${VG_IMAGE_LOCKED:-}" ]; then
+    export VG_IMAGE_LOCKED=1
+    cache_locked "$VG_DIR" "$0" "$@"
+    exit
+fi
 VG="$VG_DIR"
 IMG="$PV_IMAGE"
 BASE="$VG_BASE/rootfs.img"
@@ -71,7 +77,7 @@ build_base() { # $1: --force or nothing (the harness's builder does nothing when
     [ -n "$mirror" ] || die "no Debian mirror in /etc/apt; set VIRTIO_GUEST_MIRROR"
     log "the trixie base in $VG_BASE (the rxe harness's build-image.sh; log: $VG/base-image.log)"
     RXE_SUITE=trixie RXE_CACHE_DIR="$VG_BASE" RXE_MIRROR="$mirror" RXE_SEC_MIRROR="$sec" \
-        timeout 1800 "$RXE_HARNESS/build-image.sh" ${1:+"$1"} > "$VG/base-image.log" 2>&1 \
+        cache_locked "$VG_BASE" timeout 1800 "$RXE_HARNESS/build-image.sh" ${1:+"$1"} > "$VG/base-image.log" 2>&1 \
         || { tail -n 20 "$VG/base-image.log" >&2; die "the trixie base did not build (see $VG/base-image.log)"; }
     [ -s "$BASE" ] && [ -s "$PV_KERNEL" ] && [ -s "$PV_INITRD" ] || die "the base in $VG_BASE is incomplete"
     grep -q 'suite: trixie' "$VG_BASE/image.info" || die "$VG_BASE holds no trixie image (see its image.info)"

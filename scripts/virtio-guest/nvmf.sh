@@ -50,7 +50,7 @@ if ! "$QEMU11" -version > /dev/null 2>&1; then
 fi
 # the virtio-rdma guest's Debian 13 image; the rxe guest's Debian 12 one (RXE_CACHE_DIR)
 timeout 3600 "$here/image.sh" > "$OUT/image.log" 2>&1 || { tail -n 20 "$OUT/image.log"; exit 125; }
-timeout 1800 "$RXE_HARNESS/build-image.sh" > "$OUT/rxe-image.log" 2>&1 || { tail -n 20 "$OUT/rxe-image.log"; exit 125; }
+cache_locked "$RXE_CACHE_DIR" timeout 1800 "$RXE_HARNESS/build-image.sh" > "$OUT/rxe-image.log" 2>&1 || { tail -n 20 "$OUT/rxe-image.log"; exit 125; }
 
 stop_all() {
     [ -s "$PV_RUN/g$V/share/out/dmesg.log" ] && cp "$PV_RUN/g$V/share/out/dmesg.log" "$OUT/virtio-dmesg.log"
