@@ -19,6 +19,7 @@
 //! | [`status`] | [`Refused`]: a refused command's errno and what was wrong |
 //! | [`refusals`] | [`Refusals`]: every refusal counted by reason and logged, rate-limited |
 //! | [`budget`] | [`Budget`]: the object budget, applied again when the memory or the engine changes |
+//! | [`spin`] | when a device's thread polls the guest and when it sleeps: [`spin::Spinner`], one policy (adaptive window, yield, preemption guard) for every face's loop |
 //! | [`vfio`] | a PCI function with a vrdma device behind it ([`vfio::Served`]: PVRDMA, virtio-rdma as virtio-pci) served over vfio-user: socket, client, the device's event loop |
 #![forbid(unsafe_code)]
 
@@ -28,6 +29,7 @@ pub mod guest;
 pub mod pages;
 pub mod refusals;
 pub mod ring;
+pub mod spin;
 pub mod status;
 pub mod vfio;
 pub mod wq;

@@ -22,8 +22,11 @@ use std::{
 };
 
 use nix::{
-    poll::{PollFd, PollFlags, PollTimeout, poll},
-    sys::eventfd::{EfdFlags, EventFd},
+    poll::{PollFd, PollFlags, ppoll},
+    sys::{
+        eventfd::{EfdFlags, EventFd},
+        time::TimeSpec,
+    },
 };
 use vrdma_device::{Progress, publish::Publisher};
 use vrdma_vfio_user::{
@@ -37,9 +40,12 @@ pub trait Served: Function {
     /// what that produced for the guest.
     fn progress(&mut self, bus: &mut Bus<'_>) -> io::Result<Progress>;
 
-    /// Whether the device polls the guest (its rings, its doorbells): the
-    /// loop then never sleeps.
-    fn polling(&self) -> bool;
+    /// How soon the loop must come back when nothing else wakes it:
+    /// `None`, only when something comes (the device waits for kicks);
+    /// zero, at once (it spins: `vrdma_face::spin`); or after at most that
+    /// long (a device that must look at the guest's memory, which cannot
+    /// kick it, between spins).
+    fn recheck(&self) -> Option<Duration>;
 
     /// The device clock (ns), the engine's deadlines' time base.
     fn now(&self) -> u64;
@@ -188,8 +194,7 @@ impl<F: Served> Server<F> {
             self.function.progress(&mut bus)?
         };
         self.publish(false);
-        let busy = !p.is_idle() || self.function.polling();
-        let mut timeout = if busy {
+        let mut timeout = if !p.is_idle() {
             Duration::ZERO
         } else {
             match p.deadline {
@@ -200,6 +205,9 @@ impl<F: Served> Server<F> {
                 None => IDLE,
             }
         };
+        if let Some(d) = self.function.recheck() {
+            timeout = timeout.min(d);
+        }
         if let Some(d) = self.conn.as_ref().and_then(Connection::deadline) {
             timeout = timeout.min(d.saturating_duration_since(Instant::now()));
         }
@@ -241,8 +249,8 @@ impl<F: Served> Server<F> {
     /// the first two is ready. The listener is not watched while a
     /// shortage of descriptors is waited out.
     fn wait(&self, timeout: Duration) -> io::Result<(bool, bool)> {
-        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-        let to = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+        // ppoll: a device's next look can be microseconds away.
+        let to = TimeSpec::from(timeout);
         let dev: BorrowedFd<'_> = self.function.fd();
         let listen = if self.listener.watching(Instant::now()) {
             PollFlags::POLLIN
@@ -263,7 +271,7 @@ impl<F: Served> Server<F> {
             fds.push(PollFd::new(c.as_fd(), want));
         }
         loop {
-            match poll(&mut fds, to) {
+            match ppoll(&mut fds, Some(to), None) {
                 Ok(_) => break,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),

@@ -69,8 +69,8 @@ impl Served for Idle {
     fn progress(&mut self, _: &mut Bus<'_>) -> io::Result<Progress> {
         Ok(Progress::default())
     }
-    fn polling(&self) -> bool {
-        false
+    fn recheck(&self) -> Option<std::time::Duration> {
+        None
     }
     fn now(&self) -> u64 {
         0

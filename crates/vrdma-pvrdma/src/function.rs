@@ -12,11 +12,16 @@
 //! memory only through the client's DMA maps, and guest data only through
 //! the engine's MR checks.
 
+use std::time::Duration;
+
 use nix::errno::Errno;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
 use vrdma_engine::{attr::PortAttr, event::AsyncEvent};
-use vrdma_face::{Claims, GuestError, Owner, guest};
+use vrdma_face::{
+    Claims, GuestError, Owner, guest,
+    spin::{self, Looks, SpinStats, Spinner},
+};
 use vrdma_vfio_user::{
     Bus, Function, Region,
     irq::Irqs,
@@ -70,10 +75,16 @@ pub struct Pvrdma<T: Transport> {
     loaded: Option<Loaded>,
     /// The device and what the guest made on it.
     state: State<T>,
-    /// Poll every ring each round instead of waiting for doorbells; with
+    /// Poll every ring instead of waiting for doorbells; with
     /// `doorbell_pages`, the doorbell pages are shared memory the device
-    /// reads each round (no exit per post).
-    pub polling: bool,
+    /// reads (no exit per post). Nothing kicks such a device: it spins
+    /// while that pays and looks at intervals between
+    /// (`vrdma_face::spin`).
+    polling: bool,
+    spinner: Spinner,
+    looks: Looks,
+    /// The interval until the next look, while not spinning.
+    next_look: Duration,
     doorbell_pages: Option<SharedDoorbells>,
 }
 
@@ -108,6 +119,9 @@ impl<T: Transport> Pvrdma<T> {
             loaded: None,
             state: State::new(limits, node_guid, port, transport),
             polling: false,
+            spinner: Spinner::new(spin::DEFAULT_WINDOW),
+            looks: Looks::default(),
+            next_look: Duration::ZERO,
             doorbell_pages: None,
         })
     }
@@ -168,6 +182,9 @@ impl<T: Transport> Pvrdma<T> {
             ("active", u64::from(self.active)),
         ] {
             v.push((format!("pvrdma.{k}"), n));
+        }
+        if self.polling {
+            v.extend(self.spin_stats().counters());
         }
         v.extend(
             self.state
@@ -439,8 +456,50 @@ impl<T: Transport> Pvrdma<T> {
     /// device's progress (its next deadline).
     pub fn progress(&mut self, bus: &mut Bus<'_>) -> std::io::Result<vrdma_device::Progress> {
         let p = self.state.device.progress()?;
+        let before = (self.state.stats.doorbells, self.state.stats.wqes);
         self.deliver(bus);
+        if self.polling {
+            // Work: packets in or out, a doorbell rung, a WQE taken.
+            let found =
+                !p.is_idle() || (self.state.stats.doorbells, self.state.stats.wqes) != before;
+            let now = self.state.device.now();
+            if self.spinner.spinning() {
+                let _ = self.spinner.round(now, found);
+            } else if found {
+                let _ = self.spinner.wake(now);
+            }
+            self.next_look = self.looks.after(found);
+        }
         Ok(p)
+    }
+
+    /// When the loop must come back (`vrdma_face::vfio::Served::recheck`):
+    /// at once while spinning, at the next look while polling without a
+    /// spin, and only when something comes when doorbells trap.
+    pub fn recheck(&self) -> Option<Duration> {
+        if !self.polling {
+            None
+        } else if self.spinner.spinning() {
+            Some(Duration::ZERO)
+        } else {
+            Some(self.next_look)
+        }
+    }
+
+    /// The longest the device spins after its last work (with shared
+    /// doorbells; `vrdma_face::spin`), by default [`spin::DEFAULT_WINDOW`].
+    pub fn set_spin(&mut self, max: Duration) {
+        self.spinner = Spinner::new(max);
+    }
+
+    /// Whether the device polls the guest's memory (shared doorbells).
+    pub fn polling(&self) -> bool {
+        self.polling
+    }
+
+    /// What the polling policy did.
+    pub fn spin_stats(&self) -> SpinStats {
+        self.spinner.policy().stats()
     }
 
     /// The guest-facing half of a round (also after commands and

@@ -20,8 +20,8 @@ impl<T: Transport> Served for Pvrdma<T> {
         Pvrdma::progress(self, bus)
     }
 
-    fn polling(&self) -> bool {
-        self.polling
+    fn recheck(&self) -> Option<std::time::Duration> {
+        Pvrdma::recheck(self)
     }
 
     fn now(&self) -> u64 {

@@ -35,7 +35,10 @@ use nix::errno::Errno;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vrdma_device::{Progress, Transport};
-use vrdma_face::vfio::Served;
+use vrdma_face::{
+    spin::{Next, Spinner},
+    vfio::Served,
+};
 use vrdma_vfio_user::{
     Bus, Function, Region,
     pci::{Bar, ConfigSpace},
@@ -225,10 +228,9 @@ pub struct VirtioPci<T: Transport> {
     /// The queues cannot be served until a reset (DRIVER_OK refused, a
     /// used ring that could not be written).
     broken: bool,
-    /// How long the device polls doorbells after its last work.
-    spin_for: Duration,
-    /// The device clock when it last had work (ns).
-    last_busy: u64,
+    /// When the device polls the doorbells and when it sleeps (the face
+    /// core's policy, as over vhost-user).
+    spinner: Spinner,
     pub stats: PciStats,
 }
 
@@ -287,8 +289,7 @@ impl<T: Transport> VirtioPci<T> {
             queues: std::array::from_fn(|_| PciQueue::new()),
             isr: 0,
             broken: false,
-            spin_for: spin,
-            last_busy: 0,
+            spinner: Spinner::new(spin),
             stats: PciStats::default(),
         }
     }
@@ -327,6 +328,7 @@ impl<T: Transport> VirtioPci<T> {
     /// (§11.1), the queues and the transport's registers are reset.
     fn reset_virtio(&mut self) {
         self.face.set_polling(false);
+        self.spinner.stop();
         self.face.reset();
         self.device_feature_select = 0;
         self.driver_feature_select = 0;
@@ -553,10 +555,9 @@ impl<T: Transport> VirtioPci<T> {
             }
             vq::DOORBELL => {
                 let poll = self.acked & feature::DOORBELL_POLL != 0 && self.face.options().poll;
-                if poll && !self.face.polling() {
+                if poll && !self.face.polling() && self.spinner.wake(self.face.device.clock()) {
                     self.face.set_polling(true);
                 }
-                self.last_busy = self.face.device.clock();
                 self.face.doorbells();
             }
             // New buffers on the eventq or the notifyq: what waits goes
@@ -699,6 +700,7 @@ impl<T: Transport> VirtioPci<T> {
         ] {
             c.push((format!("pci.{k}"), v));
         }
+        c.extend(self.spinner.policy().stats().counters());
         c
     }
 }
@@ -821,32 +823,35 @@ impl<T: Transport> Served for VirtioPci<T> {
         // vhost-user): a packet that wakes the device may need a receive
         // whose doorbell was rung in a kick still on its way.
         let turn = self.face.turn(running)?;
-        let now = self.face.device.clock();
-        if turn.busy {
-            self.last_busy = now;
-        }
         self.deliver(bus);
-        // Poll on while work flows; past the spin period, tell the drivers
-        // to kick, look once more (a doorbell rung before they read the
-        // word), and sleep.
-        let spin_ns = self.spin_for.as_nanos() as u64;
-        if self.face.polling() && now.saturating_sub(self.last_busy) >= spin_ns {
-            self.face.set_polling(false);
-            if running && self.face.doorbells() > 0 {
-                self.face.set_polling(true);
-                self.last_busy = now;
-                self.deliver(bus);
+        // The policy (vrdma_face::spin): poll on while it pays; when it
+        // says stop, tell the drivers to kick, look once more (a doorbell
+        // rung before they read the word), and sleep — or, when that look
+        // found work, take it in one more turn at once.
+        let mut again = false;
+        if self.face.polling() {
+            let now = self.face.device.clock();
+            if self.spinner.round(now, turn.busy) == Next::Sleep {
+                self.face.set_polling(false);
+                if running && self.face.doorbells() > 0 {
+                    again = true;
+                    if self.spinner.wake(now) {
+                        self.face.set_polling(true);
+                    }
+                    self.deliver(bus);
+                }
             }
         }
         Ok(Progress {
-            received: usize::from(turn.busy),
+            received: usize::from(turn.busy || again),
             sent: 0,
             deadline: turn.deadline,
         })
     }
 
-    fn polling(&self) -> bool {
-        self.face.polling()
+    fn recheck(&self) -> Option<Duration> {
+        // Spinning, or waiting for kicks (the doorbell queue's).
+        self.face.polling().then_some(Duration::ZERO)
     }
 
     fn now(&self) -> u64 {

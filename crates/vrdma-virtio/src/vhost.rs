@@ -30,7 +30,7 @@ use std::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicUsize, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -44,6 +44,7 @@ use vmm_sys_util::{
     event::{EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier},
 };
 use vrdma_device::Transport;
+use vrdma_face::spin::{Next, Spinner};
 use vrdma_vfio_user::dma::{self, DmaConfig, MemoryTable};
 use zerocopy::IntoBytes;
 
@@ -89,7 +90,7 @@ const SPIN: u16 = TIMER + 1;
 const QUEUE_SIZE: usize = 1024;
 
 /// How long the device keeps polling after its last work, by default.
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(200);
+pub const DEFAULT_SPIN: Duration = vrdma_face::spin::DEFAULT_WINDOW;
 /// How often a paused device looks whether its queues came back.
 const PAUSED_TICK: Duration = Duration::from_millis(10);
 
@@ -272,8 +273,10 @@ struct Inner<T: Transport> {
     broken_queues: u64,
     paused: Option<Paused>,
     control: Option<ControlQueue>,
-    spin_for: Duration,
-    last_busy: Instant,
+    /// When the device polls the doorbells and when it sleeps (the face
+    /// core's policy, as over vfio-user).
+    spinner: Spinner,
+    /// Whether the spin event is raised (the worker's epoll returns at once).
     spinning: bool,
     /// The engine's next deadline (and a paused device's tick): never
     /// blocking — a reset or a clear between epoll's word and the read
@@ -345,8 +348,7 @@ impl<T: Transport + Send + 'static> Backend<T> {
             broken_queues: 0,
             paused: None,
             control: None,
-            spin_for: spin,
-            last_busy: Instant::now(),
+            spinner: Spinner::new(spin),
             spinning: false,
             timer: Timer::new()?,
             spin: new_event_consumer_and_notifier(EventFlag::NONBLOCK)?,
@@ -551,6 +553,7 @@ impl<T: Transport> Inner<T> {
         c.push(("virtio.memory_bytes".into(), u.bytes));
         c.push(("virtio.memory_faults".into(), self.table.faults()));
         c.push(("virtio.memory_refused".into(), self.memory_refused));
+        c.extend(self.spinner.policy().stats().counters());
         c
     }
 
@@ -571,6 +574,7 @@ impl<T: Transport> Inner<T> {
             return;
         }
         self.face.set_polling(false);
+        self.spinner.stop();
         let _ = self.spin.0.consume();
         self.spinning = false;
         self.paused = Some(Paused {
@@ -684,26 +688,29 @@ impl<T: Transport> Inner<T> {
             self.resume(control);
         }
         let poll = self.acked & feature::DOORBELL_POLL != 0 && self.face.options().poll;
-        if kicked && poll && !self.face.polling() {
+        if kicked && poll && !self.face.polling() && self.spinner.wake(self.face.device.clock()) {
             self.face.set_polling(true);
         }
         let turn = self.face.turn(true)?;
-        let now = Instant::now();
-        if turn.busy {
-            self.last_busy = now;
-        }
         self.deliver_all(vrings)?;
-        // Poll on while work flows; past the spin period, tell the drivers
-        // to kick, look once more (a doorbell rung before they read the
-        // word), and sleep.
-        if self.face.polling() && now.duration_since(self.last_busy) >= self.spin_for {
-            self.face.set_polling(false);
-            if self.face.doorbells() > 0 {
-                self.face.set_polling(true);
-                self.last_busy = now;
+        // The policy (vrdma_face::spin): poll on while it pays; when it
+        // says stop, tell the drivers to kick, look once more (a doorbell
+        // rung before they read the word), and sleep — or, when that look
+        // found work, take it in one more turn at once.
+        let mut again = false;
+        if self.face.polling() {
+            let now = self.face.device.clock();
+            if self.spinner.round(now, turn.busy) == Next::Sleep {
+                self.face.set_polling(false);
+                if self.face.doorbells() > 0 {
+                    again = true;
+                    if self.spinner.wake(now) {
+                        self.face.set_polling(true);
+                    }
+                }
             }
         }
-        let spin = self.face.polling();
+        let spin = self.face.polling() || again;
         if !spin {
             // The worker sleeps in epoll after this turn, the device's
             // descriptor among those it waits on.
@@ -888,6 +895,7 @@ impl<T: Transport + Send + 'static> VhostUserBackend for Backend<T> {
             if g.spinning {
                 // Features set anew on a device that was polling.
                 g.face.set_polling(false);
+                g.spinner.stop();
                 let _ = g.spin.0.consume();
                 g.spinning = false;
             }

@@ -37,6 +37,8 @@
 //! one daemon's), `--shm-rings` (each device on a switch of its own, the
 //! two joined through a rendezvous directory, as two daemons' with
 //! `--shm-dir`: rings between them); UDP loopback without either.
+//! With `FACES_SPIN=1` in the environment, each PVRDMA device prints its
+//! polling policy's counters (`spin.*`, `vrdma_face::spin`) when it stops.
 
 mod engine;
 mod measure;

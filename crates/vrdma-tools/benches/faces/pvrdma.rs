@@ -69,6 +69,14 @@ impl Device {
                     .expect("binding the device's socket");
                 let _ = tx.send(crate::threads::tid());
                 server.run(&halt).expect("the device's loop");
+                if std::env::var_os("FACES_SPIN").is_some() {
+                    let c: Vec<_> = server
+                        .counters()
+                        .into_iter()
+                        .filter(|(k, _)| k.starts_with("spin."))
+                        .collect();
+                    eprintln!("{name}: {c:?}");
+                }
             })
             .expect("a device thread");
         let tid = rx.recv().expect("the device thread bound its socket");

@@ -165,6 +165,7 @@ pub(super) fn open(
         function
             .share_doorbells()
             .context("sharing the doorbell pages")?;
+        function.set_spin(spec.spin);
     }
     let mut server = Server::bind_with(&spec.socket, function, &spec.name, &device_config)
         .with_context(|| format!("listening at {}", spec.socket.display()))?;

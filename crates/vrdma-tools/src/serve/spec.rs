@@ -141,8 +141,10 @@ impl DeviceSpec {
             (Kind::Virtio | Kind::VirtioPci, Some("event")) => (false, false),
             (_, Some(d)) => bail!("--device: doorbells={d} is not one of this kind's"),
         };
-        if kind == Kind::Pvrdma && spin.is_some() {
-            bail!("--device: spin= is virtio-rdma's");
+        if kind == Kind::Pvrdma && !shared_doorbells && spin.is_some() {
+            bail!(
+                "--device: spin= is for polled doorbells (virtio-rdma's, PVRDMA's doorbells=shared)"
+            );
         }
         Ok(DeviceSpec {
             kind,
