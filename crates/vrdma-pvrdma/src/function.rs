@@ -475,9 +475,11 @@ impl<T: Transport> Pvrdma<T> {
 
     /// When the loop must come back (`vrdma_face::vfio::Served::recheck`):
     /// at once while spinning, at the next look while polling without a
-    /// spin, and only when something comes when doorbells trap.
+    /// spin, and only when something comes when doorbells trap (or no
+    /// driver has activated the device).
     pub fn recheck(&self) -> Option<Duration> {
-        if !self.polling {
+        if !self.polling || !self.active {
+            // Nothing to look at before the driver activates the device.
             None
         } else if self.spinner.spinning() {
             Some(Duration::ZERO)

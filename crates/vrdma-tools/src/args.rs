@@ -111,11 +111,13 @@ pub struct ServeArgs {
     /// active MTU is the largest IB MTU that fits), name=NAME (for `vrdma stat`;
     /// default pvrdmaN or vrdmaN), doorbells=trap|shared for pvrdma (trap, the default: each doorbell is
     /// a write QEMU forwards; shared: the doorbell pages are memory the guest writes
-    /// without an exit and the device's thread busy-polls them and every ring, a core
-    /// per device; an arm can then not be told from a poll, so a CQ may get a
+    /// without an exit and the device's thread polls them and every ring while work flows
+    /// and for up to spin=MICROSECONDS after, then looks at intervals of 50 µs doubling
+    /// to 5 ms; an arm can then not be told from a poll, so a CQ may get a
     /// notification nobody asked for) or doorbells=poll|event for virtio and virtio-pci (poll, the default: the
-    /// device polls the doorbell areas while work flows and for spin=MICROSECONDS after,
-    /// default 200, then sleeps until a kick; event: every doorbell is kicked), spoof=on|off (the guest may send only from its
+    /// device polls the doorbell areas while work flows and for up to spin=MICROSECONDS after,
+    /// default 200, then sleeps until a kick; a polling thread that is preempted stops polling
+    /// for a hold-off, so it never takes a core a busy host needs; event: every doorbell is kicked), spoof=on|off (the guest may send only from its
     /// MAC, and from the addresses ip= gives; on by default with a TAP uplink),
     /// ip=ADDR[+ADDR…] (the guest's IPv4/IPv6 addresses, and its MAC's IPv6 link-local
     /// one: the only ones it may bind as GIDs and hold on the same-host switch;

@@ -25,7 +25,8 @@
 //! (this machine has slow spells of seconds); each face's ratio to
 //! engine-direct is the median of the rounds' ratios. First, a probe: five
 //! lone 64-byte WRITEs to a peer whose driver does nothing, each timed to
-//! its completion. Each measurement also records what the process's
+//! its completion, and then the two devices' CPU over a second of both
+//! drivers idle. Each measurement also records what the process's
 //! threads did (`/proc/self/task/*/schedstat`): which busy-polled, the
 //! cores used, and the run-queue wait.
 //!
@@ -462,7 +463,7 @@ fn main() {
 fn probe(opts: &Opts) {
     const N: u32 = 5;
     println!(
-        "\nlone 64 B WRITEs, A to B, {N} of them 20 ms apart, B's driver idle: post to completion"
+        "\nlone 64 B WRITEs, A to B, {N} of them 20 ms apart, B's driver idle: post to completion; then both drivers idle for 1 s: the two devices' CPU"
     );
     // (The line whose B rings once a millisecond is the poll line here:
     // B has no thread in this probe.)
@@ -476,11 +477,19 @@ fn probe(opts: &Opts) {
             (Some(b), Some(a)) => format!("{}", a - b),
             _ => "-".to_owned(),
         };
+        // Then both drivers idle for a second: what the process's threads
+        // (the two devices', the drivers asleep) cost meanwhile.
+        let idle = Duration::from_secs(1);
+        let t0 = threads::snapshot();
+        let w0 = Instant::now();
+        std::thread::sleep(idle);
+        let used = t0.until(&threads::snapshot(), w0.elapsed()).cores;
         println!(
-            " {:<26} median {:>9.1} us, max {:>9.1} us; A's retransmit timeouts: {timeouts}",
+            " {:<26} median {:>9.1} us, max {:>9.1} us; A's retransmit timeouts: {timeouts}; idle: {:.2} % of a core",
             face.name(),
             median(times.clone()) / 1e3,
-            times.iter().copied().fold(0.0, f64::max) / 1e3
+            times.iter().copied().fold(0.0, f64::max) / 1e3,
+            used * 100.0
         );
         drop((s.a, s.b));
         drop(s.devices);
