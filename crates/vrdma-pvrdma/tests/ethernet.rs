@@ -40,9 +40,7 @@ use zerocopy::IntoBytes;
 /// This binary's block of addresses (see `vrdma_testkit::pvrdma`).
 static NET: Net = Net::new(22);
 
-const EPERM: u32 = 1;
-const EINVAL: u32 = 22;
-const ENOSPC: u32 = 28;
+use vrdma_testkit::errno::{EINVAL, ENOSPC, EPERM};
 
 /// A MAC no port of the switch has.
 const NOBODY_MAC: [u8; 6] = [2, 0xee, 0xee, 0xee, 0xee, 0xee];

@@ -44,9 +44,7 @@ use zerocopy::IntoBytes;
 /// This binary's block of addresses (see `vrdma_testkit::pvrdma`).
 static NET: Net = Net::new(21);
 
-const EINVAL: u32 = 22;
-const EBUSY: u32 = 16;
-const EOPNOTSUPP: u32 = 95;
+use vrdma_testkit::errno::{EBUSY, EINVAL, EOPNOTSUPP};
 /// ERR for a command code the device does not know (QEMU's value).
 const BAD_COMMAND: u32 = 0xffff;
 /// ERR: the shared region was refused / there is none.
@@ -1492,8 +1490,8 @@ fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
         .as_bytes()
         .to_vec()
     };
-    assert_eq!(errno(&mut g, 99, &[]), 95);
-    assert_eq!(errno(&mut g, vcmd::DMA_READ, &[0; 24]), 95);
+    assert_eq!(errno(&mut g, 99, &[]), EOPNOTSUPP);
+    assert_eq!(errno(&mut g, vcmd::DMA_READ, &[0; 24]), EOPNOTSUPP);
     // Region accesses outside their region, or of nothing.
     for (region, offset, count) in [
         (9, 0, 4),

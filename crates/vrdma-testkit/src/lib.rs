@@ -4,6 +4,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`direct`] | two engines joined with no network, for benchmarks of the engine alone |
+//! | [`errno`] | the engine's errno table as the faces' refusals carry it (u32): the tests' one table |
 //! | [`net`] | engines on a deterministic in-order network that loses exactly the packets a test names |
 //! | [`sim`] | a seeded simulated network with every fault a real one has, on a virtual clock; [`sim::workload`], an RC workload whose checker proves exactly-once, in-order delivery |
 //! | [`setup`] | builders for the set-ups tests repeat: an engine with a PD, CQ and MR, QPs brought up and connected |
@@ -13,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod direct;
+pub mod errno;
 pub mod net;
 #[cfg(feature = "pvrdma")]
 pub mod pvrdma;

@@ -16,51 +16,49 @@ use vrdma_engine::{
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 use zerocopy::FromBytes;
 
+use vrdma_engine::errno;
 use vrdma_face::Refused;
 
 use crate::abi::{self, PAGE_SIZE, op, status};
 
-/// Errnos a refusal carries beyond the engine's (Linux's numbering).
-pub mod errno {
-    pub const ENOENT: u32 = 2;
-    pub const EIO: u32 = 5;
-    pub const ENOMEM: u32 = 12;
-    pub const EFAULT: u32 = 14;
-    pub const EBUSY: u32 = 16;
-    pub const EINVAL: u32 = 22;
-    pub const ENOSPC: u32 = 28;
-    pub const EMSGSIZE: u32 = 90;
-    pub const EOPNOTSUPP: u32 = 95;
-}
-
 /// A request shorter or longer than its command, or a trailing array not
 /// the length it names (EMSGSIZE: status LENGTH).
 pub const fn length(what: &'static str) -> Refused {
-    Refused::new(errno::EMSGSIZE, what)
+    Refused::new(errno::EMSGSIZE.unsigned_abs(), what)
 }
 
 /// A guest address misaligned or outside guest memory (EFAULT: status
 /// FAULT).
 pub const fn fault(what: &'static str) -> Refused {
-    Refused::new(errno::EFAULT, what)
+    Refused::new(errno::EFAULT.unsigned_abs(), what)
 }
 
 /// A handle that names no object of the command's context (ENOENT).
 pub const fn noent(what: &'static str) -> Refused {
-    Refused::new(errno::ENOENT, what)
+    Refused::new(errno::ENOENT.unsigned_abs(), what)
 }
 
 /// The status a refusal answers with: a function of its errno.
 pub const fn status_of(r: &Refused) -> u16 {
-    match r.errno {
-        errno::ENOENT => status::NOENT,
-        errno::ENOMEM | errno::ENOSPC => status::NOMEM,
-        errno::EBUSY => status::BUSY,
-        errno::EOPNOTSUPP => status::UNSUPPORTED,
-        errno::EFAULT => status::FAULT,
-        errno::EMSGSIZE => status::LENGTH,
-        errno::EIO => status::DEVICE,
-        _ => status::INVALID,
+    const fn is(r: &Refused, e: i32) -> bool {
+        r.errno == e.unsigned_abs()
+    }
+    if is(r, errno::ENOENT) {
+        status::NOENT
+    } else if is(r, errno::ENOMEM) || is(r, errno::ENOSPC) {
+        status::NOMEM
+    } else if is(r, errno::EBUSY) {
+        status::BUSY
+    } else if is(r, errno::EOPNOTSUPP) {
+        status::UNSUPPORTED
+    } else if is(r, errno::EFAULT) {
+        status::FAULT
+    } else if is(r, errno::EMSGSIZE) {
+        status::LENGTH
+    } else if is(r, errno::EIO) {
+        status::DEVICE
+    } else {
+        status::INVALID
     }
 }
 

@@ -136,7 +136,7 @@ where
         let hdr = abi::RespHdr {
             status: abi::status::LENGTH.into(),
             reserved: 0.into(),
-            detail: crate::decode::errno::EMSGSIZE.into(),
+            detail: vrdma_engine::errno::EMSGSIZE.unsigned_abs().into(),
         };
         face.stats.commands += 1;
         face.stats.refused += 1;

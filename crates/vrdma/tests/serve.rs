@@ -40,8 +40,7 @@ use zerocopy::IntoBytes;
 /// This binary's block of addresses (see `vrdma_testkit::pvrdma`).
 static NET: Net = Net::new(24);
 
-const EPERM: u32 = 1;
-const EINVAL: u32 = 22;
+use vrdma_testkit::errno::{EINVAL, EPERM};
 
 /// How long the daemon may take to start, and to stop.
 const LIMIT: Duration = Duration::from_secs(10);

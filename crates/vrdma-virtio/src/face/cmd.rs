@@ -8,6 +8,7 @@ use vrdma_device::Transport;
 use vrdma_engine::{
     CqHandle, PdHandle, SrqHandle,
     attr::{GidEntry, GidType, PortState},
+    errno,
     mr::{Access, MrRequest, MwType, Translation},
     objects::{SrqAttr, SrqAttrMask},
     qp::AttrMask,
@@ -41,7 +42,7 @@ impl<T: Transport> VirtioRdma<T> {
         let hdr_len = size_of::<abi::RespHdr>();
         let done = if dead {
             Err(Refused::new(
-                decode::errno::EIO,
+                errno::EIO.unsigned_abs(),
                 "the device failed: reset it",
             ))
         } else {
@@ -58,14 +59,14 @@ impl<T: Transport> VirtioRdma<T> {
             Ok(body) => (None, body),
             Err(e) => {
                 self.stats.refused += 1;
-                let errno = format!("errno {}", e.errno);
+                let answer = format!("errno {}", e.errno);
                 let r = Refusal {
                     kind: refusals::Kind::Command,
                     rule: e.what,
                     opcode: opcode.map_or(0, u32::from),
                     object: 0,
                     field: None,
-                    answer: &errno,
+                    answer: &answer,
                 };
                 let now = self.device.now();
                 self.refusals.note(now, &device_name(), &r);
@@ -97,7 +98,7 @@ impl<T: Transport> VirtioRdma<T> {
         );
         if self.fatal && !query {
             return Err(Refused::new(
-                decode::errno::EIO,
+                errno::EIO.unsigned_abs(),
                 "the device failed: reset it",
             ));
         }
@@ -527,7 +528,7 @@ impl<T: Transport> VirtioRdma<T> {
             return Err(Refused::invalid("doorbell bits past the device's"));
         }
         if self.contexts.len() as u32 >= self.opts.max_contexts {
-            return Err(Refused::new(decode::errno::ENOMEM, "contexts"));
+            return Err(Refused::new(errno::ENOMEM.unsigned_abs(), "contexts"));
         }
         if pages
             .iter()

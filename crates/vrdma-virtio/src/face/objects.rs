@@ -10,7 +10,7 @@ use std::sync::{
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 use vrdma_device::Transport;
 use vrdma_engine::{
-    CqHandle, PdHandle, SrqHandle,
+    CqHandle, PdHandle, SrqHandle, errno,
     objects::SrqAttr,
     qp::{QpCap, QpInitAttr},
 };
@@ -79,7 +79,7 @@ impl<T: Transport> VirtioRdma<T> {
     pub(super) fn take_doorbell(&mut self, ctx: u32, obj: Obj) -> Result<u32, Refused> {
         let c = self.contexts.get_mut(&ctx).ok_or(noent("context"))?;
         let i = c.indices.take().ok_or(Refused::new(
-            decode::errno::ENOMEM,
+            errno::ENOMEM.unsigned_abs(),
             "doorbells of the context",
         ))?;
         c.doorbells.insert(i, obj);
