@@ -3,6 +3,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`addrs`] | each test binary's block of loopback addresses, and a device's MAC from its address (both faces' kits) |
 //! | [`direct`] | two engines joined with no network, for benchmarks of the engine alone |
 //! | [`errno`] | the engine's errno table as the faces' refusals carry it (u32): the tests' one table |
 //! | [`net`] | engines on a deterministic in-order network that loses exactly the packets a test names |
@@ -13,6 +14,7 @@
 //! | `pvrdma` (feature `pvrdma`) | the PVRDMA face's: a guest (vfio-user client and driver model), devices served on UDP or Ethernet ports with addresses handed out per test binary, an in-test switch, the set-up and exchange the suites share, `/proc/self` measurements |
 #![forbid(unsafe_code)]
 
+pub mod addrs;
 pub mod direct;
 pub mod errno;
 pub mod net;

@@ -41,13 +41,9 @@ pub mod measure;
 pub mod served;
 pub mod side;
 
-use std::{
-    net::{IpAddr, Ipv4Addr},
-    ops::Deref,
-    path::PathBuf,
-    sync::atomic::{AtomicU32, Ordering},
-};
+use std::{net::IpAddr, ops::Deref, path::PathBuf};
 
+pub use crate::addrs::mac_of;
 pub use guest::{
     Guest, GuestCq, GuestQp, RAM_BASE, UAR_PFN, hdr, le32, one_page, rc_up, rc_up_mtu,
     sealed_memfd, sge, unsealed_page, wqe,
@@ -67,26 +63,20 @@ use vrdma_wire::Gid;
 /// one by one (from 127.N.0.1; no address ends in 0 or 255).
 #[derive(Debug)]
 pub struct Net {
-    block: u8,
-    next: AtomicU32,
+    block: crate::addrs::Block,
 }
 
 impl Net {
     /// Block `block` (see the table in the module's doc for those taken).
     pub const fn new(block: u8) -> Self {
-        assert!(block != 0, "127.0.x.y is the older suites'");
         Net {
-            block,
-            next: AtomicU32::new(0),
+            block: crate::addrs::Block::new(block),
         }
     }
 
     /// An address no other device of this binary has.
     pub fn addr(&self) -> IpAddr {
-        let k = self.next.fetch_add(1, Ordering::Relaxed);
-        let (hi, lo) = (k / 254, k % 254 + 1);
-        let hi = u8::try_from(hi).expect("fewer than 65 024 devices in one binary");
-        IpAddr::V4(Ipv4Addr::new(127, self.block, hi, lo as u8))
+        self.block.addr()
     }
 
     /// A device on a UDP port at an address of its own.
@@ -125,19 +115,6 @@ impl Net {
         connect(&mut a, &mut b);
         (da, db, a, b)
     }
-}
-
-/// The MAC of the device at `addr` (locally administered, unicast, its
-/// last four bytes the IPv4 address's).
-pub fn mac_of(addr: IpAddr) -> [u8; 6] {
-    let o = match addr {
-        IpAddr::V4(a) => a.octets(),
-        IpAddr::V6(a) => {
-            let b = a.octets();
-            [b[12], b[13], b[14], b[15]]
-        }
-    };
-    [2, 0, o[0], o[1], o[2], o[3]]
 }
 
 /// A device a test serves: its address (the GID its guest binds), its

@@ -33,7 +33,7 @@ pub mod verbs;
 pub mod vq;
 
 use std::{
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     os::unix::net::UnixListener,
     path::PathBuf,
     sync::{
@@ -44,6 +44,7 @@ use std::{
     time::Duration,
 };
 
+pub use crate::addrs::mac_of;
 pub use frontend::{Frontend, Options, Status, WAIT};
 pub use ram::{PAGE, Ram};
 pub use verbs::*;
@@ -61,25 +62,20 @@ use vrdma_wire::Gid;
 /// A test binary's block of loopback addresses, 127.N.0.0/16.
 #[derive(Debug)]
 pub struct Net {
-    block: u8,
-    next: AtomicU32,
+    block: crate::addrs::Block,
 }
 
 impl Net {
     pub const fn new(block: u8) -> Self {
         assert!(block >= 25, "blocks below 25 are the PVRDMA suites'");
         Net {
-            block,
-            next: AtomicU32::new(0),
+            block: crate::addrs::Block::new(block),
         }
     }
 
     /// An address no other device of this binary has.
     pub fn addr(&self) -> IpAddr {
-        let k = self.next.fetch_add(1, Ordering::Relaxed);
-        let (hi, lo) = (k / 254, k % 254 + 1);
-        let hi = u8::try_from(hi).expect("fewer than 65 024 devices in one binary");
-        IpAddr::V4(Ipv4Addr::new(127, self.block, hi, lo as u8))
+        self.block.addr()
     }
 
     /// A device with the default options (polling doorbells, spinning
@@ -415,18 +411,6 @@ impl<T: Transport + Send + 'static> Drop for PciDevice<T> {
             let _ = self.finish();
         }
     }
-}
-
-/// The MAC of the device at `addr`.
-pub fn mac_of(addr: IpAddr) -> [u8; 6] {
-    let o = match addr {
-        IpAddr::V4(a) => a.octets(),
-        IpAddr::V6(a) => {
-            let b = a.octets();
-            [b[12], b[13], b[14], b[15]]
-        }
-    };
-    [2, 0, o[0], o[1], o[2], o[3]]
 }
 
 /// A device served on a vhost-user socket in a thread of its own; stopped

@@ -614,6 +614,7 @@ fn report(opts: &Opts, all: &[(Test, Rounds)]) {
         }
     }
     targets(opts, all);
+    cpu_table(opts, all);
     threads_table(opts, all);
 }
 
@@ -662,6 +663,70 @@ fn targets_of(face: Face, v: usize, all: &[(Test, Rounds)]) {
                 );
             }
         }
+    }
+}
+
+/// The threads' CPU time per operation (their own clocks, so a scheduler
+/// that keeps a thread waiting adds nothing): all threads, the drivers'
+/// and the devices', per 64 B WRITE (rate), per MiB (bandwidth) and per
+/// half round trip (latency); and each face's devices' cost over
+/// engine-direct's whole (whose threads are driver and device at once).
+fn cpu_table(opts: &Opts, all: &[(Test, Rounds)]) {
+    println!(
+        "\nCPU time per operation, thread clocks (medians of rounds): all threads = driver + device; engine-direct's threads are both (counted as driver); device - engine = the face's devices' time plus its drivers' beyond engine-direct's"
+    );
+    println!(
+        " {:<26} {:>30} {:>30} {:>30}",
+        "", "64 B WRITE ns: all drv dev", "1 MiB WRITE us: all drv dev", "half RTT ns: all drv dev"
+    );
+    let per = |test: Test, i: usize| -> Option<(f64, f64, f64)> {
+        let ok: Vec<&Sample> = all
+            .iter()
+            .find(|(t, _)| *t == test)?
+            .1
+            .iter()
+            .map(|row| &row[i])
+            .filter(|s| s.stalled.is_none() && s.ops > 0.0)
+            .collect();
+        if ok.is_empty() {
+            return None;
+        }
+        let scale = if test == Test::Bandwidth { 1e-3 } else { 1.0 };
+        let f =
+            |g: &dyn Fn(&Sample) -> f64| median(ok.iter().map(|s| g(s) / s.ops * scale).collect());
+        Some((
+            f(&|s| s.threads.driver_ns + s.threads.device_ns),
+            f(&|s| s.threads.driver_ns),
+            f(&|s| s.threads.device_ns),
+        ))
+    };
+    let tests = [Test::Rate, Test::Bandwidth, Test::Latency];
+    for (i, face) in opts.faces.iter().enumerate() {
+        let mut line = format!(" {:<26}", face.name());
+        for &test in &tests {
+            line += &match per(test, i) {
+                Some((a, d, v)) => format!(" {a:>12.1} {d:>8.1} {v:>8.1}"),
+                None => format!(" {:>30}", "-"),
+            };
+        }
+        println!("{line}");
+    }
+    println!(" over engine-direct (all threads, face - engine):");
+    for (i, face) in opts.faces.iter().enumerate().skip(1) {
+        let mut line = format!(" {:<26}", face.name());
+        for &test in &tests {
+            line += &match (per(test, i), per(test, 0)) {
+                (Some((a, _, _)), Some((e, _, _))) => {
+                    format!(
+                        " {:>+12.1} {:>16}",
+                        a - e,
+                        format!("({:.0} %)", (a / e - 1.0) * 100.0)
+                    )
+                }
+                _ => format!(" {:>30}", "-"),
+            };
+        }
+        println!("{line}");
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Sample {
     pub stalled: Option<Stall>,
     /// Side A's retransmit timeouts in the whole run, where known.
     pub timeouts: Option<u64>,
+    /// Operations in the measured part (WRITEs; MiB; half round trips),
+    /// what the threads' CPU time is divided by.
+    pub ops: f64,
 }
 
 /// A run whose WRITEs stopped completing.
@@ -76,6 +79,7 @@ impl Sample {
             kicks_per_post: None,
             stalled: Some(s),
             timeouts: None,
+            ops: 0.0,
         }
     }
 }
@@ -291,6 +295,7 @@ pub fn rate(
                     kicks_per_post: kicks,
                     stalled: None,
                     timeouts: None,
+                    ops: msgs as f64,
                 };
             }
         };
@@ -356,6 +361,7 @@ pub fn bandwidth(
                     kicks_per_post: None,
                     stalled: None,
                     timeouts: None,
+                    ops: (bytes / MIB) as f64,
                 };
             }
         };
@@ -438,12 +444,15 @@ pub fn latency(
                         return Sample::stalled(stall(a, u64::from(i) - out, u64::from(i)));
                     }
                 }
+                // Each sample is a round trip: two half round trips.
+                let ops = 2.0 * samples.len() as f64;
                 break Sample {
                     values: samples,
                     threads,
                     kicks_per_post: None,
                     stalled: None,
                     timeouts: None,
+                    ops,
                 };
             }
         }

@@ -49,6 +49,12 @@ pub struct Use {
     /// Run-queue time of all threads over wall time: how many threads,
     /// on average, were runnable and waiting for a core.
     pub waiting: f64,
+    /// CPU time (ns, the threads' own clocks) of the drivers' threads
+    /// (`driver-*`: the guests' side; engine-direct's, which are their
+    /// devices too) and of every other thread (the devices': their loops,
+    /// workers and server threads).
+    pub driver_ns: f64,
+    pub device_ns: f64,
 }
 
 impl Snapshot {
@@ -66,6 +72,11 @@ impl Snapshot {
             }
             u.cores += run / w;
             u.waiting += wait / w;
+            if name.starts_with("driver-") {
+                u.driver_ns += run;
+            } else {
+                u.device_ns += run;
+            }
         }
         u.names.sort();
         u
