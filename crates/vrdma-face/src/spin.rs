@@ -322,6 +322,15 @@ impl Spinner {
     }
 }
 
+/// Timers of the calling thread fire on time: its timer slack (by
+/// default 50 µs, which the kernel may add to every sleep to group
+/// wake-ups) set to 1 ns, so that a device looking at intervals of 50 µs
+/// looks after 50 µs, not 100. For a device's own thread, before it
+/// serves; an error (a kernel that refuses) leaves the default.
+pub fn precise_timers() {
+    let _ = nix::sys::prctl::set_timerslack(1);
+}
+
 /// The calling thread's involuntary context switches so far (0 if the
 /// kernel will not say).
 pub fn involuntary_switches() -> u64 {

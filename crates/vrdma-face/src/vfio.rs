@@ -146,6 +146,9 @@ impl<F: Served> Server<F> {
     /// Runs until `stop` is set or an unrecoverable error (the device's
     /// network port failing).
     pub fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
+        // Its looks at the guest's memory (a device that cannot be
+        // kicked) keep their intervals.
+        crate::spin::precise_timers();
         while !stop.load(Ordering::Relaxed) {
             self.turn()?;
         }

@@ -33,7 +33,7 @@
 //!   `clone` only for a thread (`CLONE_THREAD`: a virtio-rdma device's
 //!   vhost-user daemon starts threads for each connection; `clone3`, whose
 //!   flags a filter cannot read, fails with ENOSYS and the C library falls
-//!   back to `clone`), `prctl` only as `PR_SET_NAME`; `mmap` and
+//!   back to `clone`), `prctl` only as `PR_SET_NAME` and `PR_SET_TIMERSLACK`; `mmap` and
 //!   `mprotect` never with `PROT_EXEC` (no code is loaded once the daemon
 //!   serves: a compromised thread cannot make memory executable), and
 //!   `kill` and `tgkill` only to the daemon itself (the filter compares
@@ -339,7 +339,20 @@ pub fn apply(mode: Seccomp) -> Result<()> {
         SeccompCmpOp::Eq,
         libc::PR_SET_NAME as u64,
     )?;
-    rules.insert(libc::SYS_prctl, vec![SeccompRule::new(vec![set_name])?]);
+    // And a device thread's timer slack (vrdma_face::spin::precise_timers).
+    let set_slack = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::PR_SET_TIMERSLACK as u64,
+    )?;
+    rules.insert(
+        libc::SYS_prctl,
+        vec![
+            SeccompRule::new(vec![set_name])?,
+            SeccompRule::new(vec![set_slack])?,
+        ],
+    );
     // No executable memory: mmap's and mprotect's protection (their third
     // argument) without PROT_EXEC.
     let not_exec = || {
