@@ -509,6 +509,37 @@ fn a_device_in_event_mode_takes_posts_on_kicks_and_keeps_poll_0() {
     event_mode("event-dev", &da, Options::default());
 }
 
+/// A message longer than a round's budget of packets leaves whole from a
+/// device in event mode: a 1 MiB UC SEND at MTU 1024 is 1024 packets, a
+/// round sends 256 or 512, and no ACK comes back to wake the sender's
+/// worker for the rest — the device turns again while its turn was busy.
+#[test]
+fn a_uc_send_longer_than_a_round_leaves_whole_in_event_mode() {
+    let opts = vrdma_virtio::face::Options {
+        poll: false,
+        ..Default::default()
+    };
+    let da = NET.device_with("long-uc-a", opts.clone(), vrdma_virtio::vhost::DEFAULT_SPIN);
+    let db = NET.device_with("long-uc-b", opts, vrdma_virtio::vhost::DEFAULT_SPIN);
+    let mut a = Side::new(&da);
+    let mut b = Side::new(&db);
+    let mut qa = a.qp(qp_type::UC);
+    let mut qb = b.qp(qp_type::UC);
+    connect(&mut a, &qa, &mut b, &qb);
+    // The side's MR is 1 MiB: 1 MiB less the page the receive skips.
+    const LEN: u32 = (1 << 20) - 4096;
+    for i in 0..3u64 {
+        let data = vec![0x30 + i as u8; LEN as usize];
+        a.put(0, &data);
+        qb.post_recv(i, &[b.mr.sge(4096, LEN)]);
+        qa.post_send(&Wqe::send(i, &[a.mr.sge(0, LEN)]));
+        a.cq.expect_ok(wc::SEND, i);
+        let c = b.cq.expect_ok(wc::RECV, i);
+        assert_eq!(c.byte_len.get(), LEN);
+        assert_eq!(b.get(4096, LEN as usize), data, "the SEND's bytes");
+    }
+}
+
 /// DEV-40: a polling device whose driver does not accept DOORBELL_POLL
 /// keeps `poll` 0 and takes posts on kicks.
 #[test]
