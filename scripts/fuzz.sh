@@ -13,12 +13,20 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 secs=${1:-600}
 export RUSTC_BOOTSTRAP=1
+# The sanitizer builds of the dependencies do not change between clones: their target directory
+# is in the machine-wide cache (scripts/lib/cache.sh), so a second clone rebuilds only the
+# project's crates. Every target is built first, in one cargo run (in parallel).
+. ../scripts/lib/cache.sh
+target_dir="${VRDMA_FUZZ_TARGET_DIR:-$VRDMA_CACHE_DIR/fuzz-target}"
+mkdir -p "$target_dir"
 
 targets=$(cargo fuzz list)
 if [ -z "$targets" ]; then
     echo "fuzz: no targets found" >&2
     exit 1
 fi
+cargo fuzz build --target-dir "$target_dir" > /dev/null 2> "$target_dir/build.log" \
+    || { tail -n 40 "$target_dir/build.log" >&2; echo "fuzz: the targets did not build" >&2; exit 1; }
 for target in $targets; do
     mkdir -p "corpus/$target"
     echo "fuzz: $target for ${secs}s"
@@ -37,7 +45,7 @@ for target in $targets; do
         extra=(-detect_leaks=0)
         envs=(ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0")
     fi
-    env "${envs[@]}" cargo fuzz run "$target" "corpus/$target" "seeds/$target" -- \
+    env "${envs[@]}" cargo fuzz run --target-dir "$target_dir" "$target" "corpus/$target" "seeds/$target" -- \
         -max_total_time="$secs" -max_len=4200 -print_final_stats=1 "${extra[@]}" >"$log" 2>&1 || status=$?
     grep -E '^(stat::number_of_executed_units|stat::average_exec_per_sec|stat::new_units_added|Done )' "$log" || true
     if [ "$status" -ne 0 ]; then
