@@ -843,7 +843,10 @@ impl<T: Transport> Served for VirtioPci<T> {
             }
         }
         Ok(Progress {
-            received: usize::from(turn.busy || again),
+            // Moved packets: another round at once (a long message leaves
+            // a budget a round); rings only waiting for room: the ACKs that
+            // make it wake the loop.
+            received: usize::from(turn.moved || again),
             sent: 0,
             deadline: turn.deadline,
         })

@@ -693,11 +693,11 @@ impl<T: Transport> Inner<T> {
         }
         let turn = self.face.turn(true)?;
         self.deliver_all(vrings)?;
-        // A busy turn is followed by another at once, polling or not: a
-        // round sends a budget of packets, and what is left of a long
-        // message (a UC SEND, which no ACK comes back for) would otherwise
-        // wait for whatever woke the worker next.
-        let mut again = turn.busy;
+        // A turn that moved packets is followed by another at once,
+        // polling or not: a round sends a budget of packets, and what is
+        // left of a long message (a UC SEND, which no ACK comes back for)
+        // would otherwise wait for whatever woke the worker next.
+        let mut again = turn.moved;
         // The policy (vrdma_face::spin): poll on while it pays; when it
         // says stop, tell the drivers to kick, look once more (a doorbell
         // rung before they read the word), and sleep — or, when that look

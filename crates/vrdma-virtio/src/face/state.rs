@@ -247,6 +247,13 @@ pub const MAX_REQUEST: u32 = (4 << 20) + 4096;
 pub struct Turn {
     /// Something happened: the device should look again soon.
     pub busy: bool,
+    /// The network moved packets this turn (sent or received): the next
+    /// round may have more to move at once — a round sends a budget of
+    /// packets, and the rest of a long message waits for it (no ACK comes
+    /// back for a UC SEND to wake the device). A turn that only found its
+    /// rings waiting for room in the engine need not be followed at once:
+    /// the ACKs that make room wake the device.
+    pub moved: bool,
     /// The engine's next deadline (device clock, ns).
     pub deadline: Option<u64>,
 }

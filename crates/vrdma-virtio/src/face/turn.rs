@@ -184,7 +184,7 @@ impl<T: Transport> VirtioRdma<T> {
         // progress's send — goes now: a device that sleeps after the turn
         // (event mode, or idle past its spin) would otherwise hold them
         // until a timer, tens of milliseconds.
-        let _ = self.device.send_pending();
+        let flushed = self.device.send_pending();
         let mut raised = 0;
         while let Some(cq) = self.device.engine_mut().poll_notification() {
             let ctx = self.cqs.get(&cq.0).map_or(0, |c| c.context);
@@ -212,6 +212,7 @@ impl<T: Transport> VirtioRdma<T> {
             // — any QP that waits for a message — turning at full speed,
             // a core gone in event mode and polling that never stopped.)
             busy: rung > 0 || !progress.is_idle() || raised > 0 || waiting,
+            moved: !progress.is_idle() || flushed > 0,
             deadline: progress.deadline,
         })
     }
