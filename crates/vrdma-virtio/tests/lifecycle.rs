@@ -634,13 +634,7 @@ fn a_driver_without_version_1_is_served_nothing() {
     assert_eq!(fe.ram.read_bytes(resp, 8), vec![0xee; 8], "nothing written");
     // Its wake-ups in those 300 ms: the kicks and a packet or two, not a
     // worker spinning on an unread socket (hundreds of thousands).
-    let woken = da
-        .backend
-        .counters()
-        .into_iter()
-        .find(|(k, _)| k == "virtio.unversioned_events")
-        .map(|(_, v)| v)
-        .expect("the counter");
+    let woken = counter(&da, "virtio.unversioned_events");
     assert!((1..16).contains(&woken), "{woken} wake-ups");
     drop(fe);
     let mut fe = da.connect(16 << 20);
