@@ -1,8 +1,10 @@
 //! Hostile WQEs in guest memory: `decode_send` and `decode_recv` decode a
 //! send or receive WQE — a stride copied out of guest memory, as the
-//! device's ring cursor copies it — for a QP of any type and size, and
-//! read a fast registration's page list out of guest memory; they must
-//! never panic, and what they accept must be within what the QP allows.
+//! device's ring cursor copies it — for a QP of any type and size, with
+//! no engine and nothing else read; then the face core resolves what was
+//! decoded (`wq::resolve`: a fast registration's MR by its key, its page
+//! directory read out of guest memory). Neither may panic, and what they
+//! accept must be within what the QP allows.
 //!
 //! Input: a byte for the QP type, a byte for its SGEs (and so its WQE
 //! stride), a u16 for where the WQE starts, then a page of memory (zero
@@ -16,7 +18,8 @@ use std::cell::RefCell;
 
 use libfuzzer_sys::fuzz_target;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vrdma_engine::{Engine, PdHandle};
+use vrdma_engine::{Engine, PdHandle, mr::Translation};
+use vrdma_face::wq::{self, Payload};
 use vrdma_pvrdma::{
     abi::{self, PAGE_SIZE},
     caps::{self, Limits},
@@ -67,23 +70,30 @@ fuzz_target!(|data: &[u8]| {
             .ok()
             .map(|_| wqe)
     };
-    ENGINE.with(|e| {
-        let e = e.borrow();
-        let Some(wqe) = copy(qp.stride) else {
-            return;
-        };
-        let sent = qp::decode_send(&mem, &wqe, &qp, &e);
+    if let Some(wqe) = copy(qp.stride) {
+        let sent = qp::decode_send(&wqe, &qp);
         if common_trace() {
             eprintln!("send: {sent:?}");
         }
         if let Ok(w) = sent {
-            assert!(w.sges.len() <= max_sge as usize);
-            if let Some((_, vrdma_engine::mr::Translation::Pages { pages, .. })) = &w.fast_reg {
+            match &w.payload {
+                Payload::Sges(s) => assert!(s.len() <= max_sge as usize),
+                Payload::Inline(_) => panic!("PVRDMA announces no inline data"),
+            }
+            let resolved = ENGINE.with(|e| wq::resolve(&mem, &e.borrow(), w));
+            if common_trace() {
+                eprintln!("resolved: {resolved:?}");
+            }
+            if let Ok(wq::Resolved {
+                pages: Some(Translation::Pages { pages, .. }),
+                ..
+            }) = &resolved
+            {
                 assert!(!pages.is_empty() && pages.len() <= abi::MAX_FAST_REG_PAGES as usize);
                 assert!(pages.iter().all(|p| p % PAGE_SIZE == 0));
             }
         }
-    });
+    }
     let stride = qp::rq_stride(max_sge.max(1));
     let Some(wqe) = copy(stride) else {
         return;

@@ -119,6 +119,6 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = f.turn(true);
     if common::trace() {
-        eprintln!("{:?}", f.stats);
+        eprintln!("{:?}", f.stats());
     }
 });

@@ -6,7 +6,7 @@
 //! Any vm-memory [`GuestMemory`] will do: the mapped regions of a
 //! vfio-user client or a vhost-user frontend, an IOMMU's view of them.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 /// What went wrong reading or checking guest structures.
@@ -24,6 +24,13 @@ pub enum GuestError {
     Shared(u64),
     #[error("an entry of {0} bytes does not fit its ring's slot")]
     Oversized(u64),
+}
+
+/// Whether the `len` bytes at `addr` are guest memory the device may read
+/// and write.
+pub fn is_mapped<M: GuestMemory + ?Sized>(mem: &M, addr: u64, len: u64) -> bool {
+    usize::try_from(len)
+        .is_ok_and(|n| mem.check_range(GuestAddress(addr), n, Permissions::ReadWrite))
 }
 
 /// Reads a `T` (a copy) at `addr`.

@@ -18,6 +18,7 @@
 //! | [`cq`] | [`cq::GuestCq`]: the engine's CQ sink for a CQ ring in guest memory |
 //! | [`status`] | [`Refused`]: a refused command's errno and what was wrong |
 //! | [`refusals`] | [`Refusals`]: every refusal counted by reason and logged, rate-limited |
+//! | [`device`] | [`FaceDevice`]: the device behind a face, its QPs' and SRQs' rings taken and accounted, reset, remap, rebind, claims, refusals — the same for every face |
 //! | [`budget`] | [`Budget`]: the object budget, applied again when the memory or the engine changes |
 //! | [`spin`] | when a device's thread polls the guest and when it sleeps: [`spin::Spinner`], one policy (adaptive window, yield, preemption guard) for every face's loop |
 //! | [`vfio`] | a PCI function with a vrdma device behind it ([`vfio::Served`]: PVRDMA, virtio-rdma as virtio-pci) served over vfio-user: socket, client, the device's event loop |
@@ -25,6 +26,7 @@
 
 pub mod budget;
 pub mod cq;
+pub mod device;
 pub mod guest;
 pub mod pages;
 pub mod refusals;
@@ -35,6 +37,7 @@ pub mod vfio;
 pub mod wq;
 
 pub use budget::Budget;
+pub use device::{FaceDevice, RingQp, RingSrq, Rings, TakeStats};
 pub use guest::GuestError;
 pub use pages::{Claims, Owner, PAGE_SIZE, PageList};
 pub use refusals::{Malformed, Refusal, Refusals};

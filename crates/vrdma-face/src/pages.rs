@@ -21,6 +21,13 @@ use crate::{
 /// pages of this size, and no ring entry crosses one.
 pub const PAGE_SIZE: u64 = 4096;
 
+/// Page addresses one page of a page directory holds (le64 each).
+pub const DIRECTORY_ENTRIES: u64 = PAGE_SIZE / 8;
+
+/// The most pages a page directory names: a directory page of tables,
+/// each a page of page addresses.
+pub const MAX_DIRECTORY_PAGES: u64 = DIRECTORY_ENTRIES * DIRECTORY_ENTRIES;
+
 /// An object's guest pages, in order, each page-aligned: a copy the
 /// daemon owns.
 #[derive(Clone, Debug, Default, Eq, PartialEq)]
@@ -45,6 +52,36 @@ impl PageList {
             *p = u64::from_le(*p);
         }
         PageList::new(pages)
+    }
+
+    /// Reads `npages` page addresses through the two-level page directory
+    /// at `dir` (a page of table addresses, each table a page of page
+    /// addresses: PVRDMA's `pvrdma_page_dir`). Every address must be
+    /// page-aligned; the count is checked before anything is read.
+    pub fn read_directory<M: GuestMemory + ?Sized>(
+        mem: &M,
+        dir: u64,
+        npages: u64,
+    ) -> Result<Self, GuestError> {
+        if npages == 0 || npages > MAX_DIRECTORY_PAGES {
+            return Err(GuestError::PageCount(npages));
+        }
+        if !dir.is_multiple_of(PAGE_SIZE) {
+            return Err(GuestError::Unaligned(dir));
+        }
+        let tables = npages.div_ceil(DIRECTORY_ENTRIES);
+        let mut table_addrs = vec![0u64; tables as usize];
+        guest::read_into(mem, dir, table_addrs.as_mut_bytes())?;
+        let mut pages = PageList::default();
+        for (t, &table) in table_addrs.iter().enumerate() {
+            let table = u64::from_le(table);
+            if !table.is_multiple_of(PAGE_SIZE) {
+                return Err(GuestError::Unaligned(table));
+            }
+            let n = (npages - t as u64 * DIRECTORY_ENTRIES).min(DIRECTORY_ENTRIES) as usize;
+            pages.extend(PageList::read(mem, table, n)?);
+        }
+        Ok(pages)
     }
 
     /// The page addresses.
@@ -205,9 +242,77 @@ impl Claims {
 
 #[cfg(test)]
 mod tests {
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
     use super::*;
+
+    #[test]
+    fn a_page_directory_is_copied_and_checked() {
+        let m =
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x10_0000), 0x10_0000)]).unwrap();
+        let dir = 0x10_0000u64;
+        let table = 0x10_1000u64;
+        m.write_obj(table.to_le(), GuestAddress(dir)).unwrap();
+        for i in 0..3u64 {
+            m.write_obj(
+                (0x10_4000 + i * 0x1000).to_le(),
+                GuestAddress(table + 8 * i),
+            )
+            .unwrap();
+        }
+        let p = PageList::read_directory(&m, dir, 3).unwrap();
+        assert_eq!(p.pages(), &[0x10_4000, 0x10_5000, 0x10_6000]);
+        assert_eq!(p.addr(0x1010), Some(0x10_5010));
+        assert_eq!(p.addr(0x3000), None);
+        // Rewriting the directory afterwards changes nothing.
+        m.write_obj(0u64, GuestAddress(table)).unwrap();
+        assert_eq!(p.pages()[0], 0x10_4000);
+        m.write_obj(0x10_4008u64.to_le(), GuestAddress(table))
+            .unwrap();
+        assert_eq!(
+            PageList::read_directory(&m, dir, 3),
+            Err(GuestError::Unaligned(0x10_4008))
+        );
+        assert_eq!(
+            PageList::read_directory(&m, dir, 0),
+            Err(GuestError::PageCount(0))
+        );
+        assert_eq!(
+            PageList::read_directory(&m, dir, MAX_DIRECTORY_PAGES + 1),
+            Err(GuestError::PageCount(MAX_DIRECTORY_PAGES + 1))
+        );
+        assert_eq!(
+            PageList::read_directory(&m, 0x1000, 1),
+            Err(GuestError::Unmapped(0x1000))
+        );
+        assert_eq!(m.num_regions(), 1);
+    }
+
+    #[test]
+    fn a_directory_of_more_than_one_table() {
+        let m =
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x10_0000), 0x10_0000)]).unwrap();
+        let (dir, t0, t1) = (0x10_0000u64, 0x10_1000u64, 0x10_2000u64);
+        m.write_obj(t0.to_le(), GuestAddress(dir)).unwrap();
+        m.write_obj(t1.to_le(), GuestAddress(dir + 8)).unwrap();
+        for i in 0..DIRECTORY_ENTRIES {
+            m.write_obj((i << 12).to_le(), GuestAddress(t0 + 8 * i))
+                .unwrap();
+        }
+        m.write_obj(0x7777_7000u64.to_le(), GuestAddress(t1))
+            .unwrap();
+        let p = PageList::read_directory(&m, dir, DIRECTORY_ENTRIES + 1).unwrap();
+        assert_eq!(p.len() as u64, DIRECTORY_ENTRIES + 1);
+        assert_eq!(p.pages()[511], 511 << 12);
+        assert_eq!(p.pages()[512], 0x7777_7000);
+        // A table address that is no page.
+        m.write_obj((t1 + 8).to_le(), GuestAddress(dir + 8))
+            .unwrap();
+        assert_eq!(
+            PageList::read_directory(&m, dir, DIRECTORY_ENTRIES + 1),
+            Err(GuestError::Unaligned(t1 + 8))
+        );
+    }
 
     #[test]
     fn a_page_list_is_copied_checked_and_addressed() {

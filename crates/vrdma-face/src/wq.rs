@@ -24,11 +24,15 @@ use vrdma_engine::{
     mr::Translation,
     qp::QpState,
     wc::WcStatus,
-    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
+    wr::{self, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
 use vrdma_wire::{Lkey, Qpn};
 
-use crate::ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Taken};
+use crate::{
+    GuestError, Malformed, PageList, Refusals, guest,
+    refusals::Kind,
+    ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Taken},
+};
 
 /// Bytes of a scatter/gather element as every device ABI lays it out
 /// (`struct ibv_sge`: le64 address, le32 length, le32 lkey).
@@ -54,18 +58,199 @@ pub fn sges(bytes: &[u8], n: usize) -> Option<Vec<Sge>> {
     )
 }
 
-/// A decoded send WQE, ready for the engine.
+/// A send WQE as a face's decoder gives it: the ABI's bytes turned into
+/// typed values, nothing looked up. Keys are as the WQE names them — a
+/// fast registration's MR and a bind's window by their key's index — and
+/// a fast registration's page list is where the WQE says it is, still in
+/// guest memory: the core resolves both for every face ([`resolve`]).
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct SendWqe {
     pub wr_id: u64,
+    /// The opcode as the WQE carries it (the face's numbering), for the
+    /// refusal log.
+    pub opcode: u32,
     pub op: SendOp,
     pub flags: SendFlags,
-    pub sges: Vec<Sge>,
-    /// The WQE's data carried in the WQE itself (`sges` is then empty).
-    pub inline: Option<Vec<u8>>,
+    pub payload: Payload,
     pub ud: Option<UdDest>,
-    /// A fast registration's page list, for the MR before it runs.
-    pub fast_reg: Option<(Lkey, Translation)>,
+    /// With [`SendOp::RegMr`]: the page list to map.
+    pub fast_reg: Option<FastReg>,
+}
+
+/// A send WQE's data.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub enum Payload {
+    Sges(Vec<Sge>),
+    /// The data carried in the WQE itself.
+    Inline(Vec<u8>),
+}
+
+/// A fast registration's page list, still in guest memory.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct FastReg {
+    pub list: ListAt,
+    /// Pages the list names.
+    pub npages: u32,
+    /// log2 of the MR's page size (12 ..= 30 at most; a face may take
+    /// fewer).
+    pub page_shift: u8,
+    /// The MR's first byte within its first page.
+    pub offset: u64,
+}
+
+/// Where a page list is and how it is laid out.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum ListAt {
+    /// An array of le64 page addresses (virtio-rdma).
+    Flat(u64),
+    /// A two-level page directory (PVRDMA's `pvrdma_page_dir`,
+    /// [`PageList::read_directory`]).
+    Directory(u64),
+}
+
+/// A send WQE resolved for the engine: keys the objects' current ones, a
+/// fast registration's pages read (a copy) and checked.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub struct Resolved {
+    pub wqe: SendWqe,
+    pub pages: Option<Translation>,
+}
+
+/// Resolves decoded WQE `w` against the engine, for every face alike: a
+/// REG_MR's MR and a BIND_MW's window by their key's index (the WQE names
+/// the key they take, whose byte the operation changes); a REG_MR's page
+/// list bounded by the device's `max_fast_reg_page_list_len` before it is
+/// read, then read from `mem` (a copy) with every page aligned to the
+/// MR's page size and inside guest memory. A list or page outside guest
+/// memory is a protection error (virtio-rdma §7.9), anything else the
+/// WQE's own error.
+pub fn resolve<M: GuestMemory + ?Sized>(
+    mem: &M,
+    engine: &Engine,
+    mut w: SendWqe,
+) -> Result<Resolved, Malformed> {
+    let bad = |status, rule, field, value| {
+        Err(Malformed {
+            wr_id: w.wr_id,
+            status,
+            opcode: w.opcode,
+            rule,
+            field,
+            value,
+        })
+    };
+    match &mut w.op {
+        SendOp::RegMr { mr, .. } => {
+            let Some(f) = w.fast_reg else {
+                return bad(WcStatus::LocQpOpErr, "a REG_MR's page list", "opcode", 0);
+            };
+            let Some(cur) = engine.current_lkey(mr.0 >> 8) else {
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "a key naming a fast-registration MR",
+                    "key",
+                    mr.0.into(),
+                );
+            };
+            let max = engine.query_device().max_fast_reg_page_list_len;
+            if f.npages == 0 || f.npages > max {
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "npages within max_fast_reg_page_list_len",
+                    "npages",
+                    f.npages.into(),
+                );
+            }
+            if !(12..=30).contains(&f.page_shift) {
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "a page shift of 12 to 30",
+                    "page_shift",
+                    f.page_shift.into(),
+                );
+            }
+            let (read, at) = match f.list {
+                ListAt::Flat(at) => (PageList::read(mem, at, f.npages as usize), at),
+                ListAt::Directory(at) => {
+                    (PageList::read_directory(mem, at, u64::from(f.npages)), at)
+                }
+            };
+            let pages = match read {
+                Ok(p) => p,
+                Err(GuestError::Unaligned(p)) => {
+                    return bad(WcStatus::LocQpOpErr, "a page-aligned page list", "page", p);
+                }
+                Err(_) => {
+                    return bad(
+                        WcStatus::LocProtErr,
+                        "a page list in guest memory",
+                        "page_list",
+                        at,
+                    );
+                }
+            };
+            let page = 1u64 << f.page_shift;
+            if let Some(&p) = pages.pages().iter().find(|p| !p.is_multiple_of(page)) {
+                return bad(
+                    WcStatus::LocQpOpErr,
+                    "pages aligned to the page size",
+                    "page",
+                    p,
+                );
+            }
+            if let Some(&p) = pages
+                .pages()
+                .iter()
+                .find(|&&p| !guest::is_mapped(mem, p, page))
+            {
+                return bad(WcStatus::LocProtErr, "pages in guest memory", "page", p);
+            }
+            *mr = cur;
+            let pages = Translation::Pages {
+                page_shift: f.page_shift,
+                offset: f.offset,
+                pages: pages.into_pages(),
+            };
+            Ok(Resolved {
+                wqe: w,
+                pages: Some(pages),
+            })
+        }
+        SendOp::BindMw { mw, .. } => {
+            let Some(cur) = engine.current_rkey(mw.0 >> 8) else {
+                return bad(
+                    WcStatus::MwBindErr,
+                    "a key naming a memory window",
+                    "mw",
+                    mw.0.into(),
+                );
+            };
+            *mw = cur;
+            Ok(Resolved {
+                wqe: w,
+                pages: None,
+            })
+        }
+        _ => Ok(Resolved {
+            wqe: w,
+            pages: None,
+        }),
+    }
+}
+
+/// Where a face's malformed WQEs are noted: its refusals, its name for
+/// the log, the device clock.
+#[derive(Debug)]
+pub struct Noting<'r> {
+    pub refusals: &'r mut Refusals,
+    pub face: &'static str,
+    pub now: u64,
+}
+
+impl Noting<'_> {
+    fn wqe(&mut self, kind: Kind, object: u32, m: &Malformed) -> (u64, WcStatus) {
+        self.refusals.note_wqe(self.now, self.face, kind, object, m)
+    }
 }
 
 /// A decoded receive WQE.
@@ -120,14 +305,21 @@ impl<I: Indices> QpQueues<I> {
         }
     }
 
-    /// Takes the send WQEs the guest posted, decoded by `decode`, as far
-    /// as the engine has room, and gives their slots back. Nothing is
+    /// Takes the send WQEs the guest posted, decoded by `decode` and
+    /// resolved ([`resolve`]), as far as the engine has room, and gives
+    /// their slots back; a malformed one is noted in `noting`. Nothing is
     /// taken before RTS (the WQEs wait in the ring; a driver refuses to
     /// post them anyway), nor in RESET.
-    pub fn take_sends<M, F>(&mut self, mem: &M, engine: &mut Engine, decode: F) -> Taken
+    pub fn take_sends<M, F>(
+        &mut self,
+        mem: &M,
+        engine: &mut Engine,
+        noting: &mut Noting<'_>,
+        decode: F,
+    ) -> Taken
     where
         M: GuestMemory + ?Sized,
-        F: FnMut(&[u8], &Engine) -> Result<SendWqe, (u64, WcStatus)>,
+        F: FnMut(&[u8]) -> Result<SendWqe, Malformed>,
     {
         if self.is_broken() {
             return Taken::default();
@@ -138,25 +330,33 @@ impl<I: Indices> QpQueues<I> {
         if !matches!(attr.qp_state, QpState::Rts | QpState::Sqd | QpState::Err) {
             return Taken::default();
         }
-        let depth = init.cap.max_send_wr;
+        let room = room(init.cap.max_send_wr, engine.sq_len(self.qpn));
         self.sq.take(
             mem,
             &mut Sends {
+                mem,
                 engine,
+                noting,
                 qpn: self.qpn,
-                depth,
+                room,
                 decode,
             },
         )
     }
 
-    /// Takes the receive WQEs the guest posted, decoded by `decode` (a
-    /// malformed one: `Err(wr_id)`), as far as the engine has room, and
-    /// gives their slots back. Nothing is taken in RESET.
-    pub fn take_recvs<M, F>(&mut self, mem: &M, engine: &mut Engine, decode: F) -> Taken
+    /// Takes the receive WQEs the guest posted, decoded by `decode`, as far
+    /// as the engine has room, and gives their slots back; a malformed one
+    /// is noted in `noting`. Nothing is taken in RESET.
+    pub fn take_recvs<M, F>(
+        &mut self,
+        mem: &M,
+        engine: &mut Engine,
+        noting: &mut Noting<'_>,
+        decode: F,
+    ) -> Taken
     where
         M: GuestMemory + ?Sized,
-        F: FnMut(&[u8]) -> Result<RecvWqe, u64>,
+        F: FnMut(&[u8]) -> Result<RecvWqe, Malformed>,
     {
         if self.is_broken() {
             return Taken::default();
@@ -170,13 +370,14 @@ impl<I: Indices> QpQueues<I> {
         if attr.qp_state == QpState::Reset {
             return Taken::default();
         }
-        let depth = init.cap.max_recv_wr;
+        let room = room(init.cap.max_recv_wr, engine.rq_len(self.qpn));
         rq.take(
             mem,
             &mut Recvs {
                 engine,
+                noting,
                 qpn: self.qpn,
-                depth,
+                room,
                 decode,
             },
         )
@@ -248,18 +449,26 @@ impl<I: Indices> SrqQueue<I> {
         self
     }
 
-    /// Takes the receive WQEs the guest posted, decoded by `decode` (a
-    /// malformed one: `Err(wr_id)`), as far as the engine's SRQ has room,
-    /// and gives their slots back.
-    pub fn take<M, F>(&mut self, mem: &M, engine: &mut Engine, decode: F) -> Taken
+    /// Takes the receive WQEs the guest posted, decoded by `decode`, as far
+    /// as the engine's SRQ has room, and gives their slots back; a
+    /// malformed one is noted in `noting`.
+    pub fn take<M, F>(
+        &mut self,
+        mem: &M,
+        engine: &mut Engine,
+        noting: &mut Noting<'_>,
+        decode: F,
+    ) -> Taken
     where
         M: GuestMemory + ?Sized,
-        F: FnMut(&[u8]) -> Result<RecvWqe, u64>,
+        F: FnMut(&[u8]) -> Result<RecvWqe, Malformed>,
     {
+        let room = room(self.depth, engine.srq_len(self.handle));
         let mut recvs = SrqRecvs {
             engine,
+            noting,
             srq: self.handle,
-            depth: self.depth,
+            room,
             decode,
             breaks: self.breaks,
             broke: false,
@@ -289,39 +498,52 @@ impl<I: Indices> SrqQueue<I> {
     }
 }
 
+/// What a queue `depth` deep holding `len` (the engine's count, asked once
+/// per take) has room for: each WQE taken counts against it.
+fn room(depth: u32, len: Option<u32>) -> u32 {
+    len.map_or(0, |l| depth.saturating_sub(l))
+}
+
 /// Send WQEs into a QP's send queue.
-struct Sends<'e, F> {
-    engine: &'e mut Engine,
+struct Sends<'a, 'r, M: ?Sized, F> {
+    mem: &'a M,
+    engine: &'a mut Engine,
+    noting: &'a mut Noting<'r>,
     qpn: Qpn,
-    depth: u32,
+    room: u32,
     decode: F,
 }
 
-impl<F> Decoder for Sends<'_, F>
+impl<M, F> Decoder for Sends<'_, '_, M, F>
 where
-    F: FnMut(&[u8], &Engine) -> Result<SendWqe, (u64, WcStatus)>,
+    M: GuestMemory + ?Sized,
+    F: FnMut(&[u8]) -> Result<SendWqe, Malformed>,
 {
     fn room(&mut self) -> bool {
-        self.engine.sq_len(self.qpn).unwrap_or(u32::MAX) < self.depth
+        self.room > 0
     }
 
     fn decode(&mut self, entry: &[u8]) -> Decoded {
-        let posted = (self.decode)(entry, self.engine).and_then(|w| {
+        self.room -= 1;
+        let resolved = (self.decode)(entry)
+            .and_then(|w| resolve(self.mem, self.engine, w))
+            .map_err(|m| self.noting.wqe(Kind::SendWqe, self.qpn.value(), &m));
+        let posted = resolved.and_then(|Resolved { wqe: w, pages }| {
             let wr = SendWr {
                 wr_id: w.wr_id,
                 op: w.op,
-                payload: match &w.inline {
-                    Some(data) => Payload::Inline(data),
-                    None => Payload::Sges(&w.sges),
+                payload: match &w.payload {
+                    Payload::Inline(data) => wr::Payload::Inline(data),
+                    Payload::Sges(sges) => wr::Payload::Sges(sges),
                 },
                 flags: w.flags,
                 ud: w.ud,
             };
-            match w.fast_reg {
+            match pages {
                 // The page list goes with the REG_MR and is mapped when it
                 // runs, in its turn (a list the MR cannot take fails the
                 // REG_MR itself).
-                Some((_, pages)) => self.engine.post_reg_mr(self.qpn, &wr, pages),
+                Some(pages) => self.engine.post_reg_mr(self.qpn, &wr, pages),
                 None => self.engine.post_send(self.qpn, &wr),
             }
             .map_err(|_| (w.wr_id, WcStatus::LocQpOpErr))
@@ -335,7 +557,7 @@ where
             &SendWr {
                 wr_id,
                 op: SendOp::Malformed { status },
-                payload: Payload::Sges(&[]),
+                payload: wr::Payload::Sges(&[]),
                 flags: SendFlags::SIGNALED,
                 ud: None,
             },
@@ -345,19 +567,21 @@ where
 }
 
 /// Receive WQEs into a QP's receive queue.
-struct Recvs<'e, F> {
-    engine: &'e mut Engine,
+struct Recvs<'a, 'r, F> {
+    engine: &'a mut Engine,
+    noting: &'a mut Noting<'r>,
     qpn: Qpn,
-    depth: u32,
+    room: u32,
     decode: F,
 }
 
-impl<F: FnMut(&[u8]) -> Result<RecvWqe, u64>> Decoder for Recvs<'_, F> {
+impl<F: FnMut(&[u8]) -> Result<RecvWqe, Malformed>> Decoder for Recvs<'_, '_, F> {
     fn room(&mut self) -> bool {
-        self.engine.rq_len(self.qpn).unwrap_or(u32::MAX) < self.depth
+        self.room > 0
     }
 
     fn decode(&mut self, entry: &[u8]) -> Decoded {
+        self.room -= 1;
         match (self.decode)(entry) {
             Ok(w) => {
                 let wr = RecvWr {
@@ -367,7 +591,8 @@ impl<F: FnMut(&[u8]) -> Result<RecvWqe, u64>> Decoder for Recvs<'_, F> {
                 let _ = self.engine.post_recv(self.qpn, &wr);
                 Decoded::Taken
             }
-            Err(wr_id) => {
+            Err(m) => {
+                let (wr_id, _) = self.noting.wqe(Kind::RecvWqe, self.qpn.value(), &m);
                 // The QP fails, and this WQE is flushed with the others;
                 // once: a QP already in ERR flushes it with no new event
                 // (a guest writing malformed WQEs raises one QP_FATAL,
@@ -391,10 +616,11 @@ impl<F: FnMut(&[u8]) -> Result<RecvWqe, u64>> Decoder for Recvs<'_, F> {
 }
 
 /// Receive WQEs into an SRQ.
-struct SrqRecvs<'e, F> {
-    engine: &'e mut Engine,
+struct SrqRecvs<'a, 'r, F> {
+    engine: &'a mut Engine,
+    noting: &'a mut Noting<'r>,
     srq: SrqHandle,
-    depth: u32,
+    room: u32,
     decode: F,
     /// What a malformed WQE does: breaks the SRQ (true), or is taken with
     /// no buffer (false).
@@ -403,28 +629,32 @@ struct SrqRecvs<'e, F> {
     broke: bool,
 }
 
-impl<F: FnMut(&[u8]) -> Result<RecvWqe, u64>> Decoder for SrqRecvs<'_, F> {
+impl<F: FnMut(&[u8]) -> Result<RecvWqe, Malformed>> Decoder for SrqRecvs<'_, '_, F> {
     fn room(&mut self) -> bool {
-        !self.broke && self.engine.srq_len(self.srq).unwrap_or(u32::MAX) < self.depth
+        !self.broke && self.room > 0
     }
 
     fn decode(&mut self, entry: &[u8]) -> Decoded {
+        self.room -= 1;
         // A malformed WQE either breaks the SRQ (nothing of it posted,
         // nothing more taken), or is taken with no buffer: the message it
         // receives ends in a local length error on its wr_id.
         let (w, decoded) = match (self.decode)(entry) {
             Ok(w) => (w, Decoded::Taken),
-            Err(_) if self.breaks => {
-                self.broke = true;
-                return Decoded::Malformed;
+            Err(m) => {
+                let (wr_id, _) = self.noting.wqe(Kind::RecvWqe, self.srq.0, &m);
+                if self.breaks {
+                    self.broke = true;
+                    return Decoded::Malformed;
+                }
+                (
+                    RecvWqe {
+                        wr_id,
+                        sges: Vec::new(),
+                    },
+                    Decoded::Malformed,
+                )
             }
-            Err(wr_id) => (
-                RecvWqe {
-                    wr_id,
-                    sges: Vec::new(),
-                },
-                Decoded::Malformed,
-            ),
         };
         let wr = RecvWr {
             wr_id: w.wr_id,
@@ -480,28 +710,47 @@ mod tests {
         u64::from_le_bytes(entry[..8].try_into().unwrap())
     }
 
-    fn send(entry: &[u8], _: &Engine) -> Result<SendWqe, (u64, WcStatus)> {
+    fn malformed(wr_id: u64) -> Malformed {
+        Malformed {
+            wr_id,
+            status: WcStatus::LocQpOpErr,
+            opcode: 0,
+            rule: "a test's malformed WQE",
+            field: "wr_id",
+            value: wr_id,
+        }
+    }
+
+    fn send(entry: &[u8]) -> Result<SendWqe, Malformed> {
         match wr_id(entry) {
-            0xbad => Err((0xbad, WcStatus::LocQpOpErr)),
+            0xbad => Err(malformed(0xbad)),
             wr_id => Ok(SendWqe {
                 wr_id,
+                opcode: 0,
                 op: SendOp::Send,
                 flags: SendFlags::SIGNALED,
-                sges: Vec::new(),
-                inline: None,
+                payload: Payload::Sges(Vec::new()),
                 ud: None,
                 fast_reg: None,
             }),
         }
     }
 
-    fn recv(entry: &[u8]) -> Result<RecvWqe, u64> {
+    fn recv(entry: &[u8]) -> Result<RecvWqe, Malformed> {
         match wr_id(entry) {
-            0xbad => Err(0xbad),
+            0xbad => Err(malformed(0xbad)),
             wr_id => Ok(RecvWqe {
                 wr_id,
                 sges: Vec::new(),
             }),
+        }
+    }
+
+    fn note(refusals: &mut Refusals) -> Noting<'_> {
+        Noting {
+            refusals,
+            face: "test",
+            now: 0,
         }
     }
 
@@ -523,13 +772,18 @@ mod tests {
 
     #[test]
     fn sends_wait_for_rts_and_are_taken_as_far_as_the_engine_has_room() {
+        let mut r = Refusals::default();
         let (mut e, mut q, m) = qp();
         let sq = q.sq().ring().clone();
         post(&m, &sq, SQ, &[1, 2, 3, 4, 5, 6]);
-        assert_eq!(q.take_sends(&m, &mut e, send), Taken::default(), "RESET");
+        assert_eq!(
+            q.take_sends(&m, &mut e, &mut note(&mut r), send),
+            Taken::default(),
+            "RESET"
+        );
         assert!(q.pending(&m));
         rts(&mut e, &q);
-        let t = q.take_sends(&m, &mut e, send);
+        let t = q.take_sends(&m, &mut e, &mut note(&mut r), send);
         assert_eq!((t.entries, t.malformed, t.broken), (4, 0, false));
         assert_eq!(e.sq_len(q.qpn()), Some(4));
         assert_eq!(
@@ -542,16 +796,17 @@ mod tests {
 
     #[test]
     fn a_malformed_receive_fails_its_qp_and_a_malformed_send_is_counted() {
+        let mut r = Refusals::default();
         let (mut e, mut q, m) = qp();
         rts(&mut e, &q);
         let rq = q.rq().unwrap().ring().clone();
         post(&m, &rq, RQ, &[1, 0xbad, 3]);
-        let t = q.take_recvs(&m, &mut e, recv);
+        let t = q.take_recvs(&m, &mut e, &mut note(&mut r), recv);
         assert_eq!((t.entries, t.malformed), (3, 1));
         assert_eq!(e.query_qp(q.qpn()).unwrap().0.qp_state, QpState::Err);
         let sq = q.sq().ring().clone();
         post(&m, &sq, SQ, &[0xbad]);
-        let t = q.take_sends(&m, &mut e, send);
+        let t = q.take_sends(&m, &mut e, &mut note(&mut r), send);
         assert_eq!(
             (t.entries, t.malformed),
             (1, 1),
@@ -561,24 +816,33 @@ mod tests {
 
     #[test]
     fn a_broken_ring_stops_both_of_its_qps_rings_until_reset() {
+        let mut r = Refusals::default();
         let (mut e, mut q, m) = qp();
         rts(&mut e, &q);
         let rq = q.rq().unwrap().ring().clone();
         post(&m, &rq, RQ, &[1]);
         m.write_obj(0xdead_beefu32, GuestAddress(SQ)).unwrap();
-        assert!(q.take_sends(&m, &mut e, send).broken);
+        assert!(q.take_sends(&m, &mut e, &mut note(&mut r), send).broken);
         assert!(q.is_broken());
         assert!(!q.pending(&m));
-        assert_eq!(q.take_recvs(&m, &mut e, recv), Taken::default());
-        assert_eq!(q.take_sends(&m, &mut e, send), Taken::default(), "once");
+        assert_eq!(
+            q.take_recvs(&m, &mut e, &mut note(&mut r), recv),
+            Taken::default()
+        );
+        assert_eq!(
+            q.take_sends(&m, &mut e, &mut note(&mut r), send),
+            Taken::default(),
+            "once"
+        );
         q.reset();
         m.write_obj(0u32, GuestAddress(SQ)).unwrap();
         assert!(!q.is_broken());
-        assert_eq!(q.take_recvs(&m, &mut e, recv).entries, 1);
+        assert_eq!(q.take_recvs(&m, &mut e, &mut note(&mut r), recv).entries, 1);
     }
 
     #[test]
     fn an_srq_is_taken_as_far_as_it_has_room_and_a_malformed_wqe_has_no_buffer() {
+        let mut r = Refusals::default();
         let (mut e, _, ids) = Side::new(1).build();
         let attr = SrqAttr {
             max_wr: 4,
@@ -587,13 +851,118 @@ mod tests {
         };
         let (srq, granted) = e.create_srq(ids.pd, attr).unwrap();
         let m = mem();
-        let r = ring(8, RQ, BASE + 0x2000);
-        let mut s = SrqQueue::new(srq, r.clone(), granted.max_wr);
-        post(&m, &r, RQ, &[1, 0xbad, 3, 4, 5]);
-        let t = s.take(&m, &mut e, recv);
+        let rq = ring(8, RQ, BASE + 0x2000);
+        let mut s = SrqQueue::new(srq, rq.clone(), granted.max_wr);
+        post(&m, &rq, RQ, &[1, 0xbad, 3, 4, 5]);
+        let t = s.take(&m, &mut e, &mut note(&mut r), recv);
         assert_eq!((t.entries, t.malformed), (4, 1));
         assert_eq!(e.srq_len(srq), Some(4));
         assert!(s.pending(&m));
         assert_eq!(s.handle(), srq);
+        assert_eq!(
+            r.fields(),
+            [("refused.recv_wqe.a_test_s_malformed_wqe".to_owned(), 1)],
+            "noted by the core, on the SRQ"
+        );
+    }
+
+    /// A REG_MR whose page list is `list`, of `npages` pages, naming MR
+    /// `key`.
+    fn reg_mr(key: u32, list: ListAt, npages: u32, page_shift: u8) -> SendWqe {
+        SendWqe {
+            wr_id: 7,
+            opcode: 0x20,
+            op: SendOp::RegMr {
+                mr: Lkey(key),
+                key: key as u8,
+                iova: 0x1_0000_0100,
+                length: 4096,
+                access: vrdma_engine::mr::Access(0),
+            },
+            flags: SendFlags::SIGNALED,
+            payload: Payload::Sges(Vec::new()),
+            ud: None,
+            fast_reg: Some(FastReg {
+                list,
+                npages,
+                page_shift,
+                offset: 0x100,
+            }),
+        }
+    }
+
+    #[test]
+    fn the_core_resolves_a_fast_registration_for_every_face() {
+        use vm_memory::Bytes;
+        let (mut e, _, ids) = Side::new(1).build();
+        let lkey = e.alloc_mr(ids.pd, 8).unwrap();
+        let m = mem();
+        // A flat list of two pages, and a directory naming the same two.
+        let (flat, dir, table) = (BASE, BASE + 0x1000, BASE + 0x2000);
+        for (i, p) in [BASE + 0x3000, BASE + 0x2000].iter().enumerate() {
+            m.write_obj(p.to_le(), GuestAddress(flat + 8 * i as u64))
+                .unwrap();
+            m.write_obj(p.to_le(), GuestAddress(table + 8 * i as u64))
+                .unwrap();
+        }
+        m.write_obj(table.to_le(), GuestAddress(dir)).unwrap();
+        // The WQE names the key the MR is to take: same index, a new byte.
+        let next = (lkey.0 & !0xff) | ((lkey.0 + 1) & 0xff);
+        for list in [ListAt::Flat(flat), ListAt::Directory(dir)] {
+            let r = resolve(&m, &e, reg_mr(next, list, 2, 12)).unwrap();
+            assert!(
+                matches!(r.wqe.op, SendOp::RegMr { mr, key, .. } if mr == lkey && key == next as u8),
+                "the MR by its index, its current key: {:?}",
+                r.wqe.op
+            );
+            assert_eq!(
+                r.pages,
+                Some(Translation::Pages {
+                    page_shift: 12,
+                    offset: 0x100,
+                    pages: vec![BASE + 0x3000, BASE + 0x2000],
+                })
+            );
+        }
+        let why = |w| resolve(&m, &e, w).map(|_| ()).unwrap_err();
+        let max = e.query_device().max_fast_reg_page_list_len;
+        // Bounded before it is read: a list this long is never copied.
+        let m1 = why(reg_mr(next, ListAt::Flat(flat), max + 1, 12));
+        assert_eq!((m1.status, m1.field), (WcStatus::LocQpOpErr, "npages"));
+        let m2 = why(reg_mr(0xff00_0000, ListAt::Flat(flat), 2, 12));
+        assert_eq!((m2.status, m2.field), (WcStatus::LocQpOpErr, "key"));
+        assert_eq!(m2.opcode, 0x20, "the face's opcode, for the log");
+        let m3 = why(reg_mr(next, ListAt::Flat(0x10), 2, 12));
+        assert_eq!((m3.status, m3.field), (WcStatus::LocProtErr, "page_list"));
+        // Pages of 8 KiB: the list's second page is not aligned to one.
+        let m4 = why(reg_mr(next, ListAt::Flat(flat), 2, 13));
+        assert_eq!((m4.status, m4.value), (WcStatus::LocQpOpErr, BASE + 0x3000));
+        // A page past guest memory.
+        m.write_obj((BASE + 0x10_0000).to_le(), GuestAddress(flat + 8))
+            .unwrap();
+        let m5 = why(reg_mr(next, ListAt::Flat(flat), 2, 12));
+        assert_eq!(
+            (m5.status, m5.value),
+            (WcStatus::LocProtErr, BASE + 0x10_0000)
+        );
+    }
+
+    #[test]
+    fn room_is_asked_once_per_take_and_counted_down() {
+        let mut r = Refusals::default();
+        let (mut e, mut q, m) = qp();
+        rts(&mut e, &q);
+        let sq = q.sq().ring().clone();
+        post(&m, &sq, SQ, &[1, 2]);
+        assert_eq!(q.take_sends(&m, &mut e, &mut note(&mut r), send).entries, 2);
+        // Two in the engine, room for two more: of five posted, two go.
+        post(&m, &sq, SQ, &[3, 0xbad, 5, 6, 7]);
+        let t = q.take_sends(&m, &mut e, &mut note(&mut r), send);
+        assert_eq!(
+            (t.entries, t.malformed),
+            (2, 1),
+            "a malformed WQE takes room too"
+        );
+        assert_eq!(e.sq_len(q.qpn()), Some(4));
     }
 }

@@ -9,12 +9,12 @@ use vm_memory::GuestMemoryMmap;
 use vrdma_device::Transport;
 use vrdma_engine::{
     CqHandle, PdHandle, SrqHandle,
-    attr::{GidEntry, GidType, Mtu, PortState},
+    attr::{Mtu, PortState},
     mr::{Access, MrRequest, Translation},
     objects::{SrqAttr, SrqAttrMask},
     qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType},
 };
-use vrdma_face::{OrRefuse, Owner, Refused};
+use vrdma_face::{OrRefuse, Owner, PageList, Refused, Rings};
 use vrdma_wire::{Gid, PKey, Psn, QKey, Qpn};
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
@@ -75,7 +75,7 @@ pub(crate) fn run<T: Transport>(
     // read a message's completion and be destroying its QP, which would
     // take the message's ACK with it and leave the peer resending into
     // the void (ibv_rc_pingpong's client does exactly that).
-    s.device.send_pending();
+    s.dev.device.send_pending();
     let hdr: abi::CmdHdr = decode(req);
     let (code, key) = (hdr.cmd.get(), hdr.response.get());
     let reply = Reply { code, key };
@@ -94,7 +94,7 @@ pub(crate) fn run<T: Transport>(
         )),
         cmd::DESTROY_CQ => destroy_cq(s, req, reply),
         cmd::CREATE_QP => create_qp(s, mem, req, reply),
-        cmd::MODIFY_QP => modify_qp(s, mem, req, reply),
+        cmd::MODIFY_QP => modify_qp(s, req, reply),
         cmd::QUERY_QP => query_qp(s, req, reply),
         cmd::DESTROY_QP => destroy_qp(s, req, reply),
         cmd::CREATE_BIND => create_bind(s, req, reply),
@@ -193,7 +193,7 @@ fn query_port<T: Transport>(s: &State<T>, req: &[u8], reply: Reply) -> Result<Do
     if r.port_num != 1 {
         return Err(Refused::invalid("port number"));
     }
-    let port = s.device.engine().query_port(1).or_refuse("port")?;
+    let port = s.dev.device.engine().query_port(1).or_refuse("port")?;
     let active = port.state == PortState::Active;
     let attrs = abi::PortAttr {
         state: (port.state as u32).into(),
@@ -269,7 +269,7 @@ fn create_pd<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Result
     if ctx != 0 && !s.ucs.contains_key(&ctx) {
         return Err(Refused::invalid("context"));
     }
-    let pd = s.device.engine_mut().alloc_pd().or_refuse("PD")?;
+    let pd = s.dev.device.engine_mut().alloc_pd().or_refuse("PD")?;
     s.pds.insert(pd.0, ctx);
     reply.done(&handle_body(pd.0))
 }
@@ -280,7 +280,8 @@ fn destroy_pd<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Resul
     if !s.pds.contains_key(&pd) {
         return Err(Refused::invalid("PD"));
     }
-    s.device
+    s.dev
+        .device
         .engine_mut()
         .dealloc_pd(PdHandle(pd))
         .or_refuse("PD")?;
@@ -290,7 +291,7 @@ fn destroy_pd<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Resul
 
 fn destroy_mr<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Result<Done, Refused> {
     let r: abi::Handle = decode(req);
-    let engine = s.device.engine_mut();
+    let engine = s.dev.device.engine_mut();
     let lkey = engine.current_lkey(r.handle.get()).or_refuse("MR")?;
     engine.dereg_mr(lkey).or_refuse("MR")?;
     reply.quiet()
@@ -302,23 +303,23 @@ fn destroy_cq<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Resul
     if !s.cqs.contains_key(&cq) {
         return Err(Refused::invalid("CQ"));
     }
-    s.device
+    s.dev
+        .device
         .engine_mut()
         .destroy_cq(CqHandle(cq))
         .or_refuse("CQ")?;
     s.cqs.remove(&cq);
-    s.ring_pages.release(Owner::Cq(cq));
+    s.dev.claims.release(Owner::Cq(cq));
     reply.quiet()
 }
 
 fn destroy_qp<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Result<Done, Refused> {
     let r: abi::Handle = decode(req);
     let h = r.handle.get();
-    let qpn = s.qps.get(&h).or_refuse("QP")?.qpn();
-    s.device.engine_mut().destroy_qp(qpn).or_refuse("QP")?;
-    s.qps.remove(&h);
-    s.busy_qps.remove(&h);
-    s.ring_pages.release(Owner::Qp(h));
+    let qpn = s.dev.qps.get(&h).or_refuse("QP")?.qpn();
+    s.dev.device.engine_mut().destroy_qp(qpn).or_refuse("QP")?;
+    s.dev.remove_qp(h);
+    s.dev.claims.release(Owner::Qp(h));
     reply.quiet()
 }
 
@@ -331,22 +332,9 @@ fn create_bind<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Resu
     if r.gid_type != abi::GID_TYPE_ROCE_V2 {
         return Err(Refused::invalid("GID type (RoCEv2 only)"));
     }
-    let gid = Gid(r.new_gid);
-    if !s.device.transport().admits_gid(&gid) {
-        // An address the guest was not given (spoofing another tenant's,
-        // through the device).
-        s.stats.gids_refused += 1;
-        return Err(Refused::invalid("GID (not one of the port's addresses)"));
-    }
-    let entry = GidEntry {
-        gid,
-        ty: GidType::RoceV2,
-    };
-    s.device
-        .engine_mut()
-        .set_gid(index as u8, Some(entry))
-        .or_refuse("GID")?;
-    s.rebind();
+    // An address the guest was not given (spoofing another tenant's,
+    // through the device) is refused, and counted.
+    s.dev.set_gid(index as u8, Some(Gid(r.new_gid)))?;
     reply.quiet()
 }
 
@@ -356,18 +344,14 @@ fn destroy_bind<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Res
     if index >= s.limits.gid_tbl_len {
         return Err(Refused::invalid("GID index"));
     }
-    s.device
-        .engine_mut()
-        .set_gid(index as u8, None)
-        .or_refuse("GID")?;
-    s.rebind();
+    s.dev.set_gid(index as u8, None)?;
     reply.quiet()
 }
 
 fn modify_srq<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Result<Done, Refused> {
     let r: abi::ModifySrq = decode(req);
     let srq = r.srq_handle.get();
-    if !s.srqs.contains_key(&srq) {
+    if !s.dev.srqs.contains_key(&srq) {
         return Err(Refused::invalid("SRQ"));
     }
     let mask = SrqAttrMask(r.attr_mask.get() & 3);
@@ -376,7 +360,8 @@ fn modify_srq<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Resul
         max_sge: r.attrs.max_sge.get(),
         srq_limit: r.attrs.srq_limit.get(),
     };
-    s.device
+    s.dev
+        .device
         .engine_mut()
         .modify_srq(SrqHandle(srq), attr, mask)
         .or_refuse("SRQ")?;
@@ -386,10 +371,11 @@ fn modify_srq<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Resul
 fn query_srq<T: Transport>(s: &State<T>, req: &[u8], reply: Reply) -> Result<Done, Refused> {
     let r: abi::Handle = decode(req);
     let srq = r.handle.get();
-    if !s.srqs.contains_key(&srq) {
+    if !s.dev.srqs.contains_key(&srq) {
         return Err(Refused::invalid("SRQ"));
     }
     let a = s
+        .dev
         .device
         .engine()
         .query_srq(SrqHandle(srq))
@@ -406,16 +392,16 @@ fn query_srq<T: Transport>(s: &State<T>, req: &[u8], reply: Reply) -> Result<Don
 fn destroy_srq<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Result<Done, Refused> {
     let r: abi::Handle = decode(req);
     let srq = r.handle.get();
-    if !s.srqs.contains_key(&srq) {
+    if !s.dev.srqs.contains_key(&srq) {
         return Err(Refused::invalid("SRQ"));
     }
-    s.device
+    s.dev
+        .device
         .engine_mut()
         .destroy_srq(SrqHandle(srq))
         .or_refuse("SRQ")?;
-    s.srqs.remove(&srq);
-    s.busy_srqs.remove(&srq);
-    s.ring_pages.release(Owner::Srq(srq));
+    s.dev.remove_srq(srq);
+    s.dev.claims.release(Owner::Srq(srq));
     reply.quiet()
 }
 
@@ -433,13 +419,18 @@ fn create_mr<T: Transport>(
     let pd = PdHandle(pd);
     let acc = access(r.access_flags.get());
     let (lkey, rkey) = match r.flags.get() {
-        abi::MR_FLAG_DMA => s.device.engine_mut().reg_dma_mr(pd, acc).or_refuse("MR")?,
+        abi::MR_FLAG_DMA => s
+            .dev
+            .device
+            .engine_mut()
+            .reg_dma_mr(pd, acc)
+            .or_refuse("MR")?,
         abi::MR_FLAG_FRMR => {
             let n = r.nchunks.get();
             if n == 0 || n > abi::MAX_FAST_REG_PAGES {
                 return Err(Refused::invalid("fast-registration pages"));
             }
-            let l = s.device.engine_mut().alloc_mr(pd, n).or_refuse("MR")?;
+            let l = s.dev.device.engine_mut().alloc_mr(pd, n).or_refuse("MR")?;
             (l, vrdma_wire::Rkey(l.0))
         }
         0 => {
@@ -464,13 +455,15 @@ fn create_mr<T: Transport>(
             }
             // The page list is read only if the guest's objects have
             // room for it: a short directory can name a long one.
-            s.device
+            s.dev
+                .device
                 .engine_mut()
                 .check_mr_pages(span as usize)
                 .or_refuse("MR")?;
-            let pages =
-                ring::read_pdir(mem, r.pdir_dma.get(), span).or_refuse("MR page directory")?;
-            s.device
+            let pages = PageList::read_directory(mem, r.pdir_dma.get(), span)
+                .or_refuse("MR page directory")?;
+            s.dev
+                .device
                 .engine_mut()
                 .reg_mr(MrRequest {
                     pd,
@@ -521,8 +514,9 @@ fn create_cq<T: Transport>(
     if n < need || n > need + 1 {
         return Err(Refused::invalid("CQ pages"));
     }
-    let pages = ring::read_pdir(mem, r.pdir_dma.get(), n).or_refuse("CQ page directory")?;
-    if s.ring_pages.conflict(pages.pages()).is_some() {
+    let pages =
+        PageList::read_directory(mem, r.pdir_dma.get(), n).or_refuse("CQ page directory")?;
+    if s.dev.claims.conflict(pages.pages()).is_some() {
         return Err(Refused::invalid("CQ pages (another ring's)"));
     }
     let ring = ring::ring(
@@ -532,14 +526,15 @@ fn create_cq<T: Transport>(
         pages.skip(1),
     )
     .or_refuse("CQ ring")?;
-    let sink = GuestCq::new(s.shared.clone(), ring, cq::cqe).or_refuse("CQ ring state")?;
+    let sink = GuestCq::new(s.dev.shared.clone(), ring, cq::cqe).or_refuse("CQ ring state")?;
     let (cq, granted) = s
+        .dev
         .device
         .engine_mut()
         .create_cq_with_sink(cqe, 0, Box::new(sink))
         .or_refuse("CQ")?;
     s.cqs.insert(cq.0, CqInfo { uar: page });
-    s.ring_pages.claim(Owner::Cq(cq.0), pages.pages(), &[]);
+    s.dev.claims.claim(Owner::Cq(cq.0), pages.pages(), &[]);
     let body = abi::CreateCqResp {
         hdr: reply.hdr(),
         cq_handle: cq.0.into(),
@@ -575,7 +570,7 @@ fn create_qp<T: Transport>(
     let is_srq = r.is_srq != 0;
     let srq = if is_srq {
         let h = r.srq_handle.get();
-        if s.srqs.get(&h).is_none_or(|f| f.uar != page) {
+        if s.dev.srqs.get(&h).is_none_or(|f| f.uar != page) {
             return Err(Refused::invalid("SRQ"));
         }
         Some(SrqHandle(h))
@@ -616,8 +611,9 @@ fn create_qp<T: Transport>(
     {
         return Err(Refused::invalid("QP pages"));
     }
-    let pages = ring::read_pdir(mem, r.pdir_dma.get(), total).or_refuse("QP page directory")?;
-    if s.ring_pages.conflict(pages.pages()).is_some() {
+    let pages =
+        PageList::read_directory(mem, r.pdir_dma.get(), total).or_refuse("QP page directory")?;
+    if s.dev.claims.conflict(pages.pages()).is_some() {
         return Err(Refused::invalid("QP pages (another ring's)"));
     }
     let (sq, rq) = qp::rings(
@@ -645,16 +641,18 @@ fn create_qp<T: Transport>(
         qp_type: ty,
         sq_sig_all: r.sq_sig_all != 0,
     };
-    let (qpn, _) = s.device.engine_mut().create_qp(init).or_refuse("QP")?;
+    let (qpn, _) = s.dev.device.engine_mut().create_qp(init).or_refuse("QP")?;
     let ctx = QpContext {
         ty: r.qp_type,
         pd,
         max_send_sge: ss,
         stride: sstride,
     };
-    s.qps
+    s.dev
+        .qps
         .insert(qpn.value(), QpFace::new(qpn, ctx, page, sq, rq, rs));
-    s.ring_pages
+    s.dev
+        .claims
         .claim(Owner::Qp(qpn.value()), pages.pages(), &[]);
     let body = abi::CreateQpRespV2 {
         hdr: reply.hdr(),
@@ -671,21 +669,16 @@ fn create_qp<T: Transport>(
     reply.whole(&body)
 }
 
-fn modify_qp<T: Transport>(
-    s: &mut State<T>,
-    mem: &GuestMemoryMmap<()>,
-    req: &[u8],
-    reply: Reply,
-) -> Result<Done, Refused> {
+fn modify_qp<T: Transport>(s: &mut State<T>, req: &[u8], reply: Reply) -> Result<Done, Refused> {
     let r: abi::ModifyQp = decode(req);
     let h = r.qp_handle.get();
-    let qpn = s.qps.get(&h).or_refuse("QP")?.qpn();
+    let qpn = s.dev.qps.get(&h).or_refuse("QP")?.qpn();
     let mask = AttrMask(r.attr_mask.get() & 0x1f_ffff);
     let a = &r.attrs;
     let m = |bit: AttrMask| mask.contains(bit);
     // Only the masked fields are the consumer's; the rest may be
     // anything and are not looked at.
-    let cur = *s.device.engine().query_qp(qpn).or_refuse("QP")?.0;
+    let cur = *s.dev.device.engine().query_qp(qpn).or_refuse("QP")?.0;
     let state = |v: u32| QpState::from_code(v).or_refuse("QP state");
     let attr = QpAttr {
         qp_state: if m(AttrMask::STATE) {
@@ -732,7 +725,7 @@ fn modify_qp<T: Transport>(
     };
     // A change of queue sizes is not supported (the driver never asks).
     let mask = mask.without(AttrMask::CAP);
-    let engine = s.device.engine_mut();
+    let engine = s.dev.device.engine_mut();
     engine.modify_qp(qpn, &attr, mask).map_err(|e| {
         tracing::debug!(error = %e, mask = mask.0, "MODIFY_QP refused by the engine");
         Refused::verbs(&e, "QP attributes")
@@ -741,23 +734,22 @@ fn modify_qp<T: Transport>(
         .query_qp(qpn)
         .map(|(a, _)| a.qp_state)
         .unwrap_or(QpState::Err);
-    if let Some(q) = s.qps.get_mut(&h)
+    if let Some(q) = s.dev.qps.get_mut(&h)
         && now == QpState::Reset
     {
         // The driver zeroes the rings' indices; so does the device.
         q.queues.reset();
     }
     // WQEs that waited for RTS (or for INIT, receives).
-    s.take_sends(mem, h);
-    s.take_recvs(mem, h);
+    s.dev.take_qp(h, Rings::BOTH);
     reply.done(&[0u8; 0])
 }
 
 fn query_qp<T: Transport>(s: &State<T>, req: &[u8], reply: Reply) -> Result<Done, Refused> {
     let r: abi::QueryQp = decode(req);
     let h = r.qp_handle.get();
-    let qpn = s.qps.get(&h).or_refuse("QP")?.qpn();
-    let (a, init) = s.device.engine().query_qp(qpn).or_refuse("QP")?;
+    let qpn = s.dev.qps.get(&h).or_refuse("QP")?.qpn();
+    let (a, init) = s.dev.device.engine().query_qp(qpn).or_refuse("QP")?;
     let attrs = abi::QpAttr {
         qp_state: a.qp_state.code().into(),
         cur_qp_state: a.cur_qp_state.code().into(),
@@ -833,8 +825,9 @@ fn create_srq<T: Transport>(
     if n < need || n > 2 * need + 1 {
         return Err(Refused::invalid("SRQ pages"));
     }
-    let pages = ring::read_pdir(mem, r.pdir_dma.get(), n).or_refuse("SRQ page directory")?;
-    if s.ring_pages.conflict(pages.pages()).is_some() {
+    let pages =
+        PageList::read_directory(mem, r.pdir_dma.get(), n).or_refuse("SRQ page directory")?;
+    if s.dev.claims.conflict(pages.pages()).is_some() {
         return Err(Refused::invalid("SRQ pages (another ring's)"));
     }
     let ring = ring::ring(
@@ -845,6 +838,7 @@ fn create_srq<T: Transport>(
     )
     .or_refuse("SRQ ring")?;
     let (srq, granted) = s
+        .dev
         .device
         .engine_mut()
         .create_srq(
@@ -856,8 +850,9 @@ fn create_srq<T: Transport>(
             },
         )
         .or_refuse("SRQ")?;
-    s.srqs
+    s.dev
+        .srqs
         .insert(srq.0, SrqFace::new(srq, page, ring, sge, granted.max_wr));
-    s.ring_pages.claim(Owner::Srq(srq.0), pages.pages(), &[]);
+    s.dev.claims.claim(Owner::Srq(srq.0), pages.pages(), &[]);
     reply.done(&handle_body(srq.0))
 }

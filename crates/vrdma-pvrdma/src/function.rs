@@ -19,7 +19,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
 use vrdma_engine::{attr::PortAttr, event::AsyncEvent};
 use vrdma_face::{
-    Claims, GuestError, Owner, guest,
+    Claims, GuestError, Owner, PageList, guest,
     spin::{self, Looks, SpinStats, Spinner},
 };
 use vrdma_vfio_user::{
@@ -130,7 +130,7 @@ impl<T: Transport> Pvrdma<T> {
     /// [`ObjectBudget::Derived`] from the guest's size; applied
     /// again whenever that memory changes and after each reset).
     pub fn set_object_budget(&mut self, budget: ObjectBudget) {
-        self.state.set_budget(budget);
+        self.state.dev.set_budget(budget);
     }
 
     /// The guest has `guest` bytes of RAM (with memory hot-plug, the most
@@ -140,26 +140,26 @@ impl<T: Transport> Pvrdma<T> {
     /// same size by the server's configuration
     /// (`vrdma_vfio_user::dma::DmaConfig::for_guest`).
     pub fn set_guest_size(&mut self, guest: Option<u64>) {
-        self.state.set_guest_size(guest);
+        self.state.dev.set_guest_size(guest);
     }
 
     pub fn device(&self) -> &Device<GuestMem, T> {
-        &self.state.device
+        &self.state.dev.device
     }
 
     pub fn device_mut(&mut self) -> &mut Device<GuestMem, T> {
-        &mut self.state.device
+        &mut self.state.dev.device
     }
 
     pub fn stats(&self) -> FaceStats {
-        self.state.stats
+        self.state.stats()
     }
 
     /// The device's counters (port, engine, objects) and the face's, for
     /// `vrdma stat`.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        let mut v = self.state.device.counters();
-        let s = self.state.stats;
+        let mut v = self.state.dev.device.counters();
+        let s = self.state.stats();
         let ring_drops = s.ring_drops
             + self
                 .loaded
@@ -170,9 +170,6 @@ impl<T: Transport> Pvrdma<T> {
             ("command_errors", s.command_errors),
             ("doorbells", s.doorbells),
             ("doorbells_refused", s.doorbells_refused),
-            ("wqes", s.wqes),
-            ("malformed_wqes", s.malformed_wqes),
-            ("broken_rings", s.broken_rings),
             ("events", s.events),
             ("notifications", s.notifications),
             ("ring_drops", ring_drops),
@@ -180,7 +177,10 @@ impl<T: Transport> Pvrdma<T> {
             ("gids_refused", s.gids_refused),
             ("panics", s.panics),
             ("active", u64::from(self.active)),
-        ] {
+        ]
+        .into_iter()
+        .chain(s.rings.fields())
+        {
             v.push((format!("pvrdma.{k}"), n));
         }
         if self.polling {
@@ -188,6 +188,7 @@ impl<T: Transport> Pvrdma<T> {
         }
         v.extend(
             self.state
+                .dev
                 .refusals
                 .fields()
                 .into_iter()
@@ -260,12 +261,12 @@ impl<T: Transport> Pvrdma<T> {
         let addr = u64::from(high) << 32 | u64::from(low);
         match self.try_load(mem, addr) {
             Ok(l) => {
-                let caps: Caps = self.state.limits.caps(self.state.node_guid);
+                let caps: Caps = self.state.limits.caps(self.state.dev.attr().node_guid);
                 if guest::write(mem, addr + abi::DSR_CAPS_OFFSET, &caps).is_err() {
                     self.err = err::INVALID;
                     return;
                 }
-                self.state.ring_pages.claim(Owner::Device, &l.pages, &[]);
+                self.state.dev.claims.claim(Owner::Device, &l.pages, &[]);
                 self.loaded = Some(l);
                 self.err = 0;
             }
@@ -297,7 +298,7 @@ impl<T: Transport> Pvrdma<T> {
                 if !(2..=512).contains(&n) {
                     return Err(GuestError::PageCount(n));
                 }
-                let list = ring::read_pdir(mem, pages.pdir_dma.get(), n)?;
+                let list = PageList::read_directory(mem, pages.pdir_dma.get(), n)?;
                 let count = ((n - 1) * PAGE_SIZE / stride) as u32;
                 let state = list.pages()[0] + abi::ring_state::RX;
                 let ring = ring::ring(count, stride, state, list.skip(1))
@@ -430,9 +431,9 @@ impl<T: Transport> Pvrdma<T> {
                     field: None,
                     answer: &answer,
                 };
-                let now = self.state.device.now();
+                let now = self.state.dev.device.now();
                 let name = std::thread::current().name().unwrap_or("pvrdma").to_owned();
-                self.state.refusals.note(now, &name, &r);
+                self.state.dev.refusals.note(now, &name, &r);
                 // The response header says it too (MODIFY_QP reads it).
                 let _ = guest::write_bytes(bus.mem, resp_slot, &f.response());
                 self.err = f.err;
@@ -442,10 +443,10 @@ impl<T: Transport> Pvrdma<T> {
 
     /// A doorbell: a 32-bit write at `offset` of BAR2 (doorbell page
     /// `offset / PAGE_SIZE`).
-    fn doorbell(&mut self, bus: &mut Bus<'_>, offset: u64, v: u32) {
+    fn doorbell(&mut self, offset: u64, v: u32) {
         self.state.stats.doorbells += 1;
         let page = (offset / PAGE_SIZE) as u32;
-        self.state.doorbell(bus.mem, page, offset % PAGE_SIZE, v);
+        self.state.doorbell(page, offset % PAGE_SIZE, v);
     }
 
     /// One round of the device: the network and the engine's timers, then
@@ -455,14 +456,14 @@ impl<T: Transport> Pvrdma<T> {
     /// rings' consumer indices follow what the engine retired. Returns the
     /// device's progress (its next deadline).
     pub fn progress(&mut self, bus: &mut Bus<'_>) -> std::io::Result<vrdma_device::Progress> {
-        let p = self.state.device.progress()?;
-        let before = (self.state.stats.doorbells, self.state.stats.wqes);
+        let p = self.state.dev.device.progress()?;
+        let before = (self.state.stats.doorbells, self.state.dev.taken.wqes);
         self.deliver(bus);
         if self.polling {
             // Work: packets in or out, a doorbell rung, a WQE taken.
             let found =
-                !p.is_idle() || (self.state.stats.doorbells, self.state.stats.wqes) != before;
-            let now = self.state.device.now();
+                !p.is_idle() || (self.state.stats.doorbells, self.state.dev.taken.wqes) != before;
+            let now = self.state.dev.device.now();
             if self.spinner.spinning() {
                 let _ = self.spinner.round(now, found);
             } else if found {
@@ -515,13 +516,13 @@ impl<T: Transport> Pvrdma<T> {
             if let Some(d) = &self.doorbell_pages {
                 self.state.shared_doorbells(d);
             }
-            self.state.take_all(mem);
+            self.state.dev.take_all();
         }
-        self.state.progress_rings(mem);
+        let _ = self.state.dev.progress_rings();
         // CQ notifications: one entry per armed CQ that completed, one
         // interrupt for the lot.
         let mut notified = false;
-        while let Some(cq) = self.state.device.engine_mut().poll_notification() {
+        while let Some(cq) = self.state.dev.device.engine_mut().poll_notification() {
             let Some(l) = self.loaded.as_mut() else {
                 break;
             };
@@ -539,6 +540,7 @@ impl<T: Transport> Pvrdma<T> {
         let mut own = self.state.take_face_events().into_iter();
         while let Some((kind, info)) = self
             .state
+            .dev
             .device
             .engine_mut()
             .poll_event()
@@ -673,7 +675,7 @@ impl<T: Transport> Function for Pvrdma<T> {
             1 => self.write_register(bus, offset, v),
             2 => {
                 if self.active && bus.mem.num_regions() > 0 {
-                    self.doorbell(bus, offset, v);
+                    self.doorbell(offset, v);
                     self.deliver(bus);
                 }
             }
@@ -691,7 +693,7 @@ impl<T: Transport> Function for Pvrdma<T> {
     /// The DMA maps changed: the engine, the CQ sinks and the transport's
     /// lent pieces move to the new memory at once.
     fn memory_changed(&mut self, bus: &mut Bus<'_>) {
-        self.state.remap(bus.mem);
+        self.state.dev.remap(bus.mem);
     }
 }
 

@@ -9,20 +9,17 @@
 //! completes with LOC_QP_OP_ERR or LOC_LEN_ERR in its turn and takes the
 //! QP to ERR, as a hardware device does with a malformed descriptor.
 
-use vm_memory::GuestMemory;
 use vrdma_engine::{
-    Engine,
-    mr::{Access, Translation},
+    mr::Access,
     qp::AhAttr,
     wc::WcStatus,
     wr::{Av, SendFlags, SendOp, UdDest},
 };
 pub use vrdma_face::wq::SendWqe;
 use vrdma_face::{
-    Malformed, PageList, Refusals, Taken,
-    refusals::Kind,
+    Malformed, PageList, RingQp,
     ring::WrapBit,
-    wq::{self, QpQueues, RecvWqe},
+    wq::{self, FastReg, ListAt, Payload, QpQueues, RecvWqe},
 };
 use vrdma_wire::{Gid, QKey, Qpn, Rkey};
 use zerocopy::{FromBytes, IntoBytes};
@@ -57,19 +54,12 @@ pub struct QpContext {
     pub stride: u64,
 }
 
-/// The device's name in the log when its thread has none.
-const FACE: &str = "pvrdma";
-
-/// Decodes a send WQE from its copy `wqe` (a stride of the ring). `Err`:
-/// the WQE is malformed, completes with the status it says (the QP then
-/// goes to ERR), and says why. A fast registration's page list is read
-/// from `mem`.
-pub fn decode_send<M: GuestMemory + ?Sized>(
-    mem: &M,
-    wqe: &[u8],
-    qp: &QpContext,
-    engine: &Engine,
-) -> Result<SendWqe, Malformed> {
+/// Decodes a send WQE from its copy `wqe` (a stride of the ring), reading
+/// nothing else: `Err`, the WQE is malformed, completes with the status it
+/// says (the QP then goes to ERR), and says why. A fast registration names
+/// its MR by the key it takes and its page directory by address; the face
+/// core resolves both ([`wq::resolve`]).
+pub fn decode_send(wqe: &[u8], qp: &QpContext) -> Result<SendWqe, Malformed> {
     // A copy shorter than a header: never from a ring, whose stride holds
     // one.
     let Ok((h, _)) = SqWqeHdr::read_from_prefix(wqe) else {
@@ -183,7 +173,7 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
             invalidate: Rkey(h.ex.get()),
         },
         wr_opcode::FAST_REG_MR if !datagram => {
-            return fast_reg(mem, wr_id, flags, wr, engine);
+            return fast_reg(wr_id, flags, wr);
         }
         _ => {
             return bad(
@@ -245,24 +235,18 @@ pub fn decode_send<M: GuestMemory + ?Sized>(
     };
     Ok(SendWqe {
         wr_id,
+        opcode,
         op,
         flags,
-        sges,
         // PVRDMA announces no inline data.
-        inline: None,
+        payload: Payload::Sges(sges),
         ud,
         fast_reg: None,
     })
 }
 
-/// A FAST_REG_MR WQE: the page list (read now, a copy) and the REG_MR.
-fn fast_reg<M: GuestMemory + ?Sized>(
-    mem: &M,
-    wr_id: u64,
-    flags: SendFlags,
-    wr: &[u8],
-    engine: &Engine,
-) -> Result<SendWqe, Malformed> {
+/// A FAST_REG_MR WQE: the REG_MR and where its page directory is.
+fn fast_reg(wr_id: u64, flags: SendFlags, wr: &[u8]) -> Result<SendWqe, Malformed> {
     let u64_at = |o: usize| u64::from_le_bytes(wr[o..o + 8].try_into().unwrap_or_default());
     let u32_at = |o: usize| u32::from_le_bytes(wr[o..o + 4].try_into().unwrap_or_default());
     let iova = u64_at(0);
@@ -296,24 +280,14 @@ fn fast_reg<M: GuestMemory + ?Sized>(
             list_len.into(),
         );
     }
-    // The MR by its index; the engine checks that it is a
-    // fast-registration MR of the QP's PD when the REG_MR runs.
-    let Some(mr) = engine.current_lkey(rkey >> 8) else {
-        return bad("a key naming a fast-registration MR", "rkey", rkey.into());
-    };
-    let Ok(pages) = ring::read_pdir(mem, pl_pdir, u64::from(list_len)) else {
-        return bad("a page list in guest memory", "pl_pdir", pl_pdir);
-    };
-    let offset = iova % PAGE_SIZE;
-    let translation = Translation::Pages {
-        page_shift: 12,
-        offset,
-        pages: pages.into_pages(),
-    };
     Ok(SendWqe {
         wr_id,
+        opcode: wr_opcode::FAST_REG_MR,
         op: SendOp::RegMr {
-            mr,
+            // The MR by the key it takes (the core finds it by its index;
+            // the engine checks that it is a fast-registration MR of the
+            // QP's PD when the REG_MR runs).
+            mr: vrdma_wire::Lkey(rkey),
             key: rkey as u8,
             iova,
             length,
@@ -322,10 +296,14 @@ fn fast_reg<M: GuestMemory + ?Sized>(
             access: Access(access & 0x3f),
         },
         flags,
-        sges: Vec::new(),
-        inline: None,
+        payload: Payload::Sges(Vec::new()),
         ud: None,
-        fast_reg: Some((mr, translation)),
+        fast_reg: Some(FastReg {
+            list: ListAt::Directory(pl_pdir),
+            npages: list_len,
+            page_shift: 12,
+            offset: iova % PAGE_SIZE,
+        }),
     })
 }
 
@@ -395,39 +373,27 @@ impl QpFace {
     pub fn qpn(&self) -> Qpn {
         self.queues.qpn()
     }
+}
 
-    /// Takes the send WQEs the guest posted, as far as the engine has room;
-    /// each malformed one noted in `refusals` (`now`: the device clock).
-    pub fn take_sends<M: GuestMemory + ?Sized>(
-        &mut self,
-        mem: &M,
-        engine: &mut Engine,
-        refusals: &mut Refusals,
-        now: u64,
-    ) -> Taken {
-        let ctx = &self.ctx;
-        let qpn = self.queues.qpn().value();
-        self.queues.take_sends(mem, engine, |wqe, engine| {
-            decode_send(mem, wqe, ctx, engine)
-                .map_err(|m| refusals.note_wqe(now, FACE, Kind::SendWqe, qpn, &m))
-        })
+impl RingQp for QpFace {
+    type Indices = WrapBit;
+    /// The send queue's context, and the receive queue's SGE limit.
+    type Shape = (QpContext, u32);
+
+    fn queues(&mut self) -> &mut QpQueues<WrapBit> {
+        &mut self.queues
     }
 
-    /// Takes the receive WQEs the guest posted, as far as the engine has
-    /// room; each malformed one noted in `refusals`.
-    pub fn take_recvs<M: GuestMemory + ?Sized>(
-        &mut self,
-        mem: &M,
-        engine: &mut Engine,
-        refusals: &mut Refusals,
-        now: u64,
-    ) -> Taken {
-        let max_sge = self.max_recv_sge;
-        let qpn = self.queues.qpn().value();
-        self.queues.take_recvs(mem, engine, |wqe| {
-            decode_recv(wqe, max_sge)
-                .map_err(|m| refusals.note_wqe(now, FACE, Kind::RecvWqe, qpn, &m).0)
-        })
+    fn shape(&self) -> Self::Shape {
+        (self.ctx, self.max_recv_sge)
+    }
+
+    fn decode_send(shape: &Self::Shape, entry: &[u8]) -> Result<SendWqe, Malformed> {
+        decode_send(entry, &shape.0)
+    }
+
+    fn decode_recv(shape: &Self::Shape, entry: &[u8]) -> Result<RecvWqe, Malformed> {
+        decode_recv(entry, shape.1)
     }
 }
 

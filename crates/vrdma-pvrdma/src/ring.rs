@@ -9,44 +9,20 @@
 //! (the driver's `pvrdma_ring.h` arithmetic, [`WrapBit`]), also for the
 //! two device rings whose sizes are not powers of two.
 
-use vm_memory::GuestMemory;
-use vrdma_face::{GuestError, GuestRing, PageList, guest, ring::WrapBit};
-use zerocopy::IntoBytes;
+use vrdma_face::{GuestRing, PageList, pages, ring::WrapBit};
 
 use crate::abi::{MAX_PDIR_PAGES, PAGE_SIZE, PDIR_ENTRIES};
 
-const _: () = assert!(PAGE_SIZE == vrdma_face::PAGE_SIZE);
+// A `pvrdma_page_dir` is the face core's page directory
+// (`PageList::read_directory`).
+const _: () = assert!(
+    PAGE_SIZE == vrdma_face::PAGE_SIZE
+        && PDIR_ENTRIES == pages::DIRECTORY_ENTRIES
+        && MAX_PDIR_PAGES == pages::MAX_DIRECTORY_PAGES
+);
 
 /// A PVRDMA ring.
 pub type Ring = GuestRing<WrapBit>;
-
-/// Reads `npages` page addresses through the directory at `pdir`. Every
-/// address must be page-aligned.
-pub fn read_pdir<M: GuestMemory + ?Sized>(
-    mem: &M,
-    pdir: u64,
-    npages: u64,
-) -> Result<PageList, GuestError> {
-    if npages == 0 || npages > MAX_PDIR_PAGES {
-        return Err(GuestError::PageCount(npages));
-    }
-    if !pdir.is_multiple_of(PAGE_SIZE) {
-        return Err(GuestError::Unaligned(pdir));
-    }
-    let tables = npages.div_ceil(PDIR_ENTRIES);
-    let mut dir = vec![0u64; tables as usize];
-    guest::read_into(mem, pdir, dir.as_mut_bytes())?;
-    let mut pages = PageList::default();
-    for (t, &table) in dir.iter().enumerate() {
-        let table = u64::from_le(table);
-        if !table.is_multiple_of(PAGE_SIZE) {
-            return Err(GuestError::Unaligned(table));
-        }
-        let n = (npages - t as u64 * PDIR_ENTRIES).min(PDIR_ENTRIES) as usize;
-        pages.extend(PageList::read(mem, table, n)?);
-    }
-    Ok(pages)
-}
 
 /// A ring of `count` entries of `stride` bytes over `data`, with its
 /// `pvrdma_ring` at `state`. `None` if the pages cannot hold it or an
@@ -57,7 +33,8 @@ pub fn ring(count: u32, stride: u64, state: u64, data: PageList) -> Option<Ring>
 
 #[cfg(test)]
 mod tests {
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vrdma_face::GuestError;
 
     use vrdma_face::Indices;
 
@@ -65,63 +42,6 @@ mod tests {
 
     fn mem() -> GuestMemoryMmap<()> {
         GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x10_0000), 0x10_0000)]).unwrap()
-    }
-
-    #[test]
-    fn a_page_directory_is_copied_and_checked() {
-        let m = mem();
-        let dir = 0x10_0000u64;
-        let table = 0x10_1000u64;
-        m.write_obj(table.to_le(), GuestAddress(dir)).unwrap();
-        for i in 0..3u64 {
-            m.write_obj(
-                (0x10_4000 + i * 0x1000).to_le(),
-                GuestAddress(table + 8 * i),
-            )
-            .unwrap();
-        }
-        let p = read_pdir(&m, dir, 3).unwrap();
-        assert_eq!(p.pages(), &[0x10_4000, 0x10_5000, 0x10_6000]);
-        assert_eq!(p.addr(0x1010), Some(0x10_5010));
-        assert_eq!(p.addr(0x3000), None);
-        // Rewriting the directory afterwards changes nothing.
-        m.write_obj(0u64, GuestAddress(table)).unwrap();
-        assert_eq!(p.pages()[0], 0x10_4000);
-        m.write_obj(0x10_4008u64.to_le(), GuestAddress(table))
-            .unwrap();
-        assert_eq!(read_pdir(&m, dir, 3), Err(GuestError::Unaligned(0x10_4008)));
-        assert_eq!(read_pdir(&m, dir, 0), Err(GuestError::PageCount(0)));
-        assert_eq!(
-            read_pdir(&m, dir, MAX_PDIR_PAGES + 1),
-            Err(GuestError::PageCount(MAX_PDIR_PAGES + 1))
-        );
-        assert_eq!(read_pdir(&m, 0x1000, 1), Err(GuestError::Unmapped(0x1000)));
-        assert_eq!(m.num_regions(), 1);
-    }
-
-    #[test]
-    fn a_directory_of_more_than_one_table() {
-        let m = mem();
-        let (dir, t0, t1) = (0x10_0000u64, 0x10_1000u64, 0x10_2000u64);
-        m.write_obj(t0.to_le(), GuestAddress(dir)).unwrap();
-        m.write_obj(t1.to_le(), GuestAddress(dir + 8)).unwrap();
-        for i in 0..PDIR_ENTRIES {
-            m.write_obj((i << 12).to_le(), GuestAddress(t0 + 8 * i))
-                .unwrap();
-        }
-        m.write_obj(0x7777_7000u64.to_le(), GuestAddress(t1))
-            .unwrap();
-        let p = read_pdir(&m, dir, PDIR_ENTRIES + 1).unwrap();
-        assert_eq!(p.len() as u64, PDIR_ENTRIES + 1);
-        assert_eq!(p.pages()[511], 511 << 12);
-        assert_eq!(p.pages()[512], 0x7777_7000);
-        // A table address that is no page.
-        m.write_obj((t1 + 8).to_le(), GuestAddress(dir + 8))
-            .unwrap();
-        assert_eq!(
-            read_pdir(&m, dir, PDIR_ENTRIES + 1),
-            Err(GuestError::Unaligned(t1 + 8))
-        );
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //! engine's SRQ by the face core ([`SrqQueue`]) as it has room, each WQE
 //! decoded as a QP's receive WQE is.
 
-use vm_memory::GuestMemory;
-use vrdma_engine::{Engine, SrqHandle};
-use vrdma_face::{Refusals, Taken, refusals::Kind, ring::WrapBit, wq::SrqQueue};
+use vrdma_engine::SrqHandle;
+use vrdma_face::{
+    Malformed, RingSrq,
+    ring::WrapBit,
+    wq::{RecvWqe, SrqQueue},
+};
 
 use crate::{qp::decode_recv, ring::Ring};
 
@@ -25,23 +28,24 @@ impl SrqFace {
             max_sge,
         }
     }
+}
 
-    /// Takes the WQEs the guest posted, as far as the engine has room: a
-    /// WQE with more SGEs than the SRQ takes is taken with no buffer (the
-    /// message it receives ends in a local length error on its wr_id),
-    /// and noted in `refusals` (`now`: the device clock).
-    pub fn take<M: GuestMemory + ?Sized>(
-        &mut self,
-        mem: &M,
-        engine: &mut Engine,
-        refusals: &mut Refusals,
-        now: u64,
-    ) -> Taken {
-        let max_sge = self.max_sge;
-        let srq = self.queue.handle().0;
-        self.queue.take(mem, engine, |wqe| {
-            decode_recv(wqe, max_sge)
-                .map_err(|m| refusals.note_wqe(now, "pvrdma", Kind::RecvWqe, srq, &m).0)
-        })
+/// A WQE with more SGEs than the SRQ takes is taken with no buffer (the
+/// message it receives ends in a local length error on its wr_id).
+impl RingSrq for SrqFace {
+    type Indices = WrapBit;
+    /// The SRQ's SGE limit.
+    type Shape = u32;
+
+    fn queue(&mut self) -> &mut SrqQueue<WrapBit> {
+        &mut self.queue
+    }
+
+    fn shape(&self) -> u32 {
+        self.max_sge
+    }
+
+    fn decode_recv(max_sge: &u32, entry: &[u8]) -> Result<RecvWqe, Malformed> {
+        decode_recv(entry, *max_sge)
     }
 }

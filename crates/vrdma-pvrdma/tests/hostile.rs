@@ -805,7 +805,7 @@ fn wild_ring_indices_break_only_their_queue_once() {
     // A send producer index the driver could never write.
     let mut q1 = hostile_qp(&mut a, hcq.handle, &b);
     let g = &mut a.g;
-    let broken = da.stats().broken_rings;
+    let broken = da.stats().rings.broken_rings;
     g.put32(q1.state, 0xdead_beef);
     g.ring_qp(&q1, uar::QP_SEND);
     wait_event(g, (eqe::QP_FATAL, q1.qpn));
@@ -822,7 +822,9 @@ fn wild_ring_indices_break_only_their_queue_once() {
     );
     assert_eq!(g.events(), vec![], "one QP_FATAL for a broken ring");
     assert_eq!(
-        da.stats_when(|s| s.broken_rings > broken).broken_rings,
+        da.stats_when(|s| s.rings.broken_rings > broken)
+            .rings
+            .broken_rings,
         broken + 1
     );
 
@@ -878,14 +880,16 @@ fn wild_ring_indices_break_only_their_queue_once() {
     let sdir = g.pdir(&[sp, sp + PAGE_SIZE]);
     let r = g.command(&srq_req(a.pd, sdir, 16, 2, 2)).unwrap();
     let srq = u32::from_le_bytes(r[16..20].try_into().unwrap());
-    let broken = da.stats().broken_rings;
+    let broken = da.stats().rings.broken_rings;
     g.put32(sp + 8, 0x8000_0000);
     for _ in 0..3 {
         g.write32(2, uar::SRQ_OFFSET, srq | uar::SRQ_RECV);
     }
     let seen = wait_event(g, (eqe::SRQ_ERR, srq));
     assert_eq!(
-        da.stats_when(|s| s.broken_rings > broken).broken_rings,
+        da.stats_when(|s| s.rings.broken_rings > broken)
+            .rings
+            .broken_rings,
         broken + 1
     );
     let more = g.events();
@@ -1098,8 +1102,8 @@ fn malformed_wqes_complete_in_error_in_their_turn() {
     );
     ud_case(g, send(420), pd, WC_SUCCESS);
 
-    let s = da.stats_when(|s| s.malformed_wqes >= 10);
-    assert!(s.malformed_wqes >= 10, "{s:?}");
+    let s = da.stats_when(|s| s.rings.malformed_wqes >= 10);
+    assert!(s.rings.malformed_wqes >= 10, "{s:?}");
     // Each counted by the rule it broke (issue 38: a refusal can be seen).
     for (name, n) in [
         (

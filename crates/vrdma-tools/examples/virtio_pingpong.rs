@@ -282,7 +282,7 @@ fn run(a: &PingpongArgs) -> Result<()> {
     let st = dev.stats();
     println!(
         "virtio-rdma device: {} commands, {} WQEs taken, {} malformed",
-        st.commands, st.wqes, st.malformed_wqes
+        st.commands, st.rings.wqes, st.rings.malformed_wqes
     );
     Ok(())
 }

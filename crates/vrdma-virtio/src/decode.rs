@@ -795,35 +795,9 @@ pub struct SendShape {
     pub max_inline: u32,
 }
 
-/// A send WQE, typed and ready for the engine.
-#[derive(Clone, Debug, Eq, PartialEq)]
-pub struct SendWqe {
-    pub wr_id: u64,
-    pub op: SendOp,
-    pub flags: SendFlags,
-    pub payload: Payload,
-    pub ud: Option<UdDest>,
-    /// REG_MR: where its page list is (read by the caller, then handed to
-    /// the engine before the WQE).
-    pub fast_reg: Option<FastReg>,
-}
-
-/// A send WQE's data.
-#[derive(Clone, Debug, Eq, PartialEq)]
-pub enum Payload {
-    Sges(Vec<Sge>),
-    Inline(Vec<u8>),
-}
-
-/// A fast registration's page list, still in guest memory.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub struct FastReg {
-    pub mr: Lkey,
-    pub page_list: u64,
-    pub npages: u32,
-    pub page_shift: u8,
-    pub offset: u64,
-}
+/// A send WQE, typed: the face core's one decoded-send type (keys and
+/// the page list still as the WQE names them, resolved by the core).
+pub use vrdma_face::wq::{FastReg, ListAt, Payload, SendWqe};
 
 /// Decodes a send WQE from its copy (`wqe`: the whole stride). `Err`:
 /// the WQE is malformed and completes with that status (the QP then goes
@@ -1017,6 +991,7 @@ pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed>
             let iova = r.iova.get();
             return Ok(SendWqe {
                 wr_id,
+                opcode: opcode.into(),
                 op: SendOp::RegMr {
                     mr: Lkey(key),
                     key: key as u8,
@@ -1028,8 +1003,7 @@ pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed>
                 payload: Payload::Sges(Vec::new()),
                 ud: None,
                 fast_reg: Some(FastReg {
-                    mr: Lkey(key),
-                    page_list: r.page_list.get(),
+                    list: ListAt::Flat(r.page_list.get()),
                     npages,
                     page_shift: shift,
                     offset: iova % (1u64 << shift),
@@ -1136,6 +1110,7 @@ pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed>
     };
     Ok(SendWqe {
         wr_id,
+        opcode: opcode.into(),
         op,
         flags,
         payload,
@@ -1662,12 +1637,23 @@ mod tests {
         assert_eq!(
             d.fast_reg,
             Some(FastReg {
-                mr: Lkey(0x501),
-                page_list: 0x9000,
+                list: ListAt::Flat(0x9000),
                 npages: 4,
                 page_shift: 12,
                 offset: 0x100
             })
+        );
+        assert!(
+            matches!(
+                d.op,
+                SendOp::RegMr {
+                    mr: Lkey(0x501),
+                    key: 1,
+                    ..
+                }
+            ),
+            "the MR by the key it takes: {:?}",
+            d.op
         );
         let odd = abi::WqeRegMr {
             page_list: 0x9004.into(),

@@ -555,7 +555,7 @@ impl<T: Transport> VirtioPci<T> {
             }
             vq::DOORBELL => {
                 let poll = self.acked & feature::DOORBELL_POLL != 0 && self.face.options().poll;
-                if poll && !self.face.polling() && self.spinner.wake(self.face.device.clock()) {
+                if poll && !self.face.polling() && self.spinner.wake(self.face.dev.device.clock()) {
                     self.face.set_polling(true);
                 }
                 self.face.doorbells();
@@ -830,7 +830,7 @@ impl<T: Transport> Served for VirtioPci<T> {
         // found work, take it in one more turn at once.
         let mut again = false;
         if self.face.polling() {
-            let now = self.face.device.clock();
+            let now = self.face.dev.device.clock();
             if self.spinner.round(now, turn.busy) == Next::Sleep {
                 self.face.set_polling(false);
                 if running && self.face.doorbells() > 0 {
@@ -858,15 +858,15 @@ impl<T: Transport> Served for VirtioPci<T> {
     }
 
     fn now(&self) -> u64 {
-        self.face.device.clock()
+        self.face.dev.device.clock()
     }
 
     fn fd(&self) -> BorrowedFd<'_> {
-        self.face.device.fd()
+        self.face.dev.device.fd()
     }
 
     fn arm(&mut self) {
-        self.face.device.transport_mut().arm();
+        self.face.dev.device.transport_mut().arm();
     }
 
     fn client_gone(&mut self) {

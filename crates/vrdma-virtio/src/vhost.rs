@@ -397,7 +397,7 @@ impl<T: Transport + Send + 'static> Backend<T> {
         handler: Arc<VringEpollHandler<Arc<Backend<T>>>>,
     ) -> io::Result<()> {
         let g = self.lock();
-        let net = g.face.device.fd().as_raw_fd();
+        let net = g.face.dev.device.fd().as_raw_fd();
         handler.register_listener(g.timer.as_raw_fd(), EventSet::IN, u64::from(TIMER))?;
         handler.register_listener(g.spin.0.as_raw_fd(), EventSet::IN, u64::from(SPIN))?;
         let paused = g.paused.is_some();
@@ -558,7 +558,7 @@ impl<T: Transport> Inner<T> {
     }
 
     fn publish(&mut self, last: bool) {
-        let now = self.face.device.clock();
+        let now = self.face.dev.device.clock();
         let Some(mut p) = self.publisher.take() else {
             return;
         };
@@ -688,7 +688,8 @@ impl<T: Transport> Inner<T> {
             self.resume(control);
         }
         let poll = self.acked & feature::DOORBELL_POLL != 0 && self.face.options().poll;
-        if kicked && poll && !self.face.polling() && self.spinner.wake(self.face.device.clock()) {
+        if kicked && poll && !self.face.polling() && self.spinner.wake(self.face.dev.device.clock())
+        {
             self.face.set_polling(true);
         }
         let turn = self.face.turn(true)?;
@@ -703,7 +704,7 @@ impl<T: Transport> Inner<T> {
         // rung before they read the word), and sleep — or, when that look
         // found work, take it in one more turn at once.
         if self.face.polling() {
-            let now = self.face.device.clock();
+            let now = self.face.dev.device.clock();
             if self.spinner.round(now, turn.busy) == Next::Sleep {
                 self.face.set_polling(false);
                 if self.face.doorbells() > 0 {
@@ -718,7 +719,7 @@ impl<T: Transport> Inner<T> {
         if !spin {
             // The worker sleeps in epoll after this turn, the device's
             // descriptor among those it waits on.
-            self.face.device.transport_mut().arm();
+            self.face.dev.device.transport_mut().arm();
         }
         if spin != self.spinning {
             if spin {
@@ -731,7 +732,7 @@ impl<T: Transport> Inner<T> {
         // The engine's next deadline.
         match turn.deadline {
             Some(at) => {
-                let now_ns = self.face.device.clock();
+                let now_ns = self.face.dev.device.clock();
                 let wait =
                     Duration::from_nanos(at.saturating_sub(now_ns)).max(Duration::from_micros(1));
                 self.timer.reset(wait, None)?;

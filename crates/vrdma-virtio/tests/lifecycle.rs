@@ -809,7 +809,7 @@ fn a_panic_in_a_turn_fails_only_that_device() {
     let e = s.fe.wait_event_of(event::DEVICE_FATAL, 0);
     assert_eq!(e.context.get(), 0);
     assert!(dev.alive(), "the daemon thread lives");
-    let counts = dev.backend.with_face(|f| f.device.engine().counts());
+    let counts = dev.backend.with_face(|f| f.device().engine().counts());
     assert_eq!(counts, vrdma_engine::Counts::default(), "no object left");
     let panics = dev
         .backend

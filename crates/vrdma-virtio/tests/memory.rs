@@ -294,7 +294,7 @@ fn unsealed_memory_allowed_is_guarded_for_the_device_and_its_loans() {
     let at = ram.pages(4);
     let bytes = pattern(7, 3 * 4096);
     ram.write(at, &bytes[..]);
-    let lease = dev.with_face(|f| f.device.mem().lease().clone());
+    let lease = dev.with_face(|f| f.device().mem().lease().clone());
     // Another thread reads the device's memory through the lease: the
     // normal path first.
     let read = |lease: &vrdma_device::memory::Lease| {

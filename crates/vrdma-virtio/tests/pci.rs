@@ -339,7 +339,7 @@ fn a_reset_and_a_client_gone_leave_nothing_behind() {
         dev.with_face(|f| f.is_empty()),
         "nothing left after a reset"
     );
-    let counts = dev.with_face(|f| f.device.engine().counts());
+    let counts = dev.with_face(|f| f.device().engine().counts());
     assert_eq!(counts, vrdma_engine::Counts::default());
     let mut a = Side::on(a.fe, dev.gid());
     let mut qa = a.qp(qp_type::RC);

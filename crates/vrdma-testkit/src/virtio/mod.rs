@@ -359,7 +359,7 @@ impl<T: Transport + Send + 'static> PciDevice<T> {
 
     /// The face's counters now.
     pub fn stats(&self) -> FaceStats {
-        self.with_face(|f| f.stats)
+        self.with_face(|f| f.stats())
     }
 
     /// The transport's counters now.
@@ -433,7 +433,7 @@ impl<T: Transport + Send + 'static> Device<T> {
 
     /// The face's counters now.
     pub fn stats(&self) -> FaceStats {
-        self.backend.with_face(|f| f.stats)
+        self.backend.with_face(|f| f.stats())
     }
 
     /// A front-end on guest memory of `size` bytes.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use vrdma_device::Transport;
 use vrdma_engine::{
     CqHandle, PdHandle, SrqHandle,
-    attr::{GidEntry, GidType, PortState},
+    attr::PortState,
     errno,
     mr::{Access, MrRequest, MwType, Translation},
     objects::{SrqAttr, SrqAttrMask},
@@ -68,8 +68,8 @@ impl<T: Transport> VirtioRdma<T> {
                     field: None,
                     answer: &answer,
                 };
-                let now = self.device.now();
-                self.refusals.note(now, &device_name(), &r);
+                let now = self.dev.device.now();
+                self.dev.refusals.note(now, &device_name(), &r);
                 (Some(e), Vec::new())
             }
         };
@@ -161,7 +161,7 @@ impl<T: Transport> VirtioRdma<T> {
 
     /// ALLOC_PD (§6.12).
     pub(super) fn alloc_pd(&mut self, ctx: u32) -> Result<Vec<u8>, Refused> {
-        let pd = self.device.engine_mut().alloc_pd().or_refuse("PD")?;
+        let pd = self.dev.device.engine_mut().alloc_pd().or_refuse("PD")?;
         self.pds.insert(pd.0, ctx);
         Ok(handle_resp(pd.0))
     }
@@ -169,7 +169,8 @@ impl<T: Transport> VirtioRdma<T> {
     /// DEALLOC_PD.
     pub(super) fn dealloc_pd(&mut self, ctx: u32, pd: u32) -> Result<Vec<u8>, Refused> {
         self.owned(&self.pds, pd, ctx, "PD")?;
-        self.device
+        self.dev
+            .device
             .engine_mut()
             .dealloc_pd(PdHandle(pd))
             .or_refuse("PD")?;
@@ -186,6 +187,7 @@ impl<T: Transport> VirtioRdma<T> {
     ) -> Result<Vec<u8>, Refused> {
         self.owned(&self.pds, pd, ctx, "PD")?;
         let (lkey, rkey) = self
+            .dev
             .device
             .engine_mut()
             .reg_dma_mr(PdHandle(pd), access)
@@ -203,6 +205,7 @@ impl<T: Transport> VirtioRdma<T> {
     ) -> Result<Vec<u8>, Refused> {
         self.owned(&self.pds, pd, ctx, "PD")?;
         let lkey = self
+            .dev
             .device
             .engine_mut()
             .alloc_mr(PdHandle(pd), max_pages)
@@ -214,7 +217,7 @@ impl<T: Transport> VirtioRdma<T> {
     /// DEREG_MR.
     pub(super) fn dereg_mr(&mut self, ctx: u32, lkey: u32) -> Result<Vec<u8>, Refused> {
         self.owned(&self.mrs, lkey >> 8, ctx, "MR")?;
-        let engine = self.device.engine_mut();
+        let engine = self.dev.device.engine_mut();
         // By index; the key byte (which fast registration changes)
         // is ignored (§6.19).
         let cur = engine.current_lkey(lkey >> 8).or_refuse("MR")?;
@@ -227,6 +230,7 @@ impl<T: Transport> VirtioRdma<T> {
     pub(super) fn alloc_mw(&mut self, ctx: u32, pd: u32, ty: MwType) -> Result<Vec<u8>, Refused> {
         self.owned(&self.pds, pd, ctx, "PD")?;
         let rkey = self
+            .dev
             .device
             .engine_mut()
             .alloc_mw(PdHandle(pd), ty)
@@ -238,7 +242,7 @@ impl<T: Transport> VirtioRdma<T> {
     /// DEALLOC_MW.
     pub(super) fn dealloc_mw(&mut self, ctx: u32, rkey: u32) -> Result<Vec<u8>, Refused> {
         self.owned(&self.mws, rkey >> 8, ctx, "MW")?;
-        let engine = self.device.engine_mut();
+        let engine = self.dev.device.engine_mut();
         // Named by its index; the key byte, which binds change,
         // is ignored (§6.21, §6.19).
         let cur = engine.current_rkey(rkey >> 8).or_refuse("MW")?;
@@ -255,7 +259,7 @@ impl<T: Transport> VirtioRdma<T> {
         srq_limit: u32,
     ) -> Result<Vec<u8>, Refused> {
         self.srq_of(ctx, srq)?;
-        let engine = self.device.engine_mut();
+        let engine = self.dev.device.engine_mut();
         let cur = engine.query_srq(SrqHandle(srq)).or_refuse("SRQ")?;
         engine
             .modify_srq(
@@ -271,6 +275,7 @@ impl<T: Transport> VirtioRdma<T> {
     pub(super) fn query_srq(&self, ctx: u32, srq: u32) -> Result<Vec<u8>, Refused> {
         self.srq_of(ctx, srq)?;
         let a = self
+            .dev
             .device
             .engine()
             .query_srq(SrqHandle(srq))
@@ -295,14 +300,14 @@ impl<T: Transport> VirtioRdma<T> {
     ) -> Result<Vec<u8>, Refused> {
         self.qp_of(ctx, qpn)?;
         let q = Qpn::from_masked(qpn);
-        let engine = self.device.engine_mut();
+        let engine = self.dev.device.engine_mut();
         let cur = *engine.query_qp(q).or_refuse("QP")?.0;
         let attr = decode::qp_attr(&cur, mask, attrs)?;
         engine
             .modify_qp(q, &attr, mask)
             .or_refuse("QP attributes")?;
         let now = engine.query_qp(q).map(|(a, _)| a.qp_state).ok();
-        if let Some(f) = self.qps.get_mut(&qpn)
+        if let Some(f) = self.dev.qps.get_mut(&qpn)
             && now == Some(vrdma_engine::qp::QpState::Reset)
         {
             // The driver zeroes the rings' indices; so does the
@@ -318,6 +323,7 @@ impl<T: Transport> VirtioRdma<T> {
     pub(super) fn query_qp(&self, ctx: u32, qpn: u32) -> Result<Vec<u8>, Refused> {
         self.qp_of(ctx, qpn)?;
         let (a, init) = self
+            .dev
             .device
             .engine()
             .query_qp(Qpn::from_masked(qpn))
@@ -338,23 +344,7 @@ impl<T: Transport> VirtioRdma<T> {
 
     /// SET_GID: only an address of the port's own (its operator's).
     pub(super) fn set_gid(&mut self, index: u8, gid: Option<Gid>) -> Result<Vec<u8>, Refused> {
-        let entry = match gid {
-            Some(g) => {
-                if !self.device.transport().admits_gid(&g) {
-                    return Err(Refused::invalid("GID: not one of the port's addresses"));
-                }
-                Some(GidEntry {
-                    gid: g,
-                    ty: GidType::RoceV2,
-                })
-            }
-            None => None,
-        };
-        self.device
-            .engine_mut()
-            .set_gid(index, entry)
-            .or_refuse("GID index")?;
-        self.rebind();
+        self.dev.set_gid(index, gid)?;
         Ok(Vec::new())
     }
 
@@ -366,7 +356,7 @@ impl<T: Transport> VirtioRdma<T> {
         if m.pages.iter().any(|&p| !self.in_memory(p, page)) {
             return Err(fault("MR page outside guest memory"));
         }
-        let engine = self.device.engine_mut();
+        let engine = self.dev.device.engine_mut();
         engine.check_mr_pages(m.pages.len()).or_refuse("MR pages")?;
         let (lkey, rkey) = engine
             .reg_mr(MrRequest {
@@ -385,20 +375,8 @@ impl<T: Transport> VirtioRdma<T> {
         Ok(mr_resp(lkey, rkey))
     }
 
-    /// The port steers to the engine what is addressed to the GIDs bound
-    /// now.
-    pub(super) fn rebind(&mut self) {
-        let gids: Vec<_> = self
-            .device
-            .engine()
-            .query_port(1)
-            .map(|p| p.gids.iter().flatten().map(|e| e.gid).collect())
-            .unwrap_or_default();
-        self.device.transport_mut().set_local(&gids);
-    }
-
     pub(super) fn query_device(&self) -> abi::DeviceAttrResp {
-        let a = self.device.engine().query_device();
+        let a = self.dev.device.engine().query_device();
         abi::DeviceAttrResp {
             node_guid: a.node_guid.into(),
             sys_image_guid: a.sys_image_guid.into(),
@@ -445,7 +423,12 @@ impl<T: Transport> VirtioRdma<T> {
     }
 
     pub(super) fn query_port(&self, port: u8) -> Result<Vec<u8>, Refused> {
-        let p = self.device.engine().query_port(port).or_refuse("port")?;
+        let p = self
+            .dev
+            .device
+            .engine()
+            .query_port(port)
+            .or_refuse("port")?;
         let active = p.state == PortState::Active;
         Ok(abi::PortAttrResp {
             state: (p.state as u32).into(),
@@ -470,13 +453,13 @@ impl<T: Transport> VirtioRdma<T> {
     /// order of [`abi::STATS_NAMES`]).
     pub(super) fn query_stats(&self) -> abi::StatsResp {
         let mut r = abi::StatsResp::default();
-        let engine = self.device.engine().stats().fields();
+        let engine = self.dev.device.engine().stats().fields();
         let kind = refusals::Kind::Command;
         let own = [
-            self.refusals.total(kind),
-            self.refusals.total(refusals::Kind::SendWqe),
-            self.refusals.total(refusals::Kind::RecvWqe),
-            self.stats.broken_rings,
+            self.dev.refusals.total(kind),
+            self.dev.refusals.total(refusals::Kind::SendWqe),
+            self.dev.refusals.total(refusals::Kind::RecvWqe),
+            self.dev.taken.broken_rings,
         ];
         let values = engine.iter().map(|&(_, v)| v).chain(own);
         for (slot, v) in r.value.iter_mut().zip(values) {
@@ -506,14 +489,14 @@ impl<T: Transport> VirtioRdma<T> {
     }
 
     pub(super) fn srq_of(&self, ctx: u32, srq: u32) -> Result<(), Refused> {
-        match self.srqs.get(&srq) {
+        match self.dev.srqs.get(&srq) {
             Some(s) if s.context == ctx => Ok(()),
             _ => Err(noent("SRQ")),
         }
     }
 
     pub(super) fn qp_of(&self, ctx: u32, qpn: u32) -> Result<(), Refused> {
-        match self.qps.get(&qpn) {
+        match self.dev.qps.get(&qpn) {
             Some(q) if q.context == ctx => Ok(()),
             _ => Err(noent("QP")),
         }
@@ -536,10 +519,10 @@ impl<T: Transport> VirtioRdma<T> {
         {
             return Err(fault("doorbell page outside guest memory"));
         }
-        self.claims.check(&pages, &[], None)?;
+        self.dev.claims.check(&pages, &[], None)?;
         let claimed = pages.clone();
         let area = doorbell::Area::new(bits, pages);
-        area.set_poll(self.device.mem(), self.polling)
+        area.set_poll(self.dev.device.mem(), self.polling)
             .map_err(|_| fault("doorbell area"))?;
         // Handles are not reused until the counter wraps (a stale handle
         // of a destroyed context names nothing for 2^32 contexts).
@@ -548,7 +531,7 @@ impl<T: Transport> VirtioRdma<T> {
             h = h.wrapping_add(1);
         }
         self.next_context = h.wrapping_add(1);
-        self.claims.claim(Owner::Context(h), &claimed, &[]);
+        self.dev.claims.claim(Owner::Context(h), &claimed, &[]);
         self.contexts.insert(
             h,
             Context {
@@ -570,6 +553,7 @@ impl<T: Transport> VirtioRdma<T> {
                 .collect()
         };
         let qps: Vec<u32> = self
+            .dev
             .qps
             .iter()
             .filter(|(_, q)| q.context == ctx)
@@ -579,18 +563,18 @@ impl<T: Transport> VirtioRdma<T> {
             let _ = self.destroy_qp(qpn);
         }
         let srqs: Vec<u32> = self
+            .dev
             .srqs
             .iter()
             .filter(|(_, s)| s.context == ctx)
             .map(|(h, _)| *h)
             .collect();
-        let engine = self.device.engine_mut();
         for srq in srqs {
-            let _ = engine.destroy_srq(SrqHandle(srq));
-            self.srqs.remove(&srq);
-            self.claims.release(Owner::Srq(srq));
-            self.busy_srqs.remove(&srq);
+            let _ = self.dev.device.engine_mut().destroy_srq(SrqHandle(srq));
+            self.dev.remove_srq(srq);
+            self.dev.claims.release(Owner::Srq(srq));
         }
+        let engine = self.dev.device.engine_mut();
         let cqs: Vec<u32> = self
             .cqs
             .iter()
@@ -600,7 +584,7 @@ impl<T: Transport> VirtioRdma<T> {
         for cq in cqs {
             let _ = engine.destroy_cq(CqHandle(cq));
             self.cqs.remove(&cq);
-            self.claims.release(Owner::Cq(cq));
+            self.dev.claims.release(Owner::Cq(cq));
             self.notified.remove(&cq);
         }
         self.notifications.retain(|n| n.context.get() != ctx);
@@ -621,7 +605,7 @@ impl<T: Transport> VirtioRdma<T> {
             self.pds.remove(&pd);
         }
         self.drop_events(|e| e.context.get() == ctx);
-        self.claims.release(Owner::Context(ctx));
+        self.dev.claims.release(Owner::Context(ctx));
         self.contexts.remove(&ctx);
     }
 }

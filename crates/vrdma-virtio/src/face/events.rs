@@ -1,63 +1,14 @@
-//! Arming and what the driver is told: CQs armed through guest memory and
-//! their notifications, asynchronous events, both held until the driver
-//! has buffers for them.
-
-use std::sync::atomic::Ordering;
+//! What the driver is told: CQ notifications and asynchronous events,
+//! both held until the driver has buffers for them.
 
 use vrdma_device::Transport;
 use vrdma_engine::{CqHandle, event::AsyncEvent};
-use vrdma_face::ring::Indices;
 use vrdma_wire::Qpn;
 
 use super::state::VirtioRdma;
-use crate::abi::{self, cq_header, event as ev};
+use crate::abi::{self, event as ev};
 
 impl<T: Transport> VirtioRdma<T> {
-    /// A CQ's arm word, read after its doorbell: a new arm (its sequence
-    /// changed) notifies at once if a completion it wants is already
-    /// there past the consumer index the driver armed at, and arms the
-    /// engine's CQ otherwise.
-    pub(super) fn arm(&mut self, cq: u32) {
-        let Some(c) = self.cqs.get_mut(&cq) else {
-            return;
-        };
-        let Ok(word) = self.device.mem().load_u64(c.header + cq_header::ARM) else {
-            self.stats.area_faults += 1;
-            return;
-        };
-        let seq = word >> 34;
-        let mode = (word >> 32) & 3;
-        if seq == c.arm_seq || mode == 0 || mode == 3 {
-            return;
-        }
-        c.arm_seq = seq;
-        self.stats.arms += 1;
-        let at = word as u32;
-        let tail = c.track.tail.load(Ordering::Relaxed);
-        let ahead = tail.wrapping_sub(at);
-        let cap = c.ring.indices().capacity();
-        let ready = if mode == cq_header::ARM_NEXT {
-            ahead != 0 && ahead <= cap
-        } else {
-            let due = c.track.due.load(Ordering::Relaxed);
-            let d = due.wrapping_sub(at);
-            d != 0 && d <= ahead && ahead <= cap
-        };
-        let ctx = c.context;
-        if ready {
-            // This arm is satisfied now; an earlier one the engine still
-            // holds (solicited-only, passed by unsolicited completions)
-            // merged into it and goes too: one arm, one notification.
-            let _ = self.device.engine_mut().disarm_cq(CqHandle(cq));
-            self.notify(cq, ctx);
-        } else {
-            let _ = self
-                .device
-                .engine_mut()
-                .req_notify_cq(CqHandle(cq), mode == cq_header::ARM_SOLICITED);
-        }
-    }
-
     pub(super) fn notify(&mut self, cq: u32, ctx: u32) {
         if self.notified.insert(cq) {
             self.notifications.push_back(abi::Notification {
@@ -88,8 +39,9 @@ impl<T: Transport> VirtioRdma<T> {
     /// one QP_FATAL each, after the CQ_ERR (§10.2, DEV-48). Returns how
     /// many.
     pub(super) fn cq_error_takes_down(&mut self, cq: CqHandle) -> usize {
-        let engine = self.device.engine();
+        let engine = self.dev.device.engine();
         let down: Vec<(u32, u32)> = self
+            .dev
             .qps
             .iter()
             .filter(|(qpn, _)| {
@@ -112,8 +64,12 @@ impl<T: Transport> VirtioRdma<T> {
             | AsyncEvent::QpReqErr { qp }
             | AsyncEvent::QpAccessErr { qp }
             | AsyncEvent::QpLastWqeReached { qp }
-            | AsyncEvent::SqDrained { qp } => self.qps.get(&qp.value()).map_or(0, |q| q.context),
-            AsyncEvent::SrqLimitReached { srq } => self.srqs.get(&srq.0).map_or(0, |s| s.context),
+            | AsyncEvent::SqDrained { qp } => {
+                self.dev.qps.get(&qp.value()).map_or(0, |q| q.context)
+            }
+            AsyncEvent::SrqLimitReached { srq } => {
+                self.dev.srqs.get(&srq.0).map_or(0, |s| s.context)
+            }
             AsyncEvent::PortActive { .. } => 0,
         }
     }

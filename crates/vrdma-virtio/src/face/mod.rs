@@ -10,12 +10,16 @@
 //! | `state` | the device and its objects, what it is made with, reset and failure |
 //! | `cmd` | the commands: each decoded request checked and carried out |
 //! | `objects` | CQs, SRQs and QPs: their rings checked, claimed, made and destroyed |
-//! | `turn` | doorbells, rings taken into the engine, the device's turn |
-//! | `events` | CQs armed, notifications and asynchronous events for the driver |
+//! | `sink` | the CQ sink: completions into the driver's CQ ring, tracked for arming |
+//! | `doorbells` | doorbell areas read: rings taken (by the face core's device), CQs armed |
+//! | `turn` | the device's turn: doorbells, the engine, the busy rings, events collected |
+//! | `events` | notifications and asynchronous events for the driver |
 
 mod cmd;
+mod doorbells;
 mod events;
 mod objects;
+mod sink;
 mod state;
 mod turn;
 

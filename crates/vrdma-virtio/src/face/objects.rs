@@ -2,10 +2,7 @@
 //! their rings and headers in guest memory checked and claimed, their
 //! doorbells given out.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicU32, Ordering},
-};
+use std::sync::atomic::Ordering;
 
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 use vrdma_device::Transport;
@@ -16,7 +13,6 @@ use vrdma_engine::{
 };
 use vrdma_face::{
     GuestRing, Owner, PageList, Refused,
-    cq::GuestCq,
     ring::{FreeRunning, Indices},
     status::OrRefuse,
     wq::{QpQueues, SrqQueue},
@@ -24,10 +20,10 @@ use vrdma_face::{
 use vrdma_wire::Qpn;
 use zerocopy::{FromZeros, IntoBytes};
 
-use super::state::{CqFace, Obj, QpFace, Sink, SrqFace, Track, VirtioRdma};
+use super::state::{CqFace, Obj, QpFace, SrqFace, VirtioRdma};
 use crate::{
     abi::{self, cq_header, event as ev, wq_header},
-    decode::{self, CreateQp, RingSpec, SendShape, fault, noent},
+    decode::{CreateQp, RingSpec, SendShape, fault, noent},
 };
 
 impl<T: Transport> VirtioRdma<T> {
@@ -35,7 +31,8 @@ impl<T: Transport> VirtioRdma<T> {
     pub(super) fn in_memory(&self, addr: u64, len: usize) -> bool {
         // One region holds it (regions are page-aligned: a page or a
         // ring header is in one or in none).
-        self.device
+        self.dev
+            .device
             .mem()
             .map()
             .get_slice(GuestAddress(addr), len)
@@ -93,25 +90,6 @@ impl<T: Transport> VirtioRdma<T> {
         }
     }
 
-    pub(super) fn sink(
-        &self,
-        ring: GuestRing<FreeRunning>,
-        tail: u32,
-    ) -> Result<(Sink, Arc<Track>), Refused> {
-        let track = Arc::new(Track {
-            tail: AtomicU32::new(tail),
-            due: AtomicU32::new(tail),
-        });
-        let inner = GuestCq::new(self.shared.clone(), ring, decode::cqe).or_refuse("CQ ring")?;
-        Ok((
-            Sink {
-                inner,
-                track: track.clone(),
-            },
-            track,
-        ))
-    }
-
     /// A CQ's ring (the device produces, the driver consumes).
     pub(super) fn cq_ring(&self, r: &RingSpec) -> Result<GuestRing<FreeRunning>, Refused> {
         self.ring_at(r, cq_header::PRODUCER, cq_header::CONSUMER)
@@ -119,11 +97,14 @@ impl<T: Transport> VirtioRdma<T> {
 
     pub(super) fn create_cq(&mut self, ctx: u32, r: RingSpec) -> Result<Vec<u8>, Refused> {
         let ring = self.cq_ring(&r)?;
-        self.claims.check(&r.pages, &[r.header], None)?;
-        let tail = ring.prod(self.device.mem().map()).or_refuse("CQ header")?;
+        self.dev.claims.check(&r.pages, &[r.header], None)?;
+        let tail = ring
+            .prod(self.dev.device.mem().map())
+            .or_refuse("CQ header")?;
         let (sink, track) = self.sink(ring.clone(), tail)?;
         let doorbell = self.take_doorbell(ctx, Obj::Cq(0))?;
         let made = self
+            .dev
             .device
             .engine_mut()
             .create_cq_with_sink(r.entries, 0, Box::new(sink));
@@ -138,11 +119,14 @@ impl<T: Transport> VirtioRdma<T> {
             c.doorbells.insert(doorbell, Obj::Cq(cq.0));
         }
         let arm = self
+            .dev
             .device
             .mem()
             .load_u64(r.header + cq_header::ARM)
             .unwrap_or(0);
-        self.claims.claim(Owner::Cq(cq.0), &r.pages, &[r.header]);
+        self.dev
+            .claims
+            .claim(Owner::Cq(cq.0), &r.pages, &[r.header]);
         self.cqs.insert(
             cq.0,
             CqFace {
@@ -170,9 +154,10 @@ impl<T: Transport> VirtioRdma<T> {
     pub(super) fn resize_cq(&mut self, ctx: u32, cq: u32, r: RingSpec) -> Result<Vec<u8>, Refused> {
         self.cq_of(ctx, cq)?;
         let new = self.cq_ring(&r)?;
-        self.claims
+        self.dev
+            .claims
             .check(&r.pages, &[r.header], Some(Owner::Cq(cq)))?;
-        let mem = self.device.mem().map().clone();
+        let mem = self.dev.device.mem().map().clone();
         let old = &self.cqs[&cq];
         if old.in_error {
             return Err(Refused::invalid("CQ in error"));
@@ -204,12 +189,13 @@ impl<T: Transport> VirtioRdma<T> {
                 .store(due_old.wrapping_sub(cons), Ordering::Relaxed);
         }
         let entries = self
+            .dev
             .device
             .engine_mut()
             .resize_cq_sink(CqHandle(cq), r.entries, Box::new(sink))
             .or_refuse("CQ size")?;
-        self.claims.release(Owner::Cq(cq));
-        self.claims.claim(Owner::Cq(cq), &r.pages, &[r.header]);
+        self.dev.claims.release(Owner::Cq(cq));
+        self.dev.claims.claim(Owner::Cq(cq), &r.pages, &[r.header]);
         if let Some(c) = self.cqs.get_mut(&cq) {
             c.ring = new;
             c.header = r.header;
@@ -233,9 +219,9 @@ impl<T: Transport> VirtioRdma<T> {
     ) -> Result<Vec<u8>, Refused> {
         self.owned(&self.pds, pd, ctx, "PD")?;
         let ring = self.guest_ring(&r)?;
-        self.claims.check(&r.pages, &[r.header], None)?;
+        self.dev.claims.check(&r.pages, &[r.header], None)?;
         let doorbell = self.take_doorbell(ctx, Obj::Srq(0))?;
-        let made = self.device.engine_mut().create_srq(
+        let made = self.dev.device.engine_mut().create_srq(
             PdHandle(pd),
             SrqAttr {
                 max_wr: r.entries,
@@ -253,8 +239,10 @@ impl<T: Transport> VirtioRdma<T> {
         if let Some(c) = self.contexts.get_mut(&ctx) {
             c.doorbells.insert(doorbell, Obj::Srq(srq.0));
         }
-        self.claims.claim(Owner::Srq(srq.0), &r.pages, &[r.header]);
-        self.srqs.insert(
+        self.dev
+            .claims
+            .claim(Owner::Srq(srq.0), &r.pages, &[r.header]);
+        self.dev.srqs.insert(
             srq.0,
             SrqFace {
                 context: ctx,
@@ -288,9 +276,9 @@ impl<T: Transport> VirtioRdma<T> {
             pages.extend_from_slice(&r.pages);
             headers.push(r.header);
         }
-        self.claims.check(&pages, &headers, None)?;
+        self.dev.claims.check(&pages, &headers, None)?;
         let doorbell = self.take_doorbell(ctx, Obj::Qp(0))?;
-        let made = self.device.engine_mut().create_qp(QpInitAttr {
+        let made = self.dev.device.engine_mut().create_qp(QpInitAttr {
             pd: PdHandle(c.pd),
             send_cq: CqHandle(c.send_cq),
             recv_cq: CqHandle(c.recv_cq),
@@ -313,11 +301,11 @@ impl<T: Transport> VirtioRdma<T> {
             }
         };
         let h = qpn.value();
-        self.claims.claim(Owner::Qp(h), &pages, &headers);
+        self.dev.claims.claim(Owner::Qp(h), &pages, &headers);
         if let Some(cx) = self.contexts.get_mut(&ctx) {
             cx.doorbells.insert(doorbell, Obj::Qp(h));
         }
-        self.qps.insert(
+        self.dev.qps.insert(
             h,
             QpFace {
                 context: ctx,
@@ -348,14 +336,15 @@ impl<T: Transport> VirtioRdma<T> {
     /// DESTROY_CQ: its doorbell, pages, notification and events go with it.
     pub(super) fn destroy_cq(&mut self, ctx: u32, cq: u32) -> Result<Vec<u8>, Refused> {
         self.cq_of(ctx, cq)?;
-        self.device
+        self.dev
+            .device
             .engine_mut()
             .destroy_cq(CqHandle(cq))
             .or_refuse("CQ")?;
         if let Some(c) = self.cqs.remove(&cq) {
             self.free_doorbell(c.context, c.doorbell);
         }
-        self.claims.release(Owner::Cq(cq));
+        self.dev.claims.release(Owner::Cq(cq));
         self.notified.remove(&cq);
         self.notifications.retain(|n| n.cq.get() != cq);
         self.drop_events(|e| e.event_type.get() == ev::CQ_ERR && e.object.get() == cq);
@@ -365,15 +354,15 @@ impl<T: Transport> VirtioRdma<T> {
     /// DESTROY_SRQ: its doorbell, pages and events go with it.
     pub(super) fn destroy_srq(&mut self, ctx: u32, srq: u32) -> Result<Vec<u8>, Refused> {
         self.srq_of(ctx, srq)?;
-        self.device
+        self.dev
+            .device
             .engine_mut()
             .destroy_srq(SrqHandle(srq))
             .or_refuse("SRQ")?;
-        if let Some(s) = self.srqs.remove(&srq) {
+        if let Some(s) = self.dev.remove_srq(srq) {
             self.free_doorbell(s.context, s.doorbell);
         }
-        self.claims.release(Owner::Srq(srq));
-        self.busy_srqs.remove(&srq);
+        self.dev.claims.release(Owner::Srq(srq));
         self.drop_events(|e| {
             matches!(e.event_type.get(), ev::SRQ_LIMIT_REACHED | ev::SRQ_ERR)
                 && e.object.get() == srq
@@ -384,16 +373,16 @@ impl<T: Transport> VirtioRdma<T> {
     /// A QP goes; its pending WRs are discarded without completions, and
     /// the device's answers still due go out first.
     pub(super) fn destroy_qp(&mut self, qpn: u32) -> Result<(), Refused> {
-        let _ = self.device.send_pending();
-        self.device
+        let _ = self.dev.device.send_pending();
+        self.dev
+            .device
             .engine_mut()
             .destroy_qp(Qpn::from_masked(qpn))
             .or_refuse("QP")?;
-        if let Some(q) = self.qps.remove(&qpn) {
+        if let Some(q) = self.dev.remove_qp(qpn) {
             self.free_doorbell(q.context, q.doorbell);
         }
-        self.claims.release(Owner::Qp(qpn));
-        self.busy_qps.remove(&qpn);
+        self.dev.claims.release(Owner::Qp(qpn));
         // Its pending events go with it: a reused QPN must not hear them.
         self.drop_events(|e| {
             matches!(

@@ -4,31 +4,23 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
-    sync::{
-        Arc,
-        atomic::{AtomicU32, Ordering},
-    },
+    sync::Arc,
 };
 
 use vm_memory::GuestMemoryMmap;
 use vrdma_device::{Device, GuestMem, ObjectBudget, Transport};
-use vrdma_engine::{
-    Engine,
-    attr::{DeviceAttr, PortAttr},
-    cq::CqSink,
-    wc::{Wc, WcStatus},
-};
+use vrdma_engine::attr::{DeviceAttr, PortAttr};
 use vrdma_face::{
-    Budget, Claims, GuestRing, Refusals,
-    cq::{GuestCq, SharedMem},
+    FaceDevice, GuestRing, Malformed, RingQp, RingSrq, TakeStats,
     ring::FreeRunning,
-    wq::{QpQueues, SrqQueue},
+    wq::{QpQueues, RecvWqe, SendWqe, SrqQueue},
 };
 use zerocopy::FromZeros;
 
+use super::sink::Track;
 use crate::{
     abi::{self, event as ev},
-    decode::SendShape,
+    decode::{self, SendShape},
     doorbell,
 };
 
@@ -92,9 +84,8 @@ pub struct FaceStats {
     pub doorbells: u64,
     /// Doorbell bits that named no object (stale or the guest's noise).
     pub stale_doorbells: u64,
-    pub wqes: u64,
-    pub malformed_wqes: u64,
-    pub broken_rings: u64,
+    /// What was taken from the driver's rings (the face core's count).
+    pub rings: TakeStats,
     pub arms: u64,
     pub notifications: u64,
     pub events: u64,
@@ -102,40 +93,6 @@ pub struct FaceStats {
     /// Doorbell areas the device could not read or write (outside memory).
     pub area_faults: u64,
     pub resets: u64,
-}
-
-/// What the driver's CQ ring has received, for arming: the producer index
-/// after the last completion, and after the last one a solicited-only arm
-/// wakes for (solicited, or in error).
-#[derive(Debug, Default)]
-pub(super) struct Track {
-    pub(super) tail: AtomicU32,
-    pub(super) due: AtomicU32,
-}
-
-/// The engine's sink for a CQ ring: the face core's, counting as it goes.
-#[derive(Debug)]
-pub(super) struct Sink {
-    pub(super) inner: GuestCq<FreeRunning, abi::Cqe>,
-    pub(super) track: Arc<Track>,
-}
-
-impl CqSink for Sink {
-    fn push(&mut self, wc: &Wc) -> bool {
-        self.push_with(wc, false)
-    }
-
-    fn push_with(&mut self, wc: &Wc, solicited: bool) -> bool {
-        if !self.inner.push(wc) {
-            return false;
-        }
-        let tail = self.track.tail.load(Ordering::Relaxed).wrapping_add(1);
-        self.track.tail.store(tail, Ordering::Relaxed);
-        if solicited || wc.status != WcStatus::Success {
-            self.track.due.store(tail, Ordering::Relaxed);
-        }
-        true
-    }
 }
 
 /// An object a doorbell index names.
@@ -167,7 +124,7 @@ pub(super) struct CqFace {
 }
 
 #[derive(Debug)]
-pub(super) struct QpFace {
+pub(crate) struct QpFace {
     pub(super) context: u32,
     pub(super) doorbell: u32,
     pub(super) queues: QpQueues<FreeRunning>,
@@ -176,24 +133,66 @@ pub(super) struct QpFace {
 }
 
 #[derive(Debug)]
-pub(super) struct SrqFace {
+pub(crate) struct SrqFace {
     pub(super) context: u32,
     pub(super) doorbell: u32,
     pub(super) queue: SrqQueue<FreeRunning>,
     pub(super) max_sge: u32,
 }
 
+impl RingQp for QpFace {
+    type Indices = FreeRunning;
+    /// The send queue's shape, and the receive queue's SGE limit.
+    type Shape = (SendShape, u32);
+
+    fn queues(&mut self) -> &mut QpQueues<FreeRunning> {
+        &mut self.queues
+    }
+
+    fn shape(&self) -> Self::Shape {
+        (self.shape, self.max_recv_sge)
+    }
+
+    fn decode_send(shape: &Self::Shape, entry: &[u8]) -> Result<SendWqe, Malformed> {
+        decode::decode_send_why(entry, &shape.0)
+    }
+
+    fn decode_recv(shape: &Self::Shape, entry: &[u8]) -> Result<RecvWqe, Malformed> {
+        recv_wqe(entry, shape.1)
+    }
+}
+
+/// A malformed WQE breaks the SRQ (SRQ_ERR, §10.2: its queue is made
+/// `breaking_on_malformed`).
+impl RingSrq for SrqFace {
+    type Indices = FreeRunning;
+    /// The SRQ's SGE limit.
+    type Shape = u32;
+
+    fn queue(&mut self) -> &mut SrqQueue<FreeRunning> {
+        &mut self.queue
+    }
+
+    fn shape(&self) -> u32 {
+        self.max_sge
+    }
+
+    fn decode_recv(max_sge: &u32, entry: &[u8]) -> Result<RecvWqe, Malformed> {
+        recv_wqe(entry, *max_sge)
+    }
+}
+
+fn recv_wqe(entry: &[u8], max_sge: u32) -> Result<RecvWqe, Malformed> {
+    decode::decode_recv(entry, max_sge).map(|(wr_id, sges)| RecvWqe { wr_id, sges })
+}
+
 /// The face's state.
 #[derive(Debug)]
 pub struct VirtioRdma<T: Transport> {
     pub(super) opts: Options,
-    pub(super) attr: DeviceAttr,
-    pub(super) port: PortAttr,
-    pub device: Device<GuestMem, T>,
-    /// Guest memory as the CQ sinks see it (replaced in place when the
-    /// maps change).
-    pub(super) shared: SharedMem,
-    pub(super) budget: Budget,
+    /// The device, its QPs and SRQs with their rings, claimed pages,
+    /// refusals: the face core's, as every face's.
+    pub(crate) dev: FaceDevice<T, QpFace, SrqFace>,
     pub(super) contexts: BTreeMap<u32, Context>,
     pub(super) next_context: u32,
     /// Owners (context) of PDs by handle, MRs and MWs by key index.
@@ -201,12 +200,6 @@ pub struct VirtioRdma<T: Transport> {
     pub(super) mrs: BTreeMap<u32, u32>,
     pub(super) mws: BTreeMap<u32, u32>,
     pub(super) cqs: BTreeMap<u32, CqFace>,
-    pub(super) qps: BTreeMap<u32, QpFace>,
-    pub(super) srqs: BTreeMap<u32, SrqFace>,
-    pub(super) claims: Claims,
-    /// QPs and SRQs whose WQEs wait (in the engine or in their ring).
-    pub(super) busy_qps: BTreeSet<u32>,
-    pub(super) busy_srqs: BTreeSet<u32>,
     pub(super) events: VecDeque<abi::Event>,
     pub(super) lost_events: u32,
     /// Events queued ahead of the EVENTS_LOST that reports the drops
@@ -221,9 +214,7 @@ pub struct VirtioRdma<T: Transport> {
     /// The feature bits the driver accepted.
     pub(super) features: u64,
     pub(super) scratch: Vec<u32>,
-    pub stats: FaceStats,
-    /// Refused commands and WQEs, by reason, and their log.
-    pub(super) refusals: Refusals,
+    pub(crate) stats: FaceStats,
 }
 
 /// The device's name in the log when its thread has none.
@@ -267,28 +258,15 @@ impl<T: Transport> VirtioRdma<T> {
             port.gids.resize(GID_TABLE_LEN, None);
         }
         let attr = device_attr(opts.mac);
-        let engine = Engine::new(attr.clone(), port.clone());
-        let mut device = Device::new(engine, GuestMem::default(), transport);
-        let budget = Budget::new(ObjectBudget::Derived);
-        budget.apply(&mut device);
         VirtioRdma {
             opts,
-            attr,
-            port,
-            device,
-            shared: SharedMem::new(GuestMemoryMmap::default()),
-            budget,
+            dev: FaceDevice::new(attr, port, transport, FACE),
             contexts: BTreeMap::new(),
             next_context: 1,
             pds: BTreeMap::new(),
             mrs: BTreeMap::new(),
             mws: BTreeMap::new(),
             cqs: BTreeMap::new(),
-            qps: BTreeMap::new(),
-            srqs: BTreeMap::new(),
-            claims: Claims::default(),
-            busy_qps: BTreeSet::new(),
-            busy_srqs: BTreeSet::new(),
             events: VecDeque::new(),
             lost_events: 0,
             lost_behind: 0,
@@ -299,8 +277,16 @@ impl<T: Transport> VirtioRdma<T> {
             features: 0,
             scratch: Vec::new(),
             stats: FaceStats::default(),
-            refusals: Refusals::default(),
         }
+    }
+
+    /// The vrdma device behind the face.
+    pub fn device(&self) -> &Device<GuestMem, T> {
+        &self.dev.device
+    }
+
+    pub fn device_mut(&mut self) -> &mut Device<GuestMem, T> {
+        &mut self.dev.device
     }
 
     pub fn options(&self) -> &Options {
@@ -313,8 +299,8 @@ impl<T: Transport> VirtioRdma<T> {
             mac: self.opts.mac,
             max_contexts: self.opts.max_contexts.into(),
             max_doorbell_bits: self.opts.max_doorbell_bits.into(),
-            max_qp: self.attr.max_qp.into(),
-            max_cq: self.attr.max_cq.into(),
+            max_qp: self.dev.attr().max_qp.into(),
+            max_cq: self.dev.attr().max_cq.into(),
             max_request: MAX_REQUEST.into(),
             ..abi::Config::new_zeroed()
         }
@@ -322,7 +308,7 @@ impl<T: Transport> VirtioRdma<T> {
 
     /// What the guest's objects may make the engine hold.
     pub fn set_budget(&mut self, budget: ObjectBudget) {
-        self.budget.set(budget, &mut self.device);
+        self.dev.set_budget(budget);
     }
 
     /// The guest has `guest` bytes of RAM (with memory hot-plug, the most
@@ -330,42 +316,35 @@ impl<T: Transport> VirtioRdma<T> {
     /// comes from it, never from more than the device maps
     /// ([`ObjectBudget::Derived`]).
     pub fn set_guest_size(&mut self, guest: Option<u64>) {
-        self.budget.set_guest_size(guest, &mut self.device);
+        self.dev.set_guest_size(guest);
     }
 
     /// The guest's configured size ([`VirtioRdma::set_guest_size`]).
     pub fn guest_size(&self) -> Option<u64> {
-        self.budget.guest_size()
+        self.dev.guest_size()
     }
 
     /// The guest's memory maps changed: the engine, the sinks and the
     /// doorbell scans see the new ones at once.
     pub fn set_memory(&mut self, mem: &GuestMemoryMmap<()>) {
-        self.budget.remap(&mut self.device, &self.shared, mem);
+        self.dev.remap(mem);
     }
 
     /// Everything the driver made goes (a device reset): a new engine,
     /// whose objects reach no guest memory, empty tables.
     pub fn reset(&mut self) {
-        let fresh = Engine::new(self.attr.clone(), self.port.clone());
-        self.budget.replace_engine(&mut self.device, fresh);
+        self.dev.reset();
         self.contexts.clear();
-        self.claims = Claims::default();
         self.next_context = 1;
         self.pds.clear();
         self.mrs.clear();
         self.mws.clear();
         self.cqs.clear();
-        self.qps.clear();
-        self.srqs.clear();
-        self.busy_qps.clear();
-        self.busy_srqs.clear();
         self.events.clear();
         self.lost_events = 0;
         self.lost_behind = 0;
         self.notifications.clear();
         self.notified.clear();
-        self.device.transport_mut().set_local(&[]);
         self.fatal = false;
         self.stats.resets += 1;
     }
@@ -389,18 +368,23 @@ impl<T: Transport> VirtioRdma<T> {
         self.features = acked;
     }
 
+    /// The face's counters, with what the face core counted of the rings.
+    pub fn stats(&self) -> FaceStats {
+        FaceStats {
+            rings: self.dev.taken,
+            ..self.stats
+        }
+    }
+
     /// Counters for `vrdma stat`: the device's and the face's.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        let mut c = self.device.counters();
-        let s = &self.stats;
+        let mut c = self.dev.device.counters();
+        let s = &self.stats();
         for (k, v) in [
             ("commands", s.commands),
             ("refused", s.refused),
             ("doorbells", s.doorbells),
             ("stale_doorbells", s.stale_doorbells),
-            ("wqes", s.wqes),
-            ("malformed_wqes", s.malformed_wqes),
-            ("broken_rings", s.broken_rings),
             ("arms", s.arms),
             ("notifications", s.notifications),
             ("events", s.events),
@@ -408,11 +392,16 @@ impl<T: Transport> VirtioRdma<T> {
             ("area_faults", s.area_faults),
             ("resets", s.resets),
             ("contexts", self.contexts.len() as u64),
-        ] {
+            ("gids_refused", self.dev.gids_refused),
+        ]
+        .into_iter()
+        .chain(s.rings.fields())
+        {
             c.push((format!("virtio.{k}"), v));
         }
         c.extend(
-            self.refusals
+            self.dev
+                .refusals
                 .fields()
                 .into_iter()
                 .map(|(k, v)| (format!("virtio.{k}"), v)),

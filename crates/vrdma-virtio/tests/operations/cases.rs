@@ -513,7 +513,7 @@ fn a_dma_mr_addresses_guest_memory_by_gpa() {
 
 /// The engine's live objects of `dev`.
 fn counts(dev: &Dev) -> vrdma_engine::Counts {
-    dev.with_face(|f| f.device.engine().counts())
+    dev.with_face(|f| f.device().engine().counts())
 }
 
 /// DESTROY_CONTEXT (§6.10): every object of the context goes — QPs (one
@@ -987,7 +987,7 @@ fn the_gsi_qp_is_qpn_1_once_and_exchanges_datagrams() {
 /// The named counter of `dev`'s device (`vrdma stat`'s names).
 fn counter<T: vrdma_device::Transport + Send + 'static>(dev: &Dev<T>, name: &str) -> u64 {
     dev.with_face(|f| {
-        f.device
+        f.device()
             .counters()
             .into_iter()
             .find(|(k, _)| k == name)
