@@ -13,7 +13,7 @@ use vrdma_engine::{
 };
 use vrdma_testkit::{
     direct::End,
-    setup::{BASE, Connection, Side, gid},
+    setup::{BASE, Connection, EngineSpec, gid},
 };
 use vrdma_wire::Qpn;
 
@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let [flags, at, l0, l1, l2, head @ ..] = data else {
         return;
     };
-    let mut e = End::new(&Side::new(2).mem(MEM), 2);
+    let mut e = End::new(&EngineSpec::new(2).mem(MEM), 2);
     let (qpn, lkey, rkey) = (e.ids.qpn, e.ids.lkey, e.ids.rkey);
     Connection::default().join(&mut e.engine, qpn, gid(1), Qpn::from_masked(1));
     for i in 0..4 {

@@ -20,7 +20,7 @@ use vrdma_engine::{
 };
 use vrdma_testkit::{
     direct::{End, exchange},
-    setup::{BASE, Connection, Side, gid},
+    setup::{BASE, Connection, EngineSpec, gid},
 };
 use vrdma_wire::{Psn, Qpn};
 
@@ -28,7 +28,7 @@ const MEM: usize = 1 << 20;
 const BATCH: u64 = 64;
 
 fn end(n: u8) -> End {
-    End::new(&Side::new(n).mem(MEM).cqe(4096).depth(1024), n)
+    End::new(&EngineSpec::new(n).mem(MEM).cqe(4096).depth(1024), n)
 }
 
 fn connect(x: &mut End, peer: u8, dest: Qpn, mtu: Mtu) {

@@ -23,7 +23,7 @@ use vrdma_engine::{
 };
 use vrdma_testkit::{
     direct::{End, exchange},
-    setup::{BASE, Connection, Side, gid},
+    setup::{BASE, Connection, EngineSpec, gid},
 };
 use vrdma_wire::Qpn;
 
@@ -33,8 +33,8 @@ const SIZES: [u32; 5] = [1, 16, 256, 4096, 16_384];
 /// Engine `n` with `qps` RC QPs; the first is the active one (64 deep),
 /// the rest idle (4 deep), all on one CQ.
 fn end(n: u8, qps: u32) -> (End, Vec<Qpn>) {
-    let mut end = End::new(&Side::new(n).cqe(4096).depth(64), n);
-    let idle = Side::new(n).depth(4).qp_init(end.ids.pd, end.ids.cq);
+    let mut end = End::new(&EngineSpec::new(n).cqe(4096).depth(64), n);
+    let idle = EngineSpec::new(n).depth(4).qp_init(end.ids.pd, end.ids.cq);
     let mut all = vec![end.ids.qpn];
     for _ in 1..qps {
         all.push(end.engine.create_qp(idle).expect("within max_qp").0);

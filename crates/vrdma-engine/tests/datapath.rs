@@ -879,7 +879,7 @@ fn receives_come_from_an_srq_and_its_limit_event_fires_once() {
         })
         .unwrap();
     let node = net.add(eb, VecMemory::new(BASE, MEM), gid(2));
-    let b = Side {
+    let b = Ids {
         node,
         gid: gid(2),
         pd,
@@ -1102,7 +1102,7 @@ fn a_duplicate_atomic_is_answered_from_the_replay_cache() {
 
 use vrdma_engine::mr::MwType;
 
-fn write_wr(wr_id: u64, s: Side, rkey: Rkey, at: u64, len: u32) -> SendWr<'static> {
+fn write_wr(wr_id: u64, s: Ids, rkey: Rkey, at: u64, len: u32) -> SendWr<'static> {
     let sg: &'static [Sge] = Box::leak(Box::new([sge(s, 0, len)]));
     SendWr {
         wr_id,
@@ -1226,7 +1226,7 @@ fn send_with_invalidate_of_a_regular_mr_is_an_invalid_request() {
 }
 
 /// `b` registers an MR with MW_BIND over its memory; returns its lkey.
-fn bindable(net: &mut Net, s: Side) -> Lkey {
+fn bindable(net: &mut Net, s: Ids) -> Lkey {
     e(net, s)
         .reg_mr(MrRequest {
             pd: s.pd,
@@ -1239,14 +1239,14 @@ fn bindable(net: &mut Net, s: Side) -> Lkey {
         .0
 }
 
-fn bind(net: &mut Net, s: Side, mw: Rkey, key: u8, mr: Lkey, at: u64, len: u64) -> WcStatus {
+fn bind(net: &mut Net, s: Ids, mw: Rkey, key: u8, mr: Lkey, at: u64, len: u64) -> WcStatus {
     bind_with(net, s, mw, key, mr, at, len, Access::REMOTE_WRITE)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn bind_with(
     net: &mut Net,
-    s: Side,
+    s: Ids,
     mw: Rkey,
     key: u8,
     mr: Lkey,

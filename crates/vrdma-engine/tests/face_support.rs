@@ -120,7 +120,7 @@ fn the_gsi_qp_is_qp1_once_per_device_and_exchanges_datagrams_with_another_qp1() 
 }
 
 /// The next packet `s` sends, taken off the engine (not delivered).
-fn next_transmit(net: &mut Net, s: Side) -> vrdma_engine::transmit::Transmit {
+fn next_transmit(net: &mut Net, s: Ids) -> vrdma_engine::transmit::Transmit {
     let node = &mut net.nodes[s.node];
     let mut buf = vec![0u8; vrdma_engine::transmit::MAX_PACKET];
     node.engine

@@ -28,7 +28,7 @@ const ATOMICS: u64 = 768 * 1024;
 /// An engine with 1 MiB of memory and an RC QP 32 deep, every WR
 /// signaled.
 fn side(net: &mut Net, n: u8) -> Ids {
-    setup::Side::new(n)
+    setup::EngineSpec::new(n)
         .mem(MEM)
         .cqe(256)
         .depth(32)

@@ -318,7 +318,7 @@ fn ip(side: usize) -> Ipv4Addr {
 
 /// One engine, its memory and the test's model of it.
 #[derive(Debug)]
-struct Side {
+struct Modelled {
     e: Engine,
     mem: Recording,
     gid: Gid,
@@ -341,7 +341,7 @@ struct Side {
     events: Vec<AsyncEvent>,
 }
 
-impl Side {
+impl Modelled {
     fn new(me: usize, cfg: &Config) -> Self {
         let gid = gid(me);
         let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid]));
@@ -374,7 +374,7 @@ impl Side {
             .unwrap()
             .0
         });
-        let mut side = Side {
+        let mut side = Modelled {
             e,
             mem: Recording::new(),
             gid,
@@ -604,7 +604,7 @@ enum Fate {
 /// Both engines, the clock, and the WR numbering.
 #[derive(Debug)]
 struct World {
-    sides: [Side; 2],
+    sides: [Modelled; 2],
     cfg: Config,
     now: u64,
     next_wr: u64,
@@ -628,7 +628,7 @@ fn wr_queue(wr_id: u64) -> (usize, usize, bool) {
 impl World {
     fn new(cfg: Config) -> Result<Self, TestCaseError> {
         let mut w = World {
-            sides: [Side::new(0, &cfg), Side::new(1, &cfg)],
+            sides: [Modelled::new(0, &cfg), Modelled::new(1, &cfg)],
             cfg,
             now: 0,
             next_wr: 0,
@@ -1089,7 +1089,7 @@ fn resolve_addr(a: AddrSpec, len: u64) -> u64 {
     }
 }
 
-fn resolve_key(side: &Side, k: KeySpec, slot: usize) -> u32 {
+fn resolve_key(side: &Modelled, k: KeySpec, slot: usize) -> u32 {
     match k {
         KeySpec::Own => side.key_of(slot),
         KeySpec::Slot(j) => side.key_of(j),
@@ -1101,7 +1101,7 @@ fn resolve_key(side: &Side, k: KeySpec, slot: usize) -> u32 {
     }
 }
 
-fn resolve_sge(side: &Side, s: &SgeSpec) -> Sge {
+fn resolve_sge(side: &Modelled, s: &SgeSpec) -> Sge {
     Sge {
         addr: resolve_addr(s.addr, u64::from(s.len)),
         length: s.len,
@@ -1110,7 +1110,7 @@ fn resolve_sge(side: &Side, s: &SgeSpec) -> Sge {
 }
 
 /// (remote address, rkey) on the peer.
-fn resolve_remote(peer: &Side, r: &RemoteSpec, len: u64, atomic: bool) -> (u64, Rkey) {
+fn resolve_remote(peer: &Modelled, r: &RemoteSpec, len: u64, atomic: bool) -> (u64, Rkey) {
     let mut addr = resolve_addr(r.addr, len);
     if atomic && r.aligned {
         addr &= !7;
@@ -2020,7 +2020,7 @@ impl World {
                     }
                     ValidKind::Cas | ValidKind::Fadd => {
                         let init = initial_word(1 - s, i);
-                        let word = |m: &Side, at: u64| {
+                        let word = |m: &Modelled, at: u64| {
                             u64::from_le_bytes(m.mem.bytes(at, 8).try_into().unwrap())
                         };
                         let target = word(peer, slot_va(RATOMIC) + i as u64 * 8);

@@ -348,7 +348,7 @@ fn every_operation_that_carries_data_with_inline_data() {
 }
 
 /// Posts a receive on B and sends `op` from A, solicited or not.
-fn send_one(net: &mut Net, a: Side, b: Side, ty: QpType, op: SendOp, solicited: bool) {
+fn send_one(net: &mut Net, a: Ids, b: Ids, ty: QpType, op: SendOp, solicited: bool) {
     let r = [sge(b, DST, 100)];
     e(net, b)
         .post_recv(

@@ -131,7 +131,12 @@ fn pair(ty: QpType) -> (Net, [Ids; 2]) {
         tap: Some(Vec::new()),
         ..Net::default()
     };
-    let ends = [1, 2].map(|n| setup::Side::new(n).qp_type(ty).depth(8).add_to(&mut net));
+    let ends = [1, 2].map(|n| {
+        setup::EngineSpec::new(n)
+            .qp_type(ty)
+            .depth(8)
+            .add_to(&mut net)
+    });
     Connection {
         psn: Psn::from_masked(0x10_0000),
         max_rd_atomic: 4,

@@ -74,7 +74,7 @@ fn gid(n: u8) -> Gid {
 /// completion goes), QP, the MR over all its memory (no MW_BIND), and an
 /// AH towards the other node.
 #[derive(Clone, Copy, Debug)]
-struct Side {
+struct Endpoint {
     node: usize,
     n: u8,
     pd: PdHandle,
@@ -87,7 +87,7 @@ struct Side {
     ty: QpType,
 }
 
-fn side(net: &mut Net, n: u8, peer: u8, ty: QpType) -> Side {
+fn side(net: &mut Net, n: u8, peer: u8, ty: QpType) -> Endpoint {
     let mut e = Engine::new(DeviceAttr::default(), PortAttr::with_gids(&[gid(n)]));
     let pd = e.alloc_pd().unwrap();
     let (scq, _) = e.create_cq(64, 0).unwrap();
@@ -134,7 +134,7 @@ fn side(net: &mut Net, n: u8, peer: u8, ty: QpType) -> Side {
         .unwrap();
     assert_eq!(e.poll_event(), Some(AsyncEvent::PortActive { port: 1 }));
     let node = net.add(e, VecMemory::new(BASE, MEM), gid(n));
-    Side {
+    Endpoint {
         node,
         n,
         pd,
@@ -148,13 +148,13 @@ fn side(net: &mut Net, n: u8, peer: u8, ty: QpType) -> Side {
     }
 }
 
-fn e(net: &mut Net, s: Side) -> &mut Engine {
+fn e(net: &mut Net, s: Endpoint) -> &mut Engine {
     &mut net.nodes[s.node].engine
 }
 
 /// Brings `s` to RTS aimed at `dgid` / `dest`: MTU 1024, retry_cnt 2,
 /// rnr_retry 7, every remote right.
-fn connect(net: &mut Net, s: Side, dgid: Gid, dest: Qpn) {
+fn connect(net: &mut Net, s: Endpoint, dgid: Gid, dest: Qpn) {
     Connection {
         psn: Psn::from_masked(0x0000_0100),
         timeout: 10,
@@ -167,7 +167,7 @@ fn connect(net: &mut Net, s: Side, dgid: Gid, dest: Qpn) {
 }
 
 /// Two connected sides, `a` (node 1) and `b` (node 2).
-fn pair(ty: QpType) -> (Net, Side, Side) {
+fn pair(ty: QpType) -> (Net, Endpoint, Endpoint) {
     let mut net = Net::default();
     let a = side(&mut net, 1, 2, ty);
     let b = side(&mut net, 2, 1, ty);
@@ -178,14 +178,14 @@ fn pair(ty: QpType) -> (Net, Side, Side) {
 
 /// One side whose peer does not exist (its GID belongs to nobody): what
 /// it sends is lost, and the test plays the peer with forged packets.
-fn alone(ty: QpType) -> (Net, Side) {
+fn alone(ty: QpType) -> (Net, Endpoint) {
     let mut net = Net::default();
     let a = side(&mut net, 1, 9, ty);
     connect(&mut net, a, gid(9), Qpn::from_masked(99));
     (net, a)
 }
 
-fn sge(s: Side, at: u64, len: u32) -> Sge {
+fn sge(s: Endpoint, at: u64, len: u32) -> Sge {
     Sge {
         addr: BASE + at,
         length: len,
@@ -194,14 +194,14 @@ fn sge(s: Side, at: u64, len: u32) -> Sge {
 }
 
 /// An SGE whose lkey has the wrong key byte: it names no MR.
-fn bad_sge(s: Side, at: u64, len: u32) -> Sge {
+fn bad_sge(s: Endpoint, at: u64, len: u32) -> Sge {
     Sge {
         lkey: Lkey(s.lkey.0 ^ 0x10),
         ..sge(s, at, len)
     }
 }
 
-fn recv(net: &mut Net, s: Side, wr_id: u64, sg_list: &[Sge]) {
+fn recv(net: &mut Net, s: Endpoint, wr_id: u64, sg_list: &[Sge]) {
     e(net, s)
         .post_recv(s.qpn, &RecvWr { wr_id, sg_list })
         .unwrap();
@@ -210,7 +210,7 @@ fn recv(net: &mut Net, s: Side, wr_id: u64, sg_list: &[Sge]) {
 /// Posts a send WR on `s` (a UD one goes to `dest`).
 fn send(
     net: &mut Net,
-    s: Side,
+    s: Endpoint,
     dest: Qpn,
     wr_id: u64,
     op: SendOp,
@@ -237,7 +237,7 @@ fn send(
 }
 
 /// A SEND of `data`, inline.
-fn send_inline(net: &mut Net, s: Side, dest: Qpn, wr_id: u64, data: &[u8], signaled: bool) {
+fn send_inline(net: &mut Net, s: Endpoint, dest: Qpn, wr_id: u64, data: &[u8], signaled: bool) {
     let flags = if signaled {
         SendFlags::INLINE | SendFlags::SIGNALED
     } else {
@@ -256,7 +256,7 @@ fn send_inline(net: &mut Net, s: Side, dest: Qpn, wr_id: u64, data: &[u8], signa
 
 /// The completions on `cq`, each send's count of retired WQEs zeroed
 /// (these tests are about statuses; `work_requests.rs` checks the count).
-fn cqes(net: &mut Net, s: Side, cq: CqHandle) -> Vec<Wc> {
+fn cqes(net: &mut Net, s: Endpoint, cq: CqHandle) -> Vec<Wc> {
     let mut v = Vec::new();
     e(net, s).poll_cq(cq, 64, &mut v).unwrap();
     for w in &mut v {
@@ -265,37 +265,37 @@ fn cqes(net: &mut Net, s: Side, cq: CqHandle) -> Vec<Wc> {
     v
 }
 
-fn send_cqes(net: &mut Net, s: Side) -> Vec<Wc> {
+fn send_cqes(net: &mut Net, s: Endpoint) -> Vec<Wc> {
     cqes(net, s, s.scq)
 }
 
-fn recv_cqes(net: &mut Net, s: Side) -> Vec<Wc> {
+fn recv_cqes(net: &mut Net, s: Endpoint) -> Vec<Wc> {
     cqes(net, s, s.rcq)
 }
 
-fn events(net: &mut Net, s: Side) -> Vec<AsyncEvent> {
+fn events(net: &mut Net, s: Endpoint) -> Vec<AsyncEvent> {
     let en = e(net, s);
     std::iter::from_fn(|| en.poll_event()).collect()
 }
 
-fn state(net: &mut Net, s: Side) -> QpState {
+fn state(net: &mut Net, s: Endpoint) -> QpState {
     e(net, s).query_qp(s.qpn).unwrap().0.qp_state
 }
 
-fn read(net: &Net, s: Side, at: u64, len: usize) -> Vec<u8> {
+fn read(net: &Net, s: Endpoint, at: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     net.nodes[s.node].mem.read(BASE + at, &mut v).unwrap();
     v
 }
 
-fn fill(net: &mut Net, s: Side, at: u64, data: &[u8]) {
+fn fill(net: &mut Net, s: Endpoint, at: u64, data: &[u8]) {
     net.nodes[s.node].mem.write(BASE + at, data).unwrap();
 }
 
 /// A completion with only the fields every completion has: what an error
 /// completion carries (IBTA: wr_id, status and qp_num are its only valid
 /// fields; the engine zeroes the rest and keeps the WR's opcode).
-fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, s: Side) -> Wc {
+fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, s: Endpoint) -> Wc {
     Wc {
         wr_id,
         status,
@@ -316,19 +316,26 @@ fn wc(wr_id: u64, status: WcStatus, opcode: WcOpcode, s: Side) -> Wc {
 }
 
 /// A successful send-side completion of `len` bytes.
-fn sent(wr_id: u64, opcode: WcOpcode, len: u32, s: Side) -> Wc {
+fn sent(wr_id: u64, opcode: WcOpcode, len: u32, s: Endpoint) -> Wc {
     Wc {
         byte_len: len,
         ..wc(wr_id, WcStatus::Success, opcode, s)
     }
 }
 
-fn flushed(wr_id: u64, opcode: WcOpcode, s: Side) -> Wc {
+fn flushed(wr_id: u64, opcode: WcOpcode, s: Endpoint) -> Wc {
     wc(wr_id, WcStatus::WrFlushErr, opcode, s)
 }
 
 /// Delivers a forged RC packet to `to` as if from node 9.
-fn inject(net: &mut Net, to: Side, opcode: Opcode, psn: Psn, ext: packet::ExtHeaders, data: &[u8]) {
+fn inject(
+    net: &mut Net,
+    to: Endpoint,
+    opcode: Opcode,
+    psn: Psn,
+    ext: packet::ExtHeaders,
+    data: &[u8],
+) {
     let r = packet::Repr::new(
         bth::Repr {
             opcode,

@@ -669,7 +669,7 @@ impl<F: FnMut(&[u8]) -> Result<RecvWqe, Malformed>> Decoder for SrqRecvs<'_, '_,
 mod tests {
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
     use vrdma_engine::{objects::SrqAttr, qp::QpState};
-    use vrdma_testkit::setup::{Connection, Side, gid};
+    use vrdma_testkit::setup::{Connection, EngineSpec, gid};
 
     use super::*;
     use crate::{pages::PageList, ring::WrapBit};
@@ -757,7 +757,7 @@ mod tests {
     /// An RC QP 4 deep and its rings (8 slots each: more than the
     /// engine's queues hold).
     fn qp() -> (Engine, QpQueues<WrapBit>, GuestMemoryMmap<()>) {
-        let (e, _, ids) = Side::new(1).depth(4).build();
+        let (e, _, ids) = EngineSpec::new(1).depth(4).build();
         let q = QpQueues::new(
             ids.qpn,
             ring(8, SQ, BASE + 0x1000),
@@ -843,7 +843,7 @@ mod tests {
     #[test]
     fn an_srq_is_taken_as_far_as_it_has_room_and_a_malformed_wqe_has_no_buffer() {
         let mut r = Refusals::default();
-        let (mut e, _, ids) = Side::new(1).build();
+        let (mut e, _, ids) = EngineSpec::new(1).build();
         let attr = SrqAttr {
             max_wr: 4,
             max_sge: 1,
@@ -894,7 +894,7 @@ mod tests {
     #[test]
     fn the_core_resolves_a_fast_registration_for_every_face() {
         use vm_memory::Bytes;
-        let (mut e, _, ids) = Side::new(1).build();
+        let (mut e, _, ids) = EngineSpec::new(1).build();
         let lkey = e.alloc_mr(ids.pd, 8).unwrap();
         let m = mem();
         // A flat list of two pages, and a directory naming the same two.

@@ -29,7 +29,7 @@ use std::{
 use vrdma_fabric::eth::MAX_FRAME;
 use vrdma_pvrdma::abi::{PAGE_SIZE, qp_type, send_flags, wc_opcode, wr_opcode};
 use vrdma_testkit::pvrdma::{
-    Device, Guest, Net, Side, Steady,
+    Device, Endpoint, Guest, Net, Steady,
     eth::{Nic, Switch, eth_function, frame},
     exchange,
     measure::{open_fds, peak_growth, reset_peak, status},
@@ -122,7 +122,7 @@ fn loopback(switch: &Switch) {
     const LEN: u64 = 64 << 20;
     let base = status("VmRSS");
     let h = NET.eth_device("bounds-loop", switch);
-    let mut a = Side::with_ram(&h, 2 * LEN + RAM);
+    let mut a = Endpoint::with_ram(&h, 2 * LEN + RAM);
     let (cq, pd) = (a.cq.handle, a.pd);
     let mut qa = a.g.create_qp(qp_type::RC, pd, cq, cq, 16);
     let qb = a.g.create_qp(qp_type::RC, pd, cq, cq, 16);
@@ -134,7 +134,7 @@ fn loopback(switch: &Switch) {
     let va = 0x5000_0000_0000u64;
     let (_, _, rkey) = a.g.user_mr(pd, va, &pages, 1 | 4);
     a.g.touch_ram();
-    let mut read = |a: &mut Side, id: u64, seed: u8| {
+    let mut read = |a: &mut Endpoint, id: u64, seed: u8| {
         let chunk = vec![seed; MIB as usize];
         for off in (0..LEN).step_by(MIB as usize) {
             a.g.put(src + off, &chunk);
@@ -179,7 +179,7 @@ fn loopback(switch: &Switch) {
 fn page_lists(switch: &Switch) {
     let base = status("VmRSS");
     let h = NET.eth_device("bounds-mr", switch);
-    let mut a = Side::new(&h);
+    let mut a = Endpoint::new(&h);
     a.g.touch_ram();
     let mr = a.giant_mr_request();
     let g = &mut a.g;
@@ -214,8 +214,8 @@ fn flood(switch: &Switch) {
     let base = status("VmRSS");
     let h = NET.eth_device("bounds-flood-h", switch);
     let x = NET.eth_device("bounds-flood-x", switch);
-    let mut a = Side::new(&h);
-    let mut b = Side::new(&x);
+    let mut a = Endpoint::new(&h);
+    let mut b = Endpoint::new(&x);
     a.g.touch_ram();
     b.g.touch_ram();
     vrdma_testkit::pvrdma::connect(&mut a, &mut b);

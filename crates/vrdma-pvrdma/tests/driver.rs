@@ -4,7 +4,7 @@
 //! device reset.
 
 use vrdma_pvrdma::abi::{self, send_flags, wc_opcode, wr_opcode};
-use vrdma_testkit::pvrdma::{Net, Side, connect, hdr, rc_up, sge, udp_function, wqe};
+use vrdma_testkit::pvrdma::{Endpoint, Net, connect, hdr, rc_up, sge, udp_function, wqe};
 
 /// This binary's block of addresses (see `vrdma_testkit::pvrdma`).
 static NET: Net = Net::new(20);
@@ -98,7 +98,7 @@ fn an_armed_cq_notifies_once_through_its_ring_and_vector_2() {
 #[test]
 fn a_device_reset_forgets_everything_the_guest_made() {
     let d = NET.device("reset");
-    let mut a = Side::new(&d);
+    let mut a = Endpoint::new(&d);
     a.g.write32(1, abi::reg::CTL, abi::reg::CTL_RESET);
     assert_eq!(a.g.read32(1, abi::reg::ERR), 0);
     // No shared region: a command is refused without reading the slot.
@@ -127,8 +127,8 @@ fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
         },
     );
     let db = NET.device("shared-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     assert!(
         b.g.map_doorbells(0x8000_0000).is_none(),
         "B traps its doorbells"
@@ -196,8 +196,8 @@ fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
 fn a_slot_comes_back_when_its_wqe_is_taken() {
     let da = NET.device("slot-a");
     let db = NET.device("slot-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut qa =
         a.g.create_qp(abi::qp_type::RC, a.pd, a.cq.handle, a.cq.handle, 1);
     let mut qb =

@@ -27,7 +27,7 @@ use std::{
 use vrdma_engine::attr::Mtu;
 use vrdma_pvrdma::abi::{self, PAGE_SIZE, cmd, eqe, qp_type, send_flags, wc_opcode, wr_opcode};
 use vrdma_testkit::pvrdma::{
-    Device, Net, Side, Steady, connect,
+    Device, Endpoint, Net, Steady, connect,
     eth::{Nic, Switch, eth_function, frame},
     exchange, function, hdr, one_page, page_lists_past_the_budget, rc_up_mtu, sealed_memfd, sge,
     side::RAM,
@@ -95,7 +95,7 @@ fn a_64_mib_read_between_two_qps_of_one_guest_is_paced_by_the_loopback_bound() {
     let switch = Switch::new();
     let others = Bystanders::start("eth-loop-w", &switch);
     let h = NET.eth_device("eth-loop-h", &switch);
-    let mut a = Side::with_ram(&h, 2 * LEN + RAM);
+    let mut a = Endpoint::with_ram(&h, 2 * LEN + RAM);
     // Two QPs of the guest's, connected to each other at its own address:
     // every packet goes through the port's loopback.
     let (cq, pd) = (a.cq.handle, a.pd);
@@ -312,8 +312,8 @@ fn dma_maps_and_descriptor_floods_are_refused_and_nothing_stays_held() {
     config.dma.max_maps = 2;
     let h = NET.eth_device_with("eth-dma-h", &switch, config, eth_function);
     let x = NET.eth_device("eth-dma-x", &switch);
-    let mut a = Side::new(&h);
-    let mut b = Side::new(&x);
+    let mut a = Endpoint::new(&h);
+    let mut b = Endpoint::new(&x);
     connect(&mut a, &mut b);
 
     let unsealed = unsealed_page();
@@ -375,7 +375,7 @@ fn dma_maps_and_descriptor_floods_are_refused_and_nothing_stays_held() {
     }
     drop(a);
     // The device serves its next guest.
-    let mut a = Side::new(&h);
+    let mut a = Endpoint::new(&h);
     b.new_qp();
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
@@ -395,8 +395,8 @@ fn a_panic_in_an_ethernet_devices_round_is_reported_and_the_device_reset() {
         move |port, mac| function(Tripwire::new(port, wire), mac, Mtu::Mtu4096),
     );
     let x = NET.eth_device("eth-panic-x", &switch);
-    let mut a = Side::new(&h);
-    let mut b = Side::new(&x);
+    let mut a = Endpoint::new(&h);
+    let mut b = Endpoint::new(&x);
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 
@@ -411,7 +411,7 @@ fn a_panic_in_an_ethernet_devices_round_is_reported_and_the_device_reset() {
     // The device thread lives on: a new client (the VM restarted) probes
     // the device and its objects exchange with the other device.
     drop(a);
-    let mut a = Side::new(&h);
+    let mut a = Endpoint::new(&h);
     b.new_qp();
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
@@ -445,8 +445,8 @@ fn guests_of_one_daemon_exchange_over_shm_and_others_over_the_wire() {
         )
     };
     let (da, db) = (on_shm("eth-shm-a"), on_shm("eth-shm-b"));
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     connect(&mut a, &mut b);
     let frames = switch.stats().forwarded.load(Ordering::Relaxed);
     for _ in 0..3 {
@@ -471,7 +471,7 @@ fn guests_of_one_daemon_exchange_over_shm_and_others_over_the_wire() {
     // A device on the Ethernet switch alone: reached over it, from a new
     // QP of the same guest.
     let dc = NET.eth_device("eth-shm-c", &switch);
-    let mut c = Side::new(&dc);
+    let mut c = Endpoint::new(&dc);
     a.new_qp();
     connect(&mut a, &mut c);
     exchange(&mut a, &mut c);

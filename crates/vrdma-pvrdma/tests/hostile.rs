@@ -30,7 +30,7 @@ use vrdma_pvrdma::abi::{
     self, PAGE_SIZE, cmd, eqe, qp_type, reg, send_flags, uar, wc_opcode, wr_opcode,
 };
 use vrdma_testkit::pvrdma::{
-    Guest, GuestCq, GuestQp, Net, RAM_BASE, Side, UAR_PFN, completion, connect, eventually,
+    Endpoint, Guest, GuestCq, GuestQp, Net, RAM_BASE, UAR_PFN, completion, connect, eventually,
     exchange, function, hdr, mac_of, one_page, page_lists_past_the_budget, rc_up, sealed_memfd,
     sge,
     side::{MR_VA, RAM},
@@ -119,7 +119,7 @@ fn qp_on(g: &mut Guest, pd: u32, cq: u32, pages: [u64; 3], uar: u64) -> GuestQp 
 }
 
 /// A hostile QP on fresh pages, in RTS towards a QP nobody has.
-fn hostile_qp(s: &mut Side, cq: u32, peer: &Side) -> GuestQp {
+fn hostile_qp(s: &mut Endpoint, cq: u32, peer: &Endpoint) -> GuestQp {
     let pages = s.g.alloc(3);
     let qp = qp_on(
         &mut s.g,
@@ -784,7 +784,7 @@ fn page_directories_outside_guest_memory_or_on_other_rings_are_refused() {
 
 /// A hostile QP on `pd` (with `g` alone), in RTS towards nobody on
 /// device `peer`.
-fn hostile_qp_g(g: &mut Guest, pd: u32, cq: u32, peer: &Side) -> GuestQp {
+fn hostile_qp_g(g: &mut Guest, pd: u32, cq: u32, peer: &Endpoint) -> GuestQp {
     let pages = g.alloc(3);
     let qp = qp_on(
         g,
@@ -1225,7 +1225,7 @@ fn wqes_and_buffers_rewritten_after_the_doorbell() {
 fn a_shared_region_of_garbage_is_refused_and_a_good_one_still_taken() {
     let da = NET.device("hostile-dsr-a");
     let db = NET.device("hostile-dsr-b");
-    let mut b = Side::new(&db);
+    let mut b = Endpoint::new(&db);
     let mut g = Guest::connect(&da.socket, RAM);
     g.guarded = true;
 
@@ -1315,7 +1315,7 @@ fn a_shared_region_of_garbage_is_refused_and_a_good_one_still_taken() {
     g.check_canaries();
     drop(g);
 
-    let mut a = Side::new(&da);
+    let mut a = Endpoint::new(&da);
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 }
@@ -1324,7 +1324,7 @@ fn a_shared_region_of_garbage_is_refused_and_a_good_one_still_taken() {
 fn a_command_whose_response_cannot_be_written_does_not_run() {
     let da = NET.device("hostile-resp-a");
     let db = NET.device("hostile-resp-b");
-    let mut b = Side::new(&db);
+    let mut b = Endpoint::new(&db);
     let mut g = Guest::connect(&da.socket, RAM);
     // The response slot in memory of its own, which goes away.
     let extra = 0x1_0000_0000u64;
@@ -1349,7 +1349,7 @@ fn a_command_whose_response_cannot_be_written_does_not_run() {
     g.check_canaries();
     drop(g);
 
-    let mut a = Side::new(&da);
+    let mut a = Endpoint::new(&da);
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 }
@@ -1377,8 +1377,8 @@ fn create_pd_via(g: &mut Guest, view: &vm_memory::GuestMemoryMmap<()>, ctx: u32)
 fn a_client_gone_mid_write_stream_leaves_the_device_reset_for_the_next() {
     let da = NET.device("hostile-gone-a");
     let db = NET.device("hostile-gone-b");
-    let mut b = Side::new(&db);
-    let mut a = Side::new(&da);
+    let mut b = Endpoint::new(&db);
+    let mut a = Endpoint::new(&da);
     let first_pd = a.pd;
     connect(&mut a, &mut b);
     // A stream of 256 KiB WRITEs into B, and the client gone while they
@@ -1402,7 +1402,7 @@ fn a_client_gone_mid_write_stream_leaves_the_device_reset_for_the_next() {
 
     // The next client: a device from nothing (the first PD's handle
     // again), which works.
-    let mut a = Side::new(&da);
+    let mut a = Endpoint::new(&da);
     assert_eq!(a.pd, first_pd);
     assert!(da.stats().resets > resets);
     assert_eq!(da.clients(), 2);
@@ -1446,7 +1446,7 @@ fn header(command: u16, size: u32) -> Header {
 fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
     let da = NET.device("hostile-vfio-a");
     let db = NET.device("hostile-vfio-b");
-    let mut b = Side::new(&db);
+    let mut b = Endpoint::new(&db);
 
     // Framing the server cannot follow ends the connection; the next
     // client is served.
@@ -1593,7 +1593,7 @@ fn malformed_vfio_user_messages_are_answered_or_end_the_connection() {
     assert_eq!(g.refused(&cq_req(dir, 0, 64, 2)), EINVAL);
     g.check_canaries();
     drop(g);
-    let mut a = Side::new(&da);
+    let mut a = Endpoint::new(&da);
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 }
@@ -1614,8 +1614,8 @@ fn the_object_budget_comes_from_the_guests_configured_size() {
         },
     );
     let plain = NET.device("budget-plain");
-    let mut a = Side::new(&sized);
-    let mut b = Side::new(&plain);
+    let mut a = Endpoint::new(&sized);
+    let mut b = Endpoint::new(&plain);
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
     let want = vrdma_device::derived_budget(8 << 20);
@@ -1645,8 +1645,8 @@ fn a_device_thread_that_panics_is_reported_and_its_device_reset() {
         },
     );
     let db = NET.device("hostile-panic-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 
@@ -1661,8 +1661,8 @@ fn a_device_thread_that_panics_is_reported_and_its_device_reset() {
     // the device and its objects exchange with the other device.
     drop(a);
     drop(b);
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
 }
@@ -1733,8 +1733,8 @@ fn a_trickled_message_is_dropped_before_it_completes_and_other_devices_go_on() {
     let da = NET.device("hostile-trickle-a");
     let db = NET.device("hostile-trickle-b");
     let dc = NET.device("hostile-trickle-c");
-    let mut b = Side::new(&db);
-    let mut c = Side::new(&dc);
+    let mut b = Endpoint::new(&db);
+    let mut c = Endpoint::new(&dc);
     connect(&mut b, &mut c);
     // A message whose header and first bytes come at once and the rest a
     // byte every 20 ms: 20 s for the whole, every byte well within a
@@ -1758,7 +1758,7 @@ fn a_trickled_message_is_dropped_before_it_completes_and_other_devices_go_on() {
     );
     // The device serves its next client (B's QP, connected to C, makes
     // way for one connected to it).
-    let mut a = Side::new(&da);
+    let mut a = Endpoint::new(&da);
     b.qp =
         b.g.create_qp(qp_type::RC, b.pd, b.cq.handle, b.cq.handle, 16);
     connect(&mut a, &mut b);
@@ -1773,8 +1773,8 @@ fn a_client_that_does_not_read_its_reply_does_not_hold_the_device() {
     config.socket.deadline = Duration::from_secs(60);
     let da = NET.device_with("hostile-unread-a", config, udp_function);
     let db = NET.device("hostile-unread-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     connect(&mut a, &mut b);
     // A's client asks for 1 MiB and does not read the reply; once the
     // reply has started, the device holds more than the socket takes.

@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use vrdma_engine::{Engine, VecMemory};
 use vrdma_wire::{frame::IpRepr, ipv4};
 
-use crate::setup::{Ids, Side};
+use crate::setup::{EngineSpec, Ids};
 
 /// One engine of a direct link.
 #[derive(Debug)]
@@ -23,7 +23,7 @@ pub struct End {
 
 impl End {
     /// `side` built as host `n` (1 or 2).
-    pub fn new(side: &Side, n: u8) -> Self {
+    pub fn new(side: &EngineSpec, n: u8) -> Self {
         let (engine, mem, ids) = side.clone().gid(crate::setup::gid(n)).build();
         let ip = IpRepr::V4(ipv4::Repr {
             src: Ipv4Addr::new(127, 0, 0, 3 - n),

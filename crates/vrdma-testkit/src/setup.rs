@@ -1,15 +1,15 @@
 //! Builders for what tests set up again and again: an engine with one
 //! port GID, a PD, a CQ and an MR over all of its memory, and a QP
-//! ([`Side`]); and the attributes QPs are connected with, brought up from
+//! ([`EngineSpec`]); and the attributes QPs are connected with, brought up from
 //! RESET to RTS ([`Connection`]).
 //!
 //! ```
-//! use vrdma_testkit::{net::Net, setup::{Connection, Side}};
+//! use vrdma_testkit::{net::Net, setup::{Connection, EngineSpec}};
 //! use vrdma_engine::qp::QpType;
 //!
 //! let mut net = Net::default();
-//! let a = Side::new(1).qp_type(QpType::Uc).add_to(&mut net);
-//! let b = Side::new(2).qp_type(QpType::Uc).add_to(&mut net);
+//! let a = EngineSpec::new(1).qp_type(QpType::Uc).add_to(&mut net);
+//! let b = EngineSpec::new(2).qp_type(QpType::Uc).add_to(&mut net);
 //! Connection::default().join(&mut net.nodes[a.node].engine, a.qpn, b.gid, b.qpn);
 //! ```
 
@@ -43,7 +43,7 @@ pub fn gid(n: u8) -> Gid {
 
 /// How a test engine is made.
 #[derive(Clone, Debug)]
-pub struct Side {
+pub struct EngineSpec {
     gid: Gid,
     attr: DeviceAttr,
     active_mtu: Mtu,
@@ -55,7 +55,7 @@ pub struct Side {
     sig_all: bool,
 }
 
-/// What a built [`Side`] is made of.
+/// What a built [`EngineSpec`] is made of.
 #[derive(Clone, Copy, Debug)]
 pub struct Ids {
     /// Its index in the network it was added to (0 when built alone).
@@ -69,12 +69,12 @@ pub struct Ids {
     pub rkey: Rkey,
 }
 
-impl Side {
+impl EngineSpec {
     /// Host `n` (GID 127.0.0.n): default device limits, 64 KiB of memory
     /// at [`BASE`], a CQ of 64, an RC QP 16 deep with 4 SGEs and 64 bytes
     /// inline, signaling only the WRs that ask.
     pub fn new(n: u8) -> Self {
-        Side {
+        EngineSpec {
             gid: gid(n),
             attr: DeviceAttr::default(),
             active_mtu: Mtu::Mtu1024,
@@ -109,7 +109,7 @@ impl Side {
         self
     }
 
-    /// `len` bytes of memory (at [`BASE`] unless [`Side::base`] says).
+    /// `len` bytes of memory (at [`BASE`] unless [`EngineSpec::base`] says).
     pub fn mem(mut self, len: usize) -> Self {
         self.mem = len;
         self

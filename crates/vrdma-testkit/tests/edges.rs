@@ -66,7 +66,7 @@ fn pair(s: Setup) -> Pair {
     // 25 Gb/s ports.
     let mut sim = Sim::new(7, s.link, Some(25_000_000_000 / 8));
     let ends = [A, B].map(|n| {
-        let (mut e, mut mem, ids) = setup::Side::new(n as u8 + 1)
+        let (mut e, mut mem, ids) = setup::EngineSpec::new(n as u8 + 1)
             .mem(MEM as usize)
             .depth(16)
             .qp_type(s.qp_type)

@@ -60,7 +60,7 @@ fn run(op: Op, rate: u64, lost: u32) -> Outcome {
         );
     }
     let ends = [A, B].map(|n| {
-        setup::Side::new(n as u8 + 1)
+        setup::EngineSpec::new(n as u8 + 1)
             .mem(2 * MIB as usize)
             .active_mtu(Mtu::Mtu4096)
             .depth(16)
@@ -254,7 +254,7 @@ fn a_response_after_a_lost_atomic_or_read_response_retries_at_once() {
     ] {
         let mut sim = Sim::new(15, Link::PERFECT, Some(10_000_000_000 / 8));
         let ends = [A, B].map(|n| {
-            setup::Side::new(n as u8 + 1)
+            setup::EngineSpec::new(n as u8 + 1)
                 .mem(64 << 10)
                 .active_mtu(Mtu::Mtu4096)
                 .depth(16)

@@ -29,7 +29,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use clap::{Parser, Subcommand};
 use vrdma_engine::attr::Mtu;
-use vrdma_testkit::virtio::{Path, QKEY, Qp, QpSpec, Side, Wqe, av, serve, wc};
+use vrdma_testkit::virtio::{Endpoint, Path, QKEY, Qp, QpSpec, Wqe, av, serve, wc};
 use vrdma_tools::{
     args::{PingpongArgs, Transport},
     common::random_psn,
@@ -121,7 +121,7 @@ fn run(a: &PingpongArgs) -> Result<()> {
     );
     let buf_len = size + if ud { GRH_LEN } else { 0 };
     let mem = (u64::from(buf_len).next_multiple_of(4096) + (32 << 20)).max(64 << 20);
-    let mut s = Side::with_memory(&dev, mem);
+    let mut s = Endpoint::with_memory(&dev, mem);
     let ty = match a.transport {
         Transport::Rc => qp_type::RC,
         Transport::Uc => qp_type::UC,
@@ -160,7 +160,7 @@ fn run(a: &PingpongArgs) -> Result<()> {
         me.psn.value(),
         Ipv6Addr::from(me.gid.0)
     );
-    let connect = |s: &mut Side, rem: &Dest| -> Result<()> {
+    let connect = |s: &mut Endpoint, rem: &Dest| -> Result<()> {
         ensure!(
             rem.gid != Gid::default(),
             "the peer sent no GID: RoCE needs one (give the rdma-core tool -g)"

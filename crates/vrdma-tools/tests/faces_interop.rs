@@ -29,7 +29,7 @@ fn pvrdma_device(name: &str) -> (pvrdma::Served, IpAddr, [u8; 6]) {
 
 /// The virtio side's QP to RTS towards `dest` at `dgid`, with the PSNs
 /// the PVRDMA kit's QPs use.
-fn rc_to_rts(v: &mut Side, q: &Qp, dest: u32, dgid: Gid, dmac: [u8; 6]) {
+fn rc_to_rts(v: &mut Endpoint, q: &Qp, dest: u32, dgid: Gid, dmac: [u8; 6]) {
     v.fe.qp_init(&v.ctx, q, ALL_ACCESS);
     let path = Path {
         psn: PVRDMA_PSN,
@@ -41,7 +41,7 @@ fn rc_to_rts(v: &mut Side, q: &Qp, dest: u32, dgid: Gid, dmac: [u8; 6]) {
 }
 
 /// One completion of the PVRDMA side, which must succeed with `opcode`.
-fn pvrdma_ok(p: &mut pvrdma::Side, wr_id: u64, opcode: u32) -> vrdma_pvrdma::abi::Cqe {
+fn pvrdma_ok(p: &mut pvrdma::Endpoint, wr_id: u64, opcode: u32) -> vrdma_pvrdma::abi::Cqe {
     let c = p.g.poll_n(&mut p.cq, 1);
     assert_eq!(c.len(), 1, "the PVRDMA side's completion {wr_id}");
     assert_eq!(
@@ -57,8 +57,8 @@ fn pvrdma_ok(p: &mut pvrdma::Side, wr_id: u64, opcode: u32) -> vrdma_pvrdma::abi
 fn a_virtio_rdma_device_and_a_pvrdma_device_exchange_rc_byte_exact() {
     let dv = NET.device("interop-virtio");
     let (served, paddr, pmac) = pvrdma_device("interop-pvrdma");
-    let mut v = Side::new(&dv);
-    let mut p = pvrdma::Side::on(&served.socket, Gid::from(paddr), pmac, pvrdma::side::RAM);
+    let mut v = Endpoint::new(&dv);
+    let mut p = pvrdma::Endpoint::on(&served.socket, Gid::from(paddr), pmac, pvrdma::side::RAM);
     let mut qv = v.qp(qp_type::RC);
     rc_to_rts(&mut v, &qv, p.qp.qpn, p.gid, pmac);
     pvrdma::rc_up(&mut p.g, &p.qp, v.gid, qv.qpn, mac_of(dv.addr));

@@ -19,8 +19,8 @@ static NET: Net = Net::new(27);
 struct Good {
     _da: Device,
     _db: Device,
-    a: Side,
-    b: Side,
+    a: Endpoint,
+    b: Endpoint,
     qa: Qp,
     qb: Qp,
     round: u8,
@@ -30,8 +30,8 @@ impl Good {
     fn new(name: &str) -> Self {
         let da = NET.device(&format!("{name}-good-a"));
         let db = NET.device(&format!("{name}-good-b"));
-        let mut a = Side::new(&da);
-        let mut b = Side::new(&db);
+        let mut a = Endpoint::new(&da);
+        let mut b = Endpoint::new(&db);
         let qa = a.qp(qp_type::RC);
         let qb = b.qp(qp_type::RC);
         connect(&mut a, &qa, &mut b, &qb);
@@ -96,7 +96,7 @@ fn ring(header: u64, entries: u32, stride: u32, npages: u32) -> abi::RingDesc {
 fn bad_commands_get_the_spec_statuses() {
     let mut good = Good::new("commands");
     let dev = NET.device("commands");
-    let mut s = Side::new(&dev);
+    let mut s = Endpoint::new(&dev);
     let ctx = s.ctx.handle;
     let fe = &mut s.fe;
     // Framing (§6.4 step 1).
@@ -285,7 +285,7 @@ fn bad_commands_get_the_spec_statuses() {
 fn page_lists_outside_guest_memory_fault() {
     let mut good = Good::new("fault");
     let dev = NET.device("fault");
-    let mut s = Side::with_memory(&dev, 16 << 20);
+    let mut s = Endpoint::with_memory(&dev, 16 << 20);
     let ctx = s.ctx.handle;
     let end = s.fe.ram.end();
     let fe = &mut s.fe;
@@ -348,7 +348,7 @@ fn page_lists_outside_guest_memory_fault() {
     // A fast registration whose page list is outside memory completes
     // in error.
     let dev_b = NET.device("fault-peer");
-    let mut b = Side::new(&dev_b);
+    let mut b = Endpoint::new(&dev_b);
     let mut qa = s.qp(qp_type::RC);
     let qb = b.qp(qp_type::RC);
     connect(&mut s, &qa, &mut b, &qb);
@@ -405,7 +405,7 @@ fn page_lists_outside_guest_memory_fault() {
 fn malformed_receives_fail_their_queue_once() {
     let mut good = Good::new("malformed-recv");
     let dev = NET.device("malformed-recv");
-    let mut s = Side::new(&dev);
+    let mut s = Endpoint::new(&dev);
     let mut q = s.qp(qp_type::RC);
     s.fe.qp_init(&s.ctx, &q, ALL_ACCESS);
     // A header naming 200 SGEs, none behind it.
@@ -463,7 +463,7 @@ fn malformed_receives_fail_their_queue_once() {
 fn wild_producer_index_is_qp_fatal() {
     let mut good = Good::new("wild");
     let dev = NET.device("wild");
-    let mut s = Side::new(&dev);
+    let mut s = Endpoint::new(&dev);
     let mut q = s.qp(qp_type::RC);
     s.fe.qp_init(&s.ctx, &q, ALL_ACCESS);
     // The receive ring's producer a million ahead of its consumer.
@@ -486,8 +486,8 @@ fn a_wqe_rewritten_after_its_doorbell_changes_nothing() {
     let mut good = Good::new("rewrite");
     let da = NET.device("rewrite-a");
     let db = NET.device("rewrite-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut qa = a.qp(qp_type::RC);
     let qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -531,7 +531,7 @@ fn a_wqe_rewritten_after_its_doorbell_changes_nothing() {
 fn doorbells_of_destroyed_qps_are_stale_and_harmless() {
     let mut good = Good::new("stale");
     let dev = NET.device("stale");
-    let mut s = Side::new(&dev);
+    let mut s = Endpoint::new(&dev);
     let q = s.qp(qp_type::RC);
     let (door, idx) = (q.door.clone(), q.doorbell);
     s.fe.destroy(op::DESTROY_QP, &s.ctx, q.qpn)
@@ -585,7 +585,7 @@ fn vring_addresses_outside_memory_are_refused() {
     let _ = fe.query_device();
     let _ = fe.pd(&ctx);
     drop(fe);
-    let mut s = Side::new(&dev);
+    let mut s = Endpoint::new(&dev);
     let _ = s.fe.query_port();
     good.check(&[&dev]);
 }
@@ -596,7 +596,7 @@ fn a_memory_table_shrunk_under_a_live_qp_breaks_its_rings() {
     let dev = NET.device("memtable");
     let ram = Arc::new(Ram::new(0, 64 << 20));
     let fe = Frontend::connect(&dev.socket, ram.clone());
-    let mut s = Side::on(fe, dev.gid());
+    let mut s = Endpoint::on(fe, dev.gid());
     // The QP's rings far above the first 16 MiB.
     let _ = ram.alloc(24 << 20, PAGE);
     let mut q = s.qp(qp_type::RC);
@@ -616,8 +616,8 @@ fn a_front_end_gone_mid_transfer_leaves_the_daemon_serving() {
     let mut good = Good::new("gone");
     let da = NET.device("gone-a");
     let db = NET.device("gone-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut qa = a.qp(qp_type::RC);
     let qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -632,8 +632,8 @@ fn a_front_end_gone_mid_transfer_leaves_the_daemon_serving() {
     drop(a);
     drop(b);
     // Both daemons serve the next guests (fresh memory: reset first).
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut qa = a.qp(qp_type::RC);
     let mut qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -716,7 +716,7 @@ fn guest_memory_not_sealed_or_short_is_refused_at_set_mem_table() {
     drop(fe);
 
     // The device serves a guest with whole memory.
-    let mut s = Side::new(&dev);
+    let mut s = Endpoint::new(&dev);
     let _ = s.fe.query_device();
     let _ = s.qp(qp_type::RC);
     good.check(&[&dev]);
@@ -806,7 +806,7 @@ fn a_virtqueue_the_device_cannot_use_resets_the_device_not_for_good() {
     fe.reset_and_restart();
     let d = fe.query_device();
     assert!(d.max_qp.get() > 0);
-    let mut s = Side::on(fe, dev.gid());
+    let mut s = Endpoint::on(fe, dev.gid());
     let _ = s.qp(qp_type::RC);
     good.check(&[&dev]);
 }
@@ -818,8 +818,8 @@ fn a_virtqueue_the_device_cannot_use_resets_the_device_not_for_good() {
 fn refused_wqes_and_commands_are_counted_by_reason() {
     let dev = NET.device("refusal-reasons");
     let db = NET.device("refusal-reasons-b");
-    let mut a = Side::new(&dev);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&dev);
+    let mut b = Endpoint::new(&db);
     let mut qa = a.qp(qp_type::UD);
     let mut qb = b.qp(qp_type::UD);
     connect(&mut a, &qa, &mut b, &qb);

@@ -18,11 +18,11 @@ use zerocopy::IntoBytes;
 
 static NET: Net = Net::new(26);
 
-fn pair(name: &str, ty: u8) -> (Device, Device, Side, Side, Qp, Qp) {
+fn pair(name: &str, ty: u8) -> (Device, Device, Endpoint, Endpoint, Qp, Qp) {
     let da = NET.device(&format!("{name}-a"));
     let db = NET.device(&format!("{name}-b"));
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let qa = a.qp(ty);
     let qb = b.qp(ty);
     connect(&mut a, &qa, &mut b, &qb);
@@ -265,8 +265,8 @@ fn a_polling_device_takes_posts_without_a_kick() {
     };
     let da = NET.device_with("polling-a", opts, Duration::from_secs(5));
     let db = NET.device("polling-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut qa = a.qp(qp_type::RC);
     let mut qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -312,8 +312,8 @@ fn no_post_is_lost_where_the_device_stops_polling() {
     };
     let da = NET.device_with("switch-a", opts.clone(), Duration::from_micros(5));
     let db = NET.device_with("switch-b", opts, Duration::from_micros(5));
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut qa = a.qp(qp_type::RC);
     let mut qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -368,10 +368,10 @@ fn sixteen_thousand_qps_and_cqs_on_one_device() {
     let made = start.elapsed();
     let (mut cq, mut q) = last.expect("the last QP");
     // The last QP exchanges with a peer on another device.
-    let mut b = Side::new(&db);
+    let mut b = Endpoint::new(&db);
     let mut qb = b.qp(qp_type::RC);
     let t = Instant::now();
-    let mut a = Side {
+    let mut a = Endpoint {
         fe,
         ctx,
         pd,
@@ -440,8 +440,8 @@ fn event_mode(name: &str, da: &Device, opts: Options) {
         0,
         "DOORBELL_POLL not negotiated"
     );
-    let mut a = Side::on(fe, da.gid());
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::on(fe, da.gid());
+    let mut b = Endpoint::new(&db);
     let q = a.qp(qp_type::RC);
     a.fe.qp_init(&a.ctx, &q, ALL_ACCESS);
     let mut rq = q.rq.clone().expect("a receive ring");
@@ -521,8 +521,8 @@ fn a_uc_send_longer_than_a_round_leaves_whole_in_event_mode() {
     };
     let da = NET.device_with("long-uc-a", opts.clone(), vrdma_virtio::vhost::DEFAULT_SPIN);
     let db = NET.device_with("long-uc-b", opts, vrdma_virtio::vhost::DEFAULT_SPIN);
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut qa = a.qp(qp_type::UC);
     let mut qb = b.qp(qp_type::UC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -718,7 +718,7 @@ fn events_past_the_bound_become_one_events_lost() {
             ..Default::default()
         },
     );
-    let mut a = Side::on(fe, da.gid());
+    let mut a = Endpoint::on(fe, da.gid());
     let srq = a.fe.srq(&a.ctx, a.pd, 64, 1, 0);
     let mut spec = QpSpec::small(qp_type::RC, a.cq.handle);
     spec.srq = srq.handle;
@@ -799,7 +799,7 @@ fn a_panic_in_a_turn_fails_only_that_device() {
         vrdma_virtio::vhost::DEFAULT_SPIN,
         move |p| Tripwire::new(p, t),
     );
-    let mut s = Side::new(&dev);
+    let mut s = Endpoint::new(&dev);
     let q = s.qp(qp_type::RC);
     s.fe.qp_init(&s.ctx, &q, ALL_ACCESS);
     send_checked(&mut a, &mut qa, &mut b, &mut qb, 1, 1000);
@@ -835,7 +835,7 @@ fn a_panic_in_a_turn_fails_only_that_device() {
     send_checked(&mut b, &mut qb, &mut a, &mut qa, 3, 3000);
     // RESET_DEVICE: the device serves a fresh driver and exchanges.
     s.fe.reset_and_restart();
-    let mut s = Side::on(s.fe, dev.gid());
+    let mut s = Endpoint::on(s.fe, dev.gid());
     let mut q = s.qp(qp_type::RC);
     let mut qb2 = b.qp(qp_type::RC);
     connect(&mut s, &q, &mut b, &qb2);

@@ -119,8 +119,8 @@ fn wait_for(what: &str, f: impl Fn() -> bool) {
 struct Good {
     _da: Device,
     _db: Device,
-    a: Side,
-    b: Side,
+    a: Endpoint,
+    b: Endpoint,
     qa: Qp,
     qb: Qp,
     round: u8,
@@ -130,8 +130,8 @@ impl Good {
     fn new(net: &Net, name: &str) -> Self {
         let da = net.device(&format!("{name}-good-a"));
         let db = net.device(&format!("{name}-good-b"));
-        let mut a = Side::new(&da);
-        let mut b = Side::new(&db);
+        let mut a = Endpoint::new(&da);
+        let mut b = Endpoint::new(&db);
         let qa = a.qp(qp_type::RC);
         let qb = b.qp(qp_type::RC);
         connect(&mut a, &qa, &mut b, &qb);
@@ -185,10 +185,10 @@ impl Good {
 /// The device serves a guest of 16 MiB whose memory is whole, exchanging
 /// with a peer.
 fn serves_a_whole_guest(net: &Net, dev: &Device, name: &str) {
-    let mut s = Side::with_memory(dev, 16 * MIB);
+    let mut s = Endpoint::with_memory(dev, 16 * MIB);
     let _ = s.fe.query_device();
     let peer = net.device(&format!("{name}-peer"));
-    let mut p = Side::new(&peer);
+    let mut p = Endpoint::new(&peer);
     let mut qs = s.qp(qp_type::RC);
     let mut qp = p.qp(qp_type::RC);
     connect(&mut s, &qs, &mut p, &qp);
@@ -439,8 +439,8 @@ fn the_object_budget_comes_from_the_configured_guest_size() {
         f.set_guest_size(Some(16 * MIB));
     });
     let plain = NET.device("budget-plain");
-    let mut a = Side::with_memory(&sized, 32 * MIB);
-    let mut b = Side::with_memory(&plain, 32 * MIB);
+    let mut a = Endpoint::with_memory(&sized, 32 * MIB);
+    let mut b = Endpoint::with_memory(&plain, 32 * MIB);
     assert_eq!(budget(&sized), vrdma_device::derived_budget(16 * MIB));
     assert_eq!(budget(&plain), vrdma_device::derived_budget(32 * MIB));
     assert_eq!(sized.with_face(|f| f.guest_size()), Some(16 * MIB));

@@ -233,7 +233,7 @@ fn stray_accesses_change_nothing_and_are_counted() {
     );
     assert_eq!(dev.pci_stats().bad_accesses, before + strays);
     drop(l);
-    let mut s = Side::new(&dev);
+    let mut s = Endpoint::new(&dev);
     let _ = s.fe.query_port();
     let q = s.qp(qp_type::RC);
     assert_ne!(q.qpn, 0);
@@ -285,8 +285,8 @@ fn the_configuration_window_reaches_the_bar() {
 fn interrupts_follow_the_vectors_the_driver_set() {
     let dev = NET.device("vectors");
     let peer = NET.device("vectors-peer");
-    let mut a = Side::new(&dev);
-    let mut b = Side::new(&peer);
+    let mut a = Endpoint::new(&dev);
+    let mut b = Endpoint::new(&peer);
     assert_eq!(QUEUE_VECTORS, [1, 2, 3, NO_VECTOR]);
     let before = dev.pci_stats().interrupts;
     let _ = a.fe.query_device();
@@ -327,8 +327,8 @@ fn interrupts_follow_the_vectors_the_driver_set() {
 fn a_reset_and_a_client_gone_leave_nothing_behind() {
     let dev = NET.device("reset");
     let peer = NET.device("reset-peer");
-    let mut a = Side::new(&dev);
-    let mut b = Side::new(&peer);
+    let mut a = Endpoint::new(&dev);
+    let mut b = Endpoint::new(&peer);
     let mut qa = a.qp(qp_type::RC);
     let mut qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -341,7 +341,7 @@ fn a_reset_and_a_client_gone_leave_nothing_behind() {
     );
     let counts = dev.with_face(|f| f.device().engine().counts());
     assert_eq!(counts, vrdma_engine::Counts::default());
-    let mut a = Side::on(a.fe, dev.gid());
+    let mut a = Endpoint::on(a.fe, dev.gid());
     let mut qa = a.qp(qp_type::RC);
     let mut qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -358,7 +358,7 @@ fn a_reset_and_a_client_gone_leave_nothing_behind() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     assert!(dev.with_face(|f| f.is_empty()));
-    let mut a = Side::new(&dev);
+    let mut a = Endpoint::new(&dev);
     let mut qa = a.qp(qp_type::RC);
     let mut qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -381,8 +381,8 @@ fn a_panic_in_a_turn_needs_a_reset() {
         move |p| Tripwire::new(p, t),
     );
     let peer = NET.device("panic-peer");
-    let mut s = Side::new(&dev);
-    let mut b = Side::new(&peer);
+    let mut s = Endpoint::new(&dev);
+    let mut b = Endpoint::new(&peer);
     let config_irqs = s.fe.pci().config_interrupts.load(Ordering::Relaxed);
     trip.store(true, Ordering::Relaxed);
     let _ = s.fe.query_device();
@@ -409,7 +409,7 @@ fn a_panic_in_a_turn_needs_a_reset() {
     );
     s.fe.reset_and_restart();
     assert_eq!(s.fe.pci().status() & st::NEEDS_RESET, 0);
-    let mut s = Side::on(s.fe, dev.gid());
+    let mut s = Endpoint::on(s.fe, dev.gid());
     let mut q = s.qp(qp_type::RC);
     let mut qb = b.qp(qp_type::RC);
     connect(&mut s, &q, &mut b, &qb);

@@ -30,8 +30,8 @@ use std::{
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use vrdma_pvrdma::abi::{self, PAGE_SIZE, cmd, reg};
 use vrdma_testkit::pvrdma::{
-    Guest, Net, Side, connect, eth::frame, exchange, hdr, le32, mac_of, one_page, read_and_atomics,
-    side::RAM, unsealed_page,
+    Endpoint, Guest, Net, connect, eth::frame, exchange, hdr, le32, mac_of, one_page,
+    read_and_atomics, side::RAM, unsealed_page,
 };
 use vrdma_vfio_user::proto::{self, Header, cmd as vcmd};
 use vrdma_wire::Gid;
@@ -380,9 +380,9 @@ fn serve_confined(name: &str, args: &[&str], run: &str) {
     let dir = test_dir(name);
     let (mut d, uplink) = Daemon::start(&dir, name, args);
     let peer = NET.eth_device_on(&format!("{name}-peer"), uplink);
-    let daemon_side = |d: &Daemon| Side::on(&d.socket, Gid::from(d.addr), d.mac, RAM);
+    let daemon_side = |d: &Daemon| Endpoint::on(&d.socket, Gid::from(d.addr), d.mac, RAM);
     let mut a = daemon_side(&d);
-    let mut b = Side::new(&peer);
+    let mut b = Endpoint::new(&peer);
     connect(&mut a, &mut b);
     exchange(&mut a, &mut b);
     read_and_atomics(&mut a, &mut b);
@@ -601,7 +601,7 @@ fn two_confined_daemons_reach_each_other_through_their_rendezvous() {
     let args = [kill.as_slice(), &["--shm-dir", rdv_s.as_str()]].concat();
     let (d1, _u1) = Daemon::start(&dir, "rdv-a", &args);
     let (d2, _u2) = Daemon::start(&dir, "rdv-b", &args);
-    let side = |d: &Daemon| Side::on(&d.socket, Gid::from(d.addr), d.mac, RAM);
+    let side = |d: &Daemon| Endpoint::on(&d.socket, Gid::from(d.addr), d.mac, RAM);
     let (mut a, mut b) = (side(&d1), side(&d2));
     connect(&mut a, &mut b);
     for _ in 0..3 {
@@ -663,7 +663,7 @@ fn confined_daemons_serve_virtio_rdma_as_a_pci_function() {
     let side = |d: &Daemon| {
         let ram = Arc::new(v::Ram::new(0, 64 << 20));
         let fe = v::Frontend::connect_pci(&d.socket, ram, v::Options::default());
-        v::Side::on(fe, Gid::from(d.addr))
+        v::Endpoint::on(fe, Gid::from(d.addr))
     };
     let (mut a, mut b) = (side(&d1), side(&d2));
     let mut qa = a.qp(vrdma_virtio::abi::qp_type::RC);

@@ -16,34 +16,35 @@ use vrdma_engine::{
 };
 use vrdma_testkit::{
     net::Net,
-    setup::{self, Connection, Ids},
+    setup::{self, Connection},
 };
 use vrdma_wire::{Gid, Lkey, Psn, Qpn};
 
-pub use vrdma_testkit::setup::{BASE, gid};
+/// What a side of a test is: the objects of one engine on the network.
+pub use vrdma_testkit::setup::{BASE, Ids, gid};
 
 /// The engines' memory: the kit's default.
 pub const MEM: usize = 64 * 1024;
 
-/// One side: its node index, PD, CQ, QP and the MR over all its memory.
-pub type Side = Ids;
-
 /// An engine (GID 127.0.0.n) with a QP of type `ty` on the network.
-pub fn side(net: &mut Net, n: u8, ty: QpType, sig_all: bool) -> Side {
-    setup::Side::new(n).qp_type(ty).sig_all(sig_all).add_to(net)
+pub fn side(net: &mut Net, n: u8, ty: QpType, sig_all: bool) -> Ids {
+    setup::EngineSpec::new(n)
+        .qp_type(ty)
+        .sig_all(sig_all)
+        .add_to(net)
 }
 
-pub fn e(net: &mut Net, s: Side) -> &mut Engine {
+pub fn e(net: &mut Net, s: Ids) -> &mut Engine {
     &mut net.nodes[s.node].engine
 }
 
 /// Brings `s` to RTS, connected to `peer` (UD: QKey 0x11111111).
-pub fn connect(net: &mut Net, s: Side, peer: Side, rnr_retry: u8) {
+pub fn connect(net: &mut Net, s: Ids, peer: Ids, rnr_retry: u8) {
     connect_to(net, s, peer.gid, peer.qpn, rnr_retry);
 }
 
 /// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`, MTU 1024.
-pub fn connect_to(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8) {
+pub fn connect_to(net: &mut Net, s: Ids, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8) {
     connect_mtu(net, s, dgid, dest_qpn, rnr_retry, Mtu::Mtu1024);
 }
 
@@ -62,11 +63,11 @@ pub fn conn(rnr_retry: u8, mtu: Mtu) -> Connection {
 }
 
 /// Brings `s` to RTS, its path aimed at `dgid` / `dest_qpn`.
-pub fn connect_mtu(net: &mut Net, s: Side, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8, mtu: Mtu) {
+pub fn connect_mtu(net: &mut Net, s: Ids, dgid: Gid, dest_qpn: Qpn, rnr_retry: u8, mtu: Mtu) {
     conn(rnr_retry, mtu).join(e(net, s), s.qpn, dgid, dest_qpn);
 }
 
-pub fn pair(ty: QpType, rnr_retry: u8) -> (Net, Side, Side) {
+pub fn pair(ty: QpType, rnr_retry: u8) -> (Net, Ids, Ids) {
     let mut net = Net::default();
     let a = side(&mut net, 1, ty, false);
     let b = side(&mut net, 2, ty, false);
@@ -75,17 +76,17 @@ pub fn pair(ty: QpType, rnr_retry: u8) -> (Net, Side, Side) {
     (net, a, b)
 }
 
-pub fn fill(net: &mut Net, s: Side, at: u64, data: &[u8]) {
+pub fn fill(net: &mut Net, s: Ids, at: u64, data: &[u8]) {
     net.nodes[s.node].mem.write(BASE + at, data).unwrap();
 }
 
-pub fn read(net: &Net, s: Side, at: u64, len: usize) -> Vec<u8> {
+pub fn read(net: &Net, s: Ids, at: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     net.nodes[s.node].mem.read(BASE + at, &mut v).unwrap();
     v
 }
 
-pub fn sge(s: Side, at: u64, len: u32) -> Sge {
+pub fn sge(s: Ids, at: u64, len: u32) -> Sge {
     Sge {
         addr: BASE + at,
         length: len,
@@ -93,7 +94,7 @@ pub fn sge(s: Side, at: u64, len: u32) -> Sge {
     }
 }
 
-pub fn poll(net: &mut Net, s: Side) -> Vec<Wc> {
+pub fn poll(net: &mut Net, s: Ids) -> Vec<Wc> {
     let mut v = Vec::new();
     e(net, s).poll_cq(s.cq, 64, &mut v).unwrap();
     v
@@ -105,19 +106,19 @@ pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-pub fn qp_state(net: &mut Net, s: Side) -> QpState {
+pub fn qp_state(net: &mut Net, s: Ids) -> QpState {
     e(net, s).query_qp(s.qpn).unwrap().0.qp_state
 }
 
 /// Posts `wr` on `s`'s QP; it must be accepted.
-pub fn post(net: &mut Net, s: Side, wr: &SendWr<'_>) {
+pub fn post(net: &mut Net, s: Ids, wr: &SendWr<'_>) {
     e(net, s).post_send(s.qpn, wr).unwrap();
 }
 
 /// Fast-registers 4 pages at `at` on `s` under `key` (iova 0x7700_0000,
 /// local and remote read/write) with a REG_MR work request, and checks its
 /// completion.
-pub fn fast_reg(net: &mut Net, s: Side, at: u64, key: u8) -> Lkey {
+pub fn fast_reg(net: &mut Net, s: Ids, at: u64, key: u8) -> Lkey {
     let en = e(net, s);
     let mr = en.alloc_mr(s.pd, 8).unwrap();
     assert!(en.mr(mr).is_none(), "invalid until registered");

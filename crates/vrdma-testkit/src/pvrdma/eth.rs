@@ -28,7 +28,7 @@ use vrdma_engine::attr::Mtu;
 use vrdma_fabric::eth::{EthPort, Link, MAX_FRAME, SourceFilter, Stream};
 use vrdma_pvrdma::Pvrdma;
 
-use super::{Device, Net, Served, Side, connect, function, mac_of};
+use super::{Device, Endpoint, Net, Served, connect, function, mac_of};
 
 /// Bytes of frames the switch holds for one port that does not read (then
 /// it drops, as a switch's port buffer does).
@@ -84,11 +84,11 @@ impl Net {
 
     /// Two devices on Ethernet ports of `switch` (`NAME-a`, `NAME-b`), a
     /// guest on each with its objects, their QPs connected.
-    pub fn eth_pair(&self, name: &str, switch: &Switch) -> (Device, Device, Side, Side) {
+    pub fn eth_pair(&self, name: &str, switch: &Switch) -> (Device, Device, Endpoint, Endpoint) {
         let da = self.eth_device(&format!("{name}-a"), switch);
         let db = self.eth_device(&format!("{name}-b"), switch);
-        let mut a = Side::new(&da);
-        let mut b = Side::new(&db);
+        let mut a = Endpoint::new(&da);
+        let mut b = Endpoint::new(&db);
         connect(&mut a, &mut b);
         (da, db, a, b)
     }

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | [`guest`] | a guest as a device sees it: a vfio-user client with RAM in a sealed memfd, and a model of the Linux driver (probe, commands, page directories, rings, doorbells) |
 //! | [`served`] | a device served in a thread of its own, its counters copied out each turn, a gate between turns |
-//! | [`side`] | a well-behaved guest's objects ([`Side`]), two of them connected, an exchange checked byte for byte (SEND and WRITE; READ and atomics), one running throughout a test ([`side::Steady`]) |
+//! | [`side`] | a well-behaved guest's objects ([`Endpoint`]), two of them connected, an exchange checked byte for byte (SEND and WRITE; READ and atomics), one running throughout a test ([`side::Steady`]) |
 //! | [`eth`] | devices on Ethernet ports whose uplinks meet in an in-test [`eth::Switch`], the guest's NIC ([`eth::Nic`]) and the frames it sends |
 //! | [`measure`] | the process's open descriptors and peak memory, from `/proc/self` |
 //!
@@ -50,8 +50,8 @@ pub use guest::{
 };
 pub use served::Served;
 pub use side::{
-    Side, Steady, completion, connect, eventually, exchange, one_way, page_lists_past_the_budget,
-    read_and_atomics, wait_event,
+    Endpoint, Steady, completion, connect, eventually, exchange, one_way,
+    page_lists_past_the_budget, read_and_atomics, wait_event,
 };
 use vrdma_device::Transport;
 use vrdma_engine::attr::PortAttr;
@@ -106,12 +106,12 @@ impl Net {
 
     /// The set-up most tests open with: two devices on UDP ports
     /// (`NAME-a`, `NAME-b`), a guest on each with its objects
-    /// ([`Side::new`]), their QPs connected to each other.
-    pub fn pair(&self, name: &str) -> (Device, Device, Side, Side) {
+    /// ([`Endpoint::new`]), their QPs connected to each other.
+    pub fn pair(&self, name: &str) -> (Device, Device, Endpoint, Endpoint) {
         let da = self.device(&format!("{name}-a"));
         let db = self.device(&format!("{name}-b"));
-        let mut a = Side::new(&da);
-        let mut b = Side::new(&db);
+        let mut a = Endpoint::new(&da);
+        let mut b = Endpoint::new(&db);
         connect(&mut a, &mut b);
         (da, db, a, b)
     }

@@ -1,4 +1,4 @@
-//! A well-behaved guest's objects on a device ([`Side`]), two of them
+//! A well-behaved guest's objects on a device ([`Endpoint`]), two of them
 //! connected ([`connect`]), a good exchange both ways checked to the byte
 //! ([`exchange`]), and one going on throughout a test in a thread of its
 //! own ([`Steady`]); the waits the tests share ([`wait_event`],
@@ -34,7 +34,7 @@ const WC_SUCCESS: u32 = 0;
 /// A well-behaved guest's objects: a PD, the DMA MR, a CQ, an RC QP, a
 /// buffer and a user MR others write into.
 #[derive(Debug)]
-pub struct Side {
+pub struct Endpoint {
     pub g: Guest,
     /// The device's address (bound at GID index 0) and MAC: where a peer
     /// connects to.
@@ -53,7 +53,7 @@ pub struct Side {
     round: u32,
 }
 
-impl Side {
+impl Endpoint {
     /// A guest on `device` with [`RAM`] of RAM, every allocation followed
     /// by a canary page: the driver's probe (its capabilities checked),
     /// the device's address bound as GID 0, a PD, the DMA MR, a CQ of 64,
@@ -62,12 +62,12 @@ impl Side {
         Self::with_ram(device, RAM)
     }
 
-    /// [`Side::new`] with `ram` bytes of RAM.
+    /// [`Endpoint::new`] with `ram` bytes of RAM.
     pub fn with_ram(device: &Device, ram: u64) -> Self {
         Self::on(&device.socket, device.gid(), device.mac, ram)
     }
 
-    /// [`Side::new`] for the device served at `socket` (in this process or
+    /// [`Endpoint::new`] for the device served at `socket` (in this process or
     /// not) whose address is `gid` and MAC `mac`, with `ram` bytes of RAM.
     pub fn on(socket: &Path, gid: Gid, mac: [u8; 6], ram: u64) -> Self {
         let mut g = Guest::connect(socket, ram);
@@ -85,7 +85,7 @@ impl Side {
         let buf = g.alloc(4);
         let mr = g.alloc(2);
         let (_, _, rkey) = g.user_mr(pd, MR_VA, &[mr, mr + PAGE_SIZE], 1 | 2 | 4 | 8);
-        Side {
+        Endpoint {
             g,
             gid,
             mac,
@@ -109,7 +109,7 @@ impl Side {
     }
 }
 
-impl Side {
+impl Endpoint {
     /// A CREATE_MR for a 1 GiB MR whose page directory is two of this
     /// guest's pages: a directory whose 512 entries all point at one
     /// table, whose 512 entries all point at the side's MR page. Each one
@@ -135,12 +135,12 @@ impl Side {
     }
 }
 
-/// Makes [`Side::giant_mr_request`]'s MRs on `a` until the device refuses
+/// Makes [`Endpoint::giant_mr_request`]'s MRs on `a` until the device refuses
 /// one, which must be with ENOMEM, counted, before 64 (a budget holds)
 /// and after 16 (it leaves room for real MRs), the memory held within the
 /// budget; then `a` and `b` still exchange and a small MR still fits.
 /// The device's counters are `served`'s.
-pub fn page_lists_past_the_budget(served: &Served, a: &mut Side, b: &mut Side) {
+pub fn page_lists_past_the_budget(served: &Served, a: &mut Endpoint, b: &mut Endpoint) {
     let req = a.giant_mr_request();
     let mut made = 0;
     let refusal = loop {
@@ -162,20 +162,20 @@ pub fn page_lists_past_the_budget(served: &Served, a: &mut Side, b: &mut Side) {
 }
 
 /// Connects the two sides' QPs to each other (RC, in RTS).
-pub fn connect(a: &mut Side, b: &mut Side) {
+pub fn connect(a: &mut Endpoint, b: &mut Endpoint) {
     rc_up(&mut a.g, &a.qp, b.gid, b.qp.qpn, b.mac);
     rc_up(&mut b.g, &b.qp, a.gid, a.qp.qpn, a.mac);
 }
 
 /// A good exchange both ways: a 4 KiB SEND and a WRITE across the user
 /// MR's page boundary, every byte checked, then every canary.
-pub fn exchange(a: &mut Side, b: &mut Side) {
+pub fn exchange(a: &mut Endpoint, b: &mut Endpoint) {
     one_way(a, b);
     one_way(b, a);
 }
 
 /// [`exchange`]'s one way, `s` to `r`.
-pub fn one_way(s: &mut Side, r: &mut Side) {
+pub fn one_way(s: &mut Endpoint, r: &mut Endpoint) {
     s.round += 1;
     let round = s.round;
     let seed = u32::from(s.gid.0[15]);
@@ -226,7 +226,7 @@ pub fn one_way(s: &mut Side, r: &mut Side) {
 /// `s` READs 200 bytes across `r`'s user MR's page boundary, then
 /// FETCH_ADDs and COMP_SWAPs a word of it: every completion, byte and
 /// returned value checked, then every canary.
-pub fn read_and_atomics(s: &mut Side, r: &mut Side) {
+pub fn read_and_atomics(s: &mut Endpoint, r: &mut Endpoint) {
     s.round += 1;
     let round = s.round;
     let seed = u32::from(s.gid.0[15]);
@@ -344,12 +344,12 @@ pub fn completion(g: &mut Guest, cq: &mut GuestCq, wr_id: u64) -> abi::Cqe {
 pub struct Steady {
     stop: Arc<AtomicBool>,
     rounds: Arc<AtomicU64>,
-    thread: Option<JoinHandle<(Side, Side)>>,
+    thread: Option<JoinHandle<(Endpoint, Endpoint)>>,
 }
 
 impl Steady {
     /// Starts exchanging between `a` and `b` (connected to each other).
-    pub fn start(mut a: Side, mut b: Side) -> Self {
+    pub fn start(mut a: Endpoint, mut b: Endpoint) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let rounds = Arc::new(AtomicU64::new(0));
         let (halt, count) = (stop.clone(), rounds.clone());
@@ -395,7 +395,7 @@ impl Steady {
 
     /// Checks that the pair is still exchanging, stops it and gives its
     /// sides back with the exchanges it made; panics if one failed.
-    pub fn finish(mut self) -> (Side, Side, u64) {
+    pub fn finish(mut self) -> (Endpoint, Endpoint, u64) {
         self.check();
         self.stop.store(true, Ordering::Relaxed);
         let thread = self.thread.take().expect("a running pair");

@@ -33,7 +33,7 @@ use vrdma_engine::{
 use vrdma_wire::{Lkey, Psn, Qpn, Rkey};
 
 use super::{Event, Link, Sim, Stats};
-use crate::setup::{Connection, Ids, Side};
+use crate::setup::{Connection, EngineSpec, Ids};
 
 /// What to run.
 #[derive(Clone, Copy, Debug)]
@@ -188,7 +188,7 @@ struct Ends {
 /// Engine `n` of the workload: an RC QP with a slot per message in
 /// flight, its CQ room for every completion of them.
 fn device(sim: &mut Sim, n: u8, mem_len: u64) -> Ids {
-    Side::new(n)
+    EngineSpec::new(n)
         .base(BASE)
         .mem(mem_len as usize)
         .cqe(4 * SLOTS)

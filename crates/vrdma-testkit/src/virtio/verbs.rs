@@ -1108,7 +1108,7 @@ pub const PSN: u32 = 0x00ab_cd00;
 /// doorbells) with the device's address as GID 0, a PD, a CQ of 256
 /// entries and a 1 MiB MR with every access.
 #[derive(Debug)]
-pub struct Side {
+pub struct Endpoint {
     pub fe: Frontend,
     pub ctx: Ctx,
     pub pd: u32,
@@ -1117,7 +1117,7 @@ pub struct Side {
     pub gid: Gid,
 }
 
-impl Side {
+impl Endpoint {
     /// On `dev` with 64 MiB of guest memory.
     pub fn new(dev: &impl GuestDevice) -> Self {
         Self::with_memory(dev, 64 << 20)
@@ -1135,7 +1135,7 @@ impl Side {
         let pd = fe.pd(&ctx);
         let cq = fe.cq(&ctx, 256);
         let mr = fe.reg_mr(&ctx, pd, 1 << 20, ALL_ACCESS | access::MW_BIND);
-        Side {
+        Endpoint {
             fe,
             ctx,
             pd,
@@ -1164,7 +1164,7 @@ impl Side {
 
 /// Brings `qa` (of side `a`) and `qb` (of `b`) to RTS, connected to each
 /// other (UD QPs: each to RTS).
-pub fn connect(a: &mut Side, qa: &Qp, b: &mut Side, qb: &Qp) {
+pub fn connect(a: &mut Endpoint, qa: &Qp, b: &mut Endpoint, qb: &Qp) {
     let (ga, gb) = (a.gid, b.gid);
     for (s, q, peer, pgid) in [(&mut *a, qa, qb.qpn, gb), (&mut *b, qb, qa.qpn, ga)] {
         s.fe.qp_init(&s.ctx, q, ALL_ACCESS);
@@ -1183,7 +1183,14 @@ pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
 /// A SEND of `len` bytes from `a` to `b` on connected RC QPs, checked
 /// byte for byte: the receive posted, the send posted, both completions,
 /// the bytes in `b`'s MR. `tag` makes the data and wr_ids differ.
-pub fn send_checked(a: &mut Side, qa: &mut Qp, b: &mut Side, qb: &mut Qp, tag: u8, len: u32) {
+pub fn send_checked(
+    a: &mut Endpoint,
+    qa: &mut Qp,
+    b: &mut Endpoint,
+    qb: &mut Qp,
+    tag: u8,
+    len: u32,
+) {
     let data = pattern(tag, len as usize);
     a.put(0, &data);
     b.fe.ram.fill(b.mr.gpa + 4096, len as usize, 0);

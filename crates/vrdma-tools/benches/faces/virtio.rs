@@ -13,8 +13,8 @@ use vrdma_device::transport::SameHost;
 use vrdma_engine::attr::Mtu;
 use vrdma_fabric::{shm::Switch, udp::UdpPort};
 use vrdma_testkit::virtio::{
-    ALL_ACCESS, Frontend, Mr, Options as FrontendOptions, Path, Qp, QpSpec, Ram, Side, Wqe, mac_of,
-    serve, serve_pci,
+    ALL_ACCESS, Endpoint, Frontend, Mr, Options as FrontendOptions, Path, Qp, QpSpec, Ram, Wqe,
+    mac_of, serve, serve_pci,
 };
 use vrdma_virtio::{abi::qp_type, face::Options, vhost::DEFAULT_SPIN};
 use vrdma_wire::Gid;
@@ -72,7 +72,7 @@ type Counters = Box<dyn Fn() -> Vec<(String, u64)> + Send>;
 
 /// One side: the guest's objects, its QP, the buffer's MR and the peer's.
 pub struct VirtioPort {
-    side: Side,
+    side: Endpoint,
     qp: Qp,
     mr: Mr,
     peer: Mr,
@@ -84,10 +84,10 @@ pub struct VirtioPort {
     ring_idle: bool,
 }
 
-/// A guest on `dev`: a context, PD, CQ (the kit's [`Side`]), an MR over
+/// A guest on `dev`: a context, PD, CQ (the kit's [`Endpoint`]), an MR over
 /// the buffer and an RC QP 256 deep; and the device's worker threads
 /// (the vhost-user backend's `vring_worker`, which runs its turns).
-fn side(dev: &Device) -> (Side, Qp, Mr, Vec<i32>) {
+fn side(dev: &Device) -> (Endpoint, Qp, Mr, Vec<i32>) {
     let before = threads::snapshot().named("vring_worker");
     let fe = Frontend::connect(&dev.socket, Arc::new(Ram::new(0, RAM)));
     let workers = threads::snapshot()
@@ -100,7 +100,7 @@ fn side(dev: &Device) -> (Side, Qp, Mr, Vec<i32>) {
 }
 
 /// A guest on a virtio-pci device, and the device's thread.
-fn pci_side(dev: &PciDevice, name: &str) -> (Side, Qp, Mr, Vec<i32>) {
+fn pci_side(dev: &PciDevice, name: &str) -> (Endpoint, Qp, Mr, Vec<i32>) {
     let fe = Frontend::connect_pci(
         &dev.socket,
         Arc::new(Ram::new(0, RAM)),
@@ -112,8 +112,8 @@ fn pci_side(dev: &PciDevice, name: &str) -> (Side, Qp, Mr, Vec<i32>) {
 }
 
 /// The guest's objects on a started front-end.
-fn objects(fe: Frontend, addr: IpAddr) -> (Side, Qp, Mr) {
-    let mut side = Side::on(fe, Gid::from(addr));
+fn objects(fe: Frontend, addr: IpAddr) -> (Endpoint, Qp, Mr) {
+    let mut side = Endpoint::on(fe, Gid::from(addr));
     let mr = side.fe.reg_mr(&side.ctx, side.pd, layout::LEN, ALL_ACCESS);
     let spec = QpSpec {
         sq_entries: 256,
@@ -129,7 +129,7 @@ fn objects(fe: Frontend, addr: IpAddr) -> (Side, Qp, Mr) {
 
 /// INIT → RTR → RTS towards `dest` at `dgid`, as the kit's `connect` but
 /// at MTU 4096.
-fn bring_up(s: &mut Side, qp: &Qp, dest: u32, dgid: Gid) {
+fn bring_up(s: &mut Endpoint, qp: &Qp, dest: u32, dgid: Gid) {
     s.fe.qp_init(&s.ctx, qp, ALL_ACCESS);
     let path = Path {
         mtu: 5,
@@ -173,7 +173,7 @@ pub fn pci_pair(
     )
 }
 
-type SideParts = (Side, Qp, Mr, Vec<i32>);
+type SideParts = (Endpoint, Qp, Mr, Vec<i32>);
 
 fn connected(
     (mut a, qa, ma, wa): SideParts,
@@ -184,7 +184,7 @@ fn connected(
     let (ga, gb) = (a.gid, b.gid);
     bring_up(&mut a, &qa, qb.qpn, gb);
     bring_up(&mut b, &qb, qa.qpn, ga);
-    let port = |side: Side, qp, mr, peer, counters| VirtioPort {
+    let port = |side: Endpoint, qp, mr, peer, counters| VirtioPort {
         ram: side.fe.ram.clone(),
         counters,
         side,

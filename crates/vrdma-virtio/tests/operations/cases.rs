@@ -54,7 +54,7 @@ fn the_device_negotiates_and_answers_queries() {
 fn a_cq_as_large_as_max_cqe_allows() {
     let dev = NET.device("big-cq");
     // the largest ring (2^22 CQEs, 128 MiB) and the refused one twice its size
-    let mut s = Side::with_memory(&dev, 512 << 20);
+    let mut s = Endpoint::with_memory(&dev, 512 << 20);
     let max = s.fe.query_device().max_cqe.get();
     assert!(max >= (1 << 16) - 1, "max_cqe {max}");
     let entries = (max + 1).next_power_of_two();
@@ -67,7 +67,7 @@ fn a_cq_as_large_as_max_cqe_allows() {
     );
     // A QP on it WRITEs to another device's QP: the completion lands.
     let db = NET.device("big-cq-b");
-    let mut b = Side::new(&db);
+    let mut b = Endpoint::new(&db);
     let spec = QpSpec::new(qp_type::RC, cq.handle);
     let mut qa = s.fe.qp(&s.ctx, s.pd, &spec);
     let qb = b.qp(qp_type::RC);
@@ -82,8 +82,8 @@ fn a_cq_as_large_as_max_cqe_allows() {
 fn rc_send_between_two_devices() {
     let da = NET.device("rc-send-a");
     let db = NET.device("rc-send-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut qa = a.qp(qp_type::RC);
     let mut qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
@@ -91,11 +91,11 @@ fn rc_send_between_two_devices() {
 }
 
 /// Two devices, a side on each, a QP of `ty` on each, connected.
-fn pair(name: &str, ty: u8) -> (Dev, Dev, Side, Side, Qp, Qp) {
+fn pair(name: &str, ty: u8) -> (Dev, Dev, Endpoint, Endpoint, Qp, Qp) {
     let da = NET.device(&format!("{name}-a"));
     let db = NET.device(&format!("{name}-b"));
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let qa = a.qp(ty);
     let qb = b.qp(ty);
     connect(&mut a, &qa, &mut b, &qb);
@@ -332,8 +332,8 @@ fn flow_labels_wider_than_20_bits_are_cut_not_refused() {
 
         let da = NET.device(&format!("rc-flow-{label:x}-a"));
         let db = NET.device(&format!("rc-flow-{label:x}-b"));
-        let mut a = Side::new(&da);
-        let mut b = Side::new(&db);
+        let mut a = Endpoint::new(&da);
+        let mut b = Endpoint::new(&db);
         let mut qa = a.qp(qp_type::RC);
         let mut qb = b.qp(qp_type::RC);
         let (ga, gb) = (a.gid, b.gid);
@@ -462,8 +462,8 @@ fn memory_windows_of_both_types() {
 fn a_shared_receive_queue_feeds_two_qps() {
     let da = NET.device("srq-a");
     let db = NET.device("srq-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut srq = b.fe.srq(&b.ctx, b.pd, 64, 2, 0);
     let mut spec = QpSpec::new(qp_type::RC, b.cq.handle);
     spec.srq = srq.handle;
@@ -533,8 +533,8 @@ fn destroy_context_takes_every_object_of_the_context() {
         ..Default::default()
     };
     let fe = da.connect_with(std::sync::Arc::new(Ram::new(0, 64 << 20)), opts);
-    let mut a = Side::on(fe, da.gid());
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::on(fe, da.gid());
+    let mut b = Endpoint::new(&db);
     let before = counts(&da);
 
     let fe = &mut a.fe;
@@ -779,15 +779,15 @@ fn resize_cq_moves_unconsumed_completions_in_order() {
 fn modify_srq_limit_raises_srq_limit_reached_once() {
     let da = NET.device("srq-limit-a");
     let db = NET.device("srq-limit-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let mut srq = b.fe.srq(&b.ctx, b.pd, 64, 1, 0);
     let mut spec = QpSpec::new(qp_type::RC, b.cq.handle);
     spec.srq = srq.handle;
     let mut qa = a.qp(qp_type::RC);
     let qb = b.fe.qp(&b.ctx, b.pd, &spec);
     connect(&mut a, &qa, &mut b, &qb);
-    let query = |s: &mut Side, h: u32| -> abi::SrqAttrResp {
+    let query = |s: &mut Endpoint, h: u32| -> abi::SrqAttrResp {
         let r = abi::HandleReq {
             handle: h.into(),
             reserved: 0.into(),
@@ -795,7 +795,7 @@ fn modify_srq_limit_raises_srq_limit_reached_once() {
         s.fe.ok(abi::op::QUERY_SRQ, s.ctx.handle, r.as_bytes(), &[])
     };
     let srq_handle = srq.handle;
-    let modify = |s: &mut Side, mask: u32, limit: u32| {
+    let modify = |s: &mut Endpoint, mask: u32, limit: u32| {
         let r = abi::ModifySrqReq {
             srq: srq_handle.into(),
             mask: mask.into(),
@@ -853,7 +853,7 @@ fn modify_srq_limit_raises_srq_limit_reached_once() {
     assert_eq!(modify(&mut b, 2, 4), Ok(()));
     assert_eq!(query(&mut b, srq.handle).srq_limit.get(), 4);
 
-    let mut send = |a: &mut Side, b: &mut Side, i: u64| {
+    let mut send = |a: &mut Endpoint, b: &mut Endpoint, i: u64| {
         qa.post_send(&Wqe::send(i, &[a.mr.sge(SRC, 100)]));
         a.cq.expect_ok(wc::SEND, i);
         b.cq.expect_ok(wc::RECV, 100 + i);
@@ -902,8 +902,8 @@ fn the_gsi_qp_is_qpn_1_once_and_exchanges_datagrams() {
     const GSI_QKEY: u32 = 0x8001_0000;
     let da = NET.device("gsi-a");
     let db = NET.device("gsi-b");
-    let mut a = Side::new(&da);
-    let mut b = Side::new(&db);
+    let mut a = Endpoint::new(&da);
+    let mut b = Endpoint::new(&db);
     let spec = QpSpec::new(qp_type::GSI, a.cq.handle);
     let g = a.fe.qp(&a.ctx, a.pd, &spec);
     assert_eq!(g.qpn, 1, "the GSI QP is QPN 1");
@@ -1021,8 +1021,8 @@ fn two_devices_on_one_switch_exchange_over_shm() {
             )
         };
         let (da, db) = (on_switch("a"), on_switch("b"));
-        let mut a = Side::new(&da);
-        let mut b = Side::new(&db);
+        let mut a = Endpoint::new(&da);
+        let mut b = Endpoint::new(&db);
         let mut qa = a.qp(qp_type::RC);
         let mut qb = b.qp(qp_type::RC);
         connect(&mut a, &qa, &mut b, &qb);
