@@ -78,23 +78,13 @@ pub fn run(a: &PerfArgs) -> Result<()> {
         _ => 1,
     };
     let p = Params {
-        verb: s.verb,
-        bw: s.bw,
-        client: s.client,
+        test: s,
         qps: a.qps as usize,
-        sizes: s.sizes,
-        iters: s.iters,
-        duration: s.duration,
-        tx_depth: s.tx_depth,
-        rx_depth: s.rx_depth,
-        cq_mod: s.cq_mod,
-        inline: s.inline,
         out_reads,
         atomic: a.atomic_type,
         cycle,
         cache_line,
         region,
-        no_peak: s.no_peak,
         gbits: a.report_gbits,
         timeout,
     };
@@ -200,7 +190,7 @@ fn bring_up(
     oob: &mut Oob,
     mtu: Mtu,
 ) -> Result<(Vec<Key>, Vec<Key>)> {
-    let (verb, bw, out_reads) = (p.verb, p.bw, p.out_reads);
+    let (verb, bw, out_reads) = (p.test.verb, p.test.bw, p.out_reads);
     let ty = match a.connection {
         Connection::Rc => QpType::Rc,
         Connection::Uc => QpType::Uc,
@@ -221,7 +211,7 @@ fn bring_up(
     };
     let mut my = Vec::with_capacity(p.qps);
     for q in 0..p.qps {
-        let qpn = dev.create_qp(ty, p.tx_depth, p.rx_depth, p.inline)?;
+        let qpn = dev.create_qp(ty, p.test.tx_depth, p.test.rx_depth, p.test.inline)?;
         dev.init_qp(qpn, &c)?;
         my.push(Key {
             lid: 0,
@@ -253,7 +243,7 @@ fn bring_up(
     }
     // Both sides of a latency test and a bandwidth client request; a
     // bandwidth server only answers (perftest leaves it in RTR).
-    let rts = !bw || p.client;
+    let rts = !bw || p.test.client;
     for (k, r) in my.iter().zip(&rem) {
         c.max_rd_atomic = r.out_reads.clamp(1, out_reads.max(1)).min(255) as u8;
         let remote = Remote {
@@ -285,12 +275,12 @@ fn bring_up(
 /// closed as perftest closes it. `my` is this side's first key (the one
 /// every step message carries).
 fn test(t: &mut Tester, mut oob: Oob, my: &Key) -> Result<()> {
-    let client = t.p.client;
-    match (t.p.verb, t.p.bw) {
+    let client = t.p.test.client;
+    match (t.p.test.verb, t.p.test.bw) {
         (Verb::Send, true) => {
             println!("{RESULT_LINE}{}", bw_header(t.p.gbits));
-            let all = t.p.sizes.len() > 1;
-            for size in t.p.sizes.clone() {
+            let all = t.p.test.sizes.len() > 1;
+            for size in t.p.test.sizes.clone() {
                 if !client {
                     t.post_recvs_bw(size)?;
                 }
@@ -312,7 +302,7 @@ fn test(t: &mut Tester, mut oob: Oob, my: &Key) -> Result<()> {
             println!("{RESULT_LINE}{}", bw_header(t.p.gbits));
             if client {
                 let mut last = BwReport::default();
-                for size in t.p.sizes.clone() {
+                for size in t.p.test.sizes.clone() {
                     last = t.bw_client(size)?;
                     print_bw_row(&t.p, &last);
                 }
@@ -329,20 +319,20 @@ fn test(t: &mut Tester, mut oob: Oob, my: &Key) -> Result<()> {
             oob.close(my, &mut t.dev)?;
         }
         (Verb::Write, false) => {
-            println!("{RESULT_LINE}{}", lat_header(t.p.duration.is_some()));
-            for size in t.p.sizes.clone() {
+            println!("{RESULT_LINE}{}", lat_header(t.p.test.duration.is_some()));
+            for size in t.p.test.sizes.clone() {
                 let samples = t.write_lat(size)?;
                 print_lat(&t.p, size, &samples);
             }
             println!("{RESULT_LINE}");
         }
         (Verb::Send, false) => {
-            println!("{RESULT_LINE}{}", lat_header(t.p.duration.is_some()));
-            for size in t.p.sizes.clone() {
-                let n = if t.p.duration.is_some() {
-                    t.p.rx_depth
+            println!("{RESULT_LINE}{}", lat_header(t.p.test.duration.is_some()));
+            for size in t.p.test.sizes.clone() {
+                let n = if t.p.test.duration.is_some() {
+                    t.p.test.rx_depth
                 } else {
-                    t.p.rx_depth.min(t.p.iters as u32)
+                    t.p.test.rx_depth.min(t.p.test.iters as u32)
                 };
                 t.dev
                     .post_recvs(t.qps[0], 0, t.p.remote(0), size as u32, n)?;
@@ -355,8 +345,8 @@ fn test(t: &mut Tester, mut oob: Oob, my: &Key) -> Result<()> {
         }
         (_, false) => {
             if client {
-                println!("{RESULT_LINE}{}", lat_header(t.p.duration.is_some()));
-                for size in t.p.sizes.clone() {
+                println!("{RESULT_LINE}{}", lat_header(t.p.test.duration.is_some()));
+                for size in t.p.test.sizes.clone() {
                     let samples = t.op_lat(size)?;
                     print_lat(&t.p, size, &samples);
                 }

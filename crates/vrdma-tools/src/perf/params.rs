@@ -211,24 +211,15 @@ impl Settings {
 
 /// The negotiated parameters: everything the tests share.
 pub(super) struct Params {
-    pub(super) verb: Verb,
-    pub(super) bw: bool,
-    pub(super) client: bool,
+    /// The test as this side's arguments asked for it (checked).
+    pub(super) test: Settings,
     pub(super) qps: usize,
-    pub(super) sizes: Vec<u64>,
-    pub(super) iters: u64,
-    pub(super) duration: Option<Duration>,
-    pub(super) tx_depth: u32,
-    pub(super) rx_depth: u32,
-    pub(super) cq_mod: u64,
-    pub(super) inline: u32,
     pub(super) out_reads: u16,
     pub(super) atomic: AtomicType,
     pub(super) cycle: u64,
     pub(super) cache_line: u64,
     /// Bytes per region: every QP has a local region and a remote one.
     pub(super) region: u64,
-    pub(super) no_peak: bool,
     pub(super) gbits: bool,
     pub(super) timeout: Option<Duration>,
 }
@@ -287,7 +278,7 @@ impl Clock {
         let start = Instant::now();
         Clock {
             start,
-            window: p.duration.map(|d| {
+            window: p.test.duration.map(|d| {
                 let margin = d / 4;
                 (start + margin, start + d - margin, start + d)
             }),
@@ -334,23 +325,26 @@ mod tests {
     #[test]
     fn address_walk_stays_in_the_cycle() {
         let p = Params {
-            verb: Verb::Write,
-            bw: true,
-            client: true,
+            test: Settings {
+                verb: Verb::Write,
+                bw: true,
+                client: true,
+                sizes: vec![],
+                buf_size: 4096,
+                iters: 10,
+                duration: None,
+                tx_depth: 1,
+                rx_depth: 1,
+                cq_mod: 1,
+                inline: 0,
+                no_peak: true,
+            },
             qps: 2,
-            sizes: vec![],
-            iters: 10,
-            duration: None,
-            tx_depth: 1,
-            rx_depth: 1,
-            cq_mod: 1,
-            inline: 0,
             out_reads: 1,
             atomic: AtomicType::FetchAndAdd,
             cycle: 4096,
             cache_line: 64,
             region: 4096,
-            no_peak: true,
             gbits: false,
             timeout: None,
         };

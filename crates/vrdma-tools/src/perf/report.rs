@@ -76,14 +76,14 @@ pub(super) struct Samples {
 impl Samples {
     pub(super) fn new(p: &Params) -> Self {
         Samples {
-            posts: Vec::with_capacity(if p.duration.is_some() {
+            posts: Vec::with_capacity(if p.test.duration.is_some() {
                 0
             } else {
-                p.iters as usize
+                p.test.iters as usize
             }),
             window_count: 0,
             window_secs: 0.0,
-            timed: p.duration.is_some(),
+            timed: p.test.duration.is_some(),
         }
     }
 
@@ -174,7 +174,7 @@ pub(super) fn print_bw_row(p: &Params, r: &BwReport) {
 }
 
 pub(super) fn print_lat(p: &Params, size: u64, s: &Samples) {
-    let factor = p.verb.rtt_factor();
+    let factor = p.test.verb.rtt_factor();
     if s.timed {
         let (n, secs) = (s.window_count, s.window_secs);
         let (avg, tps) = if n > 0 && secs > 0.0 {
@@ -188,9 +188,9 @@ pub(super) fn print_lat(p: &Params, size: u64, s: &Samples) {
     match lat_stats(&s.posts, factor) {
         Some(l) => println!(
             " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}",
-            size, p.iters, l.min, l.max, l.typical, l.avg, l.stdev, l.p99, l.p999
+            size, p.test.iters, l.min, l.max, l.typical, l.avg, l.stdev, l.p99, l.p999
         ),
-        None => println!(" {size:<7} {}          (too few samples)", p.iters),
+        None => println!(" {size:<7} {}          (too few samples)", p.test.iters),
     }
 }
 
@@ -226,14 +226,14 @@ pub(super) fn print_key(side: &str, verb: Verb, k: &Key) {
 }
 
 pub(super) fn print_info(a: &PerfArgs, p: &Params, dev: &Context, mtu: Mtu) {
-    let mut title = format!("{} ", p.verb.title());
-    if p.verb == Verb::Atomic {
+    let mut title = format!("{} ", p.test.verb.title());
+    if p.test.verb == Verb::Atomic {
         title.push_str(match p.atomic {
             AtomicType::FetchAndAdd => "FETCH_AND_ADD ",
             AtomicType::CmpAndSwap => "CMP_AND_SWAP ",
         });
     }
-    title.push_str(if p.bw { "BW Test" } else { "Latency Test" });
+    title.push_str(if p.test.bw { "BW Test" } else { "Latency Test" });
     let conn = match a.connection {
         Connection::Rc => "RC",
         Connection::Uc => "UC",
@@ -245,7 +245,7 @@ pub(super) fn print_info(a: &PerfArgs, p: &Params, dev: &Context, mtu: Mtu) {
         .map_or_else(|_| "vrdma".into(), |a| format!("vrdma({})", a.ip()));
     println!("{RESULT_LINE}");
     println!("                    {title}");
-    if p.duration.is_none() && dev.events {
+    if p.test.duration.is_none() && dev.events {
         println!(" Test with events.");
     }
     println!(" Dual-port       : OFF\t\tDevice         : {name}");
@@ -253,22 +253,22 @@ pub(super) fn print_info(a: &PerfArgs, p: &Params, dev: &Context, mtu: Mtu) {
     println!(" Connection type : {conn}\t\tUsing SRQ      : OFF");
     println!(" PCIe relax order: OFF");
     println!(" ibv_wr* API     : OFF");
-    if p.client {
-        println!(" TX depth        : {}", p.tx_depth);
+    if p.test.client {
+        println!(" TX depth        : {}", p.test.tx_depth);
     }
-    if p.verb == Verb::Send && !p.client {
-        println!(" RX depth        : {}", p.rx_depth);
+    if p.test.verb == Verb::Send && !p.test.client {
+        println!(" RX depth        : {}", p.test.rx_depth);
     }
-    if p.bw {
-        println!(" CQ Moderation   : {}", p.cq_mod);
+    if p.test.bw {
+        println!(" CQ Moderation   : {}", p.test.cq_mod);
     }
     println!(" Mtu             : {}[B]", mtu.bytes());
     println!(" Link type       : Ethernet");
     println!(" GID index       : 0");
-    if matches!(p.verb, Verb::Read | Verb::Atomic) {
+    if matches!(p.test.verb, Verb::Read | Verb::Atomic) {
         println!(" Outstand reads  : {}", p.out_reads);
     } else {
-        println!(" Max inline data : {}[B]", p.inline);
+        println!(" Max inline data : {}[B]", p.test.inline);
     }
     println!(" rdma_cm QPs\t : OFF");
     println!(" Data ex. method : Ethernet");

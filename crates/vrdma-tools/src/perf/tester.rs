@@ -43,7 +43,11 @@ pub(super) fn check_wc(wc: &Wc, side: &str) -> Result<()> {
 
 impl Tester {
     pub(super) fn side(&self) -> &'static str {
-        if self.p.client { "client" } else { "server" }
+        if self.p.test.client {
+            "client"
+        } else {
+            "server"
+        }
     }
 
     /// Completions now (busy-polling), or after a short sleep in event
@@ -69,7 +73,7 @@ impl Tester {
         // The peer's address: any value it sent (its responder checks).
         let remote_addr = self.rem[q].vaddr.wrapping_add(self.p.offset(size, k));
         let rkey = self.rem[q].rkey;
-        match self.p.verb {
+        match self.p.test.verb {
             Verb::Send => SendOp::Send,
             Verb::Write => SendOp::RdmaWrite { remote_addr, rkey },
             Verb::Read => SendOp::RdmaRead { remote_addr, rkey },
@@ -95,7 +99,9 @@ impl Tester {
         } else {
             SendFlags(0)
         };
-        if size <= u64::from(self.p.inline) && matches!(self.p.verb, Verb::Send | Verb::Write) {
+        if size <= u64::from(self.p.test.inline)
+            && matches!(self.p.test.verb, Verb::Send | Verb::Write)
+        {
             f = f.with(SendFlags::INLINE);
         }
         f
@@ -106,10 +112,10 @@ impl Tester {
     /// signaled.
     pub(super) fn bw_client(&mut self, size: u64) -> Result<BwReport> {
         let p = &self.p;
-        let (n, iters, cq_mod) = (p.qps, p.iters, p.cq_mod);
-        let timed = p.duration.is_some();
+        let (n, iters, cq_mod) = (p.qps, p.test.iters, p.test.cq_mod);
+        let timed = p.test.duration.is_some();
         let total = iters * n as u64;
-        let peak = !p.no_peak;
+        let peak = !p.test.no_peak;
         let mut tposted = if peak {
             vec![0u64; total as usize]
         } else {
@@ -135,7 +141,9 @@ impl Tester {
                 break;
             }
             for q in 0..n {
-                while (timed || scnt[q] < iters) && scnt[q] - ccnt[q] < u64::from(self.p.tx_depth) {
+                while (timed || scnt[q] < iters)
+                    && scnt[q] - ccnt[q] < u64::from(self.p.test.tx_depth)
+                {
                     let k = scnt[q];
                     let signaled = k % cq_mod == cq_mod - 1 || (!timed && k == iters - 1);
                     let local = self.p.local(q) + self.p.offset(size, k);
@@ -205,7 +213,7 @@ impl Tester {
     /// Posts the bandwidth server's receives: `rx_depth` per QP.
     pub(super) fn post_recvs_bw(&mut self, size: u64) -> Result<()> {
         for q in 0..self.p.qps {
-            for k in 0..u64::from(self.p.rx_depth) {
+            for k in 0..u64::from(self.p.test.rx_depth) {
                 let at = self.p.remote(q) + self.p.offset(size, k);
                 self.dev
                     .post_recvs(self.qps[q], q as u64, at, size as u32, 1)?;
@@ -217,10 +225,10 @@ impl Tester {
     /// The send_bw server: takes `iters` messages on every QP, posting a
     /// receive for each one taken while fewer than `iters` were posted.
     pub(super) fn bw_server(&mut self, size: u64) -> Result<BwReport> {
-        let (n, iters) = (self.p.qps, self.p.iters);
-        let timed = self.p.duration.is_some();
+        let (n, iters) = (self.p.qps, self.p.test.iters);
+        let timed = self.p.test.duration.is_some();
         let mut rcnt = vec![0u64; n];
-        let mut posted = vec![u64::from(self.p.rx_depth); n];
+        let mut posted = vec![u64::from(self.p.test.rx_depth); n];
         let total = iters * n as u64;
         let mut tot = 0u64;
         let mut clock = Clock::new(&self.p);
@@ -277,8 +285,8 @@ impl Tester {
     /// the peer's write to change the last byte of its own buffer; the
     /// server writes first.
     pub(super) fn write_lat(&mut self, size: u64) -> Result<Samples> {
-        let timed = self.p.duration.is_some();
-        let iters = if timed { u64::MAX } else { self.p.iters };
+        let timed = self.p.test.duration.is_some();
+        let iters = if timed { u64::MAX } else { self.p.test.iters };
         let post_at = self.p.local(0);
         let poll_at = self.p.remote(0) + size - 1;
         let mut clock = Clock::new(&self.p);
@@ -289,7 +297,7 @@ impl Tester {
         // write may already have landed while the exchange ran.)
         while scnt < iters || ccnt < iters || rcnt < iters {
             // The server writes first.
-            if rcnt < iters && (self.p.client || scnt >= 1) {
+            if rcnt < iters && (self.p.test.client || scnt >= 1) {
                 rcnt += 1;
                 let want = rcnt as u8;
                 while self.dev.byte(poll_at)? != want {
@@ -327,9 +335,9 @@ impl Tester {
     /// send_lat: each side sends when it has received (the client
     /// first), receives re-posted while more are expected.
     pub(super) fn send_lat(&mut self, size: u64) -> Result<Samples> {
-        let timed = self.p.duration.is_some();
-        let iters = if timed { u64::MAX } else { self.p.iters };
-        let rx_depth = u64::from(self.p.rx_depth);
+        let timed = self.p.test.duration.is_some();
+        let iters = if timed { u64::MAX } else { self.p.test.iters };
+        let rx_depth = u64::from(self.p.test.rx_depth);
         let post_at = self.p.local(0);
         let recv_at = self.p.remote(0);
         let mut clock = Clock::new(&self.p);
@@ -355,7 +363,7 @@ impl Tester {
         };
         while scnt < iters || rcnt < iters {
             // The client sends first.
-            if rcnt < iters && (!self.p.client || scnt >= 1) {
+            if rcnt < iters && (!self.p.test.client || scnt >= 1) {
                 while recvd <= rcnt {
                     let now = Instant::now();
                     if clock.over(now) {
@@ -376,7 +384,7 @@ impl Tester {
                 let now = Instant::now();
                 s.posted(&clock, now);
                 scnt += 1;
-                let signaled = scnt % self.p.cq_mod == 0 || scnt == iters;
+                let signaled = scnt % self.p.test.cq_mod == 0 || scnt == iters;
                 let op = self.op(0, size, 0);
                 let flags = self.flags(size, signaled);
                 self.dev
@@ -400,8 +408,8 @@ impl Tester {
 
     /// read_lat / atomic_lat (the client): one operation at a time.
     pub(super) fn op_lat(&mut self, size: u64) -> Result<Samples> {
-        let timed = self.p.duration.is_some();
-        let iters = if timed { u64::MAX } else { self.p.iters };
+        let timed = self.p.test.duration.is_some();
+        let iters = if timed { u64::MAX } else { self.p.test.iters };
         let at = self.p.local(0);
         let mut clock = Clock::new(&self.p);
         let mut s = Samples::new(&self.p);
