@@ -24,26 +24,8 @@ fn ud_send_with_immediate_delivers_grh_source_qp_and_data() {
     let data = pattern(100, 1);
     fill(&mut net, a, 0, &data);
     let rsge = [sge(b, 0x100, 140)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
-    let ah = e(&mut net, a)
-        .create_ah(
-            a.pd,
-            AhAttr {
-                dgid: gid(2),
-                port_num: 1,
-                hop_limit: 64,
-                ..AhAttr::default()
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 9, &rsge);
+    let ah = ah_to(&mut net, a, gid(2));
     let ssge = [sge(a, 0, 100)];
     let wr = SendWr {
         wr_id: 1,
@@ -83,15 +65,7 @@ fn ud_send_with_immediate_delivers_grh_source_qp_and_data() {
 fn ud_with_a_wrong_qkey_is_dropped_and_counted() {
     let (mut net, a, b) = pair(QpType::Ud, 7);
     let rsge = [sge(b, 0, 200)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 9, &rsge);
     let ah = e(&mut net, a)
         .create_ah(
             a.pd,
@@ -136,23 +110,8 @@ fn rc_send_across_packets_and_sges_arrives_whole_and_completes_on_ack() {
         sge(b, 0x5000, 1990),
         sge(b, 0x6000, 1000),
     ];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 20,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
-    let wr = SendWr {
-        wr_id: 10,
-        op: SendOp::Send,
-        payload: Payload::Sges(&ssge),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    recv(&mut net, b, 20, &rsge);
+    send(&mut net, a, 10, SendOp::Send, &ssge, SendFlags::SIGNALED);
     assert_eq!(net.run(100), Quiet::Idle);
     let got = [
         read(&net, b, 0x4000, 10),
@@ -183,28 +142,20 @@ fn rc_write_with_immediate_lands_and_consumes_one_receive() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let data = pattern(5000, 3);
     fill(&mut net, a, 0, &data);
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 30,
-                sg_list: &[],
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 30, &[]);
     let ssge = [sge(a, 0, 5000)];
-    let wr = SendWr {
-        wr_id: 11,
-        op: SendOp::RdmaWriteWithImm {
+    send(
+        &mut net,
+        a,
+        11,
+        SendOp::RdmaWriteWithImm {
             remote_addr: BASE + 0x8000,
             rkey: b.rkey,
             imm: 0xdead_beef,
         },
-        payload: Payload::Sges(&ssge),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+        &ssge,
+        SendFlags::SIGNALED,
+    );
     net.run(100);
     assert_eq!(read(&net, b, 0x8000, 5000), data);
     let rw = poll(&mut net, b);
@@ -222,17 +173,17 @@ fn rc_write_with_immediate_lands_and_consumes_one_receive() {
 fn rc_write_outside_the_remote_mr_is_a_remote_access_error_on_both_sides() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let ssge = [sge(a, 0, 64)];
-    let wr = SendWr {
-        wr_id: 12,
-        op: SendOp::RdmaWrite {
+    send(
+        &mut net,
+        a,
+        12,
+        SendOp::RdmaWrite {
             remote_addr: BASE + MEM as u64 - 32,
             rkey: b.rkey,
         },
-        payload: Payload::Sges(&ssge),
-        flags: SendFlags::default(),
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+        &ssge,
+        SendFlags::default(),
+    );
     net.run(100);
     let sw = poll(&mut net, a);
     assert_eq!(sw.len(), 1, "errors complete even unsignaled");
@@ -258,17 +209,17 @@ fn rc_write_with_a_wrong_key_byte_is_refused() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let ssge = [sge(a, 0, 8)];
     let stale = Rkey(b.rkey.0 ^ 0x01);
-    let wr = SendWr {
-        wr_id: 13,
-        op: SendOp::RdmaWrite {
+    send(
+        &mut net,
+        a,
+        13,
+        SendOp::RdmaWrite {
             remote_addr: BASE,
             rkey: stale,
         },
-        payload: Payload::Sges(&ssge),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+        &ssge,
+        SendFlags::SIGNALED,
+    );
     net.run(100);
     assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
 }
@@ -278,14 +229,7 @@ fn rnr_waits_for_the_timer_then_succeeds_once_a_receive_is_posted() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     fill(&mut net, a, 0, b"hello, rnr");
     let ssge = [sge(a, 0, 10)];
-    let wr = SendWr {
-        wr_id: 14,
-        op: SendOp::Send,
-        payload: Payload::Sges(&ssge),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    send(&mut net, a, 14, SendOp::Send, &ssge, SendFlags::SIGNALED);
     // SEND, RNR NAK; then the requester waits (min_rnr_timer 1 = 10 µs).
     let Quiet::Timer(t) = net.run(100) else {
         panic!("expected an RNR wait")
@@ -293,15 +237,7 @@ fn rnr_waits_for_the_timer_then_succeeds_once_a_receive_is_posted() {
     assert_eq!(net.delivered, 2);
     assert!(poll(&mut net, a).is_empty());
     let rsge = [sge(b, 0x200, 64)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 40,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 40, &rsge);
     net.advance_to(t);
     assert_eq!(net.run(100), Quiet::Idle);
     assert_eq!(read(&net, b, 0x200, 10), b"hello, rnr");
@@ -313,14 +249,7 @@ fn rnr_waits_for_the_timer_then_succeeds_once_a_receive_is_posted() {
 fn rnr_retries_run_out() {
     let (mut net, a, _b) = pair(QpType::Rc, 2);
     let ssge = [sge(a, 0, 4)];
-    let wr = SendWr {
-        wr_id: 15,
-        op: SendOp::Send,
-        payload: Payload::Sges(&ssge),
-        flags: SendFlags::default(),
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    send(&mut net, a, 15, SendOp::Send, &ssge, SendFlags::default());
     let mut rounds = 0;
     while let Quiet::Timer(t) = net.run(100) {
         net.advance_to(t);
@@ -343,14 +272,7 @@ fn an_unanswered_request_times_out_after_retry_cnt_resends() {
     // The peer's GID belongs to nobody: every packet is lost.
     connect_to(&mut net, a, gid(9), Qpn::from_masked(99), 7);
     let ssge = [sge(a, 0, 4)];
-    let wr = SendWr {
-        wr_id: 16,
-        op: SendOp::Send,
-        payload: Payload::Sges(&ssge),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    send(&mut net, a, 16, SendOp::Send, &ssge, SendFlags::SIGNALED);
     let mut timeouts = 0;
     while let Quiet::Timer(t) = net.run(100) {
         // 4.096 µs × 2^10 per attempt.
@@ -376,15 +298,7 @@ fn uc_send_and_write_without_acks() {
     let data = pattern(2500, 9);
     fill(&mut net, a, 0, &data);
     let rsge = [sge(b, 0, 4096)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 50,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 50, &rsge);
     let ssge = [sge(a, 0, 2500)];
     for (id, op) in [
         (1, SendOp::Send),
@@ -419,15 +333,7 @@ fn zero_length_send_and_inline_data() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let rsge = [sge(b, 0, 16)];
     for id in [60, 61] {
-        e(&mut net, b)
-            .post_recv(
-                b.qpn,
-                &RecvWr {
-                    wr_id: id,
-                    sg_list: &rsge,
-                },
-            )
-            .unwrap();
+        recv(&mut net, b, id, &rsge);
     }
     let zero = SendWr {
         wr_id: 1,
@@ -530,17 +436,17 @@ fn lent_payloads_follow_pages_and_sges_and_keep_their_checks() {
         sge(a, 0x1000, n2),
     ];
     let mut lent_pieces = 0;
-    let wr = SendWr {
-        wr_id: 5,
-        op: SendOp::RdmaWrite {
+    send(
+        &mut net,
+        a,
+        5,
+        SendOp::RdmaWrite {
             remote_addr: BASE + 0x2000,
             rkey: b.rkey,
         },
-        payload: Payload::Sges(&sges),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+        &sges,
+        SendFlags::SIGNALED,
+    );
     while net.step() > 0 {
         lent_pieces = lent_pieces.max(net.nodes[a.node].engine.gathered().len());
     }
@@ -556,33 +462,10 @@ fn lent_payloads_follow_pages_and_sges_and_keep_their_checks() {
 fn a_receive_half_filled_when_the_qp_fails_is_flushed_not_lost() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let rsge = [sge(b, 0, 4096)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 80,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 81,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 80, &rsge);
+    recv(&mut net, b, 81, &rsge);
     let ssge = [sge(a, 0, 3000)];
-    let wr = SendWr {
-        wr_id: 1,
-        op: SendOp::Send,
-        payload: Payload::Sges(&ssge),
-        flags: SendFlags::default(),
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+    send(&mut net, a, 1, SendOp::Send, &ssge, SendFlags::default());
     assert_eq!(net.step(), 1, "the first of three packets");
     e(&mut net, b)
         .modify_qp(
@@ -610,17 +493,17 @@ fn rc_read_brings_remote_data_in_several_responses() {
     let data = pattern(3000, 5);
     fill(&mut net, b, 0x3000, &data);
     let local = [sge(a, 0x100, 1000), sge(a, 0x2000, 2000)];
-    let wr = SendWr {
-        wr_id: 90,
-        op: SendOp::RdmaRead {
+    send(
+        &mut net,
+        a,
+        90,
+        SendOp::RdmaRead {
             remote_addr: BASE + 0x3000,
             rkey: b.rkey,
         },
-        payload: Payload::Sges(&local),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, a, &wr);
+        &local,
+        SendFlags::SIGNALED,
+    );
     assert_eq!(net.run(100), Quiet::Idle);
     let got = [read(&net, a, 0x100, 1000), read(&net, a, 0x2000, 2000)].concat();
     assert_eq!(got, data);
@@ -651,17 +534,17 @@ fn rc_read_needs_remote_read_rights() {
         })
         .unwrap();
     let local = [sge(a, 0, 64)];
-    let wr = SendWr {
-        wr_id: 91,
-        op: SendOp::RdmaRead {
+    send(
+        &mut net,
+        a,
+        91,
+        SendOp::RdmaRead {
             remote_addr: BASE,
             rkey: wr_only,
         },
-        payload: Payload::Sges(&local),
-        flags: SendFlags::default(),
-        ud: None,
-    };
-    post(&mut net, a, &wr);
+        &local,
+        SendFlags::default(),
+    );
     net.run(100);
     assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
     assert_eq!(qp_state(&mut net, b), QpState::Err);
@@ -673,18 +556,18 @@ fn rc_atomics_execute_once_and_return_the_original_value() {
     // The target word holds 40 (little-endian, the host's order).
     fill(&mut net, b, 0x80, &40u64.to_le_bytes());
     let local = [sge(a, 0x10, 8)];
-    let add = SendWr {
-        wr_id: 1,
-        op: SendOp::FetchAdd {
+    send(
+        &mut net,
+        a,
+        1,
+        SendOp::FetchAdd {
             remote_addr: BASE + 0x80,
             rkey: b.rkey,
             add: 2,
         },
-        payload: Payload::Sges(&local),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, a, &add);
+        &local,
+        SendFlags::SIGNALED,
+    );
     net.run(100);
     assert_eq!(poll(&mut net, a)[0].status, WcStatus::Success);
     assert_eq!(read(&net, b, 0x80, 8), 42u64.to_le_bytes());
@@ -739,15 +622,7 @@ fn reads_beyond_max_rd_atomic_wait_and_a_fence_waits_for_them() {
         post(&mut net, a, &wr);
     }
     let rsge = [sge(b, 0x8000, 16)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 7,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 7, &rsge);
     let fenced = SendWr {
         wr_id: 3,
         op: SendOp::Send,
@@ -783,17 +658,17 @@ fn reads_beyond_max_rd_atomic_wait_and_a_fence_waits_for_them() {
 fn a_zero_length_read_completes() {
     let (mut net, a, _b) = pair(QpType::Rc, 7);
     // A zero-length READ needs no valid key (IBTA Vol1 §9.4.3).
-    let wr = SendWr {
-        wr_id: 5,
-        op: SendOp::RdmaRead {
+    send(
+        &mut net,
+        a,
+        5,
+        SendOp::RdmaRead {
             remote_addr: 0,
             rkey: Rkey(0),
         },
-        payload: Payload::Sges(&[]),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, a, &wr);
+        &[],
+        SendFlags::SIGNALED,
+    );
     net.run(100);
     let sw = poll(&mut net, a);
     assert_eq!((sw[0].status, sw[0].byte_len), (WcStatus::Success, 0));
@@ -813,18 +688,18 @@ fn an_atomic_without_remote_atomic_rights_changes_nothing() {
         .unwrap();
     fill(&mut net, b, 0x80, &5u64.to_le_bytes());
     let local = [sge(a, 0x10, 8)];
-    let wr = SendWr {
-        wr_id: 1,
-        op: SendOp::FetchAdd {
+    send(
+        &mut net,
+        a,
+        1,
+        SendOp::FetchAdd {
             remote_addr: BASE + 0x80,
             rkey: no_atomic,
             add: 1,
         },
-        payload: Payload::Sges(&local),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, a, &wr);
+        &local,
+        SendFlags::SIGNALED,
+    );
     net.run(100);
     assert_eq!(poll(&mut net, a)[0].status, WcStatus::RemAccessErr);
     assert_eq!(read(&net, b, 0x80, 8), 5u64.to_le_bytes());
@@ -964,24 +839,9 @@ fn a_lost_middle_packet_is_nakked_and_resent_go_back_n() {
     let data = pattern(3000, 11);
     fill(&mut net, a, 0, &data);
     let rsge = [sge(b, 0x4000, 4096)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 1,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 1, &rsge);
     let ssge = [sge(a, 0, 3000)];
-    let wr = SendWr {
-        wr_id: 2,
-        op: SendOp::Send,
-        payload: Payload::Sges(&ssge),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, a, &wr);
+    send(&mut net, a, 2, SendOp::Send, &ssge, SendFlags::SIGNALED);
     net.drop.insert(1);
     assert_eq!(net.run(100), Quiet::Idle);
     assert_eq!(read(&net, b, 0x4000, 3000), data);
@@ -999,15 +859,7 @@ fn a_lost_ack_is_recovered_by_timeout_without_a_second_delivery() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let rsge = [sge(b, 0, 64)];
     for id in [1, 2] {
-        e(&mut net, b)
-            .post_recv(
-                b.qpn,
-                &RecvWr {
-                    wr_id: id,
-                    sg_list: &rsge,
-                },
-            )
-            .unwrap();
+        recv(&mut net, b, id, &rsge);
     }
     let wr = SendWr {
         wr_id: 3,
@@ -1042,17 +894,17 @@ fn a_lost_read_response_is_asked_for_again() {
     let data = pattern(3000, 13);
     fill(&mut net, b, 0x3000, &data);
     let local = [sge(a, 0x100, 3000)];
-    let wr = SendWr {
-        wr_id: 4,
-        op: SendOp::RdmaRead {
+    send(
+        &mut net,
+        a,
+        4,
+        SendOp::RdmaRead {
             remote_addr: BASE + 0x3000,
             rkey: b.rkey,
         },
-        payload: Payload::Sges(&local),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, a, &wr);
+        &local,
+        SendFlags::SIGNALED,
+    );
     // Packets: 0 request, 1..=3 responses; lose the middle response.
     net.drop.insert(2);
     let mut rounds = 0;
@@ -1072,18 +924,18 @@ fn a_duplicate_atomic_is_answered_from_the_replay_cache() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     fill(&mut net, b, 0x80, &10u64.to_le_bytes());
     let local = [sge(a, 0x10, 8)];
-    let wr = SendWr {
-        wr_id: 5,
-        op: SendOp::FetchAdd {
+    send(
+        &mut net,
+        a,
+        5,
+        SendOp::FetchAdd {
             remote_addr: BASE + 0x80,
             rkey: b.rkey,
             add: 1,
         },
-        payload: Payload::Sges(&local),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, a, &wr);
+        &local,
+        SendFlags::SIGNALED,
+    );
     net.drop.insert(1); // the atomic acknowledgement
     let Quiet::Timer(t) = net.run(100) else {
         panic!("expected the retransmit timer")
@@ -1136,16 +988,16 @@ fn fast_registration_then_local_invalidation() {
     assert_eq!(got, [(2, WcStatus::Success)]);
     assert_eq!(read(&net, b, 0x8010, 8), b"via frmr");
     // LOCAL_INV on b; then the key names nothing.
-    let inv = SendWr {
-        wr_id: 3,
-        op: SendOp::LocalInv {
+    send(
+        &mut net,
+        b,
+        3,
+        SendOp::LocalInv {
             invalidate: Rkey(k.0),
         },
-        payload: Payload::Sges(&[]),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, b, &inv);
+        &[],
+        SendFlags::SIGNALED,
+    );
     net.run(100);
     let wc = poll(&mut net, b);
     assert_eq!(
@@ -1168,15 +1020,7 @@ fn a_peer_invalidates_a_fast_registered_mr_with_send_with_invalidate() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let k = fast_reg(&mut net, b, 0x8000, 7);
     let rsge = [sge(b, 0x100, 64)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 9, &rsge);
     let wr = SendWr {
         wr_id: 1,
         op: SendOp::SendWithInv {
@@ -1200,15 +1044,7 @@ fn a_peer_invalidates_a_fast_registered_mr_with_send_with_invalidate() {
 fn send_with_invalidate_of_a_regular_mr_is_an_invalid_request() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let rsge = [sge(b, 0x100, 64)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 9, &rsge);
     let wr = SendWr {
         wr_id: 1,
         op: SendOp::SendWithInv { invalidate: b.rkey },
@@ -1296,15 +1132,7 @@ fn a_type_2_window_grants_only_its_range_to_its_qp_until_invalidated() {
     assert_eq!(read(&net, b, 0x2000, 8), b"windowed");
     // A SEND with invalidate from the bound QP's peer unbinds it.
     let rsge = [sge(b, 0x100, 64)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 9, &rsge);
     let wr = SendWr {
         wr_id: 2,
         op: SendOp::SendWithInv { invalidate: key },
@@ -1413,15 +1241,7 @@ fn a_resend_does_not_run_a_local_operation_twice() {
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let k = fast_reg(&mut net, a, 0x8000, 0x42);
     let rsge = [sge(b, 0, 64)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 9, &rsge);
     let send = SendWr {
         wr_id: 1,
         op: SendOp::Send,
@@ -1555,15 +1375,7 @@ fn messages_of_odd_lengths_at_every_path_mtu() {
                 };
                 for (i, (op, recv_op)) in ops.iter().enumerate() {
                     let rsge = [sge(b, 0, 16384)];
-                    e(&mut net, b)
-                        .post_recv(
-                            b.qpn,
-                            &RecvWr {
-                                wr_id: 100 + i as u64,
-                                sg_list: &rsge,
-                            },
-                        )
-                        .unwrap();
+                    recv(&mut net, b, 100 + i as u64, &rsge);
                     let local = if matches!(op, SendOp::RdmaRead { .. }) {
                         0x4000
                     } else {
@@ -1648,15 +1460,7 @@ fn a_forged_read_response_acknowledges_nothing() {
     // far beyond anything sent must not complete it.
     let (mut net, a, b) = pair(QpType::Rc, 7);
     let rsge = [sge(b, 0, 64)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 9, &rsge);
     let wr = SendWr {
         wr_id: 1,
         op: SendOp::Send,
@@ -1734,15 +1538,7 @@ fn a_same_host_medium_carries_runs_of_segments_each_with_its_psn() {
         }
         let (psn0, _) = e(&mut net, a).qp_psns(a.qpn).unwrap();
         let r = [sge(b, 0x4000, 20_000)];
-        e(&mut net, b)
-            .post_recv(
-                b.qpn,
-                &RecvWr {
-                    wr_id: 7,
-                    sg_list: &r,
-                },
-            )
-            .unwrap();
+        recv(&mut net, b, 7, &r);
         let write = [sge(a, 0, 20_000)];
         let into = [sge(a, 0xa000, 20_000)];
         for (id, op, s) in [
@@ -1819,17 +1615,17 @@ fn a_run_of_segments_from_a_wire_peer_is_an_invalid_request() {
     let data = pattern(20_000, 3);
     fill(&mut net, a, 0, &data);
     let s = [sge(a, 0, 20_000)];
-    let wr = SendWr {
-        wr_id: 5,
-        op: SendOp::RdmaWrite {
+    send(
+        &mut net,
+        a,
+        5,
+        SendOp::RdmaWrite {
             remote_addr: BASE,
             rkey: b.rkey,
         },
-        payload: Payload::Sges(&s),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    e(&mut net, a).post_send(a.qpn, &wr).unwrap();
+        &s,
+        SendFlags::SIGNALED,
+    );
     net.run(100);
     let sw = poll(&mut net, a);
     assert_eq!(
@@ -1854,26 +1650,18 @@ fn the_end_of_an_mrs_grant_revokes_its_fence() {
     let data = pattern(8000, 4);
     fill(&mut net, a, 0, &data);
     let rsge = [sge(b, 0x1000, 8000)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 9, &rsge);
     let s = [sge(a, 0, 8000)];
-    let wr = SendWr {
-        wr_id: 1,
-        op: SendOp::SendWithInv {
+    send(
+        &mut net,
+        a,
+        1,
+        SendOp::SendWithInv {
             invalidate: Rkey(k.0),
         },
-        payload: Payload::Sges(&s),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, a, &wr);
+        &s,
+        SendFlags::SIGNALED,
+    );
     net.run(100);
     let wc = poll(&mut net, b);
     assert!(wc[0].wc_flags.contains(WcFlags::WITH_INV));
@@ -1883,16 +1671,16 @@ fn the_end_of_an_mrs_grant_revokes_its_fence() {
     let k = fast_reg(&mut net, b, 0x8000, 8);
     let fence = e(&mut net, b).mr(k).unwrap().fence.clone();
     assert!(!fence.is_revoked());
-    let inv = SendWr {
-        wr_id: 2,
-        op: SendOp::LocalInv {
+    send(
+        &mut net,
+        b,
+        2,
+        SendOp::LocalInv {
             invalidate: Rkey(k.0),
         },
-        payload: Payload::Sges(&[]),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    post(&mut net, b, &inv);
+        &[],
+        SendFlags::SIGNALED,
+    );
     net.run(100);
     assert_eq!(poll(&mut net, b)[0].status, WcStatus::Success);
     assert!(fence.is_revoked(), "LOCAL_INV");

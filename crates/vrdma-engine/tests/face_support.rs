@@ -10,7 +10,7 @@ use vrdma_engine::{
     mr::Access,
     qp::{AhAttr, AttrMask, QpAttr, QpState, QpType},
     wc::{NetworkHdr, WcFlags, WcOpcode, WcStatus},
-    wr::{Av, Payload, RecvWr, SendFlags, SendOp, SendWr, UdDest},
+    wr::{Av, Payload, SendFlags, SendOp, SendWr, UdDest},
 };
 use vrdma_testkit::net::{Net, Quiet};
 use vrdma_wire::{QKey, Qpn};
@@ -67,15 +67,7 @@ fn the_gsi_qp_is_qp1_once_per_device_and_exchanges_datagrams_with_another_qp1() 
             .unwrap();
     }
     let rsge = [sge(b, 0x100, 296)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 5,
-                sg_list: &rsge,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 5, &rsge);
     let mad = pattern(256, 3);
     fill(&mut net, a, 0, &mad);
     let ssge = [sge(a, 0, 256)];
@@ -368,15 +360,7 @@ fn a_send_completion_counts_the_wqes_retired_through_it() {
     assert_eq!(got, [(8, WcStatus::Success, 1)], "counted again from RESET");
     // A receive completion carries no count.
     let rs = [sge(b, 0x800, 64)];
-    e(&mut net, b)
-        .post_recv(
-            b.qpn,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: &rs,
-            },
-        )
-        .unwrap();
+    recv(&mut net, b, 9, &rs);
     post(
         &mut net,
         a,
@@ -398,15 +382,7 @@ fn a_qp_found_broken_is_flushed_with_a_fatal_event() {
     let (mut net, a, _b) = pair(QpType::Rc, 7);
     let sg = [sge(a, 0, 64)];
     for id in [7, 8] {
-        e(&mut net, a)
-            .post_recv(
-                a.qpn,
-                &RecvWr {
-                    wr_id: id,
-                    sg_list: &sg,
-                },
-            )
-            .unwrap();
+        recv(&mut net, a, id, &sg);
     }
     assert_eq!(e(&mut net, a).rq_len(a.qpn), Some(2));
     while e(&mut net, a).poll_event().is_some() {}

@@ -122,33 +122,13 @@ fn run(c: &Case) {
             };
             // Larger than the message: byte_len must say what arrived.
             let r = [sge(b, at, len + grh + 16)];
-            e(&mut net, b)
-                .post_recv(
-                    b.qpn,
-                    &RecvWr {
-                        wr_id: 70 + i,
-                        sg_list: &r,
-                    },
-                )
-                .unwrap();
+            recv(&mut net, b, 70 + i, &r);
         }
     }
 
     // The WRs on A: an unsignaled one first (when the operation can run
     // twice), then a signaled one.
-    let ah = ud.then(|| {
-        e(&mut net, a)
-            .create_ah(
-                a.pd,
-                AhAttr {
-                    dgid: gid(2),
-                    port_num: 1,
-                    hop_limit: 64,
-                    ..AhAttr::default()
-                },
-            )
-            .unwrap()
-    });
+    let ah = ud.then(|| ah_to(&mut net, a, gid(2)));
     let remote = b.rkey;
     let op = match c.op {
         Op::Send => SendOp::Send,

@@ -6,13 +6,13 @@
 #![allow(dead_code)]
 
 use vrdma_engine::{
-    Engine,
+    AhHandle, Engine,
     attr::Mtu,
     memory::Memory,
     mr::{Access, Translation},
-    qp::{QpState, QpType},
+    qp::{AhAttr, QpState, QpType},
     wc::{Wc, WcOpcode, WcStatus},
-    wr::{Payload, SendFlags, SendOp, SendWr, Sge},
+    wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge},
 };
 use vrdma_testkit::{
     net::Net,
@@ -108,6 +108,50 @@ pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 pub fn qp_state(net: &mut Net, s: Ids) -> QpState {
     e(net, s).query_qp(s.qpn).unwrap().0.qp_state
+}
+
+/// Posts a receive of `sges` (`wr_id`) on `s`'s QP; it must be accepted.
+pub fn recv(net: &mut Net, s: Ids, wr_id: u64, sges: &[Sge]) {
+    e(net, s)
+        .post_recv(
+            s.qpn,
+            &RecvWr {
+                wr_id,
+                sg_list: sges,
+            },
+        )
+        .unwrap();
+}
+
+/// An address handle on `s`'s PD towards `dgid` (port 1, hop limit 64).
+pub fn ah_to(net: &mut Net, s: Ids, dgid: Gid) -> AhHandle {
+    e(net, s)
+        .create_ah(
+            s.pd,
+            AhAttr {
+                dgid,
+                port_num: 1,
+                hop_limit: 64,
+                ..AhAttr::default()
+            },
+        )
+        .unwrap()
+}
+
+/// Posts a work request on `s`'s connected QP (`wr_id`, `op` over
+/// `sges`, with `flags`); it must be accepted.
+pub fn send(net: &mut Net, s: Ids, wr_id: u64, op: SendOp, sges: &[Sge], flags: SendFlags) {
+    post(
+        net,
+        s,
+        &SendWr {
+            wr_id,
+            op,
+            payload: Payload::Sges(sges),
+            flags,
+            ud: None,
+        },
+    );
 }
 
 /// Posts `wr` on `s`'s QP; it must be accepted.
