@@ -20,7 +20,10 @@ use vrdma_face::{
 use vrdma_wire::Qpn;
 use zerocopy::{FromZeros, IntoBytes};
 
-use super::state::{CqFace, Obj, QpFace, SrqFace, VirtioRdma};
+use super::{
+    sink::Sink,
+    state::{CqFace, Obj, QpFace, SrqFace, VirtioRdma},
+};
 use crate::{
     abi::{self, cq_header, event as ev, wq_header},
     decode::{CreateQp, RingSpec, SendShape, fault, noent},
@@ -101,7 +104,7 @@ impl<T: Transport> VirtioRdma<T> {
         let tail = ring
             .prod(self.dev.device.mem().map())
             .or_refuse("CQ header")?;
-        let (sink, track) = self.sink(ring.clone(), tail)?;
+        let (sink, track) = Sink::new(self.dev.shared.clone(), ring.clone(), tail)?;
         let doorbell = self.take_doorbell(ctx, Obj::Cq(0))?;
         let made = self
             .dev
@@ -180,7 +183,7 @@ impl<T: Transport> VirtioRdma<T> {
         }
         new.set_prod(&mem, waiting).or_refuse("new CQ header")?;
         new.set_cons(&mem, 0).or_refuse("new CQ header")?;
-        let (sink, track) = self.sink(new.clone(), waiting)?;
+        let (sink, track) = Sink::new(self.dev.shared.clone(), new.clone(), waiting)?;
         // A solicited completion that waits stays due for an arm.
         let due_old = old.track.due.load(Ordering::Relaxed);
         if due_old.wrapping_sub(cons) <= waiting && due_old != cons {

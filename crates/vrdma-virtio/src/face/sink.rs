@@ -1,20 +1,23 @@
 //! The CQ sink: the engine's completions written into the driver's CQ
 //! ring by the face core's [`GuestCq`], counted as they go so that an arm
-//! (`doorbells`) knows what the ring has received.
+//! (`doorbells`) knows what the ring has received. It knows nothing of
+//! the device: the objects that own sinks (`objects`) make them.
 
 use std::sync::{
     Arc,
     atomic::{AtomicU32, Ordering},
 };
 
-use vrdma_device::Transport;
 use vrdma_engine::{
     cq::CqSink,
     wc::{Wc, WcStatus},
 };
-use vrdma_face::{GuestRing, OrRefuse, Refused, cq::GuestCq, ring::FreeRunning};
+use vrdma_face::{
+    GuestRing, OrRefuse, Refused,
+    cq::{GuestCq, SharedMem},
+    ring::FreeRunning,
+};
 
-use super::state::VirtioRdma;
 use crate::{abi, decode};
 
 /// What the driver's CQ ring has received, for arming: the producer index
@@ -51,11 +54,11 @@ impl CqSink for Sink {
     }
 }
 
-impl<T: Transport> VirtioRdma<T> {
-    /// A sink for CQ ring `ring` whose producer index is `tail`, and its
-    /// track.
-    pub(super) fn sink(
-        &self,
+impl Sink {
+    /// A sink for CQ ring `ring` in `shared` memory whose producer index is
+    /// `tail`, and its track.
+    pub(super) fn new(
+        shared: SharedMem,
         ring: GuestRing<FreeRunning>,
         tail: u32,
     ) -> Result<(Sink, Arc<Track>), Refused> {
@@ -63,8 +66,7 @@ impl<T: Transport> VirtioRdma<T> {
             tail: AtomicU32::new(tail),
             due: AtomicU32::new(tail),
         });
-        let inner =
-            GuestCq::new(self.dev.shared.clone(), ring, decode::cqe).or_refuse("CQ ring")?;
+        let inner = GuestCq::new(shared, ring, decode::cqe).or_refuse("CQ ring")?;
         Ok((
             Sink {
                 inner,
