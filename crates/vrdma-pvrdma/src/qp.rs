@@ -62,7 +62,7 @@ pub struct QpContext {
 pub fn decode_send(wqe: &[u8], qp: &QpContext) -> Result<SendWqe, Malformed> {
     // A copy shorter than a header: never from a ring, whose stride holds
     // one.
-    let Ok((h, _)) = SqWqeHdr::read_from_prefix(wqe) else {
+    let Ok((header, _)) = SqWqeHdr::read_from_prefix(wqe) else {
         return Err(Malformed {
             wr_id: 0,
             status: WcStatus::LocLenErr,
@@ -72,22 +72,14 @@ pub fn decode_send(wqe: &[u8], qp: &QpContext) -> Result<SendWqe, Malformed> {
             value: wqe.len() as u64,
         });
     };
-    let wr_id = h.wr_id.get();
-    let opcode = h.opcode.get();
-    let bad = |status, rule, field, value| {
-        Err(Malformed {
-            wr_id,
-            status,
-            opcode,
-            rule,
-            field,
-            value,
-        })
+    let identity = WqeIdentity {
+        wr_id: header.wr_id.get(),
+        opcode: header.opcode.get(),
     };
-    let num_sge = h.num_sge.get();
+    let num_sge = header.num_sge.get();
     let room = qp.stride.min(wqe.len() as u64);
     if num_sge > qp.max_send_sge {
-        return bad(
+        return identity.refuse(
             WcStatus::LocLenErr,
             "more SGEs than the queue takes",
             "num_sge",
@@ -95,147 +87,38 @@ pub fn decode_send(wqe: &[u8], qp: &QpContext) -> Result<SendWqe, Malformed> {
         );
     }
     if SQ_WQE_HDR + SGE * u64::from(num_sge) > room {
-        return bad(
+        return identity.refuse(
             WcStatus::LocLenErr,
             "more SGEs than the slot holds",
             "num_sge",
             num_sge.into(),
         );
     }
-    let flags_in = h.send_flags.get();
-    if flags_in & send_flags::INLINE != 0 {
-        // No inline data: the device announces max_inline_data 0.
-        return bad(
-            WcStatus::LocQpOpErr,
-            "inline data (max_inline_data is 0)",
-            "send_flags",
-            flags_in.into(),
-        );
-    }
-    let mut flags = SendFlags(0);
-    for (bit, f) in [
-        (send_flags::FENCE, SendFlags::FENCE),
-        (send_flags::SIGNALED, SendFlags::SIGNALED),
-        (send_flags::SOLICITED, SendFlags::SOLICITED),
-    ] {
-        if flags_in & bit != 0 {
-            flags = flags | f;
-        }
-    }
+    let flags = wqe_flags(header.send_flags.get(), identity)?;
     let Some(sges) = wq::sges(&wqe[SQ_WQE_HDR as usize..], num_sge as usize) else {
-        return bad(
+        return identity.refuse(
             WcStatus::LocLenErr,
             "more SGEs than the slot holds",
             "num_sge",
             num_sge.into(),
         );
     };
-    let wr: &[u8] = h.wr.as_bytes();
-    let u64_at = |o: usize| u64::from_le_bytes(wr[o..o + 8].try_into().unwrap_or_default());
-    let u32_at = |o: usize| u32::from_le_bytes(wr[o..o + 4].try_into().unwrap_or_default());
-    // The immediate as the wire carries it: the four bytes the consumer
-    // stored.
-    let imm = u32::from_be_bytes(h.ex.to_bytes());
-    let connected = matches!(qp.ty, qp_type::RC | qp_type::UC);
-    let rc = qp.ty == qp_type::RC;
+    let wr: &[u8] = header.wr.as_bytes();
     let datagram = matches!(qp.ty, qp_type::UD | qp_type::GSI);
-    let op = match opcode {
-        wr_opcode::SEND => SendOp::Send,
-        wr_opcode::SEND_WITH_IMM => SendOp::SendWithImm { imm },
-        wr_opcode::RDMA_WRITE if connected => SendOp::RdmaWrite {
-            remote_addr: u64_at(0),
-            rkey: Rkey(u32_at(8)),
-        },
-        wr_opcode::RDMA_WRITE_WITH_IMM if connected => SendOp::RdmaWriteWithImm {
-            remote_addr: u64_at(0),
-            rkey: Rkey(u32_at(8)),
-            imm,
-        },
-        wr_opcode::RDMA_READ if rc => SendOp::RdmaRead {
-            remote_addr: u64_at(0),
-            rkey: Rkey(u32_at(8)),
-        },
-        wr_opcode::ATOMIC_CMP_AND_SWP if rc => SendOp::CompareSwap {
-            remote_addr: u64_at(0),
-            compare: u64_at(8),
-            swap: u64_at(16),
-            rkey: Rkey(u32_at(24)),
-        },
-        wr_opcode::ATOMIC_FETCH_AND_ADD if rc => SendOp::FetchAdd {
-            remote_addr: u64_at(0),
-            add: u64_at(8),
-            rkey: Rkey(u32_at(24)),
-        },
-        wr_opcode::SEND_WITH_INV if rc => SendOp::SendWithInv {
-            invalidate: Rkey(h.ex.get()),
-        },
-        wr_opcode::LOCAL_INV if !datagram => SendOp::LocalInv {
-            invalidate: Rkey(h.ex.get()),
-        },
-        wr_opcode::FAST_REG_MR if !datagram => {
-            return fast_reg(wr_id, flags, wr);
-        }
-        _ => {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "an opcode the QP type has no use for",
-                "opcode",
-                opcode.into(),
-            );
-        }
+    let op = match identity.opcode {
+        // A fast registration is decoded whole from its `wr` union; it sends
+        // no data.
+        wr_opcode::FAST_REG_MR if !datagram => return fast_reg(identity.wr_id, flags, wr),
+        _ => send_operation(&header, qp.ty, identity)?,
     };
     let ud = if datagram {
-        // remote_qpn, remote_qkey, then the address vector.
-        let remote_qpn = u32_at(0);
-        let remote_qkey = u32_at(4);
-        let Ok((av, _)) = abi::Av::read_from_prefix(&wr[8..]) else {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "an address vector",
-                "wr",
-                wr.len() as u64,
-            );
-        };
-        // The AV's PD must be the QP's (IBTA Vol1 §10.2.3); the provider
-        // builds AVs in userspace, so nothing else has checked it.
-        if av.port_pd.get() & 0x00ff_ffff != qp.pd {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "an address vector of the QP's PD",
-                "av.port_pd",
-                av.port_pd.get().into(),
-            );
-        }
-        let Ok(qpn) = Qpn::try_from(remote_qpn) else {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "a 24-bit remote QPN",
-                "remote_qpn",
-                remote_qpn.into(),
-            );
-        };
-        let stf = av.sl_tclass_flowlabel.get();
-        let attr = AhAttr {
-            dgid: Gid(av.dgid),
-            flow_label: stf & AhAttr::FLOW_LABEL_MASK,
-            sgid_index: av.gid_index,
-            hop_limit: av.hop_limit,
-            traffic_class: (stf >> 20) as u8,
-            sl: 0,
-            port_num: 1,
-            dmac: Some(av.dmac),
-        };
-        Some(UdDest {
-            av: Av::Inline(attr),
-            remote_qpn: qpn,
-            remote_qkey: QKey(remote_qkey),
-        })
+        Some(ud_destination(wr, qp.pd, identity)?)
     } else {
         None
     };
     Ok(SendWqe {
-        wr_id,
-        opcode,
+        wr_id: identity.wr_id,
+        opcode: identity.opcode,
         op,
         flags,
         // PVRDMA announces no inline data.
@@ -245,17 +128,183 @@ pub fn decode_send(wqe: &[u8], qp: &QpContext) -> Result<SendWqe, Malformed> {
     })
 }
 
+/// What a refusal of a send WQE names the WQE by: the wr_id and opcode its
+/// header carries.
+#[derive(Clone, Copy, Debug)]
+struct WqeIdentity {
+    wr_id: u64,
+    opcode: u32,
+}
+
+impl WqeIdentity {
+    /// Refuses the WQE: it completes with `status` because `field`, holding
+    /// `value`, breaks `rule`.
+    fn refuse<T>(
+        self,
+        status: WcStatus,
+        rule: &'static str,
+        field: &'static str,
+        value: u64,
+    ) -> Result<T, Malformed> {
+        Err(Malformed {
+            wr_id: self.wr_id,
+            status,
+            opcode: self.opcode,
+            rule,
+            field,
+            value,
+        })
+    }
+}
+
+/// The header's send flags as the engine names them, refusing inline data.
+fn wqe_flags(bits: u32, identity: WqeIdentity) -> Result<SendFlags, Malformed> {
+    if bits & send_flags::INLINE != 0 {
+        // No inline data: the device announces max_inline_data 0.
+        return identity.refuse(
+            WcStatus::LocQpOpErr,
+            "inline data (max_inline_data is 0)",
+            "send_flags",
+            bits.into(),
+        );
+    }
+    let mut flags = SendFlags(0);
+    for (bit, flag) in [
+        (send_flags::FENCE, SendFlags::FENCE),
+        (send_flags::SIGNALED, SendFlags::SIGNALED),
+        (send_flags::SOLICITED, SendFlags::SOLICITED),
+    ] {
+        if bits & bit != 0 {
+            flags = flags | flag;
+        }
+    }
+    Ok(flags)
+}
+
+/// The operation a send WQE asks for, from its opcode and the `wr` union,
+/// refusing an opcode the QP type `ty` has no use for. A FAST_REG_MR on a
+/// connected QP is not decoded here but by [`fast_reg`].
+fn send_operation(header: &SqWqeHdr, ty: u8, identity: WqeIdentity) -> Result<SendOp, Malformed> {
+    let wr: &[u8] = header.wr.as_bytes();
+    // The immediate as the wire carries it: the four bytes the consumer
+    // stored.
+    let imm = u32::from_be_bytes(header.ex.to_bytes());
+    let connected = matches!(ty, qp_type::RC | qp_type::UC);
+    let rc = ty == qp_type::RC;
+    let datagram = matches!(ty, qp_type::UD | qp_type::GSI);
+    Ok(match identity.opcode {
+        wr_opcode::SEND => SendOp::Send,
+        wr_opcode::SEND_WITH_IMM => SendOp::SendWithImm { imm },
+        wr_opcode::RDMA_WRITE if connected => SendOp::RdmaWrite {
+            remote_addr: u64_at(wr, 0),
+            rkey: Rkey(u32_at(wr, 8)),
+        },
+        wr_opcode::RDMA_WRITE_WITH_IMM if connected => SendOp::RdmaWriteWithImm {
+            remote_addr: u64_at(wr, 0),
+            rkey: Rkey(u32_at(wr, 8)),
+            imm,
+        },
+        wr_opcode::RDMA_READ if rc => SendOp::RdmaRead {
+            remote_addr: u64_at(wr, 0),
+            rkey: Rkey(u32_at(wr, 8)),
+        },
+        wr_opcode::ATOMIC_CMP_AND_SWP if rc => SendOp::CompareSwap {
+            remote_addr: u64_at(wr, 0),
+            compare: u64_at(wr, 8),
+            swap: u64_at(wr, 16),
+            rkey: Rkey(u32_at(wr, 24)),
+        },
+        wr_opcode::ATOMIC_FETCH_AND_ADD if rc => SendOp::FetchAdd {
+            remote_addr: u64_at(wr, 0),
+            add: u64_at(wr, 8),
+            rkey: Rkey(u32_at(wr, 24)),
+        },
+        wr_opcode::SEND_WITH_INV if rc => SendOp::SendWithInv {
+            invalidate: Rkey(header.ex.get()),
+        },
+        wr_opcode::LOCAL_INV if !datagram => SendOp::LocalInv {
+            invalidate: Rkey(header.ex.get()),
+        },
+        _ => {
+            return identity.refuse(
+                WcStatus::LocQpOpErr,
+                "an opcode the QP type has no use for",
+                "opcode",
+                identity.opcode.into(),
+            );
+        }
+    })
+}
+
+/// A UD WQE's destination from the `wr` union (remote_qpn, remote_qkey,
+/// then the address vector), refusing an address vector of a PD other than
+/// the QP's `pd` or a remote QPN wider than 24 bits.
+fn ud_destination(wr: &[u8], pd: u32, identity: WqeIdentity) -> Result<UdDest, Malformed> {
+    let remote_qpn = u32_at(wr, 0);
+    let remote_qkey = u32_at(wr, 4);
+    let Ok((av, _)) = abi::Av::read_from_prefix(&wr[8..]) else {
+        return identity.refuse(
+            WcStatus::LocQpOpErr,
+            "an address vector",
+            "wr",
+            wr.len() as u64,
+        );
+    };
+    // The AV's PD must be the QP's (IBTA Vol1 §10.2.3); the provider
+    // builds AVs in userspace, so nothing else has checked it.
+    if av.port_pd.get() & 0x00ff_ffff != pd {
+        return identity.refuse(
+            WcStatus::LocQpOpErr,
+            "an address vector of the QP's PD",
+            "av.port_pd",
+            av.port_pd.get().into(),
+        );
+    }
+    let Ok(qpn) = Qpn::try_from(remote_qpn) else {
+        return identity.refuse(
+            WcStatus::LocQpOpErr,
+            "a 24-bit remote QPN",
+            "remote_qpn",
+            remote_qpn.into(),
+        );
+    };
+    let sl_tclass_flowlabel = av.sl_tclass_flowlabel.get();
+    let attr = AhAttr {
+        dgid: Gid(av.dgid),
+        flow_label: sl_tclass_flowlabel & AhAttr::FLOW_LABEL_MASK,
+        sgid_index: av.gid_index,
+        hop_limit: av.hop_limit,
+        traffic_class: (sl_tclass_flowlabel >> 20) as u8,
+        sl: 0,
+        port_num: 1,
+        dmac: Some(av.dmac),
+    };
+    Ok(UdDest {
+        av: Av::Inline(attr),
+        remote_qpn: qpn,
+        remote_qkey: QKey(remote_qkey),
+    })
+}
+
+/// The little-endian u64 at byte `offset` of a WQE's `wr` union.
+fn u64_at(wr: &[u8], offset: usize) -> u64 {
+    u64::from_le_bytes(wr[offset..offset + 8].try_into().unwrap_or_default())
+}
+
+/// The little-endian u32 at byte `offset` of a WQE's `wr` union.
+fn u32_at(wr: &[u8], offset: usize) -> u32 {
+    u32::from_le_bytes(wr[offset..offset + 4].try_into().unwrap_or_default())
+}
+
 /// A FAST_REG_MR WQE: the REG_MR and where its page directory is.
 fn fast_reg(wr_id: u64, flags: SendFlags, wr: &[u8]) -> Result<SendWqe, Malformed> {
-    let u64_at = |o: usize| u64::from_le_bytes(wr[o..o + 8].try_into().unwrap_or_default());
-    let u32_at = |o: usize| u32::from_le_bytes(wr[o..o + 4].try_into().unwrap_or_default());
-    let iova = u64_at(0);
-    let pl_pdir = u64_at(8);
-    let page_shift = u32_at(16);
-    let list_len = u32_at(20);
-    let length = u64::from(u32_at(24));
-    let access = u32_at(28);
-    let rkey = u32_at(32);
+    let iova = u64_at(wr, 0);
+    let pl_pdir = u64_at(wr, 8);
+    let page_shift = u32_at(wr, 16);
+    let list_len = u32_at(wr, 20);
+    let length = u64::from(u32_at(wr, 24));
+    let access = u32_at(wr, 28);
+    let rkey = u32_at(wr, 32);
     let bad = |rule, field, value| {
         Err(Malformed {
             wr_id,

@@ -251,229 +251,34 @@ pub fn decode_request(req: &[u8]) -> Result<Request, Refused> {
     if hdr.flags.get() != 0 {
         return Err(Refused::invalid("header: flags"));
     }
-    let handle = |what| -> Result<u32, Refused> {
-        let b: abi::HandleReq = body(req, at, what)?;
-        if b.reserved.get() != 0 {
-            return Err(Refused::invalid("reserved field"));
-        }
-        exact(req, at + 8)?;
-        Ok(b.handle.get())
-    };
     let command = match opcode {
-        op::QUERY_DEVICE => {
-            exact(req, at)?;
-            Command::QueryDevice
-        }
-        op::QUERY_STATS => {
-            exact(req, at)?;
-            Command::QueryStats
-        }
-        op::QUERY_PORT => {
-            let b: abi::PortReq = body(req, at, "QUERY_PORT")?;
-            exact(req, at + 8)?;
-            if b.port.get() != 1 || b.reserved.get() != 0 {
-                return Err(Refused::invalid("port"));
-            }
-            Command::QueryPort { port: 1 }
-        }
-        op::CREATE_CONTEXT => {
-            let b: abi::CreateContextReq = body(req, at, "CREATE_CONTEXT")?;
-            let bits = b.doorbell_bits.get();
-            if !bits.is_power_of_two()
-                || !(abi::doorbell::MIN_BITS..=abi::doorbell::MAX_BITS).contains(&bits)
-            {
-                return Err(Refused::invalid("doorbell bits"));
-            }
-            let n = u64::from(b.npages.get());
-            if n != abi::doorbell::area_pages(bits) {
-                return Err(Refused::invalid("doorbell area: page count"));
-            }
-            Command::CreateContext {
-                doorbell_bits: bits,
-                pages: pages(req, at + 8, n, PAGE_SIZE)?,
-            }
-        }
-        op::DESTROY_CONTEXT => {
-            exact(req, at)?;
-            Command::DestroyContext
-        }
-        op::ALLOC_PD => {
-            exact(req, at)?;
-            Command::AllocPd
-        }
-        op::DEALLOC_PD => Command::DeallocPd { pd: handle("PD")? },
-        op::CREATE_CQ => {
-            let b: abi::CreateCqReq = body(req, at, "CREATE_CQ")?;
-            let n = u64::from(b.ring.npages.get());
-            let p = pages(req, at + 24, n, PAGE_SIZE)?;
-            Command::CreateCq {
-                ring: ring(&b.ring, p, u64::from(size_of::<abi::Cqe>() as u32))?,
-            }
-        }
-        op::DESTROY_CQ => Command::DestroyCq { cq: handle("CQ")? },
-        op::RESIZE_CQ => {
-            let b: abi::ResizeCqReq = body(req, at, "RESIZE_CQ")?;
-            if b.reserved.get() != 0 {
-                return Err(Refused::invalid("reserved field"));
-            }
-            let n = u64::from(b.ring.npages.get());
-            let p = pages(req, at + 32, n, PAGE_SIZE)?;
-            Command::ResizeCq {
-                cq: b.cq.get(),
-                ring: ring(&b.ring, p, u64::from(size_of::<abi::Cqe>() as u32))?,
-            }
-        }
-        op::REG_MR => {
-            let b: abi::RegMrReq = body(req, at, "REG_MR")?;
-            if b.reserved.get() != 0 {
-                return Err(Refused::invalid("reserved field"));
-            }
-            let shift = b.page_shift.get();
-            if !(12..=30).contains(&shift) {
-                return Err(Refused::invalid("page shift"));
-            }
-            let page = 1u64 << shift;
-            let offset = u64::from(b.offset.get());
-            let length = b.length.get();
-            if offset >= page {
-                return Err(Refused::invalid("offset in the first page"));
-            }
-            let n = offset
-                .checked_add(length)
-                .map(|end| end.div_ceil(page))
-                .ok_or(Refused::invalid("length"))?;
-            if n == 0 || n > MAX_LIST_PAGES || n != u64::from(b.npages.get()) {
-                return Err(Refused::invalid("page count"));
-            }
-            let access = mr_access(b.access.get())?;
-            let iova = if access.contains(Access::ZERO_BASED) {
-                0
-            } else {
-                b.iova.get()
-            };
-            if iova.checked_add(length).is_none() {
-                return Err(Refused::invalid("iova + length"));
-            }
-            Command::RegMr(RegMr {
-                pd: b.pd.get(),
-                access,
-                iova,
-                length,
-                page_shift: shift as u8,
-                offset,
-                pages: pages(req, at + 40, n, page)?,
-            })
-        }
-        op::REG_DMA_MR => {
-            let b: abi::RegDmaMrReq = body(req, at, "REG_DMA_MR")?;
-            exact(req, at + 8)?;
-            let access = mr_access(b.access.get())?;
-            if access.contains(Access::ZERO_BASED) || access.contains(Access::MW_BIND) {
-                return Err(Refused::invalid("access of a DMA MR"));
-            }
-            Command::RegDmaMr {
-                pd: b.pd.get(),
-                access,
-            }
-        }
-        op::ALLOC_MR => {
-            let b: abi::AllocMrReq = body(req, at, "ALLOC_MR")?;
-            exact(req, at + 8)?;
-            Command::AllocMr {
-                pd: b.pd.get(),
-                max_pages: b.max_pages.get(),
-            }
-        }
-        op::DEREG_MR => Command::DeregMr {
-            lkey: handle("MR")?,
-        },
-        op::ALLOC_MW => {
-            let b: abi::AllocMwReq = body(req, at, "ALLOC_MW")?;
-            exact(req, at + 8)?;
-            let ty = match b.mw_type.get() {
-                1 => MwType::One,
-                2 => MwType::Two,
-                _ => return Err(Refused::invalid("window type")),
-            };
-            Command::AllocMw { pd: b.pd.get(), ty }
-        }
-        op::DEALLOC_MW => Command::DeallocMw {
-            rkey: handle("MW")?,
-        },
-        op::CREATE_SRQ => {
-            let b: abi::CreateSrqReq = body(req, at, "CREATE_SRQ")?;
-            if b.reserved.get() != 0 {
-                return Err(Refused::invalid("reserved field"));
-            }
-            let n = u64::from(b.ring.npages.get());
-            let p = pages(req, at + 40, n, PAGE_SIZE)?;
-            let max_sge = b.max_sge.get();
-            Command::CreateSrq {
-                pd: b.pd.get(),
-                max_sge,
-                srq_limit: b.srq_limit.get(),
-                ring: ring(&b.ring, p, min_recv_stride(max_sge))?,
-            }
-        }
-        op::MODIFY_SRQ => {
-            let b: abi::ModifySrqReq = body(req, at, "MODIFY_SRQ")?;
-            exact(req, at + 16)?;
-            let mask = b.mask.get();
-            if mask & 1 != 0 {
-                return Err(Refused::unsupported("SRQ resize: the ring is the driver's"));
-            }
-            if mask != 2 {
-                return Err(Refused::invalid("SRQ attribute mask"));
-            }
-            Command::ModifySrq {
-                srq: b.srq.get(),
-                srq_limit: b.srq_limit.get(),
-            }
-        }
-        op::QUERY_SRQ => Command::QuerySrq {
-            srq: handle("SRQ")?,
-        },
-        op::DESTROY_SRQ => Command::DestroySrq {
-            srq: handle("SRQ")?,
-        },
-        op::CREATE_QP => Command::CreateQp(create_qp(req, at)?),
-        op::MODIFY_QP => {
-            let b: abi::ModifyQpReq = body(req, at, "MODIFY_QP")?;
-            exact(req, at + size_of::<abi::ModifyQpReq>())?;
-            let mask = b.attr_mask.get();
-            let unsupported = AttrMask::ALT_PATH.0
-                | AttrMask::PATH_MIG_STATE.0
-                | AttrMask::RATE_LIMIT.0
-                | AttrMask::CAP.0;
-            if mask & unsupported != 0 {
-                return Err(Refused::unsupported(
-                    "QP attribute the device does not have",
-                ));
-            }
-            if mask & !0x1f_ffff != 0 {
-                return Err(Refused::invalid("QP attribute mask"));
-            }
-            Command::ModifyQp {
-                qpn: b.qpn.get(),
-                mask: AttrMask(mask),
-                attrs: Box::new(b.attrs),
-            }
-        }
-        op::QUERY_QP => Command::QueryQp { qpn: handle("QP")? },
-        op::DESTROY_QP => Command::DestroyQp { qpn: handle("QP")? },
-        op::SET_GID => {
-            let b: abi::SetGidReq = body(req, at, "SET_GID")?;
-            exact(req, at + 24)?;
-            let index = u8::try_from(b.index.get()).map_err(|_| Refused::invalid("GID index"))?;
-            let gid = match b.gid_type.get() {
-                abi::gid_type::NONE => None,
-                abi::gid_type::ROCE_V2 => Some(Gid(b.gid)),
-                _ => return Err(Refused::unsupported("GID type: RoCEv2 only")),
-            };
-            Command::SetGid { index, gid }
-        }
-        _ => return Err(Refused::unsupported("opcode")),
-    };
+        op::QUERY_DEVICE => without_body(req, at, Command::QueryDevice),
+        op::QUERY_STATS => without_body(req, at, Command::QueryStats),
+        op::QUERY_PORT => query_port(req, at),
+        op::CREATE_CONTEXT => create_context(req, at),
+        op::DESTROY_CONTEXT => without_body(req, at, Command::DestroyContext),
+        op::ALLOC_PD => without_body(req, at, Command::AllocPd),
+        op::DEALLOC_PD => handle(req, at, "PD").map(|pd| Command::DeallocPd { pd }),
+        op::CREATE_CQ => create_cq(req, at),
+        op::DESTROY_CQ => handle(req, at, "CQ").map(|cq| Command::DestroyCq { cq }),
+        op::RESIZE_CQ => resize_cq(req, at),
+        op::REG_MR => reg_mr(req, at).map(Command::RegMr),
+        op::REG_DMA_MR => reg_dma_mr(req, at),
+        op::ALLOC_MR => alloc_mr(req, at),
+        op::DEREG_MR => handle(req, at, "MR").map(|lkey| Command::DeregMr { lkey }),
+        op::ALLOC_MW => alloc_mw(req, at),
+        op::DEALLOC_MW => handle(req, at, "MW").map(|rkey| Command::DeallocMw { rkey }),
+        op::CREATE_SRQ => create_srq(req, at),
+        op::MODIFY_SRQ => modify_srq(req, at),
+        op::QUERY_SRQ => handle(req, at, "SRQ").map(|srq| Command::QuerySrq { srq }),
+        op::DESTROY_SRQ => handle(req, at, "SRQ").map(|srq| Command::DestroySrq { srq }),
+        op::CREATE_QP => create_qp(req, at).map(Command::CreateQp),
+        op::MODIFY_QP => modify_qp(req, at),
+        op::QUERY_QP => handle(req, at, "QP").map(|qpn| Command::QueryQp { qpn }),
+        op::DESTROY_QP => handle(req, at, "QP").map(|qpn| Command::DestroyQp { qpn }),
+        op::SET_GID => set_gid(req, at),
+        _ => Err(Refused::unsupported("opcode")),
+    }?;
     Ok(Request {
         opcode,
         context: hdr.context.get(),
@@ -507,6 +312,195 @@ fn exact(req: &[u8], len: usize) -> Result<(), Refused> {
         std::cmp::Ordering::Greater => Err(length("request longer than its command")),
         std::cmp::Ordering::Equal => Ok(()),
     }
+}
+
+/// A command without a body: the request must end with its header at `at`.
+fn without_body(req: &[u8], at: usize, command: Command) -> Result<Command, Refused> {
+    exact(req, at)?;
+    Ok(command)
+}
+
+/// The one handle a command that names an object carries (`what` names
+/// the object for a request too short for it), refusing a nonzero reserved
+/// field.
+fn handle(req: &[u8], at: usize, what: &'static str) -> Result<u32, Refused> {
+    let b: abi::HandleReq = body(req, at, what)?;
+    if b.reserved.get() != 0 {
+        return Err(Refused::invalid("reserved field"));
+    }
+    exact(req, at + 8)?;
+    Ok(b.handle.get())
+}
+
+/// QUERY_PORT: the device has the one port, port 1.
+fn query_port(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::PortReq = body(req, at, "QUERY_PORT")?;
+    exact(req, at + 8)?;
+    if b.port.get() != 1 || b.reserved.get() != 0 {
+        return Err(Refused::invalid("port"));
+    }
+    Ok(Command::QueryPort { port: 1 })
+}
+
+/// CREATE_CONTEXT: the doorbell width, and the pages of a doorbell area
+/// exactly that wide.
+fn create_context(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::CreateContextReq = body(req, at, "CREATE_CONTEXT")?;
+    let bits = b.doorbell_bits.get();
+    if !bits.is_power_of_two()
+        || !(abi::doorbell::MIN_BITS..=abi::doorbell::MAX_BITS).contains(&bits)
+    {
+        return Err(Refused::invalid("doorbell bits"));
+    }
+    let n = u64::from(b.npages.get());
+    if n != abi::doorbell::area_pages(bits) {
+        return Err(Refused::invalid("doorbell area: page count"));
+    }
+    Ok(Command::CreateContext {
+        doorbell_bits: bits,
+        pages: pages(req, at + 8, n, PAGE_SIZE)?,
+    })
+}
+
+/// CREATE_CQ: the CQ's ring of CQEs and its pages.
+fn create_cq(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::CreateCqReq = body(req, at, "CREATE_CQ")?;
+    let n = u64::from(b.ring.npages.get());
+    let p = pages(req, at + 24, n, PAGE_SIZE)?;
+    Ok(Command::CreateCq {
+        ring: ring(&b.ring, p, u64::from(size_of::<abi::Cqe>() as u32))?,
+    })
+}
+
+/// RESIZE_CQ: the CQ and the new ring of CQEs that replaces its old one.
+fn resize_cq(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::ResizeCqReq = body(req, at, "RESIZE_CQ")?;
+    if b.reserved.get() != 0 {
+        return Err(Refused::invalid("reserved field"));
+    }
+    let n = u64::from(b.ring.npages.get());
+    let p = pages(req, at + 32, n, PAGE_SIZE)?;
+    Ok(Command::ResizeCq {
+        cq: b.cq.get(),
+        ring: ring(&b.ring, p, u64::from(size_of::<abi::Cqe>() as u32))?,
+    })
+}
+
+/// REG_MR: the MR's pages of `1 << page_shift` bytes must hold exactly its
+/// offset and length, and its iova plus length must not overflow.
+fn reg_mr(req: &[u8], at: usize) -> Result<RegMr, Refused> {
+    let b: abi::RegMrReq = body(req, at, "REG_MR")?;
+    if b.reserved.get() != 0 {
+        return Err(Refused::invalid("reserved field"));
+    }
+    let shift = b.page_shift.get();
+    if !(12..=30).contains(&shift) {
+        return Err(Refused::invalid("page shift"));
+    }
+    let page = 1u64 << shift;
+    let offset = u64::from(b.offset.get());
+    let length = b.length.get();
+    if offset >= page {
+        return Err(Refused::invalid("offset in the first page"));
+    }
+    let n = offset
+        .checked_add(length)
+        .map(|end| end.div_ceil(page))
+        .ok_or(Refused::invalid("length"))?;
+    if n == 0 || n > MAX_LIST_PAGES || n != u64::from(b.npages.get()) {
+        return Err(Refused::invalid("page count"));
+    }
+    let access = mr_access(b.access.get())?;
+    let iova = if access.contains(Access::ZERO_BASED) {
+        0
+    } else {
+        b.iova.get()
+    };
+    if iova.checked_add(length).is_none() {
+        return Err(Refused::invalid("iova + length"));
+    }
+    Ok(RegMr {
+        pd: b.pd.get(),
+        access,
+        iova,
+        length,
+        page_shift: shift as u8,
+        offset,
+        pages: pages(req, at + 40, n, page)?,
+    })
+}
+
+/// REG_DMA_MR: an MR over all of memory, which can be neither zero-based
+/// nor bound to windows.
+fn reg_dma_mr(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::RegDmaMrReq = body(req, at, "REG_DMA_MR")?;
+    exact(req, at + 8)?;
+    let access = mr_access(b.access.get())?;
+    if access.contains(Access::ZERO_BASED) || access.contains(Access::MW_BIND) {
+        return Err(Refused::invalid("access of a DMA MR"));
+    }
+    Ok(Command::RegDmaMr {
+        pd: b.pd.get(),
+        access,
+    })
+}
+
+/// ALLOC_MR: a fast-registration MR's PD and the most pages it may map.
+fn alloc_mr(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::AllocMrReq = body(req, at, "ALLOC_MR")?;
+    exact(req, at + 8)?;
+    Ok(Command::AllocMr {
+        pd: b.pd.get(),
+        max_pages: b.max_pages.get(),
+    })
+}
+
+/// ALLOC_MW: a memory window of type 1 or 2 on a PD.
+fn alloc_mw(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::AllocMwReq = body(req, at, "ALLOC_MW")?;
+    exact(req, at + 8)?;
+    let ty = match b.mw_type.get() {
+        1 => MwType::One,
+        2 => MwType::Two,
+        _ => return Err(Refused::invalid("window type")),
+    };
+    Ok(Command::AllocMw { pd: b.pd.get(), ty })
+}
+
+/// CREATE_SRQ: the SRQ's limits and its ring of receive WQEs, each entry
+/// large enough for `max_sge` SGEs.
+fn create_srq(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::CreateSrqReq = body(req, at, "CREATE_SRQ")?;
+    if b.reserved.get() != 0 {
+        return Err(Refused::invalid("reserved field"));
+    }
+    let n = u64::from(b.ring.npages.get());
+    let p = pages(req, at + 40, n, PAGE_SIZE)?;
+    let max_sge = b.max_sge.get();
+    Ok(Command::CreateSrq {
+        pd: b.pd.get(),
+        max_sge,
+        srq_limit: b.srq_limit.get(),
+        ring: ring(&b.ring, p, min_recv_stride(max_sge))?,
+    })
+}
+
+/// MODIFY_SRQ: only the limit may change; a resize is refused, as the ring
+/// is the driver's.
+fn modify_srq(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::ModifySrqReq = body(req, at, "MODIFY_SRQ")?;
+    exact(req, at + 16)?;
+    let mask = b.mask.get();
+    if mask & 1 != 0 {
+        return Err(Refused::unsupported("SRQ resize: the ring is the driver's"));
+    }
+    if mask != 2 {
+        return Err(Refused::invalid("SRQ attribute mask"));
+    }
+    Ok(Command::ModifySrq {
+        srq: b.srq.get(),
+        srq_limit: b.srq_limit.get(),
+    })
 }
 
 fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refused> {
@@ -567,4 +561,42 @@ fn create_qp(req: &[u8], at: usize) -> Result<CreateQp, Refused> {
         sq,
         rq,
     })
+}
+
+/// MODIFY_QP: the QP, its attribute mask and the attributes, refusing an
+/// attribute the device does not have or a bit outside the mask.
+fn modify_qp(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::ModifyQpReq = body(req, at, "MODIFY_QP")?;
+    exact(req, at + size_of::<abi::ModifyQpReq>())?;
+    let mask = b.attr_mask.get();
+    let unsupported = AttrMask::ALT_PATH.0
+        | AttrMask::PATH_MIG_STATE.0
+        | AttrMask::RATE_LIMIT.0
+        | AttrMask::CAP.0;
+    if mask & unsupported != 0 {
+        return Err(Refused::unsupported(
+            "QP attribute the device does not have",
+        ));
+    }
+    if mask & !0x1f_ffff != 0 {
+        return Err(Refused::invalid("QP attribute mask"));
+    }
+    Ok(Command::ModifyQp {
+        qpn: b.qpn.get(),
+        mask: AttrMask(mask),
+        attrs: Box::new(b.attrs),
+    })
+}
+
+/// SET_GID: a GID table entry, set to a RoCEv2 GID or cleared.
+fn set_gid(req: &[u8], at: usize) -> Result<Command, Refused> {
+    let b: abi::SetGidReq = body(req, at, "SET_GID")?;
+    exact(req, at + 24)?;
+    let index = u8::try_from(b.index.get()).map_err(|_| Refused::invalid("GID index"))?;
+    let gid = match b.gid_type.get() {
+        abi::gid_type::NONE => None,
+        abi::gid_type::ROCE_V2 => Some(Gid(b.gid)),
+        _ => return Err(Refused::unsupported("GID type: RoCEv2 only")),
+    };
+    Ok(Command::SetGid { index, gid })
 }

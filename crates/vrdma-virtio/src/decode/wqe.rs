@@ -40,7 +40,7 @@ pub use vrdma_face::Malformed;
 
 /// [`decode_send`], saying why a WQE is malformed.
 pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed> {
-    let Ok((h, rest)) = abi::SendWqeHdr::read_from_prefix(wqe) else {
+    let Ok((header, rest)) = abi::SendWqeHdr::read_from_prefix(wqe) else {
         return Err(Malformed {
             wr_id: 0,
             status: WcStatus::LocQpOpErr,
@@ -50,300 +50,336 @@ pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed>
             value: wqe.len() as u64,
         });
     };
-    let wr_id = h.wr_id.get();
-    let opcode = h.opcode;
-    let bad = |status, rule, field, value| {
-        Err(Malformed {
-            wr_id,
-            status,
-            opcode: opcode.into(),
-            rule,
-            field,
-            value,
-        })
+    let identity = WqeIdentity {
+        wr_id: header.wr_id.get(),
+        opcode: header.opcode,
     };
-    if h.flags & !(abi::wr::FENCE | abi::wr::SIGNALED | abi::wr::SOLICITED | abi::wr::INLINE) != 0 {
-        return bad(
-            WcStatus::LocQpOpErr,
-            "a reserved flag",
-            "flags",
-            h.flags.into(),
-        );
-    }
-    let mut flags = SendFlags(0);
-    for (bit, f) in [
-        (abi::wr::FENCE, SendFlags::FENCE),
-        (abi::wr::SIGNALED, SendFlags::SIGNALED),
-        (abi::wr::SOLICITED, SendFlags::SOLICITED),
-        (abi::wr::INLINE, SendFlags::INLINE),
-    ] {
-        if h.flags & bit != 0 {
-            flags = flags | f;
-        }
-    }
-    let count = usize::from(h.count.get());
-    let inline = h.flags & abi::wr::INLINE != 0;
+    let flags = wqe_flags(header.flags, identity)?;
+    let count = usize::from(header.count.get());
+    let inline = header.flags & abi::wr::INLINE != 0;
     let datagram = qp.qp_type.is_datagram();
     let rc = qp.qp_type == QpType::Rc;
     let connected = matches!(qp.qp_type, QpType::Rc | QpType::Uc);
     // The immediate as the wire carries it: the four bytes the consumer
     // stored.
-    let imm = u32::from_be_bytes(h.ex.to_bytes());
-    let ex = h.ex.get();
-    let o = &h.op;
-    let rdma = || abi::WqeRdma::read_from_bytes(o).ok();
-    let atomic = || abi::WqeAtomic::read_from_bytes(o).ok();
-    let op = match opcode {
+    let imm = u32::from_be_bytes(header.ex.to_bytes());
+    let ex = header.ex.get();
+    let segment = &header.op;
+    let op = match identity.opcode {
         abi::wr::SEND => SendOp::Send,
         abi::wr::SEND_WITH_IMM => SendOp::SendWithImm { imm },
         abi::wr::SEND_WITH_INV if rc => SendOp::SendWithInv {
             invalidate: Rkey(ex),
         },
         abi::wr::RDMA_WRITE | abi::wr::RDMA_WRITE_WITH_IMM | abi::wr::RDMA_READ if connected => {
-            let Some(r) = rdma() else {
-                return bad(
-                    WcStatus::LocQpOpErr,
-                    "an RDMA segment",
-                    "opcode",
-                    opcode.into(),
-                );
-            };
-            let (remote_addr, rkey) = (r.remote_addr.get(), Rkey(r.rkey.get()));
-            match opcode {
-                abi::wr::RDMA_WRITE => SendOp::RdmaWrite { remote_addr, rkey },
-                abi::wr::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
-                    remote_addr,
-                    rkey,
-                    imm,
-                },
-                _ if rc => SendOp::RdmaRead { remote_addr, rkey },
-                _ => {
-                    return bad(
-                        WcStatus::LocQpOpErr,
-                        "an opcode the QP type takes",
-                        "opcode",
-                        opcode.into(),
-                    );
-                }
-            }
+            rdma_operation(segment, imm, qp.qp_type, identity)?
         }
         abi::wr::ATOMIC_CMP_AND_SWP | abi::wr::ATOMIC_FETCH_AND_ADD if rc => {
-            let Some(a) = atomic() else {
-                return bad(
-                    WcStatus::LocQpOpErr,
-                    "an atomic segment",
-                    "opcode",
-                    opcode.into(),
-                );
-            };
-            let (remote_addr, rkey) = (a.remote_addr.get(), Rkey(a.rkey.get()));
-            if opcode == abi::wr::ATOMIC_CMP_AND_SWP {
-                SendOp::CompareSwap {
-                    remote_addr,
-                    rkey,
-                    compare: a.compare_add.get(),
-                    swap: a.swap.get(),
-                }
-            } else {
-                SendOp::FetchAdd {
-                    remote_addr,
-                    rkey,
-                    add: a.compare_add.get(),
-                }
-            }
+            atomic_operation(segment, identity)?
         }
         abi::wr::LOCAL_INV if !datagram => SendOp::LocalInv {
             invalidate: Rkey(ex),
         },
-        abi::wr::BIND_MW if !datagram => {
-            let Ok(b) = abi::WqeBindMw::read_from_bytes(o) else {
-                return bad(
-                    WcStatus::LocQpOpErr,
-                    "a BIND_MW segment",
-                    "opcode",
-                    opcode.into(),
-                );
-            };
-            let mw = b.mw.get();
-            let access = b.access.get();
-            if access & !abi::access::MR_BITS != 0 {
-                return bad(
-                    WcStatus::LocQpOpErr,
-                    "access bits of an MR",
-                    "access",
-                    access.into(),
-                );
-            }
-            SendOp::BindMw {
-                mw: Rkey(mw),
-                key: mw as u8,
-                mr: Lkey(b.mr.get()),
-                addr: b.addr.get(),
-                length: b.length.get(),
-                access: Access(access),
-            }
-        }
+        abi::wr::BIND_MW if !datagram => bind_mw_operation(segment, identity)?,
+        // A REG_MR is decoded whole: it carries a page list and no data.
         abi::wr::REG_MR if !datagram => {
-            let Ok(r) = abi::WqeRegMr::read_from_bytes(o) else {
-                return bad(
-                    WcStatus::LocQpOpErr,
-                    "a REG_MR segment",
-                    "opcode",
-                    opcode.into(),
-                );
-            };
-            let key = r.key.get();
-            let access = r.access.get();
-            let shift = r.page_shift;
-            let npages = r.npages.get();
-            let refuse = |rule, field, value: u64| bad(WcStatus::LocQpOpErr, rule, field, value);
-            if access & !abi::access::MR_BITS != 0 {
-                return refuse("access bits of an MR", "access", access.into());
-            }
-            if !(12..=30).contains(&shift) {
-                return refuse("a page shift of 12 to 30", "page_shift", shift.into());
-            }
-            if npages == 0 {
-                return refuse("a page list of one page or more", "npages", 0);
-            }
-            if !r.page_list.get().is_multiple_of(8) {
-                return refuse(
-                    "an 8-byte aligned page list",
-                    "page_list",
-                    r.page_list.get(),
-                );
-            }
-            if count != 0 || inline {
-                return refuse("no data with a local operation", "count", count as u64);
-            }
-            let iova = r.iova.get();
-            return Ok(SendWqe {
-                wr_id,
-                opcode: opcode.into(),
-                op: SendOp::RegMr {
-                    mr: Lkey(key),
-                    key: key as u8,
-                    iova,
-                    length: r.length.get(),
-                    access: Access(access),
-                },
-                flags,
-                payload: Payload::Sges(Vec::new()),
-                ud: None,
-                fast_reg: Some(FastReg {
-                    list: ListAt::Flat(r.page_list.get()),
-                    npages,
-                    page_shift: shift,
-                    offset: iova % (1u64 << shift),
-                }),
-            });
+            return reg_mr(segment, flags, count, inline, identity);
         }
-        _ => {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "an opcode the QP type takes",
-                "opcode",
-                opcode.into(),
-            );
-        }
+        _ => return identity.refuse_opcode("an opcode the QP type takes"),
     };
     // A local operation carries no data: its count is 0 (§7.9).
     if op.is_local() && count != 0 {
-        return bad(
+        return identity.refuse(
             WcStatus::LocQpOpErr,
             "no data with a local operation",
             "count",
             count as u64,
         );
     }
-    let payload = if inline {
+    let payload = send_payload(rest, count, inline, &op, qp, identity)?;
+    let ud = if datagram {
+        Some(ud_destination(segment, identity)?)
+    } else {
+        None
+    };
+    Ok(SendWqe {
+        wr_id: identity.wr_id,
+        opcode: identity.opcode.into(),
+        op,
+        flags,
+        payload,
+        ud,
+        fast_reg: None,
+    })
+}
+
+/// What a refusal of a send WQE names the WQE by: the wr_id and opcode its
+/// header carries.
+#[derive(Clone, Copy, Debug)]
+struct WqeIdentity {
+    wr_id: u64,
+    opcode: u8,
+}
+
+impl WqeIdentity {
+    /// Refuses the WQE: it completes with `status` because `field`, holding
+    /// `value`, breaks `rule`.
+    fn refuse<T>(
+        self,
+        status: WcStatus,
+        rule: &'static str,
+        field: &'static str,
+        value: u64,
+    ) -> Result<T, Malformed> {
+        Err(Malformed {
+            wr_id: self.wr_id,
+            status,
+            opcode: self.opcode.into(),
+            rule,
+            field,
+            value,
+        })
+    }
+
+    /// Refuses the WQE for what its opcode asks: it completes with a local
+    /// QP operation error and names the opcode as the field at fault.
+    fn refuse_opcode<T>(self, rule: &'static str) -> Result<T, Malformed> {
+        self.refuse(WcStatus::LocQpOpErr, rule, "opcode", self.opcode.into())
+    }
+}
+
+/// The header's send flags as the engine names them, refusing a reserved
+/// bit.
+fn wqe_flags(bits: u8, identity: WqeIdentity) -> Result<SendFlags, Malformed> {
+    if bits & !(abi::wr::FENCE | abi::wr::SIGNALED | abi::wr::SOLICITED | abi::wr::INLINE) != 0 {
+        return identity.refuse(
+            WcStatus::LocQpOpErr,
+            "a reserved flag",
+            "flags",
+            bits.into(),
+        );
+    }
+    let mut flags = SendFlags(0);
+    for (bit, flag) in [
+        (abi::wr::FENCE, SendFlags::FENCE),
+        (abi::wr::SIGNALED, SendFlags::SIGNALED),
+        (abi::wr::SOLICITED, SendFlags::SOLICITED),
+        (abi::wr::INLINE, SendFlags::INLINE),
+    ] {
+        if bits & bit != 0 {
+            flags = flags | flag;
+        }
+    }
+    Ok(flags)
+}
+
+/// An RDMA WRITE, WRITE with immediate or READ from the WQE's operation
+/// segment; a READ is refused on a QP that is not RC.
+fn rdma_operation(
+    segment: &[u8],
+    imm: u32,
+    qp_type: QpType,
+    identity: WqeIdentity,
+) -> Result<SendOp, Malformed> {
+    let Ok(rdma) = abi::WqeRdma::read_from_bytes(segment) else {
+        return identity.refuse_opcode("an RDMA segment");
+    };
+    let (remote_addr, rkey) = (rdma.remote_addr.get(), Rkey(rdma.rkey.get()));
+    Ok(match identity.opcode {
+        abi::wr::RDMA_WRITE => SendOp::RdmaWrite { remote_addr, rkey },
+        abi::wr::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        },
+        _ if qp_type == QpType::Rc => SendOp::RdmaRead { remote_addr, rkey },
+        _ => return identity.refuse_opcode("an opcode the QP type takes"),
+    })
+}
+
+/// A compare-and-swap or fetch-and-add from the WQE's operation segment.
+fn atomic_operation(segment: &[u8], identity: WqeIdentity) -> Result<SendOp, Malformed> {
+    let Ok(atomic) = abi::WqeAtomic::read_from_bytes(segment) else {
+        return identity.refuse_opcode("an atomic segment");
+    };
+    let (remote_addr, rkey) = (atomic.remote_addr.get(), Rkey(atomic.rkey.get()));
+    Ok(if identity.opcode == abi::wr::ATOMIC_CMP_AND_SWP {
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare: atomic.compare_add.get(),
+            swap: atomic.swap.get(),
+        }
+    } else {
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add: atomic.compare_add.get(),
+        }
+    })
+}
+
+/// A BIND_MW from the WQE's operation segment, refusing access bits an MR
+/// does not have.
+fn bind_mw_operation(segment: &[u8], identity: WqeIdentity) -> Result<SendOp, Malformed> {
+    let Ok(bind) = abi::WqeBindMw::read_from_bytes(segment) else {
+        return identity.refuse_opcode("a BIND_MW segment");
+    };
+    let mw = bind.mw.get();
+    let access = bind.access.get();
+    if access & !abi::access::MR_BITS != 0 {
+        return identity.refuse(
+            WcStatus::LocQpOpErr,
+            "access bits of an MR",
+            "access",
+            access.into(),
+        );
+    }
+    Ok(SendOp::BindMw {
+        mw: Rkey(mw),
+        key: mw as u8,
+        mr: Lkey(bind.mr.get()),
+        addr: bind.addr.get(),
+        length: bind.length.get(),
+        access: Access(access),
+    })
+}
+
+/// A whole REG_MR WQE from its operation segment: the MR, its rights and
+/// where its flat page list is. It is refused for a bad page shift or page
+/// list, or for carrying any data.
+fn reg_mr(
+    segment: &[u8],
+    flags: SendFlags,
+    count: usize,
+    inline: bool,
+    identity: WqeIdentity,
+) -> Result<SendWqe, Malformed> {
+    let Ok(registration) = abi::WqeRegMr::read_from_bytes(segment) else {
+        return identity.refuse_opcode("a REG_MR segment");
+    };
+    let key = registration.key.get();
+    let access = registration.access.get();
+    let shift = registration.page_shift;
+    let npages = registration.npages.get();
+    let page_list = registration.page_list.get();
+    let refuse =
+        |rule, field, value: u64| identity.refuse(WcStatus::LocQpOpErr, rule, field, value);
+    if access & !abi::access::MR_BITS != 0 {
+        return refuse("access bits of an MR", "access", access.into());
+    }
+    if !(12..=30).contains(&shift) {
+        return refuse("a page shift of 12 to 30", "page_shift", shift.into());
+    }
+    if npages == 0 {
+        return refuse("a page list of one page or more", "npages", 0);
+    }
+    if !page_list.is_multiple_of(8) {
+        return refuse("an 8-byte aligned page list", "page_list", page_list);
+    }
+    if count != 0 || inline {
+        return refuse("no data with a local operation", "count", count as u64);
+    }
+    let iova = registration.iova.get();
+    Ok(SendWqe {
+        wr_id: identity.wr_id,
+        opcode: identity.opcode.into(),
+        op: SendOp::RegMr {
+            mr: Lkey(key),
+            key: key as u8,
+            iova,
+            length: registration.length.get(),
+            access: Access(access),
+        },
+        flags,
+        payload: Payload::Sges(Vec::new()),
+        ud: None,
+        fast_reg: Some(FastReg {
+            list: ListAt::Flat(page_list),
+            npages,
+            page_shift: shift,
+            offset: iova % (1u64 << shift),
+        }),
+    })
+}
+
+/// The data a WQE sends: `count` inline bytes, or `count` SGEs, from what
+/// follows its header. Either must fit the QP's limits and the stride.
+fn send_payload(
+    rest: &[u8],
+    count: usize,
+    inline: bool,
+    op: &SendOp,
+    qp: &SendShape,
+    identity: WqeIdentity,
+) -> Result<Payload, Malformed> {
+    if inline {
         if op.is_local() || op.is_read_or_atomic() {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "INLINE only with a SEND or WRITE",
-                "opcode",
-                opcode.into(),
-            );
+            return identity.refuse_opcode("INLINE only with a SEND or WRITE");
         }
         if count as u64 > u64::from(qp.max_inline) || count > rest.len() {
-            return bad(
+            return identity.refuse(
                 WcStatus::LocLenErr,
                 "inline data within max_inline_data and the stride",
                 "count",
                 count as u64,
             );
         }
-        Payload::Inline(rest[..count].to_vec())
-    } else {
-        if count as u64 > u64::from(qp.max_sge) || count * SGE as usize > rest.len() {
-            return bad(
-                WcStatus::LocLenErr,
-                "SGEs within max_send_sge and the stride",
-                "count",
-                count as u64,
-            );
-        }
-        match vrdma_face::wq::sges(rest, count) {
-            Some(s) => Payload::Sges(s),
-            None => {
-                return bad(
-                    WcStatus::LocLenErr,
-                    "SGEs whose lengths add up to 2^32 at most",
-                    "count",
-                    count as u64,
-                );
-            }
-        }
+        return Ok(Payload::Inline(rest[..count].to_vec()));
+    }
+    if count as u64 > u64::from(qp.max_sge) || count * SGE as usize > rest.len() {
+        return identity.refuse(
+            WcStatus::LocLenErr,
+            "SGEs within max_send_sge and the stride",
+            "count",
+            count as u64,
+        );
+    }
+    match vrdma_face::wq::sges(rest, count) {
+        Some(sges) => Ok(Payload::Sges(sges)),
+        None => identity.refuse(
+            WcStatus::LocLenErr,
+            "SGEs whose lengths add up to 2^32 at most",
+            "count",
+            count as u64,
+        ),
+    }
+}
+
+/// A UD WQE's destination from its operation segment: the inline address
+/// vector, the remote QPN and its Q_Key.
+fn ud_destination(segment: &[u8], identity: WqeIdentity) -> Result<UdDest, Malformed> {
+    let Ok(ud) = abi::WqeUd::read_from_bytes(segment) else {
+        return identity.refuse_opcode("a UD segment");
     };
-    let ud = if datagram {
-        let Ok(u) = abi::WqeUd::read_from_bytes(o) else {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "a UD segment",
-                "opcode",
-                opcode.into(),
-            );
-        };
-        if u.av.reserved.get() != 0 {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "an address vector's reserved field 0",
-                "av.reserved",
-                u.av.reserved.get().into(),
-            );
-        }
-        let Ok(attr) = ah_attr(&u.av, 1) else {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "an address vector with a destination GID",
-                "av.dgid",
-                0,
-            );
-        };
-        let Ok(remote_qpn) = Qpn::try_from(u.remote_qpn.get()) else {
-            return bad(
-                WcStatus::LocQpOpErr,
-                "a remote QPN below 2^24",
-                "remote_qpn",
-                u.remote_qpn.get().into(),
-            );
-        };
-        Some(UdDest {
-            av: Av::Inline(attr),
-            remote_qpn,
-            remote_qkey: QKey(u.remote_qkey.get()),
-        })
-    } else {
-        None
+    if ud.av.reserved.get() != 0 {
+        return identity.refuse(
+            WcStatus::LocQpOpErr,
+            "an address vector's reserved field 0",
+            "av.reserved",
+            ud.av.reserved.get().into(),
+        );
+    }
+    let Ok(attr) = ah_attr(&ud.av, 1) else {
+        return identity.refuse(
+            WcStatus::LocQpOpErr,
+            "an address vector with a destination GID",
+            "av.dgid",
+            0,
+        );
     };
-    Ok(SendWqe {
-        wr_id,
-        opcode: opcode.into(),
-        op,
-        flags,
-        payload,
-        ud,
-        fast_reg: None,
+    let Ok(remote_qpn) = Qpn::try_from(ud.remote_qpn.get()) else {
+        return identity.refuse(
+            WcStatus::LocQpOpErr,
+            "a remote QPN below 2^24",
+            "remote_qpn",
+            ud.remote_qpn.get().into(),
+        );
+    };
+    Ok(UdDest {
+        av: Av::Inline(attr),
+        remote_qpn,
+        remote_qkey: QKey(ud.remote_qkey.get()),
     })
 }
 
