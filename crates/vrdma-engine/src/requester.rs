@@ -5,7 +5,7 @@
 //! asks for a resend ([`seek`]).
 
 use vrdma_wire::{
-    Opcode, Psn,
+    Opcode, Psn, Qpn,
     opcode::Position,
     packet::{self, ExtHeaders},
     {bth, immdt, reth},
@@ -15,13 +15,14 @@ use crate::{
     completion::{complete_front_with_error, enter_error, retire_executed, retire_front},
     context::Ctx,
     memory::Memory,
-    qp::{QpState, QpType},
+    mr::AccessError,
+    qp::{AhAttr, QpState, QpType},
     qpc::Qp,
     sgl::{gather, lend},
     transmit::{Transmit, emit_bare, emit_lent},
     wc::WcStatus,
     window::{MAX_UNACKED_PSNS, PACKETS_PER_ACK_REQ},
-    wr::{SendFlags, SendOp},
+    wr::{SendFlags, SendOp, SendWqe},
 };
 
 /// The requester may send its next WQE: RTS, not waiting out an RNR
@@ -87,36 +88,48 @@ pub(crate) fn emit_request(
     let w = q.sq.get(cursor)?;
     let op = w.op?;
     let ty = q.init.qp_type;
-    let pd = q.init.pd;
-    let mtu = u64::from(q.attr.path_mtu.bytes());
     let offset = q.req.offset;
     if ty == QpType::Rc && op.is_read_or_atomic() {
         return emit_read_or_atomic(q, cx, cursor, op, offset, buf);
     }
-    // A payload the memory lends stays where it is (a gather poll) and
-    // may be a run of segments long ([`Ctx::segment`]); one copied into
-    // the packet is an MTU at most.
-    let mut n = (w.length - offset).min(cx.segment(q));
-    let mut lent = Ok(false);
-    if n > 0 && !w.is_inline && cx.lend {
-        // Pieces of an attempt that produced no packet are not this
-        // packet's.
-        cx.lent.clear();
-        cx.lent_mrs.clear();
-        lent = lend(
-            &cx.keys,
-            mem,
-            pd,
-            &w.sges,
-            offset,
-            n as usize,
-            &mut cx.lent,
-            &mut cx.lent_mrs,
-        );
-    }
-    if lent == Ok(false) {
-        n = n.min(mtu);
-    }
+    let (t, segment) = emit_send_or_write(q, cx, mem, buf, cursor, op)?;
+    Some(advance(q, cx, segment, t))
+}
+
+/// Where a SEND or WRITE packet stands in its message.
+struct Segment {
+    /// The WQE's place in the send queue.
+    cursor: usize,
+    /// The message's bytes before the packet.
+    offset: u64,
+    /// The packet's payload bytes.
+    n: u64,
+    first: bool,
+    last: bool,
+    psn: Psn,
+    /// The segments (one PSN each) the packet covers, first and last,
+    /// counted from the message's start.
+    seg_first: u64,
+    seg_last: u64,
+}
+
+/// The next packet of the SEND or WRITE WQE at `cursor`, its payload lent
+/// or copied in, and where it stands in its message; a bad local SGE
+/// completes the WQE in error instead.
+fn emit_send_or_write(
+    q: &mut Qp,
+    cx: &mut Ctx,
+    mem: &impl Memory,
+    buf: &mut [u8],
+    cursor: usize,
+    op: SendOp,
+) -> Option<(Transmit, Segment)> {
+    let w = q.sq.get(cursor)?;
+    let ty = q.init.qp_type;
+    let pd = q.init.pd;
+    let mtu = u64::from(q.attr.path_mtu.bytes());
+    let offset = q.req.offset;
+    let (n, lent) = lend_payload(q, w, cx, mem, offset);
     let first = offset == 0;
     let last = offset + n >= w.length;
     let position = match (first, last) {
@@ -125,33 +138,7 @@ pub(crate) fn emit_request(
         (false, true) => Position::Last,
         (false, false) => Position::Middle,
     };
-    let qpn = q.qpn;
-    let (opcode, ext, dest_qp, ah) = match (ty, op) {
-        (QpType::Ud | QpType::Gsi, SendOp::Send | SendOp::SendWithImm { .. }) => {
-            let ud = w.ud?;
-            // IBTA Vol1 §10.2.5: a WR Q_Key with the high bit set means
-            // "use the QP's own Q_Key".
-            let qkey = if ud.remote_qkey.is_controlled() {
-                q.attr.qkey
-            } else {
-                ud.remote_qkey
-            };
-            let (opcode, imm) = match op {
-                SendOp::SendWithImm { imm } => (Opcode::UdSendOnlyImm, Some(imm)),
-                _ => (Opcode::UdSendOnly, None),
-            };
-            let ext = ExtHeaders {
-                deth: Some(vrdma_wire::deth::Repr { qkey, src_qp: qpn }),
-                immdt: imm.map(|imm| immdt::Repr { imm }),
-                ..Default::default()
-            };
-            (opcode, ext, ud.remote_qpn, w.av)
-        }
-        (_, op) => {
-            let (opcode, ext) = connected_request(ty, op, position, w.length)?;
-            (opcode, ext, q.attr.dest_qp_num, None)
-        }
-    };
+    let (opcode, ext, dest_qp, ah) = request_headers(q, w, op, position)?;
     let psn = q.req.psn;
     // The segments the packet covers (one PSN each).
     let (seg_first, seg_last) = (offset / mtu, (offset + n.max(1) - 1) / mtu);
@@ -210,13 +197,116 @@ pub(crate) fn emit_request(
         referenced,
         ..t
     };
+    let segment = Segment {
+        cursor,
+        offset,
+        n,
+        first,
+        last,
+        psn,
+        seg_first,
+        seg_last,
+    };
+    Some((t, segment))
+}
 
-    // Advance.
+/// The payload bytes of the next packet of WQE `w` from `offset`, and
+/// whether the memory lends them (the pieces then in `cx.lent`).
+fn lend_payload(
+    q: &Qp,
+    w: &SendWqe,
+    cx: &mut Ctx,
+    mem: &impl Memory,
+    offset: u64,
+) -> (u64, Result<bool, AccessError>) {
+    let pd = q.init.pd;
+    let mtu = u64::from(q.attr.path_mtu.bytes());
+    // A payload the memory lends stays where it is (a gather poll) and
+    // may be a run of segments long ([`Ctx::segment`]); one copied into
+    // the packet is an MTU at most.
+    let mut n = (w.length - offset).min(cx.segment(q));
+    let mut lent = Ok(false);
+    if n > 0 && !w.is_inline && cx.lend {
+        // Pieces of an attempt that produced no packet are not this
+        // packet's.
+        cx.lent.clear();
+        cx.lent_mrs.clear();
+        lent = lend(
+            &cx.keys,
+            mem,
+            pd,
+            &w.sges,
+            offset,
+            n as usize,
+            &mut cx.lent,
+            &mut cx.lent_mrs,
+        );
+    }
+    if lent == Ok(false) {
+        n = n.min(mtu);
+    }
+    (n, lent)
+}
+
+/// A SEND or WRITE packet's opcode, extension headers, destination QP and
+/// (UD) address vector.
+fn request_headers(
+    q: &Qp,
+    w: &SendWqe,
+    op: SendOp,
+    position: Position,
+) -> Option<(Opcode, ExtHeaders, Qpn, Option<AhAttr>)> {
+    let ty = q.init.qp_type;
+    let qpn = q.qpn;
+    let headers = match (ty, op) {
+        (QpType::Ud | QpType::Gsi, SendOp::Send | SendOp::SendWithImm { .. }) => {
+            let ud = w.ud?;
+            // IBTA Vol1 §10.2.5: a WR Q_Key with the high bit set means
+            // "use the QP's own Q_Key".
+            let qkey = if ud.remote_qkey.is_controlled() {
+                q.attr.qkey
+            } else {
+                ud.remote_qkey
+            };
+            let (opcode, imm) = match op {
+                SendOp::SendWithImm { imm } => (Opcode::UdSendOnlyImm, Some(imm)),
+                _ => (Opcode::UdSendOnly, None),
+            };
+            let ext = ExtHeaders {
+                deth: Some(vrdma_wire::deth::Repr { qkey, src_qp: qpn }),
+                immdt: imm.map(|imm| immdt::Repr { imm }),
+                ..Default::default()
+            };
+            (opcode, ext, ud.remote_qpn, w.av)
+        }
+        (_, op) => {
+            let (opcode, ext) = connected_request(ty, op, position, w.length)?;
+            (opcode, ext, q.attr.dest_qp_num, None)
+        }
+    };
+    Some(headers)
+}
+
+/// Moves the requester past a SEND or WRITE packet that leaves (PSN,
+/// cursor, offset, retransmit timer), and completes a UC or UD message
+/// once its last packet is out.
+fn advance(q: &mut Qp, cx: &mut Ctx, segment: Segment, t: Transmit) -> Transmit {
+    let Segment {
+        cursor,
+        offset,
+        n,
+        first,
+        last,
+        psn,
+        seg_first,
+        seg_last,
+    } = segment;
+    let ty = q.init.qp_type;
     if q.req.send_twice.take() == Some(psn) {
         // The first packet after a timeout goes out twice (see
         // timers::retransmit_timeout): the same packet again next time.
         cx.stats.tx_retransmitted += 1;
-        return Some(t);
+        return t;
     }
     q.req.started = q.req.started.max(cursor + 1);
     if first && let Some(w) = q.sq.get_mut(cursor) {
@@ -244,7 +334,7 @@ pub(crate) fn emit_request(
         retire_front(q, cx, WcStatus::Success);
         retire_executed(q, cx);
     }
-    Some(t)
+    t
 }
 
 /// An RDMA READ request (for what is still missing of the READ) or an

@@ -6,13 +6,11 @@
 //! acknowledgements in request order ([`emit_response`]).
 
 use vrdma_wire::{
-    Gid, Opcode, PKey, Psn,
+    Gid, Opcode, Psn,
     aeth::{self, NakCode, RnrTimer, Syndrome},
-    bth,
     frame::IpRepr,
     grh,
     opcode::{Operation, Position},
-    packet::{self, ExtHeaders},
 };
 
 use crate::{
@@ -21,15 +19,17 @@ use crate::{
     event::AsyncEvent,
     memory::{Memory, Payload},
     mr::Access,
-    qp::{QpState, QpType},
+    qp::QpType,
     qpc::{InMsg, Qp, Resource, RespOut},
-    requester::path,
     rx::Rx,
-    sgl::{lend_range, scatter},
-    transmit::{Transmit, emit_bare, emit_lent},
+    sgl::scatter,
     wc::{NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus},
     window::JUMBO_PSNS,
 };
+
+mod responses;
+
+pub(crate) use responses::emit_response;
 
 /// Why an incoming request could not be executed.
 enum Failure {
@@ -307,140 +307,11 @@ fn execute(
         cx.stats.rx_malformed += 1;
         return Err(Failure::Nak(NakCode::InvalidRequest));
     }
-    let pd = q.init.pd;
-    let qp_access = q.attr.qp_access_flags;
-    let recv_cq = q.init.recv_cq;
     let rc = q.init.qp_type == QpType::Rc;
-    let qpn = q.qpn;
 
     match op {
-        Operation::Send => {
-            let offset = match in_msg {
-                // A message under way holds its receive WQE; without one
-                // (completed in error) nothing may be written.
-                InMsg::Send { .. } if !q.resp.has_recv => {
-                    return Err(Failure::Nak(NakCode::InvalidRequest));
-                }
-                InMsg::Send { offset } => offset,
-                _ => {
-                    if !q.resp.has_recv && !take_recv(q, cx) {
-                        return Err(Failure::Rnr);
-                    }
-                    0
-                }
-            };
-            let wqe = &q.resp.recv;
-            if offset + len as u64 > wqe.length {
-                return Err(Failure::Local(WcStatus::LocLenErr));
-            }
-            scatter(&cx.keys, mem, pd, &wqe.sges, offset, r.payload)
-                .map_err(|_| Failure::Local(WcStatus::LocProtErr))?;
-            let end = offset + len as u64;
-            if position.ends()
-                && let Some(inv) = r.ext.ieth
-                && cx.keys.invalidate(inv.rkey.0, pd, Some(qpn)).is_err()
-            {
-                // IBTA Vol1 §9.4.1.2: the rkey named must be a
-                // fast-registered MR of this PD or a type 2 window bound to
-                // this QP.
-                return Err(Failure::Nak(NakCode::InvalidRequest));
-            }
-            q.resp.msg = InMsg::Send { offset: end };
-            if position.ends() {
-                let mut wc = Wc::new(
-                    q.resp.recv.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::Recv,
-                    qpn.value(),
-                );
-                wc.byte_len = end as u32;
-                if let Some(i) = r.ext.immdt {
-                    wc.imm_data = i.imm;
-                    wc.wc_flags = WcFlags::WITH_IMM;
-                }
-                if let Some(inv) = r.ext.ieth {
-                    wc.imm_data = inv.rkey.0;
-                    wc.wc_flags = WcFlags::WITH_INV;
-                }
-                q.resp.has_recv = false;
-                q.resp.msg = InMsg::Idle;
-                q.resp.msn = q.resp.msn.wrapping_add(1);
-                cx.post_cqe(recv_cq, wc, r.bth.solicited);
-            }
-        }
-        Operation::RdmaWrite => {
-            if position.ends() && r.ext.immdt.is_some() {
-                // WRITE with immediate consumes a receive WQE: make sure
-                // there is one before anything changes, so that an RNR NAK
-                // leaves the message where it was (rxe's check_resource).
-                if !q.resp.has_recv && !take_recv(q, cx) {
-                    return Err(Failure::Rnr);
-                }
-            }
-            let (rkey, va, left, total) = match (in_msg, r.ext.reth) {
-                (
-                    InMsg::Write {
-                        rkey,
-                        va,
-                        left,
-                        total,
-                    },
-                    None,
-                ) => (rkey, va, left, total),
-                (_, Some(reth)) => {
-                    // IBTA Vol1 §9.7.4.1.2: the QP must allow remote writes
-                    // and the rkey must grant them over the whole DMA
-                    // length, in this QP's PD.
-                    let total = u64::from(reth.dma_len);
-                    if !qp_access.contains(Access::REMOTE_WRITE) {
-                        return Err(Failure::Nak(NakCode::RemoteAccessError));
-                    }
-                    if total > 0 {
-                        cx.keys
-                            .check_remote(reth.rkey, pd, reth.va, total, Access::REMOTE_WRITE, qpn)
-                            .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
-                    }
-                    (reth.rkey, reth.va, total, total)
-                }
-                _ => return Err(Failure::Nak(NakCode::InvalidRequest)),
-            };
-            if len as u64 > left || (position.ends() && len as u64 != left) {
-                // More (or less) data than the RETH announced.
-                return Err(Failure::Nak(NakCode::InvalidRequest));
-            }
-            if len > 0 {
-                let mr = cx
-                    .keys
-                    .check_remote(rkey, pd, va, len as u64, Access::REMOTE_WRITE, qpn)
-                    .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
-                mr.write_payload(mem, va, r.payload)
-                    .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
-            }
-            q.resp.msg = InMsg::Write {
-                rkey,
-                va: va + len as u64,
-                left: left - len as u64,
-                total,
-            };
-            if position.ends() {
-                q.resp.msg = InMsg::Idle;
-                q.resp.msn = q.resp.msn.wrapping_add(1);
-                if let Some(i) = r.ext.immdt {
-                    // The receive WQE taken above.
-                    let mut wc = Wc::new(
-                        q.resp.recv.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::RecvRdmaWithImm,
-                        qpn.value(),
-                    );
-                    wc.byte_len = total as u32;
-                    wc.imm_data = i.imm;
-                    wc.wc_flags = WcFlags::WITH_IMM;
-                    q.resp.has_recv = false;
-                    cx.post_cqe(recv_cq, wc, r.bth.solicited);
-                }
-            }
-        }
+        Operation::Send => execute_send(q, cx, r, position, in_msg, mem)?,
+        Operation::RdmaWrite => execute_write(q, cx, r, position, in_msg, mem)?,
         _ => return Err(Failure::Nak(NakCode::InvalidRequest)),
     }
     let covered = span(r, q);
@@ -448,6 +319,164 @@ fn execute(
     if rc && (r.bth.ack_req || position.ends()) {
         // The packet's last PSN: a run of segments is acknowledged whole.
         ack(q, cx, r.bth.psn.wrapping_add(covered - 1));
+    }
+    Ok(())
+}
+
+/// Scatters a checked SEND packet into the receive WQE and, at the
+/// message's end, completes the WQE.
+fn execute_send(
+    q: &mut Qp,
+    cx: &mut Ctx,
+    r: &Rx<'_, '_>,
+    position: Position,
+    in_msg: InMsg,
+    mem: &mut impl Memory,
+) -> Result<(), Failure> {
+    let len = r.payload.len();
+    let pd = q.init.pd;
+    let recv_cq = q.init.recv_cq;
+    let qpn = q.qpn;
+    let offset = match in_msg {
+        // A message under way holds its receive WQE; without one
+        // (completed in error) nothing may be written.
+        InMsg::Send { .. } if !q.resp.has_recv => {
+            return Err(Failure::Nak(NakCode::InvalidRequest));
+        }
+        InMsg::Send { offset } => offset,
+        _ => {
+            if !q.resp.has_recv && !take_recv(q, cx) {
+                return Err(Failure::Rnr);
+            }
+            0
+        }
+    };
+    let wqe = &q.resp.recv;
+    if offset + len as u64 > wqe.length {
+        return Err(Failure::Local(WcStatus::LocLenErr));
+    }
+    scatter(&cx.keys, mem, pd, &wqe.sges, offset, r.payload)
+        .map_err(|_| Failure::Local(WcStatus::LocProtErr))?;
+    let end = offset + len as u64;
+    if position.ends()
+        && let Some(inv) = r.ext.ieth
+        && cx.keys.invalidate(inv.rkey.0, pd, Some(qpn)).is_err()
+    {
+        // IBTA Vol1 §9.4.1.2: the rkey named must be a
+        // fast-registered MR of this PD or a type 2 window bound to
+        // this QP.
+        return Err(Failure::Nak(NakCode::InvalidRequest));
+    }
+    q.resp.msg = InMsg::Send { offset: end };
+    if position.ends() {
+        let mut wc = Wc::new(
+            q.resp.recv.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            qpn.value(),
+        );
+        wc.byte_len = end as u32;
+        if let Some(i) = r.ext.immdt {
+            wc.imm_data = i.imm;
+            wc.wc_flags = WcFlags::WITH_IMM;
+        }
+        if let Some(inv) = r.ext.ieth {
+            wc.imm_data = inv.rkey.0;
+            wc.wc_flags = WcFlags::WITH_INV;
+        }
+        q.resp.has_recv = false;
+        q.resp.msg = InMsg::Idle;
+        q.resp.msn = q.resp.msn.wrapping_add(1);
+        cx.post_cqe(recv_cq, wc, r.bth.solicited);
+    }
+    Ok(())
+}
+
+/// Writes a checked RDMA WRITE packet where its rkey points and, at the
+/// end of a WRITE with immediate, completes the receive WQE it consumes.
+fn execute_write(
+    q: &mut Qp,
+    cx: &mut Ctx,
+    r: &Rx<'_, '_>,
+    position: Position,
+    in_msg: InMsg,
+    mem: &mut impl Memory,
+) -> Result<(), Failure> {
+    let len = r.payload.len();
+    let pd = q.init.pd;
+    let qp_access = q.attr.qp_access_flags;
+    let recv_cq = q.init.recv_cq;
+    let qpn = q.qpn;
+    if position.ends() && r.ext.immdt.is_some() {
+        // WRITE with immediate consumes a receive WQE: make sure
+        // there is one before anything changes, so that an RNR NAK
+        // leaves the message where it was (rxe's check_resource).
+        if !q.resp.has_recv && !take_recv(q, cx) {
+            return Err(Failure::Rnr);
+        }
+    }
+    let (rkey, va, left, total) = match (in_msg, r.ext.reth) {
+        (
+            InMsg::Write {
+                rkey,
+                va,
+                left,
+                total,
+            },
+            None,
+        ) => (rkey, va, left, total),
+        (_, Some(reth)) => {
+            // IBTA Vol1 §9.7.4.1.2: the QP must allow remote writes
+            // and the rkey must grant them over the whole DMA
+            // length, in this QP's PD.
+            let total = u64::from(reth.dma_len);
+            if !qp_access.contains(Access::REMOTE_WRITE) {
+                return Err(Failure::Nak(NakCode::RemoteAccessError));
+            }
+            if total > 0 {
+                cx.keys
+                    .check_remote(reth.rkey, pd, reth.va, total, Access::REMOTE_WRITE, qpn)
+                    .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
+            }
+            (reth.rkey, reth.va, total, total)
+        }
+        _ => return Err(Failure::Nak(NakCode::InvalidRequest)),
+    };
+    if len as u64 > left || (position.ends() && len as u64 != left) {
+        // More (or less) data than the RETH announced.
+        return Err(Failure::Nak(NakCode::InvalidRequest));
+    }
+    if len > 0 {
+        let mr = cx
+            .keys
+            .check_remote(rkey, pd, va, len as u64, Access::REMOTE_WRITE, qpn)
+            .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
+        mr.write_payload(mem, va, r.payload)
+            .map_err(|_| Failure::Nak(NakCode::RemoteAccessError))?;
+    }
+    q.resp.msg = InMsg::Write {
+        rkey,
+        va: va + len as u64,
+        left: left - len as u64,
+        total,
+    };
+    if position.ends() {
+        q.resp.msg = InMsg::Idle;
+        q.resp.msn = q.resp.msn.wrapping_add(1);
+        if let Some(i) = r.ext.immdt {
+            // The receive WQE taken above.
+            let mut wc = Wc::new(
+                q.resp.recv.wr_id,
+                WcStatus::Success,
+                WcOpcode::RecvRdmaWithImm,
+                qpn.value(),
+            );
+            wc.byte_len = total as u32;
+            wc.imm_data = i.imm;
+            wc.wc_flags = WcFlags::WITH_IMM;
+            q.resp.has_recv = false;
+            cx.post_cqe(recv_cq, wc, r.bth.solicited);
+        }
     }
     Ok(())
 }
@@ -632,209 +661,6 @@ fn duplicate_read_or_atomic(q: &mut Qp, cx: &mut Ctx, r: &Rx<'_, '_>) {
         q.resp.out.push_back(out);
         cx.schedule(q);
     }
-}
-
-/// The responder's next packet: an ACK/NAK, a READ response or an atomic
-/// acknowledgement, in the order the requests came.
-pub(crate) fn emit_response(
-    q: &mut Qp,
-    cx: &mut Ctx,
-    mem: &impl Memory,
-    buf: &mut [u8],
-) -> Option<Transmit> {
-    loop {
-        if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            q.resp.out.clear();
-            return None;
-        }
-        let item = q.resp.out.pop_front()?;
-        match response(q, cx, item, mem, buf) {
-            Response::Packet(t) => return t,
-            // A READ response whose MR went away: the NAK goes out instead.
-            Response::Retry => {}
-        }
-    }
-}
-
-/// What one queued response item became.
-enum Response {
-    Packet(Option<Transmit>),
-    /// It was replaced at the front of the queue: take it again.
-    Retry,
-}
-
-fn response(
-    q: &mut Qp,
-    cx: &mut Ctx,
-    item: RespOut,
-    mem: &impl Memory,
-    buf: &mut [u8],
-) -> Response {
-    let msn = q.resp.msn;
-    let dest = q.attr.dest_qp_num;
-    let pkey: PKey = cx.pkey_of(q.attr.pkey_index);
-    let pd = q.init.pd;
-    let qpn = q.qpn;
-    let mtu = u64::from(q.attr.path_mtu.bytes());
-    // A READ response's payload lent by a gather poll.
-    let (mut payload_at, mut referenced) = (0, 0);
-    let bth = |opcode, psn| bth::Repr {
-        opcode,
-        solicited: false,
-        mig_req: false,
-        pad_cnt: 0,
-        pkey,
-        fecn: false,
-        becn: false,
-        dest_qp: dest,
-        ack_req: false,
-        psn,
-    };
-    let ack = |syndrome| aeth::Repr { syndrome, msn };
-    let ok = Syndrome::Ack(aeth::CreditCode::INVALID);
-    let len = match item {
-        RespOut::Ack { psn, syndrome } => {
-            let ext = ExtHeaders {
-                aeth: Some(ack(syndrome)),
-                ..Default::default()
-            };
-            let n = emit_bare(buf, bth(Opcode::RcAcknowledge, psn), ext);
-            if let Syndrome::Nak(code) = syndrome
-                && code != NakCode::PsnSequenceError
-            {
-                // Class B–D errors (IBTA Vol1 §9.9.3): the responder enters
-                // ERR once its NAK is out, and says why in an affiliated
-                // asynchronous event (IBTA Vol1 §11.6.3.2), since no
-                // completion reports it.
-                let Some(len) = n else {
-                    return Response::Packet(None);
-                };
-                let t = path(q, cx, None).map(|t| Transmit { len, ..t });
-                let event = match code {
-                    NakCode::RemoteAccessError => AsyncEvent::QpAccessErr { qp: qpn },
-                    NakCode::RemoteOperationalError => AsyncEvent::QpFatal { qp: qpn },
-                    _ => AsyncEvent::QpReqErr { qp: qpn },
-                };
-                // Affiliated errors are for what no completion reports; a
-                // receive completed in error already said it.
-                if !q.resp.failure_reported {
-                    cx.events.push_back(event);
-                }
-                enter_error(q, cx, true);
-                return Response::Packet(t);
-            }
-            match n {
-                Some(n) => n,
-                None => return Response::Packet(None),
-            }
-        }
-        RespOut::Atomic { psn, orig } => {
-            let ext = ExtHeaders {
-                aeth: Some(ack(ok)),
-                atomic_ack_eth: Some(vrdma_wire::atomic::ack::Repr { orig }),
-                ..Default::default()
-            };
-            match emit_bare(buf, bth(Opcode::RcAtomicAcknowledge, psn), ext) {
-                Some(n) => n,
-                None => return Response::Packet(None),
-            }
-        }
-        RespOut::Read {
-            rkey,
-            va,
-            len,
-            psn,
-            sent,
-        } => {
-            // The MR is checked again: it may have been deregistered since
-            // the request was accepted. A payload the memory lends stays
-            // there (a gather poll) and may be a run of segments long
-            // ([`Ctx::segment`]); one read into the packet is an MTU at
-            // most. A zero-length READ touches no memory and needs no key
-            // (IBTA Vol1 §9.4.3).
-            let mut n = (len - sent).min(cx.segment(q));
-            let mut lent = Ok(false);
-            if n > 0 && cx.lend {
-                let (lent_refs, fences) = (&mut cx.lent, &mut cx.lent_mrs);
-                lent_refs.clear();
-                fences.clear();
-                lent = cx
-                    .keys
-                    .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ, qpn)
-                    .and_then(|mr| lend_range(mr, mem, va + sent, n, lent_refs, fences));
-            }
-            if lent == Ok(false) {
-                n = n.min(mtu);
-            }
-            let first = sent == 0;
-            let last = sent + n >= len;
-            let (opcode, with_aeth) = match (first, last) {
-                (true, true) => (Opcode::RcReadResponseOnly, true),
-                (true, false) => (Opcode::RcReadResponseFirst, true),
-                (false, true) => (Opcode::RcReadResponseLast, true),
-                (false, false) => (Opcode::RcReadResponseMiddle, false),
-            };
-            let ppsn = psn.wrapping_add((sent / mtu.max(1)) as u32);
-            let ext = ExtHeaders {
-                aeth: with_aeth.then(|| ack(ok)),
-                ..Default::default()
-            };
-            let n_bytes = n as usize;
-            let read = match lent {
-                Ok(true) => {
-                    let Some((at, total)) = emit_lent(buf, &bth(opcode, ppsn), &ext, n_bytes)
-                    else {
-                        return Response::Packet(None);
-                    };
-                    (payload_at, referenced) = (at, n_bytes);
-                    Ok(total)
-                }
-                Err(e) => Err(e),
-                Ok(false) => {
-                    // n <= mtu <= 4096.
-                    let Some(out) = buf.get_mut(..packet::packet_len(opcode, n_bytes)) else {
-                        return Response::Packet(None);
-                    };
-                    let Ok(at) = packet::emit_headers(out, &bth(opcode, ppsn), &ext, n_bytes)
-                    else {
-                        return Response::Packet(None);
-                    };
-                    let total = out.len();
-                    if n == 0 {
-                        Ok(total)
-                    } else {
-                        cx.keys
-                            .check_remote(rkey, pd, va + sent, n, Access::REMOTE_READ, qpn)
-                            .and_then(|mr| mr.read(mem, va + sent, &mut out[at..at + n_bytes]))
-                            .map(|()| total)
-                    }
-                }
-            };
-            let Ok(written) = read else {
-                q.resp.out.push_front(RespOut::Ack {
-                    psn: ppsn,
-                    syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
-                });
-                return Response::Retry;
-            };
-            if !last {
-                q.resp.out.push_front(RespOut::Read {
-                    rkey,
-                    va,
-                    len,
-                    psn,
-                    sent: sent + n,
-                });
-            }
-            written
-        }
-    };
-    Response::Packet(path(q, cx, None).map(|t| Transmit {
-        len,
-        payload_at,
-        referenced,
-        ..t
-    }))
 }
 
 /// Whether a packet that claims to be from `q`'s peer is: a connection's
