@@ -38,6 +38,9 @@ const RECV: u64 = BASE + (2 << 20);
 const RECV_DEPTH: u32 = 256;
 /// Bandwidth tests keep this many WRs in flight.
 const DEPTH: u64 = 32;
+/// How long the client waits for a completion before it calls a test
+/// stalled.
+const LIMIT: Duration = Duration::from_secs(10);
 
 /// One side: a device with an RC QP, connected through `tx` / `rx`.
 fn side(
@@ -140,6 +143,8 @@ pub fn run(a: &DemoArgs) -> Result<()> {
     result.and(served.context("the echo side"))
 }
 
+/// The active side: a ping-pong, then the bandwidth tests, then the
+/// device's counters.
 fn client(
     a: &DemoArgs,
     addr: IpAddr,
@@ -158,20 +163,32 @@ fn client(
         peer.remote.qpn.value(),
         a.addr_b
     );
-    let limit = Duration::from_secs(10);
+    let (rtts, total) = ping_pong(a, &mut dev, qpn)?;
+    print_latency(a, rtts, total);
+    bandwidth(a, &mut dev, qpn, &peer)?;
+    print_counters(a, &dev);
+    Ok(())
+}
 
-    // Ping-pong: a 64-byte SEND each way per iteration.
-    post_recvs(&mut dev, qpn, RECV_DEPTH, 4096)?;
+/// The ping-pong: a 64-byte SEND each way per iteration, the echo checked
+/// byte for byte. Returns each iteration's one-way latency in ns (half
+/// its round trip) and the time they all took.
+fn ping_pong(
+    a: &DemoArgs,
+    dev: &mut Context,
+    qpn: vrdma_wire::Qpn,
+) -> Result<(Vec<u64>, Duration)> {
+    post_recvs(dev, qpn, RECV_DEPTH, 4096)?;
     let mut posted = RECV_DEPTH;
     dev.write(SRC, &[0x7b; 64])?;
     let mut rtts = Vec::with_capacity(a.iters as usize);
     let start = Instant::now();
     for i in 0..u64::from(a.iters) {
         let t = Instant::now();
-        post(&mut dev, qpn, i, SendOp::Send, SRC, 64)?;
+        post(dev, qpn, i, SendOp::Send, SRC, 64)?;
         let (mut sent, mut got) = (false, false);
         while !(sent && got) {
-            let wcs = dev.poll(limit)?.to_vec();
+            let wcs = dev.poll(LIMIT)?.to_vec();
             ensure!(!wcs.is_empty(), "ping-pong stalled at iteration {i}");
             for wc in wcs {
                 check(&wc)?;
@@ -187,7 +204,7 @@ fn client(
         }
         rtts.push(t.elapsed().as_nanos() as u64 / 2);
         if posted < RECV_DEPTH / 2 {
-            post_recvs(&mut dev, qpn, RECV_DEPTH - posted, 4096)?;
+            post_recvs(dev, qpn, RECV_DEPTH - posted, 4096)?;
             posted = RECV_DEPTH;
         }
     }
@@ -200,6 +217,11 @@ fn client(
         },
         "the echo came back different"
     );
+    Ok((rtts, total))
+}
+
+/// The ping-pong's line, then the table's header and its latency row.
+fn print_latency(a: &DemoArgs, rtts: Vec<u64>, total: Duration) {
     let (typ, avg, p99, p999) = percentiles(rtts);
     println!(
         "pingpong: {} × 64 B SEND each way in {:.2} s = {:.2} usec/iter",
@@ -224,8 +246,11 @@ fn client(
         " {:<12} {:>8} {:>8} {:>12} {:>10} {:>13.2} {:>10.2} {:>10.2} {:>11.2}",
         "send_lat", 64, a.iters, "", "", typ, avg, p99, p999
     );
+}
 
-    // Bandwidth: WRITE at three sizes, then READ, DEPTH WRs in flight.
+/// Bandwidth: WRITE at three sizes, then READ at two, `a.megabytes` MiB
+/// each with [`DEPTH`] WRs in flight, a row of the table each.
+fn bandwidth(a: &DemoArgs, dev: &mut Context, qpn: vrdma_wire::Qpn, peer: &Hello) -> Result<()> {
     for (name, size) in [
         ("write_bw", 4096u32),
         ("write_bw", 65536),
@@ -254,10 +279,10 @@ fn client(
         let (mut posted, mut done) = (0u64, 0u64);
         while done < iters {
             while posted < iters && posted - done < DEPTH {
-                post(&mut dev, qpn, posted, op(posted), local, size)?;
+                post(dev, qpn, posted, op(posted), local, size)?;
                 posted += 1;
             }
-            let wcs = dev.poll(limit)?;
+            let wcs = dev.poll(LIMIT)?;
             ensure!(!wcs.is_empty(), "{name} stalled after {done} of {iters}");
             for wc in wcs {
                 check(wc)?;
@@ -275,6 +300,12 @@ fn client(
             bytes * 8.0 / secs / 1e9
         );
     }
+    Ok(())
+}
+
+/// What the active side's device counted: its system calls, resends and
+/// bad checksums.
+fn print_counters(a: &DemoArgs, dev: &Context) {
     let s = dev.dev.transport().stats();
     let e = dev.dev.engine().stats();
     println!();
@@ -288,5 +319,4 @@ fn client(
         e.tx_retransmitted,
         s.rx_bad_icrc
     );
-    Ok(())
 }

@@ -132,6 +132,42 @@ fn mtu_from_bytes(n: u32) -> Result<Mtu> {
 }
 
 pub fn run(a: &PingpongArgs) -> Result<()> {
+    let (size, mtu) = check_args(a)?;
+    let ud = a.transport == Transport::Ud;
+    let (stream, ip) = exchange_stream(a)?;
+    let buf_len = size as usize + if ud { GRH_LEN } else { 0 };
+    let c = connect_attrs(a, mtu);
+    let (mut dev, qpn) = open_qp(a, ip, size, buf_len, &c)?;
+    let me = Dest {
+        lid: 0,
+        qpn,
+        psn: random_psn(),
+        gid: dev.gid(),
+    };
+    print_local(&me, ud);
+    let (rem, ah) = exchange(stream, a.server.is_some(), me, |rem| {
+        connect_qp(&mut dev, a, &me, rem, &c)
+    })?;
+    print_remote(&rem);
+    let send = SendWr::new(&dev, qpn, size, ud, &rem, ah)?;
+    let usec = ping_pong(a, &mut dev, &send, buf_len as u32)?;
+    if a.transport == Transport::Rc {
+        // The peer's last message may wait for an ACK that was lost: stay to
+        // answer its resend (four of its 67 ms ACK timeouts of quiet).
+        dev.linger(Duration::from_millis(270), Duration::from_secs(2))?;
+    }
+    print_rates(a, size, usec);
+    if a.chk && a.server.is_none() {
+        check_pages(&dev, size, ud)?;
+    }
+    let s = dev.dev.transport().stats();
+    tracing::debug!(?s, engine = ?dev.dev.engine().stats(), "device counters");
+    Ok(())
+}
+
+/// The arguments checked as a vrdma device needs them (one port, one GID,
+/// positive counts, no `-m` for UD): the message size and the path MTU.
+fn check_args(a: &PingpongArgs) -> Result<(u32, Mtu)> {
     ensure!(
         a.ib_port == 1,
         "port {}: a vrdma device has one port, 1",
@@ -154,9 +190,38 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
     );
     let size = a.size.unwrap_or(if ud { 1024 } else { 4096 });
     let mtu = mtu_from_bytes(a.mtu.unwrap_or(1024))?;
+    Ok((size, mtu))
+}
 
-    let (stream, ip) = exchange_stream(a)?;
-    let buf_len = size as usize + if ud { GRH_LEN } else { 0 };
+/// The attributes the QP is brought up with, as the C tools set them.
+fn connect_attrs(a: &PingpongArgs, mtu: Mtu) -> Connect {
+    Connect {
+        mtu,
+        sl: a.sl,
+        hop_limit: 64,
+        traffic_class: 0,
+        min_rnr_timer: 12,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        qkey: UD_QKEY,
+        access: Access::NONE,
+    }
+}
+
+/// The device at `ip` with memory for a buffer of `buf_len` bytes, filled
+/// as the C tools fill it, and its QP in INIT with `a.rx_depth` receives
+/// posted.
+fn open_qp(
+    a: &PingpongArgs,
+    ip: IpAddr,
+    size: u32,
+    buf_len: usize,
+    c: &Connect,
+) -> Result<(Context, Qpn)> {
+    let ud = a.transport == Transport::Ud;
     let mem = buf_len.next_multiple_of(4096).max(4096);
     let mut dev = Context::open(ip, mem, a.events)?;
     let port_mtu = dev.active_mtu();
@@ -174,110 +239,128 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         Transport::Ud => QpType::Ud,
     };
     let qpn = dev.create_qp(ty, 1, a.rx_depth, 0)?;
-    let c = Connect {
-        mtu,
-        sl: a.sl,
-        hop_limit: 64,
-        traffic_class: 0,
-        min_rnr_timer: 12,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 1,
-        max_dest_rd_atomic: 1,
-        qkey: UD_QKEY,
-        access: Access::NONE,
-    };
-    dev.init_qp(qpn, &c)?;
+    dev.init_qp(qpn, c)?;
     // The C tools fill the buffer with 0x7b.
     dev.write(BASE, &vec![0x7b; buf_len])?;
-    let recv_len = buf_len as u32;
-    let post_recvs = |dev: &mut Context, n: u32| dev.post_recvs(qpn, RECV_WRID, BASE, recv_len, n);
-    post_recvs(&mut dev, a.rx_depth)?;
-    let mut routs = a.rx_depth;
-    let me = Dest {
-        lid: 0,
-        qpn,
-        psn: random_psn(),
-        gid: dev.gid(),
-    };
-    let sep = if ud { ":" } else { "," };
-    println!(
-        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{sep} GID {}",
-        me.lid,
-        me.qpn.value(),
-        me.psn.value(),
-        gid_text(me.gid)
+    post_recvs(&mut dev, qpn, buf_len as u32, a.rx_depth)?;
+    Ok((dev, qpn))
+}
+
+/// Posts `n` receives of `len` bytes into the buffer.
+fn post_recvs(dev: &mut Context, qpn: Qpn, len: u32, n: u32) -> Result<()> {
+    Ok(dev.post_recvs(qpn, RECV_WRID, BASE, len, n)?)
+}
+
+/// Brings this side's QP (`me`) up towards the peer's address `rem` and,
+/// for UD, makes the address handle its sends go through.
+fn connect_qp(
+    dev: &mut Context,
+    a: &PingpongArgs,
+    me: &Dest,
+    rem: &Dest,
+    c: &Connect,
+) -> Result<Option<vrdma_engine::AhHandle>> {
+    ensure!(
+        rem.gid != Gid::default(),
+        "the peer sent no GID: RoCE needs one (give the rdma-core tool -g)"
     );
+    let remote = Remote {
+        qpn: rem.qpn,
+        psn: rem.psn,
+        gid: rem.gid,
+    };
+    dev.connect(me.qpn, me.psn, remote, c)?;
+    if a.transport != Transport::Ud {
+        return Ok(None);
+    }
+    let ah = dev.dev.engine_mut().create_ah(
+        dev.pd,
+        AhAttr {
+            dgid: rem.gid,
+            sl: a.sl,
+            hop_limit: 64,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+    )?;
+    Ok(Some(ah))
+}
 
-    let connect_qp = |dev: &mut Context, rem: &Dest| -> Result<Option<vrdma_engine::AhHandle>> {
-        ensure!(
-            rem.gid != Gid::default(),
-            "the peer sent no GID: RoCE needs one (give the rdma-core tool -g)"
-        );
-        let remote = Remote {
-            qpn: rem.qpn,
-            psn: rem.psn,
-            gid: rem.gid,
+/// The SEND each message is: from the buffer (past the GRH's room for
+/// UD), inline when the QP takes that much inline, and for UD to the
+/// peer's QP through the address handle.
+struct SendWr {
+    qpn: Qpn,
+    at: u64,
+    size: u32,
+    flags: SendFlags,
+    ud_dest: Option<UdDest>,
+}
+
+impl SendWr {
+    /// The SEND of `size` bytes on QP `qpn`, to the peer `rem` (through
+    /// `ah` for UD).
+    fn new(
+        dev: &Context,
+        qpn: Qpn,
+        size: u32,
+        ud: bool,
+        rem: &Dest,
+        ah: Option<vrdma_engine::AhHandle>,
+    ) -> Result<Self> {
+        let at = if ud { BASE + GRH_LEN as u64 } else { BASE };
+        let (_, cap) = dev
+            .dev
+            .engine()
+            .query_qp(qpn)
+            .map(|(attr, init)| (attr, init.cap))?;
+        let flags = if cap.max_inline_data >= size {
+            SendFlags::SIGNALED.with(SendFlags::INLINE)
+        } else {
+            SendFlags::SIGNALED
         };
-        dev.connect(qpn, me.psn, remote, &c)?;
-        if !ud {
-            return Ok(None);
-        }
-        let ah = dev.dev.engine_mut().create_ah(
-            dev.pd,
-            AhAttr {
-                dgid: rem.gid,
-                sl: a.sl,
-                hop_limit: 64,
-                port_num: 1,
-                ..AhAttr::default()
-            },
-        )?;
-        Ok(Some(ah))
-    };
-
-    let (rem, ah) = exchange(stream, a.server.is_some(), me, |rem| {
-        connect_qp(&mut dev, rem)
-    })?;
-    print_remote(&rem);
-
-    let send_at = if ud { BASE + GRH_LEN as u64 } else { BASE };
-    let (_, cap) = dev
-        .dev
-        .engine()
-        .query_qp(qpn)
-        .map(|(attr, init)| (attr, init.cap))?;
-    let flags = if cap.max_inline_data >= size {
-        SendFlags::SIGNALED.with(SendFlags::INLINE)
-    } else {
-        SendFlags::SIGNALED
-    };
-    let ud_dest = ah.map(|ah| UdDest {
-        av: vrdma_engine::wr::Av::Handle(ah),
-        remote_qpn: rem.qpn,
-        remote_qkey: UD_QKEY,
-    });
-    let post_send = |dev: &mut Context| {
-        dev.post_send(
+        let ud_dest = ah.map(|ah| UdDest {
+            av: vrdma_engine::wr::Av::Handle(ah),
+            remote_qpn: rem.qpn,
+            remote_qkey: UD_QKEY,
+        });
+        Ok(SendWr {
             qpn,
-            SEND_WRID,
-            SendOp::Send,
-            (send_at, size),
+            at,
+            size,
             flags,
             ud_dest,
-        )
-    };
+        })
+    }
 
+    /// Posts it, signaled.
+    fn post(&self, dev: &mut Context) -> Result<()> {
+        Ok(dev.post_send(
+            self.qpn,
+            SEND_WRID,
+            SendOp::Send,
+            (self.at, self.size),
+            self.flags,
+            self.ud_dest,
+        )?)
+    }
+}
+
+/// The messages, `a.iters` each way, the client first, a side sending
+/// again only once its last send completed and a message arrived (the
+/// receives, of `recv_len` bytes, topped up as they are used): the
+/// microseconds it took.
+fn ping_pong(a: &PingpongArgs, dev: &mut Context, send: &SendWr, recv_len: u32) -> Result<f64> {
+    let mut routs = a.rx_depth;
     let mut pending = RECV_WRID;
     if a.server.is_some() {
         if a.chk {
             // The C client zeroes the first byte of each page once.
-            for off in (0..size as usize).step_by(4096) {
-                dev.write(send_at + off as u64, &[0])?;
+            for off in (0..send.size as usize).step_by(4096) {
+                dev.write(send.at + off as u64, &[0])?;
             }
         }
-        post_send(&mut dev)?;
+        send.post(dev)?;
         pending |= SEND_WRID;
     }
     let start = Instant::now();
@@ -315,7 +398,7 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
                 (RECV_WRID, WcOpcode::Recv) => {
                     routs -= 1;
                     if routs <= 1 {
-                        post_recvs(&mut dev, a.rx_depth - routs)?;
+                        post_recvs(dev, send.qpn, recv_len, a.rx_depth - routs)?;
                         routs = a.rx_depth;
                     }
                     rcnt += 1;
@@ -324,17 +407,17 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
             }
             pending &= !wc.wr_id;
             if scnt < a.iters && pending == 0 {
-                post_send(&mut dev)?;
+                send.post(dev)?;
                 pending = RECV_WRID | SEND_WRID;
             }
         }
     }
-    let usec = start.elapsed().as_secs_f64() * 1e6;
-    if a.transport == Transport::Rc {
-        // The peer's last message may wait for an ACK that was lost: stay to
-        // answer its resend (four of its 67 ms ACK timeouts of quiet).
-        dev.linger(Duration::from_millis(270), Duration::from_secs(2))?;
-    }
+    Ok(start.elapsed().as_secs_f64() * 1e6)
+}
+
+/// The C tools' two lines of results: bytes and iterations in `usec`
+/// microseconds.
+fn print_rates(a: &PingpongArgs, size: u32, usec: f64) {
     let bytes = u64::from(size) * u64::from(a.iters) * 2;
     println!(
         "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
@@ -347,17 +430,31 @@ pub fn run(a: &PingpongArgs) -> Result<()> {
         usec / 1e6,
         usec / f64::from(a.iters)
     );
-    if a.chk && a.server.is_none() {
-        let recv_at = if ud { BASE + GRH_LEN as u64 } else { BASE };
-        for (page, off) in (0..size as usize).step_by(4096).enumerate() {
-            if dev.byte(recv_at + off as u64)? != 0 {
-                println!("invalid data in page {page}");
-            }
+}
+
+/// The server's `-c` check: the first byte of each page the client
+/// zeroed came in zero.
+fn check_pages(dev: &Context, size: u32, ud: bool) -> Result<()> {
+    let recv_at = if ud { BASE + GRH_LEN as u64 } else { BASE };
+    for (page, off) in (0..size as usize).step_by(4096).enumerate() {
+        if dev.byte(recv_at + off as u64)? != 0 {
+            println!("invalid data in page {page}");
         }
     }
-    let s = dev.dev.transport().stats();
-    tracing::debug!(?s, engine = ?dev.dev.engine().stats(), "device counters");
     Ok(())
+}
+
+/// This side's address, as the C tools print it (UD's line has a colon
+/// before the GID).
+fn print_local(me: &Dest, ud: bool) {
+    let sep = if ud { ":" } else { "," };
+    println!(
+        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{sep} GID {}",
+        me.lid,
+        me.qpn.value(),
+        me.psn.value(),
+        gid_text(me.gid)
+    );
 }
 
 fn print_remote(rem: &Dest) {
@@ -370,8 +467,6 @@ fn print_remote(rem: &Dest) {
     );
 }
 
-/// Writes `msg` with one call: the C tools read each message with one
-/// `read(2)` and demand its exact length.
 /// The exchange's TCP connection (to `a.server`, or the first client on
 /// `a.port`) and the address the device binds: `-d`'s, or the one the
 /// connection uses.
@@ -429,6 +524,8 @@ pub fn exchange<R>(
     }
 }
 
+/// Writes `msg` with one call: the C tools read each message with one
+/// `read(2)` and demand its exact length.
 fn write_one(stream: &mut TcpStream, msg: &[u8]) -> Result<()> {
     stream.set_nodelay(true)?;
     let n = stream.write(msg)?;

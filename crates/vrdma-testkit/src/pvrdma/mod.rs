@@ -6,6 +6,9 @@
 //! | module | what |
 //! |---|---|
 //! | [`guest`] | a guest as a device sees it: a vfio-user client with RAM in a sealed memfd, and a model of the Linux driver (probe, commands, page directories, rings, doorbells) |
+//! | `guest::vmm` | the guest's VMM part: the vfio-user client and the RAM, its guard and canary pages, page directories |
+//! | `guest::driver` | the driver's control path: probe, shared region, commands and refusals, event rings, GIDs, PDs, MRs |
+//! | `guest::queues` | CQs and QPs as the driver holds them: rings, polling and arming, posting, MODIFY_QP, RC bring-up |
 //! | [`served`] | a device served in a thread of its own, its counters copied out each turn, a gate between turns |
 //! | [`side`] | a well-behaved guest's objects ([`Endpoint`]), two of them connected, an exchange checked byte for byte (SEND and WRITE; READ and atomics), one running throughout a test ([`side::Steady`]) |
 //! | [`eth`] | devices on Ethernet ports whose uplinks meet in an in-test [`eth::Switch`], the guest's NIC ([`eth::Nic`]) and the frames it sends |

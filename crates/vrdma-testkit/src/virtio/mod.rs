@@ -9,6 +9,11 @@
 //! | [`vq`] | a split virtqueue in guest memory, the driver's side: chains, kicks, used entries waited for against a deadline |
 //! | [`frontend`] | the vhost-user front-end (rust-vmm `vhost`): negotiation, configuration, memory table, the four virtqueues, reconnection; the controlq's commands, the eventq's events and the notifyq's notifications |
 //! | [`verbs`] | the driver's verbs over it: contexts and doorbells, PDs, MRs, windows, CQs (poll, arm), QPs (post, modify), SRQs; WQEs built from the ABI's structures; two QPs connected, an exchange checked byte for byte |
+//! | `verbs::codes` | the verbs' numbers: attribute-mask bits, QP states, completion statuses and opcodes, the kit's access, Q_Key and PSN |
+//! | `verbs::wqe` | WQEs built from the ABI's structures: SGEs, receive and send WQEs, address vectors |
+//! | `verbs::objects` | the driver's side of the objects: doorbell areas and contexts, MRs, CQs (poll, arm), work rings, QPs and SRQs (post) |
+//! | `verbs::commands` | the controlq's commands as front-end methods: contexts, PDs, MRs, windows, CQs, SRQs, QPs (make, modify) |
+//! | `verbs::endpoint` | a side of a test ([`Endpoint`]), two QPs connected, an exchange checked byte for byte |
 //!
 //! Devices are made through a test binary's [`Net`] (`static NET: Net =
 //! Net::new(N)`, addresses 127.N.x.y), as the PVRDMA kit's are; the blocks
