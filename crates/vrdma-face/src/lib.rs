@@ -40,6 +40,6 @@ pub use budget::Budget;
 pub use device::{FaceDevice, RingQp, RingSrq, Rings, TakeStats};
 pub use guest::GuestError;
 pub use pages::{Claims, Owner, PAGE_SIZE, PageList};
-pub use refusals::{Malformed, Refusal, Refusals};
+pub use refusals::{Malformed, Refusal, Refusals, WqeIdentity};
 pub use ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Producer, Taken};
 pub use status::{OrRefuse, Refused};

@@ -64,6 +64,42 @@ pub struct Malformed {
     pub value: u64,
 }
 
+/// What a refusal of a send WQE names the WQE by: the wr_id and the opcode
+/// (the face's numbering) its header carries. Every face's decoder and the
+/// core's resolution build their [`Malformed`] through it.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct WqeIdentity {
+    pub wr_id: u64,
+    pub opcode: u32,
+}
+
+impl WqeIdentity {
+    /// Refuses the WQE: it completes with `status` because `field`, holding
+    /// `value`, breaks `rule`.
+    pub fn refuse<T>(
+        self,
+        status: WcStatus,
+        rule: &'static str,
+        field: &'static str,
+        value: u64,
+    ) -> Result<T, Malformed> {
+        Err(Malformed {
+            wr_id: self.wr_id,
+            status,
+            opcode: self.opcode,
+            rule,
+            field,
+            value,
+        })
+    }
+
+    /// Refuses the WQE for what its opcode asks: it completes with a local
+    /// QP operation error and names the opcode as the field at fault.
+    pub fn refuse_opcode<T>(self, rule: &'static str) -> Result<T, Malformed> {
+        self.refuse(WcStatus::LocQpOpErr, rule, "opcode", self.opcode.into())
+    }
+}
+
 /// A device's refusals: counts by reason and the log's rate limit.
 #[derive(Debug, Default)]
 pub struct Refusals {

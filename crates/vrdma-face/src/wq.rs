@@ -29,7 +29,7 @@ use vrdma_engine::{
 use vrdma_wire::{Lkey, Qpn};
 
 use crate::{
-    GuestError, Malformed, PageList, Refusals, guest,
+    GuestError, Malformed, PageList, Refusals, WqeIdentity, guest,
     refusals::Kind,
     ring::{Consumer, Decoded, Decoder, GuestRing, Indices, Taken},
 };
@@ -129,16 +129,11 @@ pub fn resolve<M: GuestMemory + ?Sized>(
     engine: &Engine,
     mut w: SendWqe,
 ) -> Result<Resolved, Malformed> {
-    let bad = |status, rule, field, value| {
-        Err(Malformed {
-            wr_id: w.wr_id,
-            status,
-            opcode: w.opcode,
-            rule,
-            field,
-            value,
-        })
+    let identity = WqeIdentity {
+        wr_id: w.wr_id,
+        opcode: w.opcode,
     };
+    let bad = |status, rule, field, value| identity.refuse(status, rule, field, value);
     match &mut w.op {
         SendOp::RegMr { mr, .. } => {
             let Some(f) = w.fast_reg else {

@@ -17,7 +17,7 @@ use vrdma_engine::{
 };
 pub use vrdma_face::wq::SendWqe;
 use vrdma_face::{
-    Malformed, PageList, RingQp,
+    Malformed, PageList, RingQp, WqeIdentity,
     ring::WrapBit,
     wq::{self, FastReg, ListAt, Payload, QpQueues, RecvWqe},
 };
@@ -126,35 +126,6 @@ pub fn decode_send(wqe: &[u8], qp: &QpContext) -> Result<SendWqe, Malformed> {
         ud,
         fast_reg: None,
     })
-}
-
-/// What a refusal of a send WQE names the WQE by: the wr_id and opcode its
-/// header carries.
-#[derive(Clone, Copy, Debug)]
-struct WqeIdentity {
-    wr_id: u64,
-    opcode: u32,
-}
-
-impl WqeIdentity {
-    /// Refuses the WQE: it completes with `status` because `field`, holding
-    /// `value`, breaks `rule`.
-    fn refuse<T>(
-        self,
-        status: WcStatus,
-        rule: &'static str,
-        field: &'static str,
-        value: u64,
-    ) -> Result<T, Malformed> {
-        Err(Malformed {
-            wr_id: self.wr_id,
-            status,
-            opcode: self.opcode,
-            rule,
-            field,
-            value,
-        })
-    }
 }
 
 /// The header's send flags as the engine names them, refusing inline data.

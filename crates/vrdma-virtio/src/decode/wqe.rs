@@ -7,6 +7,7 @@ use vrdma_engine::{
     wc::WcStatus,
     wr::{Av, SendFlags, SendOp, Sge, UdDest},
 };
+use vrdma_face::WqeIdentity;
 use vrdma_wire::{Lkey, QKey, Qpn, Rkey};
 use zerocopy::FromBytes;
 
@@ -52,7 +53,7 @@ pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed>
     };
     let identity = WqeIdentity {
         wr_id: header.wr_id.get(),
-        opcode: header.opcode,
+        opcode: header.opcode.into(),
     };
     let flags = wqe_flags(header.flags, identity)?;
     let count = usize::from(header.count.get());
@@ -65,7 +66,7 @@ pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed>
     let imm = u32::from_be_bytes(header.ex.to_bytes());
     let ex = header.ex.get();
     let segment = &header.op;
-    let op = match identity.opcode {
+    let op = match header.opcode {
         abi::wr::SEND => SendOp::Send,
         abi::wr::SEND_WITH_IMM => SendOp::SendWithImm { imm },
         abi::wr::SEND_WITH_INV if rc => SendOp::SendWithInv {
@@ -104,48 +105,13 @@ pub fn decode_send_why(wqe: &[u8], qp: &SendShape) -> Result<SendWqe, Malformed>
     };
     Ok(SendWqe {
         wr_id: identity.wr_id,
-        opcode: identity.opcode.into(),
+        opcode: identity.opcode,
         op,
         flags,
         payload,
         ud,
         fast_reg: None,
     })
-}
-
-/// What a refusal of a send WQE names the WQE by: the wr_id and opcode its
-/// header carries.
-#[derive(Clone, Copy, Debug)]
-struct WqeIdentity {
-    wr_id: u64,
-    opcode: u8,
-}
-
-impl WqeIdentity {
-    /// Refuses the WQE: it completes with `status` because `field`, holding
-    /// `value`, breaks `rule`.
-    fn refuse<T>(
-        self,
-        status: WcStatus,
-        rule: &'static str,
-        field: &'static str,
-        value: u64,
-    ) -> Result<T, Malformed> {
-        Err(Malformed {
-            wr_id: self.wr_id,
-            status,
-            opcode: self.opcode.into(),
-            rule,
-            field,
-            value,
-        })
-    }
-
-    /// Refuses the WQE for what its opcode asks: it completes with a local
-    /// QP operation error and names the opcode as the field at fault.
-    fn refuse_opcode<T>(self, rule: &'static str) -> Result<T, Malformed> {
-        self.refuse(WcStatus::LocQpOpErr, rule, "opcode", self.opcode.into())
-    }
 }
 
 /// The header's send flags as the engine names them, refusing a reserved
@@ -185,15 +151,19 @@ fn rdma_operation(
         return identity.refuse_opcode("an RDMA segment");
     };
     let (remote_addr, rkey) = (rdma.remote_addr.get(), Rkey(rdma.rkey.get()));
-    Ok(match identity.opcode {
-        abi::wr::RDMA_WRITE => SendOp::RdmaWrite { remote_addr, rkey },
-        abi::wr::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
+    let opcode = identity.opcode;
+    Ok(if opcode == u32::from(abi::wr::RDMA_WRITE) {
+        SendOp::RdmaWrite { remote_addr, rkey }
+    } else if opcode == u32::from(abi::wr::RDMA_WRITE_WITH_IMM) {
+        SendOp::RdmaWriteWithImm {
             remote_addr,
             rkey,
             imm,
-        },
-        _ if qp_type == QpType::Rc => SendOp::RdmaRead { remote_addr, rkey },
-        _ => return identity.refuse_opcode("an opcode the QP type takes"),
+        }
+    } else if qp_type == QpType::Rc {
+        SendOp::RdmaRead { remote_addr, rkey }
+    } else {
+        return identity.refuse_opcode("an opcode the QP type takes");
     })
 }
 
@@ -203,20 +173,22 @@ fn atomic_operation(segment: &[u8], identity: WqeIdentity) -> Result<SendOp, Mal
         return identity.refuse_opcode("an atomic segment");
     };
     let (remote_addr, rkey) = (atomic.remote_addr.get(), Rkey(atomic.rkey.get()));
-    Ok(if identity.opcode == abi::wr::ATOMIC_CMP_AND_SWP {
-        SendOp::CompareSwap {
-            remote_addr,
-            rkey,
-            compare: atomic.compare_add.get(),
-            swap: atomic.swap.get(),
-        }
-    } else {
-        SendOp::FetchAdd {
-            remote_addr,
-            rkey,
-            add: atomic.compare_add.get(),
-        }
-    })
+    Ok(
+        if identity.opcode == u32::from(abi::wr::ATOMIC_CMP_AND_SWP) {
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare: atomic.compare_add.get(),
+                swap: atomic.swap.get(),
+            }
+        } else {
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add: atomic.compare_add.get(),
+            }
+        },
+    )
 }
 
 /// A BIND_MW from the WQE's operation segment, refusing access bits an MR
@@ -283,7 +255,7 @@ fn reg_mr(
     let iova = registration.iova.get();
     Ok(SendWqe {
         wr_id: identity.wr_id,
-        opcode: identity.opcode.into(),
+        opcode: identity.opcode,
         op: SendOp::RegMr {
             mr: Lkey(key),
             key: key as u8,
