@@ -27,6 +27,31 @@
 #define VRDMA_CQ_CONSUMER(r) ((__le32 *)((r)->header) + 1)
 #define VRDMA_CQ_ARM(r) ((__le64 *)((r)->header) + 1)
 
+/*
+ * A ring's index words as the device shares them (spec §7.1), ordered for
+ * any device, not only for this host's CPUs: the entries an index covers
+ * are read only after it is read, and written (or read out) before it is
+ * written.
+ */
+static inline u32 vrdma_index_read(__le32 *p)
+{
+	u32 v;
+
+	/* Acquire: ordered before what this CPU reads next. */
+	v = le32_to_cpu(smp_load_acquire(p));
+	/* The entries before the index, as the device wrote them. */
+	dma_rmb();
+	return v;
+}
+
+static inline void vrdma_index_write(__le32 *p, u32 v)
+{
+	/* The entries before the index are the device's to read or reuse. */
+	dma_wmb();
+	/* Release: after what this CPU wrote or read of them. */
+	smp_store_release(p, cpu_to_le32(v));
+}
+
 /* What the driver does of the device's capabilities (kernel verbs). */
 #define VRDMA_CAP_FLAGS (IB_DEVICE_CURR_QP_STATE_MOD | IB_DEVICE_RC_RNR_NAK_GEN | \
 			 IB_DEVICE_PORT_ACTIVE_EVENT | IB_DEVICE_SYS_IMAGE_GUID | \
@@ -80,9 +105,10 @@ void vrdma_ring_doorbell(struct vrdma_dev *dev, u32 index)
 	/*
 	 * Both bits before the poll word is read: a device that stops polling
 	 * writes 0 there, then scans once more (spec §8.5), so either it sees
-	 * the bits or this sees 0 and kicks.
+	 * the bits or this sees 0 and kicks. A full barrier, for a device that
+	 * is not one of this host's CPUs too.
 	 */
-	smp_mb();
+	mb();
 	if (!dev->doorbell_poll || !le32_to_cpu(READ_ONCE(*poll)))
 		virtqueue_notify(dev->vqs[VIRTIO_RDMA_VQ_DOORBELL]);
 }
@@ -904,7 +930,7 @@ static int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc)
 		return 0;
 	}
 	/* The CQEs before the producer index are whole once it is read. */
-	prod = le32_to_cpu(smp_load_acquire(VRDMA_CQ_PRODUCER(r)));
+	prod = vrdma_index_read(VRDMA_CQ_PRODUCER(r));
 	while (done < n && prod != r->index) {
 		memcpy(&c, vrdma_ring_slot(r, r->index), sizeof(c));
 		vrdma_wc(dev, &c, &wc[done++]);
@@ -912,7 +938,7 @@ static int vrdma_poll_cq(struct ib_cq *ibcq, int n, struct ib_wc *wc)
 	}
 	if (done) {
 		/* The slots are copied out before the device may reuse them. */
-		smp_store_release(VRDMA_CQ_CONSUMER(r), cpu_to_le32(r->index));
+		vrdma_index_write(VRDMA_CQ_CONSUMER(r), r->index);
 	}
 	spin_unlock_irqrestore(&cq->lock, flags);
 	return done;
@@ -953,8 +979,15 @@ static int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags f)
 	cq->arm_seq = (cq->arm_seq + 1) & ((1ULL << 30) - 1);
 	word = r->index | mode << 32 | cq->arm_seq << 34;
 	WRITE_ONCE(*VRDMA_CQ_ARM(r), cpu_to_le64(word));
+	/*
+	 * The arm word is stored before the producer index is loaded (a store
+	 * then a load: only a full barrier orders them), so a completion the
+	 * arm's snapshot did not see is either seen here or seen by the
+	 * device when it reads the arm word.
+	 */
+	mb();
 	/* A completion the arm's snapshot did not see is reported missed. */
-	prod = le32_to_cpu(smp_load_acquire(VRDMA_CQ_PRODUCER(r)));
+	prod = vrdma_index_read(VRDMA_CQ_PRODUCER(r));
 	if ((f & IB_CQ_REPORT_MISSED_EVENTS) && prod != r->index)
 		missed = 1;
 	spin_unlock_irqrestore(&cq->lock, flags);
@@ -1199,9 +1232,9 @@ static int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 static void vrdma_ring_rewind(struct vrdma_ring *r)
 {
 	/* The device reads the words only once the QP leaves RESET. */
-	smp_store_release(VRDMA_WQ_CONSUMER(r), 0);
+	vrdma_index_write(VRDMA_WQ_CONSUMER(r), 0);
 	/* Ordered after the consumer word, as the device reads them. */
-	smp_store_release(VRDMA_WQ_PRODUCER(r), 0);
+	vrdma_index_write(VRDMA_WQ_PRODUCER(r), 0);
 	r->index = 0;
 }
 
@@ -1472,7 +1505,7 @@ static bool vrdma_sq_room(struct vrdma_qp *qp)
 	struct vrdma_ring *r = &qp->sq;
 	u32 seen = READ_ONCE(qp->sq_seen);
 	/* Slots before the consumer index are the driver's again. */
-	u32 cons = le32_to_cpu(smp_load_acquire(VRDMA_WQ_CONSUMER(r)));
+	u32 cons = vrdma_index_read(VRDMA_WQ_CONSUMER(r));
 
 	if (seen - qp->sq_done <= r->index - qp->sq_done)
 		qp->sq_done = seen;
@@ -1509,7 +1542,7 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 	}
 	if (r->index != start) {
 		/* The WQEs are whole before the device may see the index move. */
-		smp_store_release(VRDMA_WQ_PRODUCER(r), cpu_to_le32(r->index));
+		vrdma_index_write(VRDMA_WQ_PRODUCER(r), r->index);
 	}
 	spin_unlock_irqrestore(&qp->sq_lock, flags);
 	if (ret)
@@ -1546,7 +1579,7 @@ static int vrdma_post_recv_ring(struct vrdma_dev *dev, struct vrdma_ring *r,
 		held = atomic_read(out);
 	for (; wr; wr = wr->next) {
 		/* Slots before the consumer index are the driver's again. */
-		u32 cons = le32_to_cpu(smp_load_acquire(VRDMA_WQ_CONSUMER(r)));
+		u32 cons = vrdma_index_read(VRDMA_WQ_CONSUMER(r));
 		struct virtio_rdma_recv_wqe *w;
 		struct virtio_rdma_sge *sge;
 
@@ -1575,7 +1608,7 @@ static int vrdma_post_recv_ring(struct vrdma_dev *dev, struct vrdma_ring *r,
 		if (out)
 			atomic_add(r->index - start, out);
 		/* The WQEs are whole before the device may see the index move. */
-		smp_store_release(VRDMA_WQ_PRODUCER(r), cpu_to_le32(r->index));
+		vrdma_index_write(VRDMA_WQ_PRODUCER(r), r->index);
 	}
 	spin_unlock_irqrestore(lock, flags);
 	if (ret)

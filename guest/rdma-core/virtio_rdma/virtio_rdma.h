@@ -26,6 +26,7 @@
 #include <rdma/virtio_rdma_abi.h>
 #include <rdma/virtio_rdma_user.h>
 #include <kernel-abi/virtio_rdma_user.h>
+#include <util/udma_barrier.h>
 
 DECLARE_DRV_CMD(vrdma_alloc_ucontext, IB_USER_VERBS_CMD_GET_CONTEXT,
 		empty, virtio_rdma_alloc_ucontext_resp);
@@ -197,21 +198,31 @@ static inline struct vrdma_ah *to_vah(struct ibv_ah *ibah)
 /*
  * Index words are single aligned 32-bit loads and stores, the arm word a
  * single 64-bit store, with the orderings of spec §7.1; all little-endian.
+ * Ordered for any device, not only for this host's CPUs: rdma-core's
+ * barriers for memory a device reads and writes (util/udma_barrier.h)
+ * beside the C11 orderings between threads.
  */
 static inline uint32_t vrdma_load_acquire32(void *p)
 {
-	return le32toh(atomic_load_explicit((_Atomic(uint32_t) *)p,
-					    memory_order_acquire));
+	uint32_t v = le32toh(atomic_load_explicit((_Atomic(uint32_t) *)p,
+						  memory_order_acquire));
+
+	/* The entries before the index, as the device wrote them. */
+	udma_from_device_barrier();
+	return v;
 }
 
 static inline void vrdma_store_release32(void *p, uint32_t v)
 {
+	/* The entries before the index are the device's to read or reuse. */
+	udma_to_device_barrier();
 	atomic_store_explicit((_Atomic(uint32_t) *)p, htole32(v),
 			      memory_order_release);
 }
 
 static inline void vrdma_store_release64(void *p, uint64_t v)
 {
+	udma_to_device_barrier();
 	atomic_store_explicit((_Atomic(uint64_t) *)p, htole64(v),
 			      memory_order_release);
 }
