@@ -1,9 +1,12 @@
 //! Work queues in guest memory, taken into the engine: a QP's send and
 //! receive rings ([`QpQueues`]) and an SRQ's ring ([`SrqQueue`]). A face
-//! says how its ABI's WQEs decode (a closure from an entry's copy to a
-//! [`SendWqe`] or a [`RecvWqe`]); what the device does with them is the
-//! same for every face:
+//! says how its ABI's WQEs decode (a pure function from an entry's copy to
+//! a [`SendWqe`] or a [`RecvWqe`], reading nothing else); what the device
+//! does with them is the same for every face:
 //!
+//! - a send WQE is resolved by the core ([`resolve`]): a fast
+//!   registration's MR and a bind's window by their key's index, the page
+//!   list bounded before it is read, then read and checked;
 //! - a WQE is taken only when the engine's queue has room for it, so the
 //!   guest's ring and the engine's queue have the same depth: a full ring
 //!   means WRs outstanding, as a verbs consumer expects, and the engine
@@ -16,7 +19,8 @@
 //!   length error;
 //! - a ring the guest broke (an impossible index, memory gone) stops the
 //!   QP's rings — both of them — until the QP is reset, and is reported
-//!   once (the caller fails the QP: the engine's `qp_fatal`).
+//!   once (the face device, `crate::device`, fails the QP: the engine's
+//!   `qp_fatal`).
 
 use vm_memory::GuestMemory;
 use vrdma_engine::{
