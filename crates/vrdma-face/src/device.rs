@@ -408,3 +408,204 @@ fn account_qp<Q: RingQp>(stats: &mut TakeStats, engine: &mut Engine, q: &mut Q, 
         let _ = engine.qp_fatal(q.queues().qpn());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io,
+        os::fd::{AsFd, BorrowedFd, OwnedFd},
+    };
+
+    use vrdma_engine::{
+        PdHandle,
+        attr::PortAttr,
+        qp::{QpCap, QpInitAttr, QpType},
+        transmit::Transmit,
+    };
+    use vrdma_fabric::Lender;
+    use vrdma_wire::{Gid, Qpn, frame::IpRepr};
+
+    use super::*;
+    use crate::{
+        PageList,
+        pages::Owner,
+        ring::{GuestRing, WrapBit},
+    };
+
+    /// A port that carries nothing, owns the addresses it was given and
+    /// records what the device steers to it.
+    #[derive(Debug)]
+    struct Owned {
+        given: Vec<Gid>,
+        local: Vec<Gid>,
+        slot: Vec<u8>,
+        fd: OwnedFd,
+    }
+
+    impl Owned {
+        fn new(given: &[Gid]) -> Self {
+            let (fd, _) = nix::unistd::pipe().unwrap();
+            Owned {
+                given: given.to_vec(),
+                local: Vec::new(),
+                slot: vec![0; 9000],
+                fd,
+            }
+        }
+    }
+
+    impl Transport for Owned {
+        fn receive(
+            &mut self,
+            _: impl FnMut(&IpRepr, &[u8], Option<&vrdma_fabric::shm::Loan>),
+        ) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn batch(&self) -> usize {
+            1
+        }
+        fn rx_bytes(&self) -> u64 {
+            0
+        }
+        fn slot(&mut self, _: &impl Lender) -> (&mut [u8], usize) {
+            (&mut self.slot, 0)
+        }
+        fn queue(
+            &mut self,
+            _: &Transmit,
+            _: &vrdma_device::transport::Lent<'_>,
+            _: &impl Lender,
+        ) -> usize {
+            0
+        }
+        fn flush(&mut self, _: &impl Lender) -> usize {
+            0
+        }
+        fn fd(&self) -> BorrowedFd<'_> {
+            self.fd.as_fd()
+        }
+        fn counters(&self, _: &mut Vec<(String, u64)>) {}
+        fn set_local(&mut self, gids: &[Gid]) {
+            self.local = gids.to_vec();
+        }
+        fn admits_gid(&self, gid: &Gid) -> bool {
+            self.given.contains(gid)
+        }
+    }
+
+    /// A QP whose WQEs never decode (none is posted in these tests).
+    #[derive(Debug)]
+    struct Qp(QpQueues<WrapBit>);
+
+    impl RingQp for Qp {
+        type Indices = WrapBit;
+        type Shape = ();
+        fn queues(&mut self) -> &mut QpQueues<WrapBit> {
+            &mut self.0
+        }
+        fn shape(&self) {}
+        fn decode_send(_: &(), _: &[u8]) -> Result<SendWqe, Malformed> {
+            unreachable!("nothing is posted")
+        }
+        fn decode_recv(_: &(), _: &[u8]) -> Result<RecvWqe, Malformed> {
+            unreachable!("nothing is posted")
+        }
+    }
+
+    #[derive(Debug)]
+    struct Srq(SrqQueue<WrapBit>);
+
+    impl RingSrq for Srq {
+        type Indices = WrapBit;
+        type Shape = ();
+        fn queue(&mut self) -> &mut SrqQueue<WrapBit> {
+            &mut self.0
+        }
+        fn shape(&self) {}
+        fn decode_recv(_: &(), _: &[u8]) -> Result<RecvWqe, Malformed> {
+            unreachable!("nothing is posted")
+        }
+    }
+
+    fn gid(n: u8) -> Gid {
+        Gid::from(std::net::Ipv4Addr::new(127, 0, 0, n))
+    }
+
+    fn device() -> FaceDevice<Owned, Qp, Srq> {
+        // A GID table of 16 entries, none bound.
+        let mut port = PortAttr::with_gids(&[]);
+        port.gids.resize(16, None);
+        FaceDevice::new(DeviceAttr::default(), port, Owned::new(&[gid(1)]), "test")
+    }
+
+    /// A ring of 4 entries of 64 bytes on page `page`.
+    fn ring(page: u64) -> GuestRing<WrapBit> {
+        GuestRing::new(
+            WrapBit::new(4).unwrap(),
+            64,
+            page,
+            page + 4,
+            PageList::new(vec![page]).unwrap(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_gid_is_bound_only_if_it_is_the_ports_and_the_port_steers_what_is_bound() {
+        let mut d = device();
+        let refused = d.set_gid(0, Some(gid(2))).unwrap_err();
+        assert_eq!(refused.errno, crate::Refused::invalid("").errno);
+        assert_eq!(d.gids_refused, 1, "a spoofed address is counted");
+        assert!(d.device.transport().local.is_empty(), "nothing steered");
+        d.set_gid(0, Some(gid(1))).unwrap();
+        assert_eq!(d.device.transport().local, [gid(1)]);
+        assert!(
+            d.set_gid(200, Some(gid(1))).is_err(),
+            "an index past the table"
+        );
+        d.set_gid(0, None).unwrap();
+        assert!(d.device.transport().local.is_empty(), "cleared, unsteered");
+        assert_eq!(d.gids_refused, 1);
+    }
+
+    #[test]
+    fn a_reset_forgets_every_object_claim_and_address_and_makes_a_new_engine() {
+        let mut d = device();
+        d.set_gid(0, Some(gid(1))).unwrap();
+        let e = d.device.engine_mut();
+        let pd: PdHandle = e.alloc_pd().unwrap();
+        let (cq, _) = e.create_cq(16, 0).unwrap();
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        };
+        let (qpn, _): (Qpn, _) = e.create_qp(init).unwrap();
+        let q = Qp(QpQueues::new(qpn, ring(0x1000), Some(ring(0x2000))));
+        d.qps.insert(qpn.value(), q);
+        d.claims
+            .claim(Owner::Qp(qpn.value()), &[0x1000, 0x2000], &[]);
+        d.take_qp(qpn.value(), Rings::BOTH);
+        assert_eq!(d.taken, TakeStats::default(), "no memory: nothing taken");
+        d.reset();
+        assert!(d.qps.is_empty() && d.srqs.is_empty());
+        assert!(d.device.transport().local.is_empty(), "no GID steered");
+        assert!(
+            d.device.engine().query_qp(qpn).is_err(),
+            "the old engine's QP is gone with it"
+        );
+        assert!(d.claims.is_empty(), "the pages are free again");
+        assert!(!d.progress_rings(), "nothing busy after a reset");
+        assert!(d.remove_qp(qpn.value()).is_none());
+    }
+}
