@@ -463,7 +463,8 @@ fn event_mode(name: &str, da: &Device, opts: Options) {
     let ram = a.fe.ram.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(AtomicU32::new(0));
-    let (halt, max) = (stop.clone(), seen.clone());
+    let started = Arc::new(AtomicBool::new(false));
+    let (halt, max, up) = (stop.clone(), seen.clone(), started.clone());
     let watcher = std::thread::spawn(move || {
         let mut samples = 0u64;
         while !halt.load(Ordering::Relaxed) {
@@ -472,10 +473,18 @@ fn event_mode(name: &str, da: &Device, opts: Options) {
                 Ordering::Relaxed,
             );
             samples += 1;
+            up.store(true, Ordering::Relaxed);
             std::thread::sleep(Duration::from_micros(20));
         }
         samples
     });
+    // The exchange starts once the watcher watches (on a loaded host it
+    // could otherwise be over before the watcher first ran).
+    let deadline = Instant::now() + WAIT;
+    while !started.load(Ordering::Relaxed) {
+        assert!(Instant::now() < deadline, "the watcher never ran");
+        std::thread::yield_now();
+    }
     let mut qa = a.qp(qp_type::RC);
     let mut qb = b.qp(qp_type::RC);
     connect(&mut a, &qa, &mut b, &qb);
