@@ -466,6 +466,18 @@ impl<T: Transport> Context<T> {
         Ok(&self.wcs)
     }
 
+    /// The completions there now, without a round of the device (a caller
+    /// that runs the rounds itself: [`Context::progress`]).
+    pub fn poll_ready(&mut self) -> Result<&[Wc]> {
+        self.wcs.clear();
+        let polled = self.dev.engine_mut().poll_cq(self.cq, 64, &mut self.wcs);
+        verbs("polling the CQ", polled)?;
+        while let Some(e) = self.dev.engine_mut().poll_event() {
+            tracing::info!(event = ?e, "asynchronous event");
+        }
+        Ok(&self.wcs)
+    }
+
     /// The port's active MTU.
     pub fn active_mtu(&self) -> Mtu {
         self.dev

@@ -45,6 +45,12 @@ pub const HOLD_MIN: Duration = Duration::from_millis(1);
 pub const HOLD_MAX: Duration = Duration::from_millis(256);
 /// The shortest window the adaptive window shrinks to.
 pub const WINDOW_MIN: Duration = Duration::from_micros(4);
+/// While a spin finds work round after round, how often its thread's
+/// switches are read (`getrusage`, a system call a round otherwise: a
+/// busy round's cost is the device's cost per operation). After an empty
+/// round, whose yield is where the signal shows first, they are read at
+/// once.
+pub const CHECK_EVERY: Duration = Duration::from_micros(50);
 
 /// What the loop does after a round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,6 +278,10 @@ fn nanos(d: Duration) -> u64 {
 pub struct Spinner {
     spin: Spin,
     switches: u64,
+    /// When the switches were last read (device clock, ns).
+    checked: u64,
+    /// Whether the last round yielded the core.
+    yielded: bool,
 }
 
 impl Spinner {
@@ -279,6 +289,8 @@ impl Spinner {
         Spinner {
             spin: Spin::new(max),
             switches: involuntary_switches(),
+            checked: 0,
+            yielded: false,
         }
     }
 
@@ -297,21 +309,31 @@ impl Spinner {
         let ok = self.spin.wake(now);
         if ok && !was {
             self.switches = involuntary_switches();
+            self.checked = now;
+            self.yielded = false;
         }
         ok
     }
 
     /// See [`Spin::round`]; an empty round that goes on spinning has
-    /// yielded the core when this returns.
+    /// yielded the core when this returns. The switches are read after a
+    /// round that yielded, and otherwise every [`CHECK_EVERY`].
     pub fn round(&mut self, now: u64, busy: bool) -> Next {
         if !self.spin.spinning() {
             return Next::Sleep;
         }
-        let n = involuntary_switches();
-        let preempted = n > self.switches;
-        self.switches = n;
+        let preempted = if self.yielded || now.saturating_sub(self.checked) >= nanos(CHECK_EVERY) {
+            let n = involuntary_switches();
+            let preempted = n > self.switches;
+            self.switches = n;
+            self.checked = now;
+            preempted
+        } else {
+            false
+        };
         let next = self.spin.round(now, busy, preempted);
-        if next == Next::Spin && !busy {
+        self.yielded = next == Next::Spin && !busy;
+        if self.yielded {
             std::thread::yield_now();
         }
         next

@@ -93,7 +93,19 @@ pub struct Server<F: Served> {
     /// Clients dropped for what they did: a malformed message, too many
     /// descriptors, too slow to send a message or to take a reply.
     pub dropped: u64,
+    /// When the loop last looked at its descriptors (see
+    /// [`SOCKETS_EVERY`]).
+    looked: Instant,
 }
+
+/// While the device spins (`Served::recheck` says at once), how often its
+/// turns look at the client's socket, the listener and the wake: a
+/// `ppoll` a turn was a system call in every spinning round, the largest
+/// part of a polled device's cost per round after its network (the faces
+/// bench's stepped mode). What the client sends then waits at most this
+/// long more; a device that sleeps, or turns at once only because it has
+/// work (trapped doorbells arrive on the socket), looks every turn.
+pub const SOCKETS_EVERY: Duration = Duration::from_micros(50);
 
 impl<F: Served> Server<F> {
     /// Serves `function` on a UNIX socket at `socket`, with the default
@@ -118,6 +130,7 @@ impl<F: Served> Server<F> {
             )?),
             clients: 0,
             dropped: 0,
+            looked: Instant::now(),
         })
     }
 
@@ -191,6 +204,28 @@ impl<F: Served> Server<F> {
         }
     }
 
+    /// One turn that never sleeps: the device's round, then whatever the
+    /// client or the listener has ready now. For a caller that advances
+    /// the device and its driver in turn on one thread (the faces bench's
+    /// stepped mode: each side's costs measured with no scheduler between
+    /// them). Returns whether the round did work. A panic inside is not
+    /// caught here (a caller stepping a device is a test or a bench).
+    pub fn step(&mut self) -> io::Result<bool> {
+        let p = {
+            let mut bus = self.session.bus();
+            self.function.progress(&mut bus)?
+        };
+        self.publish(false);
+        let (client, listener) = self.look_now()?;
+        if client {
+            self.serve_client();
+        }
+        if listener {
+            self.accept()?;
+        }
+        Ok(!p.is_idle())
+    }
+
     fn serve_turn(&mut self) -> io::Result<()> {
         let p = {
             let mut bus = self.session.bus();
@@ -220,11 +255,14 @@ impl<F: Served> Server<F> {
         if let Some(t) = self.listener.retry_at() {
             timeout = timeout.min(t.saturating_duration_since(Instant::now()));
         }
-        if !timeout.is_zero() {
+        let (client, listener) = if timeout.is_zero() {
+            self.look_now()?
+        } else {
             // About to sleep on the device's descriptor.
             self.function.arm();
-        }
-        let (client, listener) = self.wait(timeout)?;
+            self.looked = Instant::now();
+            self.wait(timeout)?
+        };
         // The client first: one that closed its connection (readable at
         // EOF) is gone before a newcomer is looked at, which would
         // otherwise be turned away as a second client.
@@ -247,6 +285,19 @@ impl<F: Served> Server<F> {
         Ok(())
     }
 
+    /// A look at the descriptors without waiting — skipped while the device
+    /// spins and the last look was less than [`SOCKETS_EVERY`] ago.
+    fn look_now(&mut self) -> io::Result<(bool, bool)> {
+        let now = Instant::now();
+        if self.function.recheck() == Some(Duration::ZERO)
+            && now.saturating_duration_since(self.looked) < SOCKETS_EVERY
+        {
+            return Ok((false, false));
+        }
+        self.looked = now;
+        self.wait(Duration::ZERO)
+    }
+
     /// Waits until the client, the listener or the device has input (the
     /// client: room for its reply, when one waits), or `timeout`; which of
     /// the first two is ready. The listener is not watched while a
@@ -260,19 +311,19 @@ impl<F: Served> Server<F> {
         } else {
             PollFlags::empty()
         };
-        let mut fds = vec![
+        // No client: its slot asks for nothing of the wake descriptor
+        // again (an array, not a vector: a turn allocates nothing).
+        let (conn, want) = match &self.conn {
+            Some(c) if c.is_sending() => (c.as_fd(), PollFlags::POLLOUT),
+            Some(c) => (c.as_fd(), PollFlags::POLLIN),
+            None => (self.wake.as_fd(), PollFlags::empty()),
+        };
+        let mut fds = [
             PollFd::new(dev, PollFlags::POLLIN),
             PollFd::new(self.listener.as_fd(), listen),
             PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
+            PollFd::new(conn, want),
         ];
-        if let Some(c) = &self.conn {
-            let want = if c.is_sending() {
-                PollFlags::POLLOUT
-            } else {
-                PollFlags::POLLIN
-            };
-            fds.push(PollFd::new(c.as_fd(), want));
-        }
         loop {
             match ppoll(&mut fds, Some(to), None) {
                 Ok(_) => break,
@@ -294,7 +345,7 @@ impl<F: Served> Server<F> {
         if ready(&fds[2]) {
             let _ = self.wake.read();
         }
-        let client = fds.get(3).is_some_and(ready);
+        let client = self.conn.is_some() && ready(&fds[3]);
         Ok((client, listener))
     }
 

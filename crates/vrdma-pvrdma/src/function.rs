@@ -456,9 +456,16 @@ impl<T: Transport> Pvrdma<T> {
     /// rings' consumer indices follow what the engine retired. Returns the
     /// device's progress (its next deadline).
     pub fn progress(&mut self, bus: &mut Bus<'_>) -> std::io::Result<vrdma_device::Progress> {
-        let p = self.state.dev.device.progress()?;
         let before = (self.state.stats.doorbells, self.state.dev.taken.wqes);
+        // What the guest posted goes into the engine before the round, so
+        // that the round sends it (taken after, it waited a whole turn:
+        // another receive and another look at the sockets for every hop).
+        self.look();
+        let mut p = self.state.dev.device.progress()?;
         self.deliver(bus);
+        // What the rings gave once the round made room, and the round's
+        // answers, go now rather than in the next round.
+        p.sent += self.state.dev.device.send_pending();
         if self.polling {
             // Work: packets in or out, a doorbell rung, a WQE taken.
             let found =
@@ -505,19 +512,26 @@ impl<T: Transport> Pvrdma<T> {
         self.spinner.policy().stats()
     }
 
-    /// The guest-facing half of a round (also after commands and
-    /// doorbells, which can complete work at once).
+    /// With shared doorbells, the look at the guest's memory: the
+    /// doorbell pages, then the rings.
+    fn look(&mut self) {
+        if !self.active || !self.polling {
+            return;
+        }
+        if let Some(d) = &self.doorbell_pages {
+            self.state.shared_doorbells(d);
+        }
+        self.state.dev.take_all();
+    }
+
+    /// The guest-facing half of a round (also after a doorbell, which can
+    /// complete work at once): the rings that waited for room, then the
+    /// completions' notifications and the events.
     pub fn deliver(&mut self, bus: &mut Bus<'_>) {
         if !self.active {
             return;
         }
         let mem = bus.mem;
-        if self.polling {
-            if let Some(d) = &self.doorbell_pages {
-                self.state.shared_doorbells(d);
-            }
-            self.state.dev.take_all();
-        }
         let _ = self.state.dev.progress_rings();
         // CQ notifications: one entry per armed CQ that completed, one
         // interrupt for the lot.

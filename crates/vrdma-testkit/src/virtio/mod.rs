@@ -315,7 +315,7 @@ pub fn serve_pci<T: Transport + Send + 'static>(
         waker,
         waiting,
         stop,
-        thread: Some(thread),
+        thread: Mutex::new(Some(thread)),
     }
 }
 
@@ -335,7 +335,9 @@ pub struct PciDevice<T: Transport + Send + 'static = UdpPort> {
     /// Test threads waiting for the device between two of its turns.
     waiting: Arc<AtomicU32>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<std::io::Result<()>>>,
+    /// The server's thread, until it is stopped (or the device is
+    /// [`PciDevice::hold`]: then whoever holds it steps it).
+    thread: Mutex<Option<JoinHandle<std::io::Result<()>>>>,
 }
 
 impl<T: Transport + Send + 'static> PciDevice<T> {
@@ -388,7 +390,30 @@ impl<T: Transport + Send + 'static> PciDevice<T> {
 
     /// Whether the server thread still runs.
     pub fn alive(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        lock(&self.thread)
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
+    }
+
+    /// Ends the server's thread: from now on the device moves only when
+    /// [`PciDevice::step`] is called (a bench advancing driver and device
+    /// in turn on one thread).
+    pub fn hold(&self) -> std::io::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.waker.wake();
+        let thread = lock(&self.thread).take();
+        match thread {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the device thread panicked"))),
+            None => Ok(()),
+        }
+    }
+
+    /// One turn of a held device that never sleeps
+    /// ([`vrdma_face::vfio::Server::step`]): whether it did work.
+    pub fn step(&self) -> std::io::Result<bool> {
+        lock(&self.server).step()
     }
 
     /// Stops the server and returns what its thread returned.
@@ -399,7 +424,12 @@ impl<T: Transport + Send + 'static> PciDevice<T> {
     fn finish(&mut self) -> std::io::Result<()> {
         self.stop.store(true, Ordering::Relaxed);
         self.waker.wake();
-        let r = match self.thread.take() {
+        let thread = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let r = match thread {
             Some(t) => t
                 .join()
                 .unwrap_or_else(|_| Err(std::io::Error::other("the device thread panicked"))),
@@ -412,9 +442,8 @@ impl<T: Transport + Send + 'static> PciDevice<T> {
 
 impl<T: Transport + Send + 'static> Drop for PciDevice<T> {
     fn drop(&mut self) {
-        if self.thread.is_some() {
-            let _ = self.finish();
-        }
+        // Held or stopped already: the socket's directory still goes.
+        let _ = self.finish();
     }
 }
 

@@ -120,6 +120,15 @@ impl Port for EnginePort {
         true
     }
 
+    fn round(&mut self) {
+        self.ctx.progress().expect("a round of the device");
+    }
+
+    fn poll_ready(&mut self, out: &mut Vec<(u64, u32)>) {
+        let wcs: &[Wc] = self.ctx.poll_ready().expect("polling the CQ");
+        out.extend(wcs.iter().map(|w| (w.wr_id, w.status as u32)));
+    }
+
     fn put(&mut self, off: u64, data: &[u8]) {
         self.ctx
             .write(BASE + off, data)

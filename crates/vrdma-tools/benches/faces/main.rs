@@ -33,7 +33,9 @@
 //! Options (after `--`): `--quick`, `--rounds N`, `--secs S` (each
 //! measurement's measured part), `--pin` (each face side's driver and
 //! device threads on one core: A's on CPU 0, B's on CPU 1), `--only
-//! rate|bw|lat`, `--no-probe` (no lone WRITEs first), `--verbose`, and
+//! rate|bw|lat`, `--faces virtio-event,pvrdma-trap,…` (only those
+//! lines beside engine-direct: engine, virtio-poll, virtio-rung,
+//! virtio-event, pci-poll, pci-event, pvrdma-shared, pvrdma-trap), `--no-probe` (no lone WRITEs first), `--verbose`, and
 //! the medium: `--shm` (each pair's devices on one same-host switch, as
 //! one daemon's), `--shm-rings` (each device on a switch of its own, the
 //! two joined through a rendezvous directory, as two daemons' with
@@ -45,6 +47,7 @@ mod engine;
 mod measure;
 mod port;
 mod pvrdma;
+mod stepped;
 mod threads;
 mod virtio;
 
@@ -87,6 +90,20 @@ enum Face {
 }
 
 impl Face {
+    /// The line's name for `--faces`.
+    fn key(self) -> &'static str {
+        match self {
+            Face::Engine => "engine",
+            Face::VirtioPoll => "virtio-poll",
+            Face::VirtioPollRung => "virtio-rung",
+            Face::VirtioEvent => "virtio-event",
+            Face::VirtioPciPoll => "pci-poll",
+            Face::VirtioPciEvent => "pci-event",
+            Face::PvrdmaShared => "pvrdma-shared",
+            Face::PvrdmaTrapped => "pvrdma-trap",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Face::Engine => "engine-direct",
@@ -244,7 +261,7 @@ fn setup_on(
             let names = [format!("vp{k}a"), format!("vp{k}b")];
             let da = virtio::pci_device(aa, &names[0], poll, swa);
             let db = virtio::pci_device(ab, &names[1], poll, swb);
-            let ((a, wa), (b, wb)) = virtio::pci_pair(&da, &db, [&names[0], &names[1]]);
+            let ((a, wa), (b, wb)) = virtio::pci_pair(&da, &db, [&names[0], &names[1]], 0);
             if pin {
                 wa.iter().for_each(|&t| threads::pin(t, 0));
                 wb.iter().for_each(|&t| threads::pin(t, 1));
@@ -259,13 +276,14 @@ fn setup_on(
         }
         Face::PvrdmaShared | Face::PvrdmaTrapped => {
             let shared = face == Face::PvrdmaShared;
-            let da = pvrdma::Device::new(aa, &format!("p{k}a"), shared, swa.cloned());
-            let db = pvrdma::Device::new(ab, &format!("p{k}b"), shared, swb.cloned());
+            let qps = pvrdma::MAX_QP;
+            let da = pvrdma::Device::new(aa, &format!("p{k}a"), shared, swa.cloned(), qps);
+            let db = pvrdma::Device::new(ab, &format!("p{k}b"), shared, swb.cloned(), qps);
             if pin {
                 threads::pin(da.tid, 0);
                 threads::pin(db.tid, 1);
             }
-            let (a, b) = pvrdma::pair(&da, &db, !shared);
+            let (a, b) = pvrdma::pair(&da, &db, !shared, 0);
             Setup {
                 a: Box::new(a),
                 b: Box::new(b),
@@ -309,6 +327,10 @@ struct Opts {
     no_probe: bool,
     faces: Vec<Face>,
     tests: Vec<Test>,
+    /// The stepped mode (`stepped`).
+    stepped: bool,
+    /// QPs made on each device beside the measured one, never used.
+    idle_qps: u32,
 }
 
 fn opts() -> Opts {
@@ -327,7 +349,7 @@ fn opts() -> Opts {
     let secs: f64 = value("--secs")
         .map(|v| v.parse().expect("--secs S"))
         .unwrap_or(if quick { 0.25 } else { 1.0 });
-    let faces = vec![
+    let every = [
         Face::Engine,
         Face::VirtioPoll,
         Face::VirtioPollRung,
@@ -337,6 +359,23 @@ fn opts() -> Opts {
         Face::PvrdmaShared,
         Face::PvrdmaTrapped,
     ];
+    // engine-direct is always the first line: every ratio is against it.
+    let faces = match value("--faces") {
+        None => every.to_vec(),
+        Some(keys) => {
+            let mut faces = vec![Face::Engine];
+            for key in keys.split(',') {
+                let face = every.iter().find(|f| f.key() == key).unwrap_or_else(|| {
+                    let keys: Vec<_> = every.iter().map(|f| f.key()).collect();
+                    panic!("--faces {key}: one of {}", keys.join(","))
+                });
+                if !faces.contains(face) {
+                    faces.push(*face);
+                }
+            }
+            faces
+        }
+    };
     let tests = match value("--only").as_deref() {
         None => vec![Test::Rate, Test::Bandwidth, Test::Latency],
         Some("rate") => vec![Test::Rate],
@@ -362,6 +401,10 @@ fn opts() -> Opts {
         no_probe: args.iter().any(|a| a == "--no-probe"),
         faces,
         tests,
+        stepped: args.iter().any(|a| a == "--stepped"),
+        idle_qps: value("--idle-qps")
+            .map(|v| v.parse().expect("--idle-qps N"))
+            .unwrap_or(0),
     }
 }
 
@@ -415,6 +458,12 @@ fn main() {
         }
     );
     let start = Instant::now();
+    if opts.stepped {
+        stepped_run(&opts);
+        println!("\n(run took {:.0} s)", start.elapsed().as_secs_f64());
+        let _ = std::fs::remove_dir_all(&run_dir);
+        return;
+    }
     if !opts.no_probe {
         probe(&opts);
     }
@@ -801,4 +850,175 @@ fn threads_table(opts: &Opts, all: &[(Test, Rounds)]) {
             .collect();
         println!("   {:<26} {}", face.name(), names.join(" | "));
     }
+}
+
+/// The lines the stepped mode can step (see `stepped`).
+fn steppable(face: Face) -> bool {
+    matches!(
+        face,
+        Face::Engine | Face::PvrdmaShared | Face::VirtioPciPoll
+    )
+}
+
+/// A fresh pair of `face` for the stepped mode, its devices held (their
+/// rounds the caller's), and what keeps the devices alive.
+fn stepped_pair(face: Face, opts: &Opts, k: u32) -> (stepped::Pair, Box<dyn Any>) {
+    let (aa, ab) = (addr(), addr());
+    let (switch_a, switch_b, rings) = switches(opts.medium, k);
+    let (swa, swb) = (switch_a.as_ref(), switch_b.as_ref());
+    let idle = opts.idle_qps;
+    let none = || -> stepped::Step { Box::new(|| false) };
+    let (pair, devices): (stepped::Pair, Box<dyn Any>) = match face {
+        Face::Engine => {
+            let (a, b) = engine::pair(aa, ab, [swa, swb]);
+            let pair = stepped::Pair {
+                a: Box::new(a),
+                b: Box::new(b),
+                steps: [none(), none()],
+            };
+            (pair, Box::new(()))
+        }
+        Face::PvrdmaShared => {
+            let qps = pvrdma::MAX_QP.max(idle + 16);
+            let mut da = pvrdma::Device::new(aa, &format!("s{k}a"), true, swa.cloned(), qps);
+            let mut db = pvrdma::Device::new(ab, &format!("s{k}b"), true, swb.cloned(), qps);
+            let (a, b) = pvrdma::pair(&da, &db, false, idle);
+            da.hold();
+            db.hold();
+            let pair = stepped::Pair {
+                a: Box::new(a),
+                b: Box::new(b),
+                steps: [da.stepper(), db.stepper()],
+            };
+            (pair, Box::new((da, db)))
+        }
+        Face::VirtioPciPoll => {
+            let names = [format!("sp{k}a"), format!("sp{k}b")];
+            let da = virtio::pci_device(aa, &names[0], true, swa);
+            let db = virtio::pci_device(ab, &names[1], true, swb);
+            let ((a, _), (b, _)) = virtio::pci_pair(&da, &db, [&names[0], &names[1]], idle);
+            da.hold().expect("A's device thread");
+            db.hold().expect("B's device thread");
+            let step = |d: &std::sync::Arc<virtio::PciDevice>| -> stepped::Step {
+                let d = d.clone();
+                Box::new(move || d.step().expect("the device's step"))
+            };
+            let pair = stepped::Pair {
+                a: Box::new(a),
+                b: Box::new(b),
+                steps: [step(&da), step(&db)],
+            };
+            (pair, Box::new((da, db)))
+        }
+        _ => unreachable!("only steppable lines are stepped"),
+    };
+    if let (Medium::Rings, Some(sa), Some(sb)) = (opts.medium, swa, swb) {
+        joined(sa, sb, aa, ab);
+    }
+    (pair, Box::new((devices, rings, switch_a, switch_b)))
+}
+
+/// The stepped mode: every steppable line, each test, in rounds; each
+/// measurement a fixed number of operations after a quarter as many of
+/// warm-up; medians of rounds of each phase's CPU time per operation.
+fn stepped_run(opts: &Opts) {
+    let faces: Vec<Face> = opts
+        .faces
+        .iter()
+        .copied()
+        .filter(|&f| steppable(f))
+        .collect();
+    let cost = stepped::clock_cost();
+    let scale = opts.timing.measure.as_secs_f64();
+    let ops = |test: Test| -> u64 {
+        let base = match test {
+            Test::Rate => 200_000.0,
+            Test::Bandwidth => 1_000.0,
+            Test::Latency => 20_000.0,
+        };
+        ((base * scale) as u64).max(16)
+    };
+    println!(
+        "\nstepped: both drivers and both devices advanced in turn on one thread, no scheduler between them; each phase's CPU time from the thread's own clock (one read: {cost:.0} ns, subtracted); {} QPs idle on each device beside the measured one",
+        opts.idle_qps
+    );
+    // [test][face] -> every round's phases.
+    let mut all: Vec<Vec<Vec<stepped::Phases>>> =
+        vec![vec![Vec::new(); faces.len()]; opts.tests.len()];
+    let mut k = 20_000;
+    for r in 0..opts.rounds {
+        for (t, &test) in opts.tests.iter().enumerate() {
+            for (f, &face) in faces.iter().enumerate() {
+                k += 1;
+                let (mut pair, devices) = stepped_pair(face, opts, k);
+                let seed = k;
+                let ph = match test {
+                    Test::Rate => stepped::rate(&mut pair, cost, ops(test), seed),
+                    Test::Bandwidth => stepped::bandwidth(&mut pair, cost, ops(test), seed),
+                    Test::Latency => stepped::latency(&mut pair, cost, ops(test), seed),
+                };
+                drop(pair);
+                drop(devices);
+                all[t][f].push(ph);
+            }
+        }
+        eprintln!("  round {} of {} done", r + 1, opts.rounds);
+    }
+    let engine = faces.iter().position(|&f| f == Face::Engine);
+    for (t, &test) in opts.tests.iter().enumerate() {
+        let (what, unit, scale) = match test {
+            Test::Rate => (
+                "64 B WRITE (64 in flight, 1 in 16 signaled)",
+                "ns per WRITE",
+                1.0,
+            ),
+            Test::Bandwidth => ("1 MiB WRITE (16 in flight)", "us per MiB", 1e-3),
+            Test::Latency => ("64 B WRITE ping-pong", "ns per half round trip", 1.0),
+        };
+        println!("\n{what}: {unit}, medians of {} rounds", opts.rounds);
+        println!(
+            " {:<28} {:>10} {:>10} {:>10} {:>14} {:>14} {:>10} {:>12}",
+            "",
+            "all",
+            "drivers",
+            "devices",
+            "all - engine",
+            "devices/engine",
+            "loops/op",
+            "idle rounds"
+        );
+        let med = |f: usize, g: &dyn Fn(&stepped::Phases) -> f64| -> f64 {
+            median(all[t][f].iter().map(g).collect())
+        };
+        let all_of = |f: usize| med(f, &|p| (p.driver + p.device) / p.ops);
+        for (f, &face) in faces.iter().enumerate() {
+            let (drv, dev) = (med(f, &|p| p.per_op().0), med(f, &|p| p.per_op().1));
+            let every = all_of(f);
+            // engine-direct's rounds are its ports' own (not counted).
+            let idle = if face == Face::Engine {
+                format!("{:>12}", "-")
+            } else {
+                let idle = med(f, &|p| p.idle_rounds / (2.0 * p.loops).max(1.0));
+                format!("{:>11.0}%", idle * 100.0)
+            };
+            let (over, ratio) = match engine {
+                Some(e) if e != f => (
+                    format!("{:>+14.1}", (every - all_of(e)) * scale),
+                    format!("{:>13.2}x", dev / all_of(e)),
+                ),
+                _ => (format!("{:>14}", "-"), format!("{:>14}", "-")),
+            };
+            println!(
+                " {:<28} {:>10.1} {:>10.1} {:>10.1} {over} {ratio} {:>10.2} {idle}",
+                face.name(),
+                every * scale,
+                drv * scale,
+                dev * scale,
+                med(f, &|p| p.loops / p.ops),
+            );
+        }
+    }
+    println!(
+        "\n(all - engine: what the face adds per operation over engine-direct, drivers and devices together; devices/engine: the face's devices' time against engine-direct's whole, whose driver is its device; loops/op: rounds of the loop — each a round of both devices — per operation; idle rounds: the devices' rounds that found nothing)"
+    );
 }

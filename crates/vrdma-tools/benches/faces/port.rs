@@ -49,6 +49,17 @@ pub trait Port: Send {
         false
     }
 
+    /// The stepped mode's device round where the driver's side holds the
+    /// device (engine-direct); nothing where the device is a face's (the
+    /// stepped mode steps it).
+    fn round(&mut self) {}
+
+    /// The completions there now, without a round of a device the side
+    /// holds (the stepped mode; [`Port::poll`] where the side holds none).
+    fn poll_ready(&mut self, out: &mut Vec<(u64, u32)>) {
+        self.poll(out);
+    }
+
     fn put(&mut self, off: u64, data: &[u8]);
 
     fn get(&self, off: u64, len: usize) -> Vec<u8>;

@@ -10,91 +10,147 @@ use std::{
     net::IpAddr,
     path::PathBuf,
     sync::{
-        Arc,
+        Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicBool, Ordering},
         mpsc,
     },
     thread::JoinHandle,
 };
 
-use vrdma_device::transport::SameHost;
-use vrdma_engine::attr::Mtu;
+use vrdma_device::{ObjectBudget, transport::SameHost};
+use vrdma_engine::attr::{Mtu, PortAttr};
 use vrdma_fabric::{shm::Switch, udp::UdpPort};
+use vrdma_face::vfio::Waker;
 use vrdma_pvrdma::{
-    Server,
+    Pvrdma, Server,
     abi::{PAGE_SIZE, qp_type, send_flags, wr_opcode},
+    caps::Limits,
 };
-use vrdma_testkit::pvrdma::{Guest, GuestCq, GuestQp, function, mac_of, rc_up_mtu, sge, wqe};
+use vrdma_testkit::pvrdma::{Guest, GuestCq, GuestQp, mac_of, rc_up_mtu, sge, wqe};
 use vrdma_wire::Gid;
 
 use crate::port::{Port, layout};
 
-/// Guest RAM of each side.
+/// Guest RAM of each side (and [`IDLE_QP_RAM`] for each idle QP).
 const RAM: u64 = 32 << 20;
+const IDLE_QP_RAM: u64 = 8 * PAGE_SIZE;
+/// The QPs a device has room for unless more are asked for (the PVRDMA
+/// face's default).
+pub const MAX_QP: u32 = 1024;
 /// The virtual address of each side's buffer MR.
 const VA: u64 = 0x7f00_0000_0000;
 
 /// A device served on a vfio-user socket in a thread of its own, at MTU
-/// 4096; stopped when dropped.
+/// 4096; stopped when dropped. [`Device::hold`] ends the thread, and the
+/// device then moves only when [`Device::step`] is called (the stepped
+/// mode).
 pub struct Device {
     pub addr: IpAddr,
     socket: PathBuf,
+    server: Arc<Mutex<Served>>,
+    waker: Waker,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     /// The device thread's id.
     pub tid: i32,
+    name: String,
+}
+
+type Served = Server<SameHost<UdpPort>>;
+
+fn lock(m: &Mutex<Served>) -> MutexGuard<'_, Served> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Device {
     /// A device at `addr` (on `switch`, when given) with shared doorbells
-    /// (`shared`) or trapped.
-    pub fn new(addr: IpAddr, name: &str, shared: bool, switch: Option<Switch>) -> Self {
+    /// (`shared`) or trapped, and room for `max_qp` QPs.
+    pub fn new(
+        addr: IpAddr,
+        name: &str,
+        shared: bool,
+        switch: Option<Switch>,
+        max_qp: u32,
+    ) -> Self {
         let socket =
             std::env::temp_dir().join(format!("vrdma-faces-{}-{name}.sock", std::process::id()));
         let _ = std::fs::remove_file(&socket);
+        let port =
+            UdpPort::bind(vrdma_fabric::udp::Config::new(addr)).expect("binding the UDP port");
+        let port = SameHost::with(switch.as_ref(), port).expect("joining the switch");
+        let limits = Limits {
+            max_qp,
+            ..Limits::default()
+        };
+        let mut attr = PortAttr::with_gids(&[]);
+        attr.active_mtu = Mtu::Mtu4096;
+        let mut f = Pvrdma::new(limits, mac_of(addr), attr, port).expect("the device's limits");
+        if shared {
+            f.share_doorbells().expect("sharing the doorbell pages");
+        }
+        // The engine's memory for objects is not what is measured (the
+        // idle QPs of `--idle-qps` are more than a small guest's share).
+        f.set_object_budget(ObjectBudget::Unlimited);
+        let server = Server::bind_with(&socket, f, name, &Default::default())
+            .expect("binding the device's socket");
+        let waker = server.waker();
+        let server = Arc::new(Mutex::new(server));
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
-        let (path, halt, name) = (socket.clone(), stop.clone(), name.to_owned());
+        let (served, halt) = (server.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name(format!("vfio-{name}"))
             .spawn(move || {
-                let port = UdpPort::bind(vrdma_fabric::udp::Config::new(addr))
-                    .expect("binding the UDP port");
-                let port = SameHost::with(switch.as_ref(), port).expect("joining the switch");
-                let mut f = function(port, mac_of(addr), Mtu::Mtu4096);
-                if shared {
-                    f.share_doorbells().expect("sharing the doorbell pages");
-                }
-                let mut server = Server::bind_with(&path, f, &name, &Default::default())
-                    .expect("binding the device's socket");
                 let _ = tx.send(crate::threads::tid());
-                server.run(&halt).expect("the device's loop");
-                if std::env::var_os("FACES_SPIN").is_some() {
-                    let c: Vec<_> = server
-                        .counters()
-                        .into_iter()
-                        .filter(|(k, _)| k.starts_with("spin."))
-                        .collect();
-                    eprintln!("{name}: {c:?}");
+                // As `Server::run`: its looks at the guest's memory keep
+                // their intervals.
+                vrdma_face::spin::precise_timers();
+                while !halt.load(Ordering::Relaxed) {
+                    lock(&served).turn().expect("the device's turn");
                 }
             })
             .expect("a device thread");
-        let tid = rx.recv().expect("the device thread bound its socket");
+        let tid = rx.recv().expect("the device thread started");
         Device {
             addr,
             socket,
+            server,
+            waker,
             stop,
             thread: Some(thread),
             tid,
+            name: name.to_owned(),
         }
+    }
+
+    /// Ends the device's thread (its turns from now on are
+    /// [`Device::step`]'s).
+    pub fn hold(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.waker.wake();
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the device thread");
+        }
+    }
+
+    /// A stepping of the held device: each call one turn that never
+    /// sleeps; whether it did work.
+    pub fn stepper(&self) -> Box<dyn FnMut() -> bool + Send> {
+        let server = self.server.clone();
+        Box::new(move || lock(&server).step().expect("the device's step"))
     }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        self.hold();
+        if std::env::var_os("FACES_SPIN").is_some() {
+            let c: Vec<_> = lock(&self.server)
+                .counters()
+                .into_iter()
+                .filter(|(k, _)| k.starts_with("spin."))
+                .collect();
+            eprintln!("{}: {c:?}", self.name);
         }
         let _ = std::fs::remove_file(&self.socket);
     }
@@ -118,14 +174,19 @@ pub struct PvrdmaPort {
 /// A guest on `dev`: the driver's probe, the device's address as GID 0, a
 /// PD, the DMA MR, a CQ of 256, an RC QP 256 deep, the buffer and a user
 /// MR over it.
-fn side(dev: &Device, trapped: bool) -> PvrdmaPort {
-    let mut g = Guest::connect(&dev.socket, RAM);
+fn side(dev: &Device, trapped: bool, idle: u32) -> PvrdmaPort {
+    let mut g = Guest::connect(&dev.socket, RAM + u64::from(idle) * IDLE_QP_RAM);
     assert_eq!(g.probe(), 0, "ACTIVATE");
     g.bind_gid(0, Gid::from(dev.addr));
     let pd = g.create_pd(0);
     let (_, lkey) = g.dma_mr(pd);
     let cq = g.create_cq(256, 0);
     let qp = g.create_qp(qp_type::RC, pd, cq.handle, cq.handle, 256);
+    // QPs that are made and never used: each a ring the device would
+    // look at if it read every ring.
+    for _ in 0..idle {
+        let _ = g.create_qp(qp_type::RC, pd, cq.handle, cq.handle, 1);
+    }
     let pages = layout::LEN / PAGE_SIZE;
     let buf = g.alloc(pages);
     let list: Vec<u64> = (0..pages).map(|i| buf + i * PAGE_SIZE).collect();
@@ -142,9 +203,10 @@ fn side(dev: &Device, trapped: bool) -> PvrdmaPort {
     }
 }
 
-/// Guests on `da` and `db`, their QPs connected at MTU 4096.
-pub fn pair(da: &Device, db: &Device, trapped: bool) -> (PvrdmaPort, PvrdmaPort) {
-    let (mut a, mut b) = (side(da, trapped), side(db, trapped));
+/// Guests on `da` and `db`, their QPs connected at MTU 4096, and `idle`
+/// QPs more on each, never used.
+pub fn pair(da: &Device, db: &Device, trapped: bool, idle: u32) -> (PvrdmaPort, PvrdmaPort) {
+    let (mut a, mut b) = (side(da, trapped, idle), side(db, trapped, idle));
     a.peer_rkey = b.rkey;
     b.peer_rkey = a.rkey;
     let (ga, gb) = (Gid::from(da.addr), Gid::from(db.addr));

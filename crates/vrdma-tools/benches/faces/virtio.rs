@@ -24,8 +24,9 @@ use crate::{
     threads,
 };
 
-/// Guest memory of each side.
+/// Guest memory of each side (and [`IDLE_QP_RAM`] for each idle QP).
 const RAM: u64 = 64 << 20;
+const IDLE_QP_RAM: u64 = 32 << 10;
 
 /// A device served on a vhost-user socket in a thread of its own (the
 /// kit's), at MTU 4096 (the kit's suites' devices are at 1024); stopped
@@ -46,14 +47,11 @@ pub fn device(addr: IpAddr, name: &str, poll: bool, switch: Option<&Switch>) -> 
 /// [`device`] as a virtio-pci function.
 pub fn pci_device(addr: IpAddr, name: &str, poll: bool, switch: Option<&Switch>) -> Arc<PciDevice> {
     let (port, opts) = port(addr, poll, switch);
-    Arc::new(serve_pci(
-        name,
-        addr,
-        Mtu::Mtu4096,
-        opts,
-        DEFAULT_SPIN,
-        port,
-    ))
+    let dev = serve_pci(name, addr, Mtu::Mtu4096, opts, DEFAULT_SPIN, port);
+    // The engine's memory for objects is not what is measured (the idle
+    // QPs of `--idle-qps` are more than a small guest's share).
+    dev.with_face(|f| f.set_budget(vrdma_device::ObjectBudget::Unlimited));
+    Arc::new(dev)
 }
 
 fn port(addr: IpAddr, poll: bool, switch: Option<&Switch>) -> (SameHost<UdpPort>, Options) {
@@ -95,24 +93,25 @@ fn side(dev: &Device) -> (Endpoint, Qp, Mr, Vec<i32>) {
         .into_iter()
         .filter(|t| !before.contains(t))
         .collect();
-    let (side, qp, mr) = objects(fe, dev.addr);
+    let (side, qp, mr) = objects(fe, dev.addr, 0);
     (side, qp, mr, workers)
 }
 
-/// A guest on a virtio-pci device, and the device's thread.
-fn pci_side(dev: &PciDevice, name: &str) -> (Endpoint, Qp, Mr, Vec<i32>) {
+/// A guest on a virtio-pci device with `idle` QPs more, never used, and
+/// the device's thread.
+fn pci_side(dev: &PciDevice, name: &str, idle: u32) -> (Endpoint, Qp, Mr, Vec<i32>) {
     let fe = Frontend::connect_pci(
         &dev.socket,
-        Arc::new(Ram::new(0, RAM)),
+        Arc::new(Ram::new(0, RAM + u64::from(idle) * IDLE_QP_RAM)),
         FrontendOptions::default(),
     );
     let workers = threads::snapshot().named(&format!("dev-{name}"));
-    let (side, qp, mr) = objects(fe, dev.addr);
+    let (side, qp, mr) = objects(fe, dev.addr, idle);
     (side, qp, mr, workers)
 }
 
-/// The guest's objects on a started front-end.
-fn objects(fe: Frontend, addr: IpAddr) -> (Endpoint, Qp, Mr) {
+/// The guest's objects on a started front-end, and `idle` QPs more.
+fn objects(fe: Frontend, addr: IpAddr, idle: u32) -> (Endpoint, Qp, Mr) {
     let mut side = Endpoint::on(fe, Gid::from(addr));
     let mr = side.fe.reg_mr(&side.ctx, side.pd, layout::LEN, ALL_ACCESS);
     let spec = QpSpec {
@@ -124,6 +123,14 @@ fn objects(fe: Frontend, addr: IpAddr) -> (Endpoint, Qp, Mr) {
         ..QpSpec::new(qp_type::RC, side.cq.handle)
     };
     let qp = side.fe.qp(&side.ctx, side.pd, &spec);
+    let small = QpSpec {
+        sq_entries: 1,
+        rq_entries: 1,
+        ..spec
+    };
+    for _ in 0..idle {
+        let _ = side.fe.qp(&side.ctx, side.pd, &small);
+    }
     (side, qp, mr)
 }
 
@@ -155,19 +162,20 @@ pub fn pair(
 }
 
 /// Guests on virtio-pci devices `da` and `db` (named `na`, `nb`), their
-/// QPs connected; and each device's thread.
+/// QPs connected, and `idle` QPs more on each; and each device's thread.
 pub fn pci_pair(
     da: &Arc<PciDevice>,
     db: &Arc<PciDevice>,
     names: [&str; 2],
+    idle: u32,
 ) -> ((VirtioPort, Vec<i32>), (VirtioPort, Vec<i32>)) {
     let counters = |d: &Arc<PciDevice>| -> Counters {
         let d = d.clone();
         Box::new(move || d.counters())
     };
     connected(
-        pci_side(da, names[0]),
-        pci_side(db, names[1]),
+        pci_side(da, names[0], idle),
+        pci_side(db, names[1], idle),
         [counters(da), counters(db)],
         false,
     )
