@@ -251,6 +251,17 @@ impl<T: Transport, Q: RingQp, S: RingSrq> FaceDevice<T, Q, S> {
         self.busy_qps.insert(qpn);
     }
 
+    /// Whether QP `qpn`'s rings hold WQEs the device has not taken (a
+    /// look that costs two index reads, where a take costs its
+    /// bookkeeping too).
+    pub fn qp_pending(&mut self, qpn: u32) -> bool {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return false;
+        };
+        let (_, mem) = self.device.parts();
+        q.queues().pending(mem.map())
+    }
+
     /// Takes what SRQ `srq`'s guest posted, counts it, and keeps it among
     /// the busy until it settles; a ring that broke is reported
     /// ([`FaceDevice::take_broken_srqs`]).
@@ -292,6 +303,11 @@ impl<T: Transport, Q: RingQp, S: RingSrq> FaceDevice<T, Q, S> {
         for qpn in qps {
             self.take_qp(qpn, Rings::BOTH);
         }
+        self.take_all_srqs();
+    }
+
+    /// Takes from every SRQ's ring.
+    pub fn take_all_srqs(&mut self) {
         let srqs: Vec<u32> = self.srqs.keys().copied().collect();
         for s in srqs {
             self.take_srq(s);

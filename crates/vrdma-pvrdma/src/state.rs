@@ -13,7 +13,7 @@ use vrdma_face::{FaceDevice, Rings, TakeStats};
 use crate::{
     abi::{eqe, uar},
     caps::Limits,
-    doorbells::SharedDoorbells,
+    doorbells::{SharedDoorbells, Watch},
     qp::QpFace,
     srq::SrqFace,
 };
@@ -43,6 +43,9 @@ pub struct FaceStats {
     /// Device threads that panicked while serving this device (each
     /// reported, the device reset).
     pub panics: u64,
+    /// With shared doorbells: QPs whose work the sweep found (their
+    /// doorbell overwritten, or never written).
+    pub sweep_found: u64,
 }
 
 /// A CQ's owner, for its doorbells.
@@ -65,6 +68,8 @@ pub(crate) struct State<T: Transport> {
     pub pds: BTreeMap<u32, u32>,
     pub cqs: BTreeMap<u32, CqInfo>,
     pub stats: FaceStats,
+    /// With shared doorbells: the QPs looked at beside those rung.
+    pub watch: Watch,
 }
 
 impl<T: Transport> State<T> {
@@ -81,6 +86,7 @@ impl<T: Transport> State<T> {
             pds: BTreeMap::new(),
             cqs: BTreeMap::new(),
             stats: FaceStats::default(),
+            watch: Watch::default(),
         }
     }
 
@@ -89,6 +95,7 @@ impl<T: Transport> State<T> {
         FaceStats {
             rings: self.dev.taken,
             gids_refused: self.dev.gids_refused,
+            sweep_found: self.watch.sweep_found,
             ..self.stats
         }
     }
@@ -102,6 +109,7 @@ impl<T: Transport> State<T> {
         self.pds.clear();
         self.ucs.clear();
         self.next_uc = 1;
+        self.watch.clear();
     }
 
     /// The doorbell page of the context that owns PD `pd` (0: the
@@ -170,18 +178,28 @@ impl<T: Transport> State<T> {
         }
     }
 
-    /// Reads the shared doorbell pages of the contexts in use (the
-    /// kernel's, page 0, and each user context's): QP and SRQ doorbells
-    /// are counted (every ring is taken from anyway); a store to a page's
-    /// CQ word arms every CQ of that page (see `doorbells`).
-    pub fn shared_doorbells(&mut self, d: &SharedDoorbells) {
+    /// A look at the guest's memory with shared doorbells: the doorbell
+    /// pages of the contexts in use (the kernel's, page 0, and each user
+    /// context's) — the QPs they name taken from; a store to a page's CQ
+    /// word arms every CQ of that page (see `doorbells`) — then the QPs
+    /// that gave work lately, the sweep's share of every QP, and every
+    /// SRQ.
+    pub fn shared_look(&mut self, d: &SharedDoorbells) {
+        let now = self.dev.device.now();
         // Page 0 is the kernel's; a user context's page is never 0 and
         // never another's (CREATE_UC checks both): no page twice.
-        for page in std::iter::once(0).chain(self.ucs.values().copied()) {
-            for offset in [uar::QP_OFFSET, uar::SRQ_OFFSET] {
-                if d.take(page, offset) != 0 {
-                    self.stats.doorbells += 1;
-                }
+        let mut pages = std::mem::take(&mut self.watch.pages);
+        pages.clear();
+        pages.push(0);
+        pages.extend(self.ucs.values().copied());
+        for &page in &pages {
+            let v = d.take(page, uar::QP_OFFSET);
+            if v != 0 {
+                self.stats.doorbells += 1;
+                self.rung_qp(page, v, now);
+            }
+            if d.take(page, uar::SRQ_OFFSET) != 0 {
+                self.stats.doorbells += 1;
             }
             if d.take(page, uar::CQ_OFFSET) == 0 {
                 continue;
@@ -194,5 +212,52 @@ impl<T: Transport> State<T> {
                 }
             }
         }
+        self.watch.pages = pages;
+        let recent = self.watch.recent(now);
+        for &qpn in &recent {
+            self.take_watched(qpn, now);
+        }
+        self.watch.give_back(recent);
+        let share = self.watch.sweep(now, &self.dev.qps);
+        for &qpn in &share {
+            if self.take_watched(qpn, now) {
+                self.watch.sweep_found += 1;
+            }
+        }
+        self.watch.give_back(share);
+        self.dev.take_all_srqs();
+    }
+
+    /// A QP doorbell `v` read from page `page`: the rings it names taken
+    /// from, if the QP is the page's.
+    fn rung_qp(&mut self, page: u32, v: u32, now: u64) {
+        let handle = v & uar::HANDLE_MASK;
+        if self.dev.qps.get(&handle).is_none_or(|q| q.uar != page) {
+            self.stats.doorbells_refused += 1;
+            return;
+        }
+        let rings = Rings {
+            sends: v & uar::QP_SEND != 0,
+            recvs: v & uar::QP_RECV != 0,
+        };
+        if rings.sends || rings.recvs {
+            self.dev.take_qp(handle, rings);
+            self.watch.note(handle, now);
+        }
+    }
+
+    /// Takes from both rings of QP `qpn` (one the device watches); whether
+    /// they gave WQEs (the QP is then recent).
+    fn take_watched(&mut self, qpn: u32, now: u64) -> bool {
+        if !self.dev.qp_pending(qpn) {
+            return false;
+        }
+        let before = self.dev.taken.wqes;
+        self.dev.take_qp(qpn, Rings::BOTH);
+        let gave = self.dev.taken.wqes != before;
+        if gave {
+            self.watch.note(qpn, now);
+        }
+        gave
     }
 }

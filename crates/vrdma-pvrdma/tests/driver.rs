@@ -111,7 +111,8 @@ fn a_device_reset_forgets_everything_the_guest_made() {
 }
 
 /// The mode with no exit per post (`share_doorbells`): BAR2 is memory the
-/// client maps. Posts are taken with no doorbell at all; a CQ arm stored
+/// client maps. A post whose doorbell was never written is taken all the
+/// same (by the sweep, and counted), one rung is taken for its doorbell; a CQ arm stored
 /// there and overwritten by a POLL before the device read it (the
 /// provider's arm-then-poll) still gets its notification; a trapped
 /// device beside it works as before.
@@ -147,11 +148,29 @@ fn shared_doorbells_take_posts_without_an_exit_and_lose_no_arm() {
     );
     assert_eq!(b.g.poll_n(&mut b.cq, 1).len(), 1);
     assert_eq!(da.stats().doorbells, doorbells, "no doorbell rang");
+    assert_eq!(da.stats().sweep_found, 1, "the sweep found it");
     let done = a.g.poll_n(&mut a.cq, 1);
     assert_eq!((done[0].wr_id.get(), done[0].status.get()), (1, 0));
+    // Rung as the driver rings it (its store lands in the page): the
+    // device reads the word and takes what it names.
+    use vm_memory::Bytes;
+    let doorbells = da.stats().doorbells;
+    a.g.write_send(
+        &mut a.qp,
+        &wqe(9, wr_opcode::SEND, send_flags::SIGNALED, 1),
+        &[sge(a.buf, 64, a.lkey)],
+    );
+    bells
+        .write_obj(
+            a.qp.handle | abi::uar::QP_SEND,
+            vm_memory::GuestAddress(0x8000_0000),
+        )
+        .unwrap();
+    assert_eq!(b.g.poll_n(&mut b.cq, 1).len(), 1);
+    assert_eq!(a.g.poll_n(&mut a.cq, 1)[0].wr_id.get(), 9);
+    assert_eq!(da.stats().doorbells, doorbells + 1, "the doorbell read");
     // ARM, then POLL over it before the device could look: the arm holds.
     let word = vm_memory::GuestAddress(0x8000_0000 + 4);
-    use vm_memory::Bytes;
     bells
         .write_obj(a.cq.handle | abi::uar::CQ_ARM, word)
         .unwrap();

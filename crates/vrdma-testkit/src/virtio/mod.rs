@@ -293,21 +293,9 @@ pub fn serve_pci<T: Transport + Send + 'static>(
     let server = Arc::new(Mutex::new(server));
     let stop = Arc::new(AtomicBool::new(false));
     let waiting = Arc::new(AtomicU32::new(0));
-    let (s, st, w) = (server.clone(), stop.clone(), waiting.clone());
-    let thread = std::thread::Builder::new()
-        .name(format!("dev-{name}"))
-        .spawn(move || {
-            while !st.load(Ordering::Relaxed) {
-                // A test thread that wants the device goes first.
-                while w.load(Ordering::SeqCst) > 0 {
-                    std::thread::yield_now();
-                }
-                lock(&s).turn()?;
-            }
-            Ok(())
-        })
-        .expect("a device thread");
+    let thread = pci_loop(name, &server, &stop, &waiting);
     PciDevice {
+        name: name.to_owned(),
         addr,
         socket,
         dir,
@@ -319,6 +307,29 @@ pub fn serve_pci<T: Transport + Send + 'static>(
     }
 }
 
+/// The device's thread: its server's turns until `stop`.
+fn pci_loop<T: Transport + Send + 'static>(
+    name: &str,
+    server: &Arc<Mutex<PciServer<T>>>,
+    stop: &Arc<AtomicBool>,
+    waiting: &Arc<AtomicU32>,
+) -> JoinHandle<std::io::Result<()>> {
+    let (s, st, w) = (server.clone(), stop.clone(), waiting.clone());
+    std::thread::Builder::new()
+        .name(format!("dev-{name}"))
+        .spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                // A test thread that wants the device goes first.
+                while w.load(Ordering::SeqCst) > 0 {
+                    std::thread::yield_now();
+                }
+                lock(&s).turn()?;
+            }
+            Ok(())
+        })
+        .expect("a device thread")
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -327,6 +338,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// stopped (and its thread joined) when dropped.
 #[derive(Debug)]
 pub struct PciDevice<T: Transport + Send + 'static = UdpPort> {
+    name: String,
     pub addr: IpAddr,
     pub socket: PathBuf,
     dir: PathBuf,
@@ -407,6 +419,21 @@ impl<T: Transport + Send + 'static> PciDevice<T> {
                 .join()
                 .unwrap_or_else(|_| Err(std::io::Error::other("the device thread panicked"))),
             None => Ok(()),
+        }
+    }
+
+    /// A held device's thread again (its client's goodbye needs a device
+    /// that answers).
+    pub fn resume(&self) {
+        let mut thread = lock(&self.thread);
+        if thread.is_none() {
+            self.stop.store(false, Ordering::Relaxed);
+            *thread = Some(pci_loop(
+                &self.name,
+                &self.server,
+                &self.stop,
+                &self.waiting,
+            ));
         }
     }
 

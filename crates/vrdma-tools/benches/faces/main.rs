@@ -862,13 +862,13 @@ fn steppable(face: Face) -> bool {
 
 /// A fresh pair of `face` for the stepped mode, its devices held (their
 /// rounds the caller's), and what keeps the devices alive.
-fn stepped_pair(face: Face, opts: &Opts, k: u32) -> (stepped::Pair, Box<dyn Any>) {
+fn stepped_pair(face: Face, opts: &Opts, k: u32) -> (stepped::Pair, Box<dyn Any>, Resume) {
     let (aa, ab) = (addr(), addr());
     let (switch_a, switch_b, rings) = switches(opts.medium, k);
     let (swa, swb) = (switch_a.as_ref(), switch_b.as_ref());
     let idle = opts.idle_qps;
     let none = || -> stepped::Step { Box::new(|| false) };
-    let (pair, devices): (stepped::Pair, Box<dyn Any>) = match face {
+    let (pair, devices, resume): (stepped::Pair, Box<dyn Any>, Resume) = match face {
         Face::Engine => {
             let (a, b) = engine::pair(aa, ab, [swa, swb]);
             let pair = stepped::Pair {
@@ -876,7 +876,7 @@ fn stepped_pair(face: Face, opts: &Opts, k: u32) -> (stepped::Pair, Box<dyn Any>
                 b: Box::new(b),
                 steps: [none(), none()],
             };
-            (pair, Box::new(()))
+            (pair, Box::new(()), Box::new(|_| {}))
         }
         Face::PvrdmaShared => {
             let qps = pvrdma::MAX_QP.max(idle + 16);
@@ -890,7 +890,13 @@ fn stepped_pair(face: Face, opts: &Opts, k: u32) -> (stepped::Pair, Box<dyn Any>
                 b: Box::new(b),
                 steps: [da.stepper(), db.stepper()],
             };
-            (pair, Box::new((da, db)))
+            let resume: Resume = Box::new(|d: &mut dyn Any| {
+                if let Some((da, db)) = d.downcast_mut::<(pvrdma::Device, pvrdma::Device)>() {
+                    da.resume();
+                    db.resume();
+                }
+            });
+            (pair, Box::new((da, db)), resume)
         }
         Face::VirtioPciPoll => {
             let names = [format!("sp{k}a"), format!("sp{k}b")];
@@ -908,15 +914,32 @@ fn stepped_pair(face: Face, opts: &Opts, k: u32) -> (stepped::Pair, Box<dyn Any>
                 b: Box::new(b),
                 steps: [step(&da), step(&db)],
             };
-            (pair, Box::new((da, db)))
+            let resume: Resume = Box::new(|d: &mut dyn Any| {
+                type Both = (
+                    std::sync::Arc<virtio::PciDevice>,
+                    std::sync::Arc<virtio::PciDevice>,
+                );
+                if let Some((da, db)) = d.downcast_mut::<Both>() {
+                    da.resume();
+                    db.resume();
+                }
+            });
+            (pair, Box::new((da, db)), resume)
         }
         _ => unreachable!("only steppable lines are stepped"),
     };
     if let (Medium::Rings, Some(sa), Some(sb)) = (opts.medium, swa, swb) {
         joined(sa, sb, aa, ab);
     }
-    (pair, Box::new((devices, rings, switch_a, switch_b)))
+    (pair, Box::new((devices, rings, switch_a, switch_b)), resume)
 }
+
+/// What `stepped_pair` keeps: the devices, the rendezvous, the switches.
+type Kept = (Box<dyn Any>, Option<Rings>, Option<Switch>, Option<Switch>);
+
+/// Gives held devices (what `stepped_pair` kept of them) their threads
+/// back, for their guests' goodbyes.
+type Resume = Box<dyn FnOnce(&mut dyn Any)>;
 
 /// The stepped mode: every steppable line, each test, in rounds; each
 /// measurement a fixed number of operations after a quarter as many of
@@ -950,13 +973,17 @@ fn stepped_run(opts: &Opts) {
         for (t, &test) in opts.tests.iter().enumerate() {
             for (f, &face) in faces.iter().enumerate() {
                 k += 1;
-                let (mut pair, devices) = stepped_pair(face, opts, k);
+                let (mut pair, mut devices, resume) = stepped_pair(face, opts, k);
                 let seed = k;
                 let ph = match test {
                     Test::Rate => stepped::rate(&mut pair, cost, ops(test), seed),
                     Test::Bandwidth => stepped::bandwidth(&mut pair, cost, ops(test), seed),
                     Test::Latency => stepped::latency(&mut pair, cost, ops(test), seed),
                 };
+                // The guests' goodbyes need devices that answer.
+                if let Some((d, ..)) = devices.downcast_mut::<Kept>() {
+                    resume(&mut **d);
+                }
                 drop(pair);
                 drop(devices);
                 all[t][f].push(ph);

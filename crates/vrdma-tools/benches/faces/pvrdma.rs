@@ -17,13 +17,14 @@ use std::{
     thread::JoinHandle,
 };
 
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vrdma_device::{ObjectBudget, transport::SameHost};
 use vrdma_engine::attr::{Mtu, PortAttr};
 use vrdma_fabric::{shm::Switch, udp::UdpPort};
 use vrdma_face::vfio::Waker;
 use vrdma_pvrdma::{
     Pvrdma, Server,
-    abi::{PAGE_SIZE, qp_type, send_flags, wr_opcode},
+    abi::{PAGE_SIZE, qp_type, send_flags, uar, wr_opcode},
     caps::Limits,
 };
 use vrdma_testkit::pvrdma::{Guest, GuestCq, GuestQp, mac_of, rc_up_mtu, sge, wqe};
@@ -96,21 +97,7 @@ impl Device {
         let waker = server.waker();
         let server = Arc::new(Mutex::new(server));
         let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = mpsc::channel();
-        let (served, halt) = (server.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("vfio-{name}"))
-            .spawn(move || {
-                let _ = tx.send(crate::threads::tid());
-                // As `Server::run`: its looks at the guest's memory keep
-                // their intervals.
-                vrdma_face::spin::precise_timers();
-                while !halt.load(Ordering::Relaxed) {
-                    lock(&served).turn().expect("the device's turn");
-                }
-            })
-            .expect("a device thread");
-        let tid = rx.recv().expect("the device thread started");
+        let (thread, tid) = device_loop(name, &server, &stop);
         Device {
             addr,
             socket,
@@ -133,12 +120,46 @@ impl Device {
         }
     }
 
+    /// The held device's thread again (the guest's goodbye needs a device
+    /// that answers).
+    pub fn resume(&mut self) {
+        if self.thread.is_none() {
+            self.stop.store(false, Ordering::Relaxed);
+            let (thread, tid) = device_loop(&self.name, &self.server, &self.stop);
+            self.thread = Some(thread);
+            self.tid = tid;
+        }
+    }
+
     /// A stepping of the held device: each call one turn that never
     /// sleeps; whether it did work.
     pub fn stepper(&self) -> Box<dyn FnMut() -> bool + Send> {
         let server = self.server.clone();
         Box::new(move || lock(&server).step().expect("the device's step"))
     }
+}
+
+/// The device's thread, serving until `stop`, and its id.
+fn device_loop(
+    name: &str,
+    server: &Arc<Mutex<Served>>,
+    stop: &Arc<AtomicBool>,
+) -> (JoinHandle<()>, i32) {
+    let (tx, rx) = mpsc::channel();
+    let (served, halt) = (server.clone(), stop.clone());
+    let thread = std::thread::Builder::new()
+        .name(format!("vfio-{name}"))
+        .spawn(move || {
+            let _ = tx.send(crate::threads::tid());
+            // As `Server::run`: its looks at the guest's memory keep
+            // their intervals.
+            vrdma_face::spin::precise_timers();
+            while !halt.load(Ordering::Relaxed) {
+                lock(&served).turn().expect("the device's turn");
+            }
+        })
+        .expect("a device thread");
+    (thread, rx.recv().expect("the device thread started"))
 }
 
 impl Drop for Device {
@@ -166,10 +187,15 @@ pub struct PvrdmaPort {
     buf: u64,
     rkey: u32,
     peer_rkey: u32,
-    /// Trapped doorbells: each post is a doorbell write (a vfio-user
-    /// message and its reply).
-    trapped: bool,
+    /// Shared doorbells: the doorbell pages as the guest maps them (BAR2 at
+    /// [`BELLS`]), where the driver's doorbell stores land; none when they
+    /// trap (each post a doorbell write: a vfio-user message and its
+    /// reply).
+    bells: Option<GuestMemoryMmap<()>>,
 }
+
+/// Where the guest maps the doorbell pages (only their offsets matter).
+const BELLS: u64 = 0x8000_0000;
 
 /// A guest on `dev`: the driver's probe, the device's address as GID 0, a
 /// PD, the DMA MR, a CQ of 256, an RC QP 256 deep, the buffer and a user
@@ -191,6 +217,14 @@ fn side(dev: &Device, trapped: bool, idle: u32) -> PvrdmaPort {
     let buf = g.alloc(pages);
     let list: Vec<u64> = (0..pages).map(|i| buf + i * PAGE_SIZE).collect();
     let (_, _, rkey) = g.user_mr(pd, VA, &list, 1 | 2 | 4 | 8);
+    let bells = if trapped {
+        None
+    } else {
+        Some(
+            g.map_doorbells(BELLS)
+                .expect("the doorbell pages are shared"),
+        )
+    };
     PvrdmaPort {
         g,
         cq,
@@ -199,7 +233,7 @@ fn side(dev: &Device, trapped: bool, idle: u32) -> PvrdmaPort {
         buf,
         rkey,
         peer_rkey: 0,
-        trapped,
+        bells,
     }
 }
 
@@ -225,9 +259,16 @@ impl Port for PvrdmaPort {
         self.g.write_send(&mut self.qp, &w, &[s]);
     }
 
+    /// The doorbell as Linux's vmw_pvrdma rings it after a post (a 32-bit
+    /// store of the QP's handle and SEND at offset 0 of its page): trapped,
+    /// a vfio-user message; shared, a store into the page.
     fn ring(&mut self) {
-        if self.trapped {
-            self.g.ring_qp(&self.qp, vrdma_pvrdma::abi::uar::QP_SEND);
+        let bell = self.qp.handle | uar::QP_SEND;
+        match &self.bells {
+            None => self.g.ring_qp(&self.qp, uar::QP_SEND),
+            Some(m) => m
+                .write_obj(bell, GuestAddress(BELLS + self.qp.uar * PAGE_SIZE))
+                .expect("a store into the doorbell page"),
         }
     }
 

@@ -26,7 +26,7 @@ use crate::{
 
 /// Guest memory of each side (and [`IDLE_QP_RAM`] for each idle QP).
 const RAM: u64 = 64 << 20;
-const IDLE_QP_RAM: u64 = 32 << 10;
+const IDLE_QP_RAM: u64 = 48 << 10;
 
 /// A device served on a vhost-user socket in a thread of its own (the
 /// kit's), at MTU 4096 (the kit's suites' devices are at 1024); stopped
@@ -123,13 +123,28 @@ fn objects(fe: Frontend, addr: IpAddr, idle: u32) -> (Endpoint, Qp, Mr) {
         ..QpSpec::new(qp_type::RC, side.cq.handle)
     };
     let qp = side.fe.qp(&side.ctx, side.pd, &spec);
-    let small = QpSpec {
-        sq_entries: 1,
-        rq_entries: 1,
-        ..spec
-    };
-    for _ in 0..idle {
-        let _ = side.fe.qp(&side.ctx, side.pd, &small);
+    // The idle QPs in contexts of their own, 1024 a context (a context's
+    // doorbell area has room for 4096 doorbells), as many processes'
+    // would be.
+    let mut left = idle;
+    while left > 0 {
+        let ctx = side.fe.context(4096);
+        let pd = side.fe.pd(&ctx);
+        let cq = side.fe.cq(&ctx, 128);
+        // Rings of one page each (128-byte send WQEs, 32-byte receives).
+        let small = QpSpec {
+            sq_entries: 32,
+            rq_entries: 128,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: 0,
+            ..QpSpec::new(qp_type::RC, cq.handle)
+        };
+        let n = left.min(1024);
+        for _ in 0..n {
+            let _ = side.fe.qp(&ctx, pd, &small);
+        }
+        left -= n;
     }
     (side, qp, mr)
 }
