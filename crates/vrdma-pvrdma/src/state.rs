@@ -43,8 +43,9 @@ pub struct FaceStats {
     /// Device threads that panicked while serving this device (each
     /// reported, the device reset).
     pub panics: u64,
-    /// With shared doorbells: QPs whose work the sweep found (their
-    /// doorbell overwritten, or never written).
+    /// With shared doorbells: QPs whose work the sweep found — their
+    /// doorbell overwritten, never written, or not yet written (a driver
+    /// between its producer index and its doorbell store).
     pub sweep_found: u64,
 }
 
