@@ -239,7 +239,8 @@ impl<T: Transport, Q: RingQp, S: RingSrq> FaceDevice<T, Q, S> {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return;
         };
-        let now = self.device.now();
+        // The round's clock (a refusal's time in the log): no clock read per take.
+        let now = self.device.clock();
         let (engine, mem) = self.device.parts();
         let mut noting = Noting {
             refusals: &mut self.refusals,
@@ -269,7 +270,7 @@ impl<T: Transport, Q: RingQp, S: RingSrq> FaceDevice<T, Q, S> {
         let Some(s) = self.srqs.get_mut(&srq) else {
             return;
         };
-        let now = self.device.now();
+        let now = self.device.clock();
         let (engine, mem) = self.device.parts();
         let mut noting = Noting {
             refusals: &mut self.refusals,
@@ -327,7 +328,7 @@ impl<T: Transport, Q: RingQp, S: RingSrq> FaceDevice<T, Q, S> {
                 self.busy_qps.remove(&qpn);
                 continue;
             };
-            let now = self.device.now();
+            let now = self.device.clock();
             let (engine, mem) = self.device.parts();
             let mem = mem.map();
             if q.queues().pending(mem) {
@@ -351,7 +352,7 @@ impl<T: Transport, Q: RingQp, S: RingSrq> FaceDevice<T, Q, S> {
                 self.busy_srqs.remove(&srq);
                 continue;
             };
-            let now = self.device.now();
+            let now = self.device.clock();
             let (engine, mem) = self.device.parts();
             let mem = mem.map();
             let shape = s.shape();

@@ -50,6 +50,15 @@ pub trait Served: Function {
     /// The device clock (ns), the engine's deadlines' time base.
     fn now(&self) -> u64;
 
+    /// Whether the client's socket carries only control now (commands,
+    /// maps, resets) and no doorbells — they are in memory the device
+    /// polls: a busy loop then looks at its descriptors every
+    /// [`SOCKETS_EVERY`] instead of every turn. By default, while the
+    /// device spins.
+    fn quiet_socket(&self) -> bool {
+        self.recheck() == Some(Duration::ZERO)
+    }
+
     /// The descriptor that is readable when the device's network has
     /// input.
     fn fd(&self) -> BorrowedFd<'_>;
@@ -93,18 +102,19 @@ pub struct Server<F: Served> {
     /// Clients dropped for what they did: a malformed message, too many
     /// descriptors, too slow to send a message or to take a reply.
     pub dropped: u64,
-    /// When the loop last looked at its descriptors (see
-    /// [`SOCKETS_EVERY`]).
-    looked: Instant,
+    /// When the loop last looked at its descriptors (the device clock,
+    /// see [`SOCKETS_EVERY`]).
+    looked: u64,
 }
 
-/// While the device spins (`Served::recheck` says at once), how often its
-/// turns look at the client's socket, the listener and the wake: a
-/// `ppoll` a turn was a system call in every spinning round, the largest
-/// part of a polled device's cost per round after its network (the faces
-/// bench's stepped mode). What the client sends then waits at most this
-/// long more; a device that sleeps, or turns at once only because it has
-/// work (trapped doorbells arrive on the socket), looks every turn.
+/// While the device's doorbells are in memory it polls
+/// ([`Served::quiet_socket`]) and it turns at once, how often its turns
+/// look at the client's socket, the listener and the wake: a `ppoll` a
+/// turn was a system call in every busy round, the largest part of a
+/// polled device's cost per round after its network (the faces bench's
+/// stepped mode). What the client sends then waits at most this long
+/// more; a device about to sleep looks (it sleeps on them), and one whose
+/// doorbells arrive on the socket (trapped, kicked) looks every turn.
 pub const SOCKETS_EVERY: Duration = Duration::from_micros(50);
 
 impl<F: Served> Server<F> {
@@ -130,7 +140,7 @@ impl<F: Served> Server<F> {
             )?),
             clients: 0,
             dropped: 0,
-            looked: Instant::now(),
+            looked: 0,
         })
     }
 
@@ -260,7 +270,7 @@ impl<F: Served> Server<F> {
         } else {
             // About to sleep on the device's descriptor.
             self.function.arm();
-            self.looked = Instant::now();
+            self.looked = self.function.now();
             self.wait(timeout)?
         };
         // The client first: one that closed its connection (readable at
@@ -285,12 +295,13 @@ impl<F: Served> Server<F> {
         Ok(())
     }
 
-    /// A look at the descriptors without waiting — skipped while the device
-    /// spins and the last look was less than [`SOCKETS_EVERY`] ago.
+    /// A look at the descriptors without waiting — skipped while the socket
+    /// carries no doorbells ([`Served::quiet_socket`]) and the last look
+    /// was less than [`SOCKETS_EVERY`] ago.
     fn look_now(&mut self) -> io::Result<(bool, bool)> {
-        let now = Instant::now();
-        if self.function.recheck() == Some(Duration::ZERO)
-            && now.saturating_duration_since(self.looked) < SOCKETS_EVERY
+        let now = self.function.now();
+        if self.function.quiet_socket()
+            && now.saturating_sub(self.looked) < SOCKETS_EVERY.as_nanos() as u64
         {
             return Ok((false, false));
         }

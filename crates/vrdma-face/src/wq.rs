@@ -44,22 +44,83 @@ pub const SGE_SIZE: usize = 16;
 
 /// `n` scatter/gather elements from the start of `bytes` (a WQE's copy),
 /// if it holds them.
-pub fn sges(bytes: &[u8], n: usize) -> Option<Vec<Sge>> {
+pub fn sges(bytes: &[u8], n: usize) -> Option<SgeList> {
     let need = n.checked_mul(SGE_SIZE)?;
     let bytes = bytes.get(..need)?;
-    Some(
-        bytes
-            .chunks_exact(SGE_SIZE)
-            .map(|c| {
-                let u32_at = |o: usize| u32::from_le_bytes([c[o], c[o + 1], c[o + 2], c[o + 3]]);
-                Sge {
-                    addr: u64::from(u32_at(0)) | u64::from(u32_at(4)) << 32,
-                    length: u32_at(8),
-                    lkey: Lkey(u32_at(12)),
-                }
-            })
-            .collect(),
-    )
+    let sge = |c: &[u8]| {
+        let u32_at = |o: usize| u32::from_le_bytes([c[o], c[o + 1], c[o + 2], c[o + 3]]);
+        Sge {
+            addr: u64::from(u32_at(0)) | u64::from(u32_at(4)) << 32,
+            length: u32_at(8),
+            lkey: Lkey(u32_at(12)),
+        }
+    };
+    let mut list = SgeList::default();
+    if n > FEW_SGES {
+        list.many = bytes.chunks_exact(SGE_SIZE).map(sge).collect();
+    } else {
+        for (i, c) in bytes.chunks_exact(SGE_SIZE).enumerate() {
+            list.few[i] = sge(c);
+        }
+        list.n = n as u8;
+    }
+    Some(list)
+}
+
+/// How many scatter/gather elements an [`SgeList`] holds in place.
+pub const FEW_SGES: usize = 4;
+
+/// A WQE's scatter/gather list: up to [`FEW_SGES`] elements in place — a
+/// WQE's list is short, and a vector each was an allocation and a free
+/// for every WQE the device takes — more in a vector. Read as a slice.
+#[derive(Clone, Default)]
+pub struct SgeList {
+    few: [Sge; FEW_SGES],
+    /// How many of `few` are the list's (0 when `many` holds it).
+    n: u8,
+    many: Vec<Sge>,
+}
+
+impl std::ops::Deref for SgeList {
+    type Target = [Sge];
+
+    fn deref(&self) -> &[Sge] {
+        if self.many.is_empty() {
+            &self.few[..usize::from(self.n)]
+        } else {
+            &self.many
+        }
+    }
+}
+
+impl From<Vec<Sge>> for SgeList {
+    fn from(v: Vec<Sge>) -> Self {
+        if v.len() <= FEW_SGES {
+            let mut list = SgeList::default();
+            list.few[..v.len()].copy_from_slice(&v);
+            list.n = v.len() as u8;
+            list
+        } else {
+            SgeList {
+                many: v,
+                ..SgeList::default()
+            }
+        }
+    }
+}
+
+impl PartialEq for SgeList {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for SgeList {}
+
+impl std::fmt::Debug for SgeList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 /// A send WQE as a face's decoder gives it: the ABI's bytes turned into
@@ -84,7 +145,7 @@ pub struct SendWqe {
 /// A send WQE's data.
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub enum Payload {
-    Sges(Vec<Sge>),
+    Sges(SgeList),
     /// The data carried in the WQE itself.
     Inline(Vec<u8>),
 }
@@ -256,7 +317,7 @@ impl Noting<'_> {
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct RecvWqe {
     pub wr_id: u64,
-    pub sges: Vec<Sge>,
+    pub sges: SgeList,
 }
 
 /// A QP's rings as the device takes them.
@@ -649,7 +710,7 @@ impl<F: FnMut(&[u8]) -> Result<RecvWqe, Malformed>> Decoder for SrqRecvs<'_, '_,
                 (
                     RecvWqe {
                         wr_id,
-                        sges: Vec::new(),
+                        sges: SgeList::default(),
                     },
                     Decoded::Malformed,
                 )
@@ -674,6 +735,33 @@ mod tests {
     use crate::{pages::PageList, ring::WrapBit};
 
     const BASE: u64 = 0x10_0000;
+
+    #[test]
+    fn an_sge_list_is_the_wqes_elements_in_place_or_not() {
+        let mut bytes = Vec::new();
+        for i in 0..9u64 {
+            bytes.extend_from_slice(&(0x1000 * i + 7).to_le_bytes());
+            bytes.extend_from_slice(&(64 + i as u32).to_le_bytes());
+            bytes.extend_from_slice(&(0x100 + i as u32).to_le_bytes());
+        }
+        for n in 0..=9 {
+            let list = sges(&bytes, n).unwrap();
+            assert_eq!(list.len(), n);
+            for (i, s) in list.iter().enumerate() {
+                let i = i as u64;
+                assert_eq!(
+                    (s.addr, s.length, s.lkey),
+                    (0x1000 * i + 7, 64 + i as u32, Lkey(0x100 + i as u32))
+                );
+            }
+            // The same list however it was made.
+            assert_eq!(SgeList::from(list.to_vec()), list);
+        }
+        // Not held by the copy: nothing.
+        assert!(sges(&bytes, 10).is_none());
+        assert!(sges(&bytes[..15], 1).is_none());
+        assert_eq!(SgeList::default().len(), 0);
+    }
     /// The send ring's indices, then the receive ring's.
     const SQ: u64 = BASE;
     const RQ: u64 = BASE + 8;
@@ -728,7 +816,7 @@ mod tests {
                 opcode: 0,
                 op: SendOp::Send,
                 flags: SendFlags::SIGNALED,
-                payload: Payload::Sges(Vec::new()),
+                payload: Payload::Sges(SgeList::default()),
                 ud: None,
                 fast_reg: None,
             }),
@@ -740,7 +828,7 @@ mod tests {
             0xbad => Err(malformed(0xbad)),
             wr_id => Ok(RecvWqe {
                 wr_id,
-                sges: Vec::new(),
+                sges: SgeList::default(),
             }),
         }
     }
@@ -879,7 +967,7 @@ mod tests {
                 access: vrdma_engine::mr::Access(0),
             },
             flags: SendFlags::SIGNALED,
-            payload: Payload::Sges(Vec::new()),
+            payload: Payload::Sges(SgeList::default()),
             ud: None,
             fast_reg: Some(FastReg {
                 list,

@@ -473,7 +473,7 @@ impl<T: Transport> Pvrdma<T> {
             // Work: packets in or out, a doorbell rung, a WQE taken.
             let found =
                 !p.is_idle() || (self.state.stats.doorbells, self.state.dev.taken.wqes) != before;
-            let now = self.state.dev.device.now();
+            let now = self.state.dev.device.clock();
             if self.spinner.spinning() {
                 let _ = self.spinner.round(now, found);
             } else if found {

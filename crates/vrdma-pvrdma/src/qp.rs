@@ -316,7 +316,7 @@ fn fast_reg(wr_id: u64, flags: SendFlags, wr: &[u8]) -> Result<SendWqe, Malforme
             access: Access(access & 0x3f),
         },
         flags,
-        payload: Payload::Sges(Vec::new()),
+        payload: Payload::Sges(wq::SgeList::default()),
         ud: None,
         fast_reg: Some(FastReg {
             list: ListAt::Directory(pl_pdir),

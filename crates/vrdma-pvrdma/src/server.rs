@@ -24,8 +24,16 @@ impl<T: Transport> Served for Pvrdma<T> {
         Pvrdma::recheck(self)
     }
 
+    fn quiet_socket(&self) -> bool {
+        // Shared doorbells: the driver's stores land in memory; the socket
+        // brings commands and maps only.
+        self.polling()
+    }
+
     fn now(&self) -> u64 {
-        self.device().now()
+        // The round's reading (the loop asks right after the round, and a
+        // reading costs a clock read a round), as virtio-pci's.
+        self.device().clock()
     }
 
     fn fd(&self) -> BorrowedFd<'_> {

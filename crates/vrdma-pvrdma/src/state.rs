@@ -186,7 +186,8 @@ impl<T: Transport> State<T> {
     /// that gave work lately, the sweep's share of every QP, and every
     /// SRQ.
     pub fn shared_look(&mut self, d: &SharedDoorbells) {
-        let now = self.dev.device.now();
+        // The last round's clock: a look needs no reading of its own.
+        let now = self.dev.device.clock();
         // Page 0 is the kernel's; a user context's page is never 0 and
         // never another's (CREATE_UC checks both): no page twice.
         let mut pages = std::mem::take(&mut self.watch.pages);

@@ -309,11 +309,14 @@ fn send_wqes_decode_per_qp_type() {
     assert!(d.flags.contains(SendFlags::SIGNALED));
     assert_eq!(
         d.payload,
-        Payload::Sges(vec![Sge {
-            addr: 0x2000,
-            length: 8,
-            lkey: Lkey(5)
-        }])
+        Payload::Sges(
+            vec![Sge {
+                addr: 0x2000,
+                length: 8,
+                lkey: Lkey(5)
+            }]
+            .into()
+        )
     );
     // READ on UC, atomics on UC, WRITE on UD: not that QP's operation.
     let r = wqe(abi::wr::RDMA_READ, 0, 0, rdma.as_bytes(), &[]);

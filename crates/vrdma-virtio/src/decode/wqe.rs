@@ -5,7 +5,7 @@ use vrdma_engine::{
     mr::Access,
     qp::QpType,
     wc::WcStatus,
-    wr::{Av, SendFlags, SendOp, Sge, UdDest},
+    wr::{Av, SendFlags, SendOp, UdDest},
 };
 use vrdma_face::WqeIdentity;
 use vrdma_wire::{Lkey, QKey, Qpn, Rkey};
@@ -264,7 +264,7 @@ fn reg_mr(
             access: Access(access),
         },
         flags,
-        payload: Payload::Sges(Vec::new()),
+        payload: Payload::Sges(vrdma_face::wq::SgeList::default()),
         ud: None,
         fast_reg: Some(FastReg {
             list: ListAt::Flat(page_list),
@@ -358,7 +358,7 @@ fn ud_destination(segment: &[u8], identity: WqeIdentity) -> Result<UdDest, Malfo
 /// Decodes a receive WQE from its copy: its wr_id and SGEs, or why it is
 /// malformed — it names more SGEs than its queue allows or its slot holds
 /// (its completion: a local length error).
-pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<(u64, Vec<Sge>), Malformed> {
+pub fn decode_recv(wqe: &[u8], max_sge: u32) -> Result<(u64, vrdma_face::wq::SgeList), Malformed> {
     let Ok((h, rest)) = abi::RecvWqeHdr::read_from_prefix(wqe) else {
         return Err(Malformed {
             wr_id: 0,
