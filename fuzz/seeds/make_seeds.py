@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the seeds of the PVRDMA and vfio-user fuzz targets
-(seeds/vfio_user_message, seeds/vfio_user_fds, seeds/pvrdma_command,
+(seeds/vfio_user_message, seeds/vfio_user_fds, seeds/pvrdma_command, seeds/tap_frame,
 seeds/pvrdma_wqe): a few
 valid inputs each, in the formats the targets' doc comments describe.
 VRDMA_FUZZ_TRACE=1 makes the PVRDMA targets say what each seed did:
@@ -502,3 +502,43 @@ write(
     + bytes([0, 0x84 + 16, 2]),
 )
 write("virtio_pci", "reset_in_use", pci_start(1, 1) + pci_request(2) + bytes([7, 5, 8, 5, 9, 5]))
+
+
+# ---- tap_frame: one read from a TAP (virtio-net header, then a frame) ---
+def csum(b):
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s > 0xFFFF:
+        s = (s & 0xFFFF) + (s >> 16)
+    return s
+
+
+def tap_read(v6, segs, size, last, vlan=False):
+    """A UDP GSO frame as the kernel gives a TAP that takes USO: `segs`
+    segments of `size` payload bytes, the last `last`."""
+    payload = b"".join(bytes([k]) * (size if k + 1 < segs else last) for k in range(segs))
+    udp_len = 8 + len(payload)
+    eth = bytes([2, 0, 0, 0, 0, 0xB]) + bytes([2, 0, 0, 0, 0, 0xA])
+    if vlan:
+        eth += struct.pack("!HH", 0x8100, 5)
+    if v6:
+        src, dst = bytes(15) + b"\x0a", bytes(15) + b"\x0b"
+        eth += struct.pack("!H", 0x86DD)
+        ip = struct.pack("!IHBB", 6 << 28, udp_len, 17, 64) + src + dst
+        pseudo = src + dst + struct.pack("!IxxxB", udp_len, 17)
+    else:
+        src, dst = bytes([10, 9, 0, 1]), bytes([10, 9, 0, 2])
+        eth += struct.pack("!H", 0x0800)
+        ip = struct.pack("!BBHHHBBH", 0x45, 0, 20 + udp_len, 7, 0x4000, 64, 17, 0) + src + dst
+        pseudo = src + dst + struct.pack("!xBH", 17, udp_len)
+    udp = struct.pack("!HHHH", 0xC001, 4791, udp_len, csum(pseudo))
+    l4 = len(eth) + len(ip)
+    hdr = struct.pack("<BBHHHH", 1, 5, l4 + 8, size, l4, 6)
+    return hdr + eth + ip + udp + payload
+
+
+write("tap_frame", "v4-gso", tap_read(False, 5, 1040, 300))
+write("tap_frame", "v6-gso", tap_read(True, 3, 4112, 4112))
+write("tap_frame", "v4-vlan-gso", tap_read(False, 2, 64, 20, vlan=True))
+write("tap_frame", "v4-whole", bytes(10) + tap_read(False, 1, 100, 100)[10:])

@@ -12,21 +12,22 @@ use std::{
 };
 
 use vrdma_engine::{
-    CqHandle, Memory, PdHandle, VerbsError,
-    attr::{DeviceAttr, Mtu},
+    CqHandle, Engine, Memory, PdHandle, VerbsError,
+    attr::{DeviceAttr, Mtu, PortAttr},
     mr::{Access, MrRequest, Translation},
     qp::{AhAttr, AttrMask, QpAttr, QpCap, QpInitAttr, QpState, QpType, state},
     wc::Wc,
     wr::{Payload, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest},
 };
 use vrdma_fabric::{
+    eth::EthPort,
     shm::Switch,
     udp::{Config, UdpPort},
 };
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 
 use crate::{
-    device::{Device, Progress, udp_device, udp_device_behind},
+    device::{Device, Progress, active_mtu, udp_device, udp_device_behind},
     memory::GuestMem,
     publish::Publisher,
     transport::{SameHost, Transport},
@@ -102,6 +103,9 @@ pub struct Context<T: Transport = UdpPort> {
     /// Bytes of an inline send, copied out of memory (kept for its
     /// allocation).
     inline: Vec<u8>,
+    /// The Ethernet address every QP's packets are framed to (a device on
+    /// an Ethernet port: its next hop); none over UDP.
+    next_hop: Option<[u8; 6]>,
 }
 
 impl<T: Transport> Drop for Context<T> {
@@ -193,6 +197,34 @@ impl Context<UdpPort> {
     }
 }
 
+impl Context<EthPort> {
+    /// A device on the Ethernet port `port` whose address (GID 0) is
+    /// `addr`, on a network of `netdev_mtu` bytes; its packets are framed
+    /// to `next_hop` (the router's or the peer's MAC, as ARP would have
+    /// resolved it).
+    pub fn open_eth(
+        mut port: EthPort,
+        addr: IpAddr,
+        netdev_mtu: u32,
+        next_hop: [u8; 6],
+        mem_len: usize,
+        events: bool,
+    ) -> Result<Self> {
+        let gid = Gid::from(addr);
+        let mut port_attr = PortAttr::with_gids(&[gid]);
+        port_attr.active_mtu = active_mtu(netdev_mtu);
+        port.set_local(&[gid]);
+        let dev = Device::new(
+            Engine::new(DeviceAttr::default(), port_attr),
+            memory(mem_len)?,
+            port,
+        );
+        let mut c = Context::with_device(dev, gid, mem_len, events, 4096)?;
+        c.next_hop = Some(next_hop);
+        Ok(c)
+    }
+}
+
 impl Context<SameHost<UdpPort>> {
     /// As [`Context::open_with_cq`], the device also on `switch` (when
     /// given): a peer on the same switch is reached through shared memory,
@@ -253,6 +285,7 @@ impl<T: Transport> Context<T> {
             wcs: Vec::with_capacity(64),
             publisher: Publisher::new(&addr.to_string()),
             inline: Vec::new(),
+            next_hop: None,
         })
     }
 
@@ -290,7 +323,8 @@ impl<T: Transport> Context<T> {
     /// requires for the QP's type.
     pub fn connect(&mut self, qpn: Qpn, local_psn: Psn, remote: Remote, c: &Connect) -> Result<()> {
         self.connect_rtr(qpn, local_psn, remote, c)?;
-        let a = qp_attr(local_psn, Some(remote), c);
+        let mut a = qp_attr(local_psn, Some(remote), c);
+        a.ah_attr.dmac = self.next_hop;
         self.step(qpn, QpState::Rtr, QpState::Rts, a)
     }
 
@@ -303,7 +337,8 @@ impl<T: Transport> Context<T> {
         remote: Remote,
         c: &Connect,
     ) -> Result<()> {
-        let a = qp_attr(local_psn, Some(remote), c);
+        let mut a = qp_attr(local_psn, Some(remote), c);
+        a.ah_attr.dmac = self.next_hop;
         self.step(qpn, QpState::Init, QpState::Rtr, a)
     }
 

@@ -542,9 +542,9 @@ pub struct BenchArgs {
     #[arg(short = 'n', long, default_value_t = 100_000)]
     pub iters: u32,
 
-    /// Only the bandwidth, the latency, the scale or the same-host (shm)
-    /// tests.
-    #[arg(long, value_parser = ["bw", "lat", "scale", "shm"])]
+    /// Only the bandwidth, the latency, the scale, the same-host (shm) or
+    /// the Ethernet port (port: needs root) tests.
+    #[arg(long, value_parser = ["bw", "lat", "scale", "shm", "port"])]
     pub only: Option<String>,
 
     /// QPs per device in the scale test (all brought up to RTS, one

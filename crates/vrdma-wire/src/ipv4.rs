@@ -28,7 +28,7 @@ const FRAG_OFFSET: u16 = 0x1fff;
 
 /// Internet checksum (RFC 1071) over the concatenation of `parts`, each of
 /// even length except possibly the last.
-pub(crate) fn checksum(parts: &[&[u8]]) -> u16 {
+pub fn checksum(parts: &[&[u8]]) -> u16 {
     let mut sum: u32 = 0;
     for part in parts {
         let mut chunks = part.chunks_exact(2);

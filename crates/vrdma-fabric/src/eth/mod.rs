@@ -26,14 +26,16 @@
 //! in its epoll instance wakes it to try again — the device goes on.
 
 mod sys;
+mod tap;
+
+pub use tap::{Malformed, Partial, Tap, cut as cut_tap_read};
 
 use std::{
     collections::{HashSet, VecDeque},
-    fs::File,
     io::{self, Read, Write},
     net::IpAddr,
     os::{
-        fd::{AsFd, AsRawFd, BorrowedFd},
+        fd::{AsFd, BorrowedFd},
         unix::net::{UnixListener, UnixStream},
     },
     path::Path,
@@ -80,6 +82,9 @@ const LOOPBACK_BYTES: usize = 1 << 20;
 /// The RoCEv2 UDP port.
 const ROCE_PORT: u16 = 4791;
 
+/// Frames read from a TAP in one [`EthPort::receive`].
+const TAP_READS: usize = 64;
+
 /// The shortest wait the retry timer is set for.
 const MIN_TIMER: std::time::Duration = std::time::Duration::from_micros(1);
 
@@ -87,7 +92,7 @@ const MIN_TIMER: std::time::Duration = std::time::Duration::from_micros(1);
 /// frames.
 #[derive(Debug)]
 pub enum Link {
-    Tap(File),
+    Tap(Tap),
     Stream(Stream),
 }
 
@@ -116,7 +121,7 @@ impl Stream {
     /// closing went to `f`) or sent a frame no Ethernet has.
     /// At most [`READ_PER_TURN`] bytes are read per call (what is left
     /// keeps the socket readable for the next).
-    fn read_frames(&mut self, mut f: impl FnMut(&[u8])) -> io::Result<bool> {
+    fn read_frames(&mut self, mut f: impl FnMut(&mut [u8])) -> io::Result<bool> {
         let mut buf = [0u8; 16384];
         let mut read = 0;
         let mut open = true;
@@ -146,7 +151,7 @@ impl Stream {
             if self.rx.len() - at - 4 < len {
                 break;
             }
-            f(&self.rx[at + 4..at + 4 + len]);
+            f(&mut self.rx[at + 4..at + 4 + len]);
             at += 4 + len;
         }
         self.rx.drain(..at);
@@ -182,10 +187,18 @@ impl Stream {
 }
 
 impl Link {
-    /// A TAP device by name (it must exist or may be created; it is opened
-    /// without packet information, one frame per read and write).
+    /// A TAP device by name (it must exist or may be created), with
+    /// virtio-net headers and, where the kernel has it, UDP segmentation
+    /// offload both ways ([`Tap`]).
     pub fn tap(name: &str) -> io::Result<Self> {
-        sys::open_tap(name).map(Link::Tap)
+        Tap::open(name, true).map(Link::Tap)
+    }
+
+    /// A TAP device whose frames come and go whole, one a system call
+    /// (what a kernel without UDP segmentation offload gets; benches
+    /// compare).
+    pub fn tap_whole(name: &str) -> io::Result<Self> {
+        Tap::open(name, false).map(Link::Tap)
     }
 
     /// A stream socket: a server at `path`'s peer (connects to it).
@@ -195,54 +208,55 @@ impl Link {
 
     fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Link::Tap(f) => f.as_fd(),
+            Link::Tap(t) => t.file().as_fd(),
             Link::Stream(s) => s.sock.as_fd(),
         }
     }
 
-    /// Sends one frame; false if it was dropped (no room now).
-    fn send(&mut self, frame: &[u8]) -> io::Result<bool> {
+    /// Sends one frame (a stream's is written by [`Link::flush`], or
+    /// when the next frame finds no room).
+    fn send(&mut self, frame: &[u8], stats: &mut EthStats) -> io::Result<()> {
         match self {
-            Link::Tap(f) => match f.write(frame) {
-                Ok(_) => Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
-                // A frame the TAP refuses (too long for it): dropped.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
-                Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(false),
-                Err(e) => Err(e),
-            },
+            Link::Tap(t) => t.send(frame, stats),
             Link::Stream(s) => {
-                let ok = s.queue(frame);
-                s.flush()?;
-                Ok(ok)
-            }
-        }
-    }
-
-    /// Receives what is there: each frame to `f`. Ok(false) when the link
-    /// closed.
-    fn receive(&mut self, mut f: impl FnMut(&[u8])) -> io::Result<bool> {
-        match self {
-            Link::Tap(t) => {
-                let mut buf = [0u8; MAX_FRAME + 64];
-                for _ in 0..64 {
-                    match t.read(&mut buf) {
-                        Ok(0) => return Ok(false),
-                        Ok(n) => f(&buf[..n]),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
+                if !s.queue(frame) {
+                    s.flush()?;
+                    if !s.queue(frame) {
+                        stats.uplink_full += 1;
+                        return Ok(());
                     }
                 }
-                Ok(true)
+                stats.uplink_tx += 1;
+                Ok(())
             }
-            Link::Stream(s) => s.read_frames(f),
         }
     }
 
-    fn flush(&mut self) -> io::Result<()> {
+    /// Sends one of the device's RoCE frames: a TAP that segments takes
+    /// it into a run ([`Tap`]).
+    fn send_roce(&mut self, frame: &[u8], stats: &mut EthStats) -> io::Result<()> {
         match self {
-            Link::Tap(_) => Ok(()),
+            Link::Tap(t) => t.send_roce(frame, stats),
+            Link::Stream(_) => self.send(frame, stats),
+        }
+    }
+
+    /// Receives what is there: each frame to `f`, with where its checksum
+    /// is still to be written. Ok(false) when the link closed.
+    fn receive(
+        &mut self,
+        stats: &mut EthStats,
+        mut f: impl FnMut(&mut EthStats, &mut [u8], Option<Partial>),
+    ) -> io::Result<bool> {
+        match self {
+            Link::Tap(t) => t.receive(TAP_READS, stats, f),
+            Link::Stream(s) => s.read_frames(|fr| f(stats, fr, None)),
+        }
+    }
+
+    fn flush(&mut self, stats: &mut EthStats) -> io::Result<()> {
+        match self {
+            Link::Tap(t) => t.flush(stats),
             Link::Stream(s) => s.flush(),
         }
     }
@@ -301,10 +315,19 @@ pub struct EthStats {
     /// Rounds in which the device sent no more because the loopback queue
     /// or the uplink was full (backpressure).
     pub tx_paused: u64,
+    /// Frames written to a TAP that the kernel cut into several packets
+    /// (UDP segmentation offload: each packet is counted in `uplink_tx`).
+    pub uplink_gso_tx: u64,
+    /// Frames read from a TAP that held several packets (a peer's UDP GSO
+    /// datagram, cut here: each packet is counted in `uplink_rx`).
+    pub uplink_gso_rx: u64,
+    /// Dropped: frames from a TAP whose virtio-net header, or whose
+    /// headers as segments, did not add up.
+    pub bad_vnet: u64,
 }
 
 impl EthStats {
-    pub fn fields(&self) -> [(&'static str, u64); 18] {
+    pub fn fields(&self) -> [(&'static str, u64); 21] {
         [
             ("guest_rx", self.guest_rx),
             ("guest_tx", self.guest_tx),
@@ -324,6 +347,9 @@ impl EthStats {
             ("spoofed_mac", self.spoofed_mac),
             ("spoofed_ip", self.spoofed_ip),
             ("tx_paused", self.tx_paused),
+            ("uplink_gso_tx", self.uplink_gso_tx),
+            ("uplink_gso_rx", self.uplink_gso_rx),
+            ("bad_vnet", self.bad_vnet),
         ]
     }
 }
@@ -479,9 +505,6 @@ impl EthPort {
     }
 
     fn with_guest(guest: Guest, uplink: Link, mac: [u8; 6]) -> io::Result<Self> {
-        if let Link::Tap(f) = &uplink {
-            sys::set_nonblocking(f.as_raw_fd())?;
-        }
         let epoll = sys::Epoll::new()?;
         let p = EthPort {
             guest,
@@ -559,48 +582,72 @@ impl EthPort {
         // is looked at: a guest that closed its connection (QEMU
         // restarting) is gone first, and its successor is not taken for a
         // second guest.
-        let mut out: Vec<Vec<u8>> = Vec::new();
-        let open = match &mut self.guest.stream {
-            Some(s) => s.read_frames(|f| out.push(f.to_vec()))?,
+        let EthPort {
+            guest,
+            uplink,
+            filter,
+            mac,
+            stats,
+            ..
+        } = self;
+        let mut failed = None;
+        let open = match &mut guest.stream {
+            Some(s) => s.read_frames(|f| {
+                n += 1;
+                stats.guest_rx += 1;
+                if failed.is_none() && admits(filter, mac.0, stats, f) {
+                    failed = uplink.send(f, stats).err();
+                }
+            })?,
             None => true,
         };
-        for f in &out {
-            n += 1;
-            self.stats.guest_rx += 1;
-            if self.admits(f) {
-                self.send_to_uplink(f)?;
-            }
+        if let Some(e) = failed {
+            return Err(e);
         }
         if !open {
             self.guest_gone();
         }
         self.accept_guest()?;
         // The uplink's frames: to the device or the guest.
-        let mut frames: Vec<Vec<u8>> = Vec::new();
-        let up = self.uplink.receive(|f| frames.push(f.to_vec()))?;
+        let EthPort {
+            guest,
+            uplink,
+            locals,
+            stats,
+            ..
+        } = self;
+        let up = uplink.receive(stats, |stats, f, partial| {
+            n += 1;
+            stats.uplink_rx += 1;
+            stats.rx_bytes += f.len() as u64;
+            match steer(locals, f) {
+                Steer::Device => match roce_of(f) {
+                    Some(ip) => match frame::unframe_ip(ip) {
+                        Ok(u) => {
+                            stats.roce_rx += 1;
+                            deliver(&u.ip, u.roce);
+                        }
+                        Err(_) => stats.bad_roce += 1,
+                    },
+                    None => stats.bad_roce += 1,
+                },
+                Steer::Guest => {
+                    // The guest's NIC has no offloads: its frames come
+                    // with their checksums.
+                    if let Some(p) = partial {
+                        p.complete(f);
+                    }
+                    to_guest(guest, stats, f);
+                }
+            }
+        })?;
+        // What the round queued for the guest and the uplink, written.
+        self.flush()?;
         if !up {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the uplink closed",
             ));
-        }
-        for f in &frames {
-            n += 1;
-            self.stats.uplink_rx += 1;
-            self.stats.rx_bytes += f.len() as u64;
-            match self.steer(f) {
-                Steer::Device => match roce_of(f) {
-                    Some(ip) => match frame::unframe_ip(ip) {
-                        Ok(u) => {
-                            self.stats.roce_rx += 1;
-                            deliver(&u.ip, u.roce);
-                        }
-                        Err(_) => self.stats.bad_roce += 1,
-                    },
-                    None => self.stats.bad_roce += 1,
-                },
-                Steer::Guest => self.send_to_guest(f)?,
-            }
         }
         Ok(n)
     }
@@ -626,41 +673,18 @@ impl EthPort {
     /// queue is received in the next round; the uplink is watched for
     /// room).
     pub fn has_room(&mut self) -> bool {
+        if self.uplink.backlog() >= UPLINK_HIGH_WATER {
+            // Queued this round and not yet written: written now, as far
+            // as the socket takes it (what it does not, it is watched for).
+            if let Err(e) = self.flush() {
+                tracing::debug!(error = %e, "the uplink broke");
+            }
+        }
         let room = self.looped_bytes < LOOPBACK_BYTES && self.uplink.backlog() < UPLINK_HIGH_WATER;
         if !room {
             self.stats.tx_paused += 1;
         }
         room
-    }
-
-    /// Whether the guest may send `f` (counted when not).
-    fn admits(&mut self, f: &[u8]) -> bool {
-        match check_source(&self.filter, self.mac.0, f) {
-            Ok(()) => true,
-            Err(Spoof::Mac) => {
-                self.stats.spoofed_mac += 1;
-                false
-            }
-            Err(Spoof::Addr) => {
-                self.stats.spoofed_ip += 1;
-                false
-            }
-        }
-    }
-
-    /// Where a frame from the uplink goes.
-    fn steer(&self, f: &[u8]) -> Steer {
-        if frame::peek_udp_dst_port(f, true) != Some(ROCE_PORT) {
-            return Steer::Guest;
-        }
-        match frame::decode_ethernet(f) {
-            Ok(d) if self.locals.contains(&d.repr.ip.dst()) => Steer::Device,
-            // RoCEv2 that cannot even be parsed, for a local address, is
-            // the device's (to be counted); for another address, the
-            // guest's business.
-            Err(_) if dst_ip(f).is_some_and(|a| self.locals.contains(&a)) => Steer::Device,
-            _ => Steer::Guest,
-        }
     }
 
     /// Takes a connection waiting on the guest socket: the guest's NIC if
@@ -725,32 +749,6 @@ impl EthPort {
         if let Some(s) = self.guest.stream.take() {
             self.epoll.remove(s.sock.as_fd());
         }
-    }
-
-    fn send_to_guest(&mut self, f: &[u8]) -> io::Result<()> {
-        let Some(s) = &mut self.guest.stream else {
-            self.stats.guest_absent += 1;
-            return Ok(());
-        };
-        if s.queue(f) {
-            self.stats.guest_tx += 1;
-        } else {
-            self.stats.guest_full += 1;
-        }
-        if let Err(e) = s.flush() {
-            tracing::debug!(error = %e, "guest stream broke");
-            self.guest_gone();
-        }
-        Ok(())
-    }
-
-    fn send_to_uplink(&mut self, f: &[u8]) -> io::Result<()> {
-        if self.uplink.send(f)? {
-            self.stats.uplink_tx += 1;
-        } else {
-            self.stats.uplink_full += 1;
-        }
-        Ok(())
     }
 
     /// The buffer the engine writes its next packet into.
@@ -827,7 +825,7 @@ impl EthPort {
         f.extend_from_slice(&self.mac.0);
         f.extend_from_slice(&ethertype.to_be_bytes());
         f.extend_from_slice(&self.ip_buf);
-        let r = self.send_to_uplink(&f);
+        let r = self.uplink.send_roce(&f, &mut self.stats);
         self.frame_buf = f;
         r.map(|()| 1)
     }
@@ -835,7 +833,7 @@ impl EthPort {
     /// Writes what the streams hold; while the uplink stream holds bytes
     /// it could not write, the port's descriptor wakes when it has room.
     pub fn flush(&mut self) -> io::Result<()> {
-        self.uplink.flush()?;
+        self.uplink.flush(&mut self.stats)?;
         let waiting = self.uplink.backlog() > 0;
         if waiting != self.watching_out {
             self.epoll.watch(self.uplink.fd(), TOKEN_UPLINK, waiting)?;
@@ -859,6 +857,52 @@ impl EthPort {
 enum Steer {
     Device,
     Guest,
+}
+
+/// Where a frame from the uplink goes, `locals` the device's addresses.
+fn steer(locals: &HashSet<IpAddr>, f: &[u8]) -> Steer {
+    if frame::peek_udp_dst_port(f, true) != Some(ROCE_PORT) {
+        return Steer::Guest;
+    }
+    match frame::decode_ethernet(f) {
+        Ok(d) if locals.contains(&d.repr.ip.dst()) => Steer::Device,
+        // RoCEv2 that cannot even be parsed, for a local address, is the
+        // device's (to be counted); for another address, the guest's
+        // business.
+        Err(_) if dst_ip(f).is_some_and(|a| locals.contains(&a)) => Steer::Device,
+        _ => Steer::Guest,
+    }
+}
+
+/// Whether the guest (its NIC's MAC `mac`) may send `f` (counted when
+/// not).
+fn admits(filter: &SourceFilter, mac: [u8; 6], stats: &mut EthStats, f: &[u8]) -> bool {
+    match check_source(filter, mac, f) {
+        Ok(()) => true,
+        Err(Spoof::Mac) => {
+            stats.spoofed_mac += 1;
+            false
+        }
+        Err(Spoof::Addr) => {
+            stats.spoofed_ip += 1;
+            false
+        }
+    }
+}
+
+/// Queues a frame for the guest (written by [`EthPort::flush`], or now
+/// when its stream's backlog is full).
+fn to_guest(guest: &mut Guest, stats: &mut EthStats, f: &[u8]) {
+    let Some(s) = &mut guest.stream else {
+        stats.guest_absent += 1;
+        return;
+    };
+    // A broken stream is found by the flush that ends the round.
+    if s.queue(f) || (s.flush().is_ok() && s.queue(f)) {
+        stats.guest_tx += 1;
+    } else {
+        stats.guest_full += 1;
+    }
 }
 
 /// Why a guest's frame was refused.

@@ -15,6 +15,7 @@ use std::{
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
 
 /// `struct ifreq` as `TUNSETIFF` reads it: the name, then the flags.
 #[repr(C)]
@@ -25,8 +26,12 @@ struct IfReq {
 }
 
 /// Opens the TAP device `name` (creating it if it does not exist), frames
-/// without packet information, non-blocking.
-pub(super) fn open_tap(name: &str) -> io::Result<File> {
+/// without packet information, each after a little-endian virtio-net
+/// header, non-blocking; with `uso`, asks the kernel for checksum offload
+/// and UDP segmentation both ways (Linux 6.2 on), and says whether it
+/// agreed (an older kernel refuses: then frames come and go whole, their
+/// headers all zero).
+pub(super) fn open_tap(name: &str, uso: bool) -> io::Result<(File, bool)> {
     if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.bytes().any(|b| b == 0) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -39,7 +44,7 @@ pub(super) fn open_tap(name: &str) -> io::Result<File> {
         .open("/dev/net/tun")?;
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
-        flags: IFF_TAP | IFF_NO_PI,
+        flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
         _pad: [0; 22],
     };
     for (d, s) in req.name.iter_mut().zip(name.bytes()) {
@@ -51,8 +56,38 @@ pub(super) fn open_tap(name: &str) -> io::Result<File> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    set_nonblocking(file.as_raw_fd())?;
-    Ok(file)
+    let fd = file.as_raw_fd();
+    let hdr_len = libc::c_int::try_from(super::tap::VNET_HDR_LEN).map_err(io::Error::other)?;
+    set_int(fd, libc::TUNSETVNETHDRSZ, hdr_len)?;
+    set_int(fd, libc::TUNSETVNETLE, 1)?;
+    let uso =
+        uso && set_offload(fd, libc::TUN_F_CSUM | libc::TUN_F_USO4 | libc::TUN_F_USO6).is_ok();
+    if !uso {
+        // Frames whole, checksums written: what a peer without offloads
+        // gets (a TAP a previous owner set up otherwise is set back).
+        set_offload(fd, 0)?;
+    }
+    set_nonblocking(fd)?;
+    Ok((file, uso))
+}
+
+/// A TUN ioctl that reads one `int`.
+fn set_int(fd: RawFd, request: libc::c_ulong, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: the request reads one int through the pointer, which points
+    // at a live local for the duration of the call.
+    if unsafe { libc::ioctl(fd, request, &raw const v) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `TUNSETOFFLOAD`: the offloads the reader of the TAP takes.
+fn set_offload(fd: RawFd, flags: libc::c_uint) -> io::Result<()> {
+    // SAFETY: TUNSETOFFLOAD takes its flags by value; no memory is passed.
+    if unsafe { libc::ioctl(fd, libc::TUNSETOFFLOAD, libc::c_ulong::from(flags)) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Sets `O_NONBLOCK` on `fd`.

@@ -29,6 +29,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod port;
+
 use anyhow::{Context as _, Result, anyhow, ensure};
 use vrdma_engine::{
     qp::QpType,
@@ -518,6 +520,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     if a.only.is_none() || a.only.as_deref() == Some("shm") {
         same_host(total, a.iters)?;
+    }
+    if a.only.is_none() || a.only.as_deref() == Some("port") {
+        port::port(total)?;
     }
     Ok(())
 }
