@@ -142,19 +142,29 @@ impl Route {
 /// simulator) puts on its wire.
 pub fn emit_ip_packet(ip: &IpRepr, src_port: u16, roce: &[u8], out: &mut Vec<u8>) -> Result<()> {
     crate::need(Header::Bth, packet::MIN_LEN, roce.len())?;
+    out.clear();
+    out.resize(ip.buffer_len() + udp::HEADER_LEN, 0);
+    out.extend_from_slice(roce);
+    seal_ip_packet(ip, src_port, out)
+}
+
+/// [`emit_ip_packet`] in place: `packet` holds room for the IP and UDP
+/// headers (`ip.buffer_len()` and 8 bytes), then the RoCE packet (BTH
+/// through the ICRC field); the headers are written and the ICRC stored.
+/// A fabric that gathers the packet where it will be sent copies it once.
+pub fn seal_ip_packet(ip: &IpRepr, src_port: u16, packet: &mut [u8]) -> Result<()> {
     let udp_at = ip.buffer_len();
     let roce_at = udp_at + udp::HEADER_LEN;
-    out.clear();
-    out.resize(roce_at, 0);
-    out.extend_from_slice(roce);
-    ip.with_payload_len(udp::HEADER_LEN + roce.len())
-        .emit(&mut out[..udp_at])?;
+    let roce_len = packet.len().saturating_sub(roce_at);
+    crate::need(Header::Bth, packet::MIN_LEN, roce_len)?;
+    ip.with_payload_len(udp::HEADER_LEN + roce_len)
+        .emit(&mut packet[..udp_at])?;
     udp::Repr {
         src_port,
         checksum: false,
     }
-    .emit(&mut out[udp_at..], ip.pseudo_header())?;
-    let (headers, roce) = out.split_at_mut(roce_at);
+    .emit(&mut packet[udp_at..], ip.pseudo_header())?;
+    let (headers, roce) = packet.split_at_mut(roce_at);
     let crc = icrc::compute(&headers[..udp_at], &headers[udp_at..], roce)?;
     packet::Packet::new_unchecked(roce).set_icrc(crc);
     Ok(())

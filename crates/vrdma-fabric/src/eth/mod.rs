@@ -234,7 +234,7 @@ impl Link {
 
     /// Sends one of the device's RoCE frames: a TAP that segments takes
     /// it into a run ([`Tap`]).
-    fn send_roce(&mut self, frame: &[u8], stats: &mut EthStats) -> io::Result<()> {
+    fn send_roce(&mut self, frame: &mut Vec<u8>, stats: &mut EthStats) -> io::Result<()> {
         match self {
             Link::Tap(t) => t.send_roce(frame, stats),
             Link::Stream(_) => self.send(frame, stats),
@@ -440,8 +440,7 @@ pub struct EthPort {
     locals: HashSet<IpAddr>,
     /// The next packet the engine writes.
     slot: Vec<u8>,
-    /// Scratch for one IP packet, one frame.
-    ip_buf: Vec<u8>,
+    /// The frame of the packet being sent.
     frame_buf: Vec<u8>,
     /// Device packets for the device itself, as IP packets, and their
     /// bytes (at most about [`LOOPBACK_BYTES`]).
@@ -512,7 +511,6 @@ impl EthPort {
             mac: MacAddr(mac),
             locals: HashSet::new(),
             slot: vec![0; vrdma_wire::packet::MAX_LEN],
-            ip_buf: Vec::with_capacity(MAX_FRAME),
             frame_buf: Vec::with_capacity(MAX_FRAME),
             looped: VecDeque::new(),
             looped_bytes: 0,
@@ -771,49 +769,15 @@ impl EthPort {
         lent: &[Piece],
         mem: &impl Lender,
     ) -> io::Result<usize> {
-        // The RoCE packet, whole: headers, the lent payload, pad and ICRC.
+        // The frame, built in one buffer: Ethernet header, room for the
+        // IP and UDP headers, the RoCE packet (its headers, the lent
+        // payload, pad and ICRC field), then the headers and ICRC sealed
+        // in place.
         let referenced: usize = lent.iter().map(|p| p.len).sum();
-        let mut roce = std::mem::take(&mut self.frame_buf);
-        roce.clear();
-        roce.extend_from_slice(&self.slot[..payload_at]);
-        for p in lent {
-            let Some(v) = mem.lend(p.addr, p.len) else {
-                // The memory went away under the packet: lost, as on a
-                // network.
-                self.frame_buf = roce;
-                return Ok(0);
-            };
-            let at = roce.len();
-            roce.resize(at + p.len, 0);
-            if v.read_slice(&mut roce[at..], 0).is_err() {
-                self.frame_buf = roce;
-                return Ok(0);
-            }
-        }
-        roce.extend_from_slice(&self.slot[payload_at..len - referenced]);
         self.ident = self.ident.wrapping_add(1);
-        let ip = route.ip(roce.len(), self.ident);
-        let emitted = ip
-            .map_err(|e| io::Error::other(e.to_string()))
-            .and_then(|ip| {
-                frame::emit_ip_packet(&ip, src_port, &roce, &mut self.ip_buf)
-                    .map_err(|e| io::Error::other(e.to_string()))
-            });
-        self.frame_buf = roce;
-        if emitted.is_err() {
-            return Ok(0);
-        }
-        self.stats.roce_tx += 1;
-        if self.locals.contains(&route.dst.ip()) {
-            // For the device itself.
-            self.looped_bytes += self.ip_buf.len();
-            self.looped.push_back(self.ip_buf.clone());
-            self.epoll.wake()?;
-            return Ok(1);
-        }
-        let Some(dmac) = dmac else {
-            self.stats.no_dmac += 1;
-            return Ok(0);
+        let ip = match route.ip(len, self.ident) {
+            Ok(ip) => ip,
+            Err(_) => return Ok(0),
         };
         let ethertype: u16 = match route.dst.ip() {
             IpAddr::V4(_) => 0x0800,
@@ -821,11 +785,44 @@ impl EthPort {
         };
         let mut f = std::mem::take(&mut self.frame_buf);
         f.clear();
-        f.extend_from_slice(&dmac);
+        f.extend_from_slice(&dmac.unwrap_or_default());
         f.extend_from_slice(&self.mac.0);
         f.extend_from_slice(&ethertype.to_be_bytes());
-        f.extend_from_slice(&self.ip_buf);
-        let r = self.uplink.send_roce(&f, &mut self.stats);
+        let ip_at = f.len();
+        f.resize(ip_at + ip.buffer_len() + vrdma_wire::udp::HEADER_LEN, 0);
+        f.extend_from_slice(&self.slot[..payload_at]);
+        for p in lent {
+            let at = f.len();
+            f.resize(at + p.len, 0);
+            let copied = mem
+                .lend(p.addr, p.len)
+                .is_some_and(|v| v.read_slice(&mut f[at..], 0).is_ok());
+            if !copied {
+                // The memory went away under the packet: lost, as on a
+                // network.
+                self.frame_buf = f;
+                return Ok(0);
+            }
+        }
+        f.extend_from_slice(&self.slot[payload_at..len - referenced]);
+        if frame::seal_ip_packet(&ip, src_port, &mut f[ip_at..]).is_err() {
+            self.frame_buf = f;
+            return Ok(0);
+        }
+        self.stats.roce_tx += 1;
+        let r = if self.locals.contains(&route.dst.ip()) {
+            // For the device itself.
+            let packet = f[ip_at..].to_vec();
+            self.looped_bytes += packet.len();
+            self.looped.push_back(packet);
+            self.epoll.wake()
+        } else if dmac.is_none() {
+            self.stats.no_dmac += 1;
+            self.frame_buf = f;
+            return Ok(0);
+        } else {
+            self.uplink.send_roce(&mut f, &mut self.stats)
+        };
         self.frame_buf = f;
         r.map(|()| 1)
     }

@@ -348,14 +348,16 @@ struct Run {
 impl Run {
     /// Takes `f` (a whole frame the port made: Ethernet, IP, UDP, RoCE)
     /// into the run; false if it cannot join it (the run must be written
-    /// first) or is no UDP datagram (it is written alone).
-    fn join(&mut self, f: &[u8]) -> bool {
+    /// first) or is no UDP datagram (it is written alone). A run's first
+    /// frame is taken by swapping buffers (`f` is left with the run's old
+    /// one), the next ones' payloads copied.
+    fn join(&mut self, f: &mut Vec<u8>) -> bool {
         let Some(l) = self.layout else {
             let Some(l) = Layout::of(f) else {
                 return false;
             };
-            self.buf.clear();
-            self.buf.extend_from_slice(f);
+            std::mem::swap(&mut self.buf, f);
+            let f = &self.buf;
             self.layout = Some(l);
             self.size = f.len() - l.l4 - udp::HEADER_LEN;
             self.segs = 1;
@@ -491,7 +493,11 @@ impl Tap {
 
     /// Sends one of the device's RoCE frames: joined to the run where it
     /// can be (written by [`Tap::flush`], or when the next cannot join).
-    pub(super) fn send_roce(&mut self, frame: &[u8], stats: &mut EthStats) -> io::Result<()> {
+    pub(super) fn send_roce(
+        &mut self,
+        frame: &mut Vec<u8>,
+        stats: &mut EthStats,
+    ) -> io::Result<()> {
         if !self.uso {
             return self.send(frame, stats);
         }
@@ -622,9 +628,10 @@ mod tests {
             }
         };
         for f in frames {
-            if !run.join(f) {
+            let mut f = f.clone();
+            if !run.join(&mut f) {
                 write(&mut run, &mut written);
-                assert!(run.join(f), "a first packet always starts a run");
+                assert!(run.join(&mut f), "a first packet always starts a run");
             }
         }
         write(&mut run, &mut written);
@@ -690,7 +697,7 @@ mod tests {
         let frames: Vec<_> = (0..4).map(|k| frame(&r, 400, 1, k, 0xc001)).collect();
         let mut run = Run::default();
         for f in &frames {
-            assert!(run.join(f));
+            assert!(run.join(&mut f.clone()));
         }
         let (h, _) = run.take().unwrap();
         let good = run.buf.clone();
