@@ -29,33 +29,41 @@ impl<T: Transport> VirtioRdma<T> {
     }
 
     /// Takes every doorbell rung in every context: the rings that moved
-    /// are taken, the CQs armed. Returns how many doorbells.
+    /// are taken, the CQs armed. Returns how many doorbells. Every area is
+    /// swapped first (a look at each context's summary words, no copy of
+    /// the context list), then what the bits name is acted on.
     pub fn doorbells(&mut self) -> usize {
-        let mem = self.dev.device.mem().clone();
-        let mut rung = 0;
-        let ctxs: Vec<u32> = self.contexts.keys().copied().collect();
-        for ctx in ctxs {
-            let mut bits = std::mem::take(&mut self.scratch);
+        let mem = self.dev.device.mem();
+        let mut bits = std::mem::take(&mut self.scratch);
+        let mut rung = std::mem::take(&mut self.rung);
+        rung.clear();
+        let (mut count, mut faults, mut stale) = (0u64, 0u64, 0u64);
+        for c in self.contexts.values() {
             bits.clear();
-            let Some(c) = self.contexts.get(&ctx) else {
-                continue;
-            };
-            if c.area.take(&mem, &mut bits).is_err() {
-                self.stats.area_faults += 1;
+            if c.area.take(mem, &mut bits).is_err() {
+                faults += 1;
             }
-            for &i in &bits {
-                rung += 1;
-                match self.contexts.get(&ctx).and_then(|c| c.doorbells.get(&i)) {
-                    Some(Obj::Qp(q)) => self.take_qp(*q),
-                    Some(Obj::Srq(s)) => self.dev.take_srq(*s),
-                    Some(Obj::Cq(cq)) => self.arm(*cq),
-                    None => self.stats.stale_doorbells += 1,
+            count += bits.len() as u64;
+            for i in &bits {
+                match c.doorbells.get(i) {
+                    Some(o) => rung.push(*o),
+                    None => stale += 1,
                 }
             }
-            self.scratch = bits;
         }
-        self.stats.doorbells += rung as u64;
-        rung
+        self.scratch = bits;
+        self.stats.area_faults += faults;
+        self.stats.stale_doorbells += stale;
+        self.stats.doorbells += count;
+        for o in &rung {
+            match *o {
+                Obj::Qp(q) => self.take_qp(q),
+                Obj::Srq(s) => self.dev.take_srq(s),
+                Obj::Cq(cq) => self.arm(cq),
+            }
+        }
+        self.rung = rung;
+        count as usize
     }
 
     pub(super) fn take_qp(&mut self, qpn: u32) {

@@ -214,6 +214,8 @@ pub struct VirtioRdma<T: Transport> {
     /// The feature bits the driver accepted.
     pub(super) features: u64,
     pub(super) scratch: Vec<u32>,
+    /// The objects a round's doorbells named (kept for its allocation).
+    pub(super) rung: Vec<Obj>,
     pub(crate) stats: FaceStats,
 }
 
@@ -276,6 +278,7 @@ impl<T: Transport> VirtioRdma<T> {
             fatal: false,
             features: 0,
             scratch: Vec::new(),
+            rung: Vec::new(),
             stats: FaceStats::default(),
         }
     }
