@@ -278,12 +278,15 @@ pub(super) fn unpack(
 }
 
 /// Cuts a UDP GSO frame into its segments of `size` bytes of payload (the
-/// last may be shorter).
+/// last may be shorter), in place: each segment's headers (a copy of the
+/// frame's, kept in `head`, its lengths, Identification and checksums its
+/// own) are written just before its payload, over the end of the segment
+/// before it, which was given to `out` already. No payload is copied.
 fn split_udp(
-    frame: &[u8],
+    frame: &mut [u8],
     size: usize,
     partial: Option<Partial>,
-    seg: &mut Vec<u8>,
+    head: &mut Vec<u8>,
     mut out: impl FnMut(&mut [u8], Option<Partial>),
 ) -> Result<usize, Malformed> {
     let l = Layout::of(frame).ok_or(Malformed::Segments)?;
@@ -298,9 +301,8 @@ fn split_udp(
     {
         return Err(Malformed::Segments);
     }
-    let head = l.l4 + udp::HEADER_LEN;
-    let payload = &frame[head..];
-    if payload.is_empty() {
+    let hlen = l.l4 + udp::HEADER_LEN;
+    if frame.len() <= hlen {
         return Err(Malformed::Segments);
     }
     let ph = l.pseudo(frame);
@@ -309,21 +311,28 @@ fn split_udp(
     } else {
         be16(frame, l.l3 + 4).unwrap_or(0)
     };
-    let mut n = 0;
-    for (k, chunk) in payload.chunks(size).enumerate() {
-        seg.clear();
-        seg.extend_from_slice(&frame[..head]);
-        seg.extend_from_slice(chunk);
-        let udp_len = udp::HEADER_LEN + chunk.len();
-        let ident = (!l.v6).then(|| base.wrapping_add(k as u16));
-        l.set_lengths(seg, ident, udp::offload_partial_checksum(ph, udp_len));
+    head.clear();
+    head.extend_from_slice(&frame[..hlen]);
+    let (mut at, mut k, mut n) = (hlen, 0u16, 0usize);
+    while at < frame.len() {
+        let len = size.min(frame.len() - at);
+        let s = &mut frame[at - hlen..at + len];
+        s[..hlen].copy_from_slice(head);
+        let ident = (!l.v6).then(|| base.wrapping_add(k));
+        l.set_lengths(
+            s,
+            ident,
+            udp::offload_partial_checksum(ph, udp::HEADER_LEN + len),
+        );
         out(
-            seg,
+            s,
             Some(Partial {
                 start: l.l4,
                 offset: 6,
             }),
         );
+        at += len;
+        k = k.wrapping_add(1);
         n += 1;
     }
     Ok(n)
