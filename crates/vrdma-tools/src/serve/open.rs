@@ -76,7 +76,17 @@ pub(super) type Port = SameHost<EthPort>;
 /// (private to the peers `config` allows), its uplink, its filter.
 pub(super) fn port(spec: &DeviceSpec, config: &vrdma_vfio_user::Config) -> Result<EthPort> {
     let link = match &spec.uplink {
-        Uplink::Tap(t) => Link::tap(t).with_context(|| format!("opening TAP {t}"))?,
+        Uplink::Tap(t) => {
+            let link = Link::tap(t).with_context(|| format!("opening TAP {t}"))?;
+            if let Link::Tap(tap) = &link {
+                tracing::info!(
+                    tap = %t,
+                    offloads = tap.offloads(),
+                    "TAP uplink (offloads: UDP segmentation both ways, checksums)"
+                );
+            }
+            link
+        }
         Uplink::Stream(p) => {
             Link::connect(p).with_context(|| format!("connecting to {}", p.display()))?
         }
