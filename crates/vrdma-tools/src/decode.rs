@@ -15,6 +15,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use vrdma_fabric::eth::cut_captured;
 use vrdma_wire::{
     aeth::Syndrome,
     encap::{self, Encapsulation, Peek},
@@ -46,9 +47,33 @@ pub fn run(a: &DecodeArgs) -> Result<ExitCode> {
     // pipe) stops the run.
     let mut write_err = None;
     let read = capture::for_each_frame(&bytes, |f| {
-        if write_err.is_none()
-            && let Err(e) = report.add(&f, &mut out)
-        {
+        if write_err.is_some() {
+            return;
+        }
+        // A frame a TAP with offloads took whole (the device's packets as
+        // one UDP GSO frame, before the kernel cut it) is decoded as the
+        // packets the kernel made of it.
+        if f.link == Link::Ethernet && !f.cut_by_snaplen() {
+            let mut segs = Vec::new();
+            if cut_captured(f.data, |s| segs.push(s.to_vec())).is_some() {
+                report.gso_frames += 1;
+                for s in &segs {
+                    let seg = Frame {
+                        data: s,
+                        orig_len: u32::try_from(s.len()).unwrap_or(u32::MAX),
+                        ..f
+                    };
+                    if let Err(e) = report.add(&seg, &mut out) {
+                        write_err = Some(e);
+                        return;
+                    }
+                }
+                // One frame of the file, not one per packet.
+                report.frames -= segs.len() as u64 - 1;
+                return;
+            }
+        }
+        if let Err(e) = report.add(&f, &mut out) {
             write_err = Some(e);
         }
     });
@@ -387,6 +412,8 @@ struct Report {
     icrc_bad: u64,
     malformed: u64,
     cut: u64,
+    /// Frames a TAP with offloads took whole, decoded as their packets.
+    gso_frames: u64,
 }
 
 #[derive(Serialize)]
@@ -400,6 +427,11 @@ struct Summary<'a> {
     /// RoCEv2 frames the capture's snapshot length cut short (not decoded,
     /// not counted as bad).
     cut_by_capture: u64,
+    /// Frames a TAP with UDP segmentation offload took whole (several
+    /// RoCEv2 packets, before the kernel cut them), decoded packet by
+    /// packet.
+    #[serde(skip_serializing_if = "is_zero")]
+    gso_frames: u64,
     not_roce: u64,
     not_roce_reasons: &'a BTreeMap<String, u64>,
     opcodes: BTreeMap<String, u64>,
@@ -418,6 +450,7 @@ impl Report {
             icrc_bad: 0,
             malformed: 0,
             cut: 0,
+            gso_frames: 0,
         }
     }
 
@@ -524,6 +557,7 @@ impl Report {
             icrc_bad: self.icrc_bad,
             malformed: self.malformed,
             cut_by_capture: self.cut,
+            gso_frames: self.gso_frames,
             not_roce: self.other.values().sum(),
             not_roce_reasons: &self.other,
             opcodes: self
@@ -556,6 +590,13 @@ impl Report {
             "  ICRC: {} good, {} bad; malformed: {}; cut by the capture: {}",
             sm.icrc_good, sm.icrc_bad, sm.malformed, sm.cut_by_capture
         )?;
+        if sm.gso_frames > 0 {
+            writeln!(
+                out,
+                "  offloaded (UDP GSO) frames decoded as their packets: {}",
+                sm.gso_frames
+            )?;
+        }
         for ((code, op), n) in &self.by_opcode {
             writeln!(out, "  {code:#04x} {op:<40} {n:>6}")?;
         }
@@ -564,6 +605,10 @@ impl Report {
         }
         Ok(())
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The IP packet inside a Linux cooked frame (a `hdr`-byte header with the

@@ -28,7 +28,7 @@
 mod sys;
 mod tap;
 
-pub use tap::{Malformed, Partial, Tap, cut as cut_tap_read};
+pub use tap::{Malformed, Partial, Tap, cut as cut_tap_read, cut_captured};
 
 use std::{
     collections::{HashSet, VecDeque},
