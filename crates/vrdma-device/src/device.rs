@@ -408,15 +408,7 @@ pub fn udp_device_behind<M: Memory + Lender + Leased, T: Transport>(
 ) -> io::Result<Device<M, T>> {
     let addr = config.addr;
     let port = UdpPort::bind(config)?;
-    let guid = match addr {
-        IpAddr::V4(a) => 0x0200_0000_0000_0000 | u64::from(u32::from(a)),
-        IpAddr::V6(a) => 0x0200_0000_0000_0000 | (u128::from(a) as u64 & 0x00ff_ffff_ffff_ffff),
-    };
-    let attr = DeviceAttr {
-        node_guid: guid,
-        sys_image_guid: guid,
-        ..attr
-    };
+    let attr = with_guid(attr, addr);
     let gid: Gid = port.gid();
     let mut port_attr = PortAttr::with_gids(&[gid]);
     // Unknown: what rxe reports on a 1500-byte Ethernet.
@@ -425,6 +417,20 @@ pub fn udp_device_behind<M: Memory + Lender + Leased, T: Transport>(
     let mut transport = wrap(port)?;
     transport.set_local(&[gid]);
     Ok(Device::new(Engine::new(attr, port_attr), mem, transport))
+}
+
+/// `attr` with the node and system image GUIDs a device on `addr` has:
+/// its address under a locally administered prefix.
+pub fn with_guid(attr: DeviceAttr, addr: IpAddr) -> DeviceAttr {
+    let guid = match addr {
+        IpAddr::V4(a) => 0x0200_0000_0000_0000 | u64::from(u32::from(a)),
+        IpAddr::V6(a) => 0x0200_0000_0000_0000 | (u128::from(a) as u64 & 0x00ff_ffff_ffff_ffff),
+    };
+    DeviceAttr {
+        node_guid: guid,
+        sys_image_guid: guid,
+        ..attr
+    }
 }
 
 /// The largest IB MTU whose packets fit an interface MTU of `netdev`

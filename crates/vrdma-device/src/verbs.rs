@@ -27,7 +27,7 @@ use vrdma_fabric::{
 use vrdma_wire::{Gid, Lkey, Psn, QKey, Qpn, Rkey};
 
 use crate::{
-    device::{Device, Progress, active_mtu, udp_device, udp_device_behind},
+    device::{Device, Progress, active_mtu, udp_device, udp_device_behind, with_guid},
     memory::GuestMem,
     publish::Publisher,
     transport::{SameHost, Transport},
@@ -215,7 +215,7 @@ impl Context<EthPort> {
         port_attr.active_mtu = active_mtu(netdev_mtu);
         port.set_local(&[gid]);
         let dev = Device::new(
-            Engine::new(DeviceAttr::default(), port_attr),
+            Engine::new(with_guid(DeviceAttr::default(), addr), port_attr),
             memory(mem_len)?,
             port,
         );

@@ -215,3 +215,23 @@ fn roce_for_the_guests_address_reaches_the_guest_with_its_checksum_written() {
         }
     });
 }
+
+#[test]
+fn a_frame_longer_than_the_port_carries_is_dropped_and_counted() {
+    in_netns(|| {
+        let [(_a, _ga), (mut b, _gb)] = ports(Link::tap_whole);
+        // The operator's TAP takes 64 KB frames; the port carries 9 KB.
+        ip("link set vtb mtu 65000");
+        ip("addr add 10.9.1.1/24 dev vtb");
+        ip("neigh add 10.9.1.2 lladdr 02:00:00:00:00:0b dev vtb nud permanent");
+        let s = std::net::UdpSocket::bind("10.9.1.1:0").unwrap();
+        s.send_to(&[7u8; 20_000], "10.9.1.2:9").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b.stats().oversize == 0 && Instant::now() < deadline {
+            let mut p = [PollFd::new(b.fd(), PollFlags::POLLIN)];
+            poll(&mut p, PollTimeout::from(100u16)).unwrap();
+            b.receive(|_, _| panic!("not the device's")).unwrap();
+        }
+        assert_eq!(b.stats().oversize, 1, "{:?}", b.stats());
+    });
+}

@@ -139,17 +139,7 @@ impl<T: Transport> State<T> {
         let handle = v & uar::HANDLE_MASK;
         match offset {
             uar::QP_OFFSET => {
-                if self.dev.qps.get(&handle).is_none_or(|q| q.uar != page) {
-                    self.stats.doorbells_refused += 1;
-                    return;
-                }
-                let rings = Rings {
-                    sends: v & uar::QP_SEND != 0,
-                    recvs: v & uar::QP_RECV != 0,
-                };
-                if rings.sends || rings.recvs {
-                    self.dev.take_qp(handle, rings);
-                }
+                self.take_rung_qp(page, v);
             }
             uar::CQ_OFFSET => {
                 if self.cqs.get(&handle).is_none_or(|c| c.uar != page) {
@@ -233,19 +223,29 @@ impl<T: Transport> State<T> {
     /// A QP doorbell `v` read from page `page`: the rings it names taken
     /// from, if the QP is the page's.
     fn rung_qp(&mut self, page: u32, v: u32, now: u64) {
+        if let Some(handle) = self.take_rung_qp(page, v) {
+            self.watch.note(handle, now);
+        }
+    }
+
+    /// A QP doorbell `v` on page `page` (trapped or read): the rings it
+    /// names taken from, if the QP is the page's (counted as refused if
+    /// not); the QP's handle if a ring was taken from.
+    fn take_rung_qp(&mut self, page: u32, v: u32) -> Option<u32> {
         let handle = v & uar::HANDLE_MASK;
         if self.dev.qps.get(&handle).is_none_or(|q| q.uar != page) {
             self.stats.doorbells_refused += 1;
-            return;
+            return None;
         }
         let rings = Rings {
             sends: v & uar::QP_SEND != 0,
             recvs: v & uar::QP_RECV != 0,
         };
-        if rings.sends || rings.recvs {
-            self.dev.take_qp(handle, rings);
-            self.watch.note(handle, now);
+        if !(rings.sends || rings.recvs) {
+            return None;
         }
+        self.dev.take_qp(handle, rings);
+        Some(handle)
     }
 
     /// Takes from both rings of QP `qpn` (one the device watches); whether

@@ -324,10 +324,12 @@ pub struct EthStats {
     /// Dropped: frames from a TAP whose virtio-net header, or whose
     /// headers as segments, did not add up.
     pub bad_vnet: u64,
+    /// Dropped: frames from the uplink longer than [`MAX_FRAME`].
+    pub oversize: u64,
 }
 
 impl EthStats {
-    pub fn fields(&self) -> [(&'static str, u64); 21] {
+    pub fn fields(&self) -> [(&'static str, u64); 22] {
         [
             ("guest_rx", self.guest_rx),
             ("guest_tx", self.guest_tx),
@@ -350,6 +352,7 @@ impl EthStats {
             ("uplink_gso_tx", self.uplink_gso_tx),
             ("uplink_gso_rx", self.uplink_gso_rx),
             ("bad_vnet", self.bad_vnet),
+            ("oversize", self.oversize),
         ]
     }
 }
@@ -618,6 +621,12 @@ impl EthPort {
             n += 1;
             stats.uplink_rx += 1;
             stats.rx_bytes += f.len() as u64;
+            if f.len() > MAX_FRAME {
+                // A TAP whose MTU is above what the port carries: no
+                // guest NIC or RoCE packet takes it.
+                stats.oversize += 1;
+                return;
+            }
             match steer(locals, f) {
                 Steer::Device => match roce_of(f) {
                     Some(ip) => match frame::unframe_ip(ip) {

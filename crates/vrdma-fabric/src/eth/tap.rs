@@ -359,7 +359,13 @@ pub fn cut_captured(frame: &[u8], mut out: impl FnMut(&[u8])) -> Option<usize> {
         offset: 6,
     });
     let (mut copy, mut headers, mut cut) = (Vec::new(), Vec::new(), Vec::<Vec<u8>>::new());
-    for size in MIN_SEG..=payload.len().saturating_sub(MIN_SEG) {
+    // A piece is at most the longest RoCE packet: a frame of 64 KiB is
+    // tried at most a few thousand ways, not one per byte.
+    let longest = payload
+        .len()
+        .saturating_sub(MIN_SEG)
+        .min(vrdma_wire::packet::MAX_LEN);
+    for size in MIN_SEG..=longest {
         if !same_qp(payload, size) {
             continue;
         }

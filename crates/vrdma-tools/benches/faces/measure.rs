@@ -166,15 +166,20 @@ fn run<T: Send + 'static>(
 fn reap(a: &mut dyn Port, wcs: &mut Vec<(u64, u32)>) -> (u64, Option<u64>) {
     wcs.clear();
     a.poll(wcs);
+    (wcs.len() as u64, last_ok(wcs))
+}
+
+/// The last of `wcs`' wr_ids, each completion checked to have succeeded.
+pub(crate) fn last_ok(wcs: &[(u64, u32)]) -> Option<u64> {
     let mut last = None;
-    for &(id, status) in wcs.iter() {
+    for &(id, status) in wcs {
         assert_eq!(
             status, 0,
             "WRITE {id} completed in error (ibv_wc_status {status})"
         );
         last = Some(id);
     }
-    (wcs.len() as u64, last)
+    last
 }
 
 /// Posts one signaled WRITE of `len` bytes from `src` to `dst` after

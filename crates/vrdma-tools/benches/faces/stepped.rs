@@ -117,15 +117,7 @@ fn devices(p: &mut Pair, laps: &mut Laps, ph: &mut Phases) {
 fn reap(a: &mut dyn Port, wcs: &mut Vec<(u64, u32)>) -> Option<u64> {
     wcs.clear();
     a.poll_ready(wcs);
-    let mut last = None;
-    for &(id, status) in wcs.iter() {
-        assert_eq!(
-            status, 0,
-            "WRITE {id} completed in error (ibv_wc_status {status})"
-        );
-        last = Some(id);
-    }
-    last
+    crate::measure::last_ok(wcs)
 }
 
 /// `len`-byte WRITEs, `window` in flight, one in `every` signaled, until

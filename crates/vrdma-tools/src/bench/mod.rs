@@ -44,7 +44,7 @@ use vrdma_fabric::{
 use vrdma_wire::{Qpn, Rkey};
 
 use vrdma_device::{
-    transport::SameHost,
+    transport::{SameHost, Transport},
     verbs::{BASE, Context, Remote},
 };
 
@@ -280,41 +280,58 @@ fn write_bw_over(shape: Shape, total: u64) -> Result<f64> {
             for k in 0..slots {
                 dev.write(SRC + k * MSG, &fill)?;
             }
-            let limit = Duration::from_secs(10);
-            let (mut posted, mut done) = (0u64, 0u64);
             let start = Instant::now();
-            while done < iters {
-                while posted < iters && posted - done < DEPTH {
-                    let at = (posted % slots) * MSG;
-                    let op = SendOp::RdmaWrite {
-                        remote_addr: SRC + half + at,
-                        rkey,
-                    };
-                    dev.post_send(
-                        qpn,
-                        posted,
-                        op,
-                        (SRC + at, MSG as u32),
-                        SendFlags::SIGNALED,
-                        None,
-                    )?;
-                    posted += 1;
-                }
-                let wcs = dev.poll(limit)?;
-                ensure!(!wcs.is_empty(), "WRITE stalled after {done} of {iters}");
-                for wc in wcs {
-                    ensure!(
-                        wc.status == WcStatus::Success,
-                        "WRITE failed: {:?}",
-                        wc.status
-                    );
-                }
-                done += wcs.len() as u64;
-            }
+            post_writes(&mut dev, qpn, rkey, iters, |n| {
+                let at = (n % slots) * MSG;
+                (SRC + at, SRC + half + at)
+            })?;
             Ok((iters * MSG) as f64 / start.elapsed().as_secs_f64())
         },
         serve,
     )
+}
+
+/// Posts `iters` 1 MiB signaled WRITEs through `qpn` (the `n`th from and
+/// to the addresses `at(n)` gives; `rkey` the peer's), [`DEPTH`] in
+/// flight, and reaps them: an error if one fails or none completes for
+/// 10 s.
+fn post_writes<T: Transport>(
+    dev: &mut Context<T>,
+    qpn: Qpn,
+    rkey: Rkey,
+    iters: u64,
+    at: impl Fn(u64) -> (u64, u64),
+) -> Result<()> {
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < iters {
+        while posted < iters && posted - done < DEPTH {
+            let (src, dst) = at(posted);
+            let op = SendOp::RdmaWrite {
+                remote_addr: dst,
+                rkey,
+            };
+            dev.post_send(
+                qpn,
+                posted,
+                op,
+                (src, MSG as u32),
+                SendFlags::SIGNALED,
+                None,
+            )?;
+            posted += 1;
+        }
+        let wcs = dev.poll(Duration::from_secs(10))?;
+        ensure!(!wcs.is_empty(), "WRITE stalled after {done} of {iters}");
+        for wc in wcs {
+            ensure!(
+                wc.status == WcStatus::Success,
+                "WRITE failed: {:?}",
+                wc.status
+            );
+        }
+        done += wcs.len() as u64;
+    }
+    Ok(())
 }
 
 /// The 64-byte WRITE ping-pong, as `ib_write_lat` runs it: each side

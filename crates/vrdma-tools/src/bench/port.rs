@@ -40,14 +40,11 @@ use vrdma_device::{
     transport::Transport,
     verbs::{BASE, Context, Remote},
 };
-use vrdma_engine::{
-    qp::QpType,
-    wc::WcStatus,
-    wr::{SendFlags, SendOp},
-};
+use vrdma_engine::qp::QpType;
 use vrdma_fabric::eth::{EthPort, EthStats, Link};
 use vrdma_wire::{Qpn, Rkey};
 
+use super::{MEM, MSG, REPS, median, post_writes};
 use crate::common::{loopback_connect, random_psn};
 
 const TAP: &str = "vrbench0";
@@ -62,10 +59,6 @@ const UDP_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 46);
 /// The TAP's MTU: a jumbo Ethernet, so that the port runs at IB MTU 4096
 /// as the UDP pair does over loopback.
 const NETDEV_MTU: u32 = 9000;
-const MSG: u64 = 1 << 20;
-const DEPTH: u64 = 16;
-const MEM: usize = 2 << 20;
-const REPS: usize = 5;
 
 /// What one pair's run measured.
 #[derive(Clone, Copy, Debug, Default)]
@@ -157,34 +150,7 @@ fn write<T: Transport>(
     let iters = total.div_ceil(MSG);
     let (u0, s0) = thread_times();
     let start = Instant::now();
-    let (mut posted, mut done) = (0u64, 0u64);
-    while done < iters {
-        while posted < iters && posted - done < DEPTH {
-            let op = SendOp::RdmaWrite {
-                remote_addr: BASE + MSG,
-                rkey,
-            };
-            dev.post_send(
-                qpn,
-                posted,
-                op,
-                (BASE, MSG as u32),
-                SendFlags::SIGNALED,
-                None,
-            )?;
-            posted += 1;
-        }
-        let wcs = dev.poll(Duration::from_secs(10))?;
-        ensure!(!wcs.is_empty(), "WRITE stalled after {done} of {iters}");
-        for wc in wcs {
-            ensure!(
-                wc.status == WcStatus::Success,
-                "WRITE failed: {:?}",
-                wc.status
-            );
-        }
-        done += wcs.len() as u64;
-    }
+    post_writes(dev, qpn, rkey, iters, |_| (BASE, BASE + MSG))?;
     let secs = start.elapsed().as_secs_f64();
     let (u1, s1) = thread_times();
     Ok((secs, u1 - u0 + s1 - s0, s1 - s0))
@@ -287,11 +253,6 @@ fn round(total: u64) -> Result<[Run; 6]> {
         pair(port(false), peer, false, port_stats, total)?,
         udp(false)?,
     ])
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The port table; in a network namespace of its own, on a thread of its
